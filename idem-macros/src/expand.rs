@@ -1,0 +1,397 @@
+//! Validation of the handler and expansion into the transactional protocol.
+
+use crate::args::{self, Args, Errors, FieldPath, Strategy};
+use crate::key::{self, Segment};
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
+
+/// `#[idempotent(...)]`: on any error, the user's function is emitted
+/// unchanged, followed by the errors, so the IDE keeps working inside it.
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(_) => {
+            let e = syn::Error::new(
+                Span::call_site(),
+                "#[idempotent] applies to an `async fn` handler",
+            );
+            let e = e.into_compile_error();
+            return quote!(#item #e);
+        }
+    };
+    match expand(attr, &func) {
+        Ok(ts) => ts,
+        Err(e) => {
+            let e = e.into_compile_error();
+            quote!(#func #e)
+        }
+    }
+}
+
+/// The handler's signature, taken apart.
+struct Handler<'a> {
+    func: &'a ItemFn,
+    /// The transaction parameter's pattern and type.
+    tx_pat: &'a Pat,
+    tx_ty: &'a Type,
+    /// The database type (`Sqlite`, `Postgres`, `MySql`, or a generic).
+    db: &'a Type,
+    /// The other parameters: name and the whole `name: Type`.
+    params: Vec<(Ident, &'a FnArg)>,
+    /// The declared return type and its `Ok` type.
+    ret: &'a Type,
+    ok: &'a Type,
+}
+
+fn analyze(func: &ItemFn) -> Result<Handler<'_>, syn::Error> {
+    let mut errors = Errors::default();
+    let sig = &func.sig;
+    if sig.asyncness.is_none() {
+        errors.at(
+            sig.fn_token.span(),
+            "#[idempotent] handlers must be `async fn`: the generated code awaits the database",
+        );
+    }
+    let mut inputs = sig.inputs.iter();
+    let mut tx = None;
+    match inputs.next() {
+        Some(FnArg::Typed(pt)) => match tx_db(&pt.ty) {
+            Some(db) => tx = Some((&*pt.pat, &*pt.ty, db)),
+            None => errors.at(
+                pt.ty.span(),
+                "the first parameter must be the transaction: `tx: &mut sqlx::Transaction<'_, DB>`",
+            ),
+        },
+        Some(FnArg::Receiver(r)) => errors.at(
+            r.span(),
+            "#[idempotent] handlers cannot take `self`; pass what they need as parameters",
+        ),
+        None => errors.at(
+            sig.paren_token.span.join(),
+            "the first parameter must be the transaction: `tx: &mut sqlx::Transaction<'_, DB>`",
+        ),
+    }
+    let mut params = Vec::new();
+    for arg in inputs {
+        match arg {
+            FnArg::Typed(pt) => match &*pt.pat {
+                Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                    params.push((pi.ident.clone(), arg))
+                }
+                other => errors.at(
+                    other.span(),
+                    "parameters of an #[idempotent] handler must be plain names, \
+                     so the key template can refer to them",
+                ),
+            },
+            FnArg::Receiver(r) => errors.at(r.span(), "#[idempotent] handlers cannot take `self`"),
+        }
+    }
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) => match ok_type(ty) {
+            Some(ok) => Some((&**ty, ok)),
+            None => {
+                errors.at(ty.span(), "#[idempotent] handlers return `Result<T, E>`");
+                None
+            }
+        },
+        ReturnType::Default => {
+            errors.at(
+                sig.ident.span(),
+                "#[idempotent] handlers return `Result<T, E>`: an error rolls the transaction back",
+            );
+            None
+        }
+    };
+    errors.finish()?;
+    let (tx_pat, tx_ty, db) = tx.expect("no errors");
+    let (ret, ok) = ret.expect("no errors");
+    Ok(Handler {
+        func,
+        tx_pat,
+        tx_ty,
+        db,
+        params,
+        ret,
+        ok,
+    })
+}
+
+/// `&mut Transaction<'_, DB>` → `DB`.
+fn tx_db(ty: &Type) -> Option<&Type> {
+    let Type::Reference(r) = ty else { return None };
+    r.mutability?;
+    let Type::Path(p) = &*r.elem else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident != "Transaction" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    args.args.iter().rev().find_map(|a| match a {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
+}
+
+/// `Result<T, E>` (or an alias such as `sqlx::Result<T>`) → `T`.
+fn ok_type(ty: &Type) -> Option<&Type> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    args.args.iter().find_map(|a| match a {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
+}
+
+fn expand(attr: TokenStream, func: &ItemFn) -> Result<TokenStream, syn::Error> {
+    // Report argument and signature errors together.
+    let (args, handler) = match (args::parse(attr), analyze(func)) {
+        (Ok(a), Ok(h)) => (a, h),
+        (Err(mut a), Err(h)) => {
+            a.combine(h);
+            return Err(a);
+        }
+        (Err(e), _) | (_, Err(e)) => return Err(e),
+    };
+    let mut errors = Errors::default();
+    let key = key_builder(&args, &handler, &mut errors);
+    let check_root = |fp: &FieldPath, what: &str, errors: &mut Errors| {
+        if !handler.params.iter().any(|(n, _)| *n == fp.root) {
+            errors.at(
+                fp.root.span(),
+                format!(
+                    "`{what}` refers to unknown parameter `{}`; the parameters are: {}",
+                    fp.root,
+                    param_list(&handler)
+                ),
+            );
+        }
+    };
+    match &args.strategy {
+        Strategy::StateMachine { id, .. } => check_root(id, "id", &mut errors),
+        Strategy::Record {
+            biz_no,
+            fingerprint,
+            ..
+        } => {
+            if let Some(b) = biz_no {
+                check_root(b, "biz_no", &mut errors);
+            }
+            for f in fingerprint.iter().flatten() {
+                check_root(f, "fingerprint", &mut errors);
+            }
+        }
+        Strategy::UniqueInsert => {}
+    }
+    errors.finish()?;
+    Ok(generate(&args, &handler, key))
+}
+
+fn param_list(h: &Handler) -> String {
+    if h.params.is_empty() {
+        return "none besides the transaction".into();
+    }
+    h.params
+        .iter()
+        .map(|(n, _)| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The key derivation: `KeyBuilder::new().lit(..).part(..)…`.
+fn key_builder(args: &Args, h: &Handler, errors: &mut Errors) -> TokenStream {
+    let lit = &args.key;
+    let template = lit.value();
+    let span_of = |range: Option<std::ops::Range<usize>>| {
+        // Point inside the string where the compiler allows it (+1: the quote).
+        range
+            .and_then(|r| lit.token().subspan(r.start + 1..r.end + 1))
+            .unwrap_or_else(|| lit.span())
+    };
+    let segments = match key::parse(&template) {
+        Ok(s) => s,
+        Err(errs) => {
+            for e in errs {
+                errors.at(span_of(e.range), e.message);
+            }
+            return TokenStream::new();
+        }
+    };
+    let tx_name = match h.tx_pat {
+        Pat::Ident(pi) => Some(pi.ident.to_string()),
+        _ => None,
+    };
+    let mut calls = Vec::new();
+    for seg in segments {
+        match seg {
+            Segment::Lit(text) => calls.push(quote!(.lit(#text))),
+            Segment::Placeholder(p) => {
+                let span = span_of(Some(p.range.clone()));
+                let Some((ident, _)) = h.params.iter().find(|(n, _)| *n == p.root) else {
+                    let hint = if tx_name.as_deref() == Some(p.root.as_str()) {
+                        "the transaction cannot be part of the key".to_string()
+                    } else {
+                        format!("the parameters are: {}", param_list(h))
+                    };
+                    errors.at(
+                        span,
+                        format!("unknown parameter `{}` in key template; {hint}", p.root),
+                    );
+                    continue;
+                };
+                let ident = Ident::new(&ident.to_string(), span);
+                let members = p.members.iter().map(|m| match m.parse::<u32>() {
+                    Ok(i) => {
+                        let idx = syn::Index { index: i, span };
+                        quote_spanned!(span=> .#idx)
+                    }
+                    Err(_) => {
+                        let m = Ident::new(m, span);
+                        quote_spanned!(span=> .#m)
+                    }
+                });
+                let text = p.text;
+                let value = quote_spanned!(span=> &#ident #(#members)*);
+                calls.push(quote_spanned!(span=> .part(#text, #value)));
+            }
+        }
+    }
+    let validate = match &args.validate {
+        Some(path) => quote!(::core::option::Option::Some(|__idem_k: &str| {
+            ::idem_runtime::__private::validate(#path, __idem_k)
+        })),
+        None => quote!(::core::option::Option::None),
+    };
+    quote!(::idem_runtime::__private::KeyBuilder::new() #(#calls)* .finish(#validate))
+}
+
+fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = h.func;
+    let body = &h.func.block;
+    let name = &sig.ident;
+    let name_str = name.to_string();
+    let generics = &sig.generics;
+    let where_clause = &sig.generics.where_clause;
+    let (db, ret, ok, tx_pat, tx_ty) = (h.db, h.ret, h.ok, h.tx_pat, h.tx_ty);
+    let params = h.params.iter().map(|(_, arg)| arg);
+    let strategy = args.strategy.name();
+    let call = quote!(::idem_runtime::__private::Call::<#db>);
+    let body_call = quote! {
+        let __idem_body: #ret = {
+            let #tx_pat: #tx_ty = __idem_call.tx();
+            async move #body.await
+        };
+    };
+    let protocol = match &args.strategy {
+        Strategy::StateMachine {
+            table,
+            id,
+            id_column,
+            state_column,
+            from,
+            to,
+        } => {
+            let id_column = id_column.as_ref().map_or("id".into(), |s| s.value());
+            let state_column = state_column.as_ref().map_or("status".into(), |s| s.value());
+            let id = &id.expr;
+            quote! {
+                let (__idem_from, __idem_to) = ::idem_runtime::__private::states(#from, #to);
+                let __idem_spec = ::idem_runtime::__private::StateMachine {
+                    table: #table,
+                    id_column: #id_column,
+                    state_column: #state_column,
+                    id: ::idem_runtime::__private::entity_id(&#id),
+                    from: __idem_from,
+                    to: __idem_to,
+                };
+                let __idem_sql = #call::state_sql(&__idem_spec)?;
+                let mut __idem_call = #call::begin(
+                    ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
+                ).await?;
+                if __idem_call.state_guard(&__idem_spec, &__idem_sql).await? {
+                    return __idem_call.duplicate(::core::option::Option::None).await;
+                }
+                #body_call
+                __idem_call.state_finish(&__idem_spec, &__idem_sql, __idem_body).await
+            }
+        }
+        Strategy::Record {
+            biz_type,
+            biz_no,
+            ttl_secs,
+            fingerprint,
+        } => {
+            let biz_type = biz_type.as_ref().map_or(name_str.clone(), |s| s.value());
+            let biz_no = match biz_no {
+                Some(b) => {
+                    let e = &b.expr;
+                    quote!(::core::option::Option::Some(::idem_runtime::__private::key_part(&#e)))
+                }
+                None => quote!(::core::option::Option::None),
+            };
+            let payload: Vec<TokenStream> = match fingerprint {
+                Some(list) => list.iter().map(|f| f.expr.to_token_stream()).collect(),
+                None => h.params.iter().map(|(n, _)| quote!(#n)).collect(),
+            };
+            let ttl = *ttl_secs as i64;
+            quote! {
+                let __idem_spec = ::idem_runtime::__private::Record {
+                    biz_type: #biz_type,
+                    biz_no: #biz_no,
+                    ttl_secs: #ttl,
+                    fingerprint: ::idem_runtime::__private::fingerprint(&(#(&#payload,)*))?,
+                };
+                let mut __idem_call = #call::begin(
+                    ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
+                ).await?;
+                if let ::core::option::Option::Some(__idem_stored) =
+                    __idem_call.record_guard::<#ok>(&__idem_spec).await?
+                {
+                    return __idem_call.duplicate(__idem_stored).await;
+                }
+                #body_call
+                __idem_call.record_finish(__idem_body).await
+            }
+        }
+        Strategy::UniqueInsert => quote! {
+            let mut __idem_call = #call::begin(
+                ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
+            ).await?;
+            __idem_call.unique_guard().await?;
+            #body_call
+            __idem_call.unique_finish(__idem_body).await
+        },
+    };
+    let outer_span = format_ident!("__idem_outer_span");
+    quote! {
+        #(#attrs)*
+        #vis async fn #name #generics (
+            __idem_source: impl ::core::convert::Into<::idem_runtime::__private::Source<'_, #db>>,
+            #(#params),*
+        ) -> ::core::result::Result<
+            ::idem_runtime::__private::Outcome<#ok>,
+            ::idem_runtime::__private::Error,
+        > #where_clause {
+            let __idem_span = ::idem_runtime::__private::span(#name_str, #strategy);
+            let #outer_span = ::core::clone::Clone::clone(&__idem_span);
+            ::idem_runtime::__private::Instrument::instrument(async move {
+                let __idem_key = ::idem_runtime::__private::reject_invalid(&__idem_span, #key)?;
+                #protocol
+            }, #outer_span).await
+        }
+    }
+}
+
+use quote::ToTokens as _;

@@ -1,0 +1,556 @@
+//! The supported databases, and the few statements idem runs on each.
+//!
+//! Every statement that touches user tables is built from identifiers that
+//! the macro validated at compile time (and that are checked again here),
+//! quoted for the dialect; every value is a bind parameter.
+
+use crate::state::EntityIdValue;
+use sqlx::{Database, Pool, Transaction};
+use std::future::Future;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The statements of a state machine spec, rendered for one dialect.
+#[derive(Debug)]
+pub struct StateSql {
+    /// Reads the state under a row lock.
+    pub lock: String,
+    /// The guarded transition `from` → `to`.
+    pub transition: String,
+}
+
+/// A new idempotency record.
+#[derive(Debug)]
+pub struct NewRecord<'a> {
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The business type.
+    pub biz_type: &'a str,
+    /// The business document number.
+    pub biz_no: &'a str,
+    /// Hex SHA-256 of the canonical payload.
+    pub fingerprint: &'a str,
+    /// Seconds until the record may be archived.
+    pub ttl_secs: i64,
+}
+
+/// A stored idempotency record.
+#[derive(Debug, Clone)]
+pub struct StoredRecord {
+    /// Hex SHA-256 of the payload of the call that wrote it.
+    pub fingerprint: String,
+    /// The serialized result, once the call committed.
+    pub result: Option<String>,
+}
+
+/// A database idem runs on: PostgreSQL, MariaDB/MySQL or SQLite.
+///
+/// Sealed; enabled by the cargo features `postgres`, `mysql` and `sqlite`.
+pub trait Backend: Database + sealed::Sealed {
+    /// A short name, for traces.
+    const NAME: &'static str;
+
+    /// Renders the state machine's statements for this dialect.
+    fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql;
+
+    /// Begins the call's transaction (SQLite: `BEGIN IMMEDIATE`, taking
+    /// the write lock up front so concurrent calls serialize instead of
+    /// failing on lock upgrade).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+
+    /// Runs the state machine's row-locking read.
+    fn lock_state<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'a StateSql,
+        id: &'a EntityIdValue,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
+
+    /// Runs the guarded transition; returns the rows it changed.
+    fn transition<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'a StateSql,
+        id: &'a EntityIdValue,
+        from: &'static str,
+        to: &'static str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Inserts a record unless its key exists, waiting on the unique index
+    /// for a concurrent insert of the same key. True if inserted.
+    fn claim_record<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        rec: &'a NewRecord<'a>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Reads the record of `key` (the latest committed version).
+    fn fetch_record<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Option<StoredRecord>, sqlx::Error>> + Send + 'a;
+
+    /// Stores the serialized result in the record of `key`.
+    fn store_result<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        key: &'a str,
+        result: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Marks a pending outbox message as delivered; returns rows changed.
+    fn outbox_success<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        id: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Inserts a pending outbox message; returns its id.
+    fn outbox_insert<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        topic: &'a str,
+        msg_id: &'a str,
+        payload: &'a str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
+    /// Runs a fixed statement (savepoints).
+    fn exec<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The schema statements, in order; each is safe to run twice.
+    fn schema() -> &'static [&'static str];
+}
+
+/// Whether `s` is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most
+/// 63 bytes), optionally qualified once (`schema.table`).
+pub fn is_identifier(s: &str) -> bool {
+    let plain = |p: &str| {
+        let mut b = p.bytes();
+        matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+            && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+            && p.len() <= 63
+    };
+    match s.split_once('.') {
+        Some((a, b)) => plain(a) && plain(b),
+        None => plain(s),
+    }
+}
+
+fn quote(ident: &str, q: char) -> String {
+    assert!(
+        is_identifier(ident),
+        "idem: `{ident}` is not a valid SQL identifier"
+    );
+    ident
+        .split('.')
+        .map(|p| format!("{q}{p}{q}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+macro_rules! bind_id {
+    ($q:expr, $id:expr) => {
+        match $id {
+            EntityIdValue::Int(i) => $q.bind(*i),
+            EntityIdValue::Text(s) => $q.bind(s.as_str()),
+        }
+    };
+}
+
+/// The methods whose code is the same on every backend; only the SQL differs.
+macro_rules! common_methods {
+    () => {
+        async fn lock_state<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            sql: &'a StateSql,
+            id: &'a EntityIdValue,
+        ) -> Result<Option<String>, sqlx::Error> {
+            let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.lock.as_str()));
+            bind_id!(q, id).fetch_optional(&mut **tx).await
+        }
+
+        async fn transition<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            sql: &'a StateSql,
+            id: &'a EntityIdValue,
+            from: &'static str,
+            to: &'static str,
+        ) -> Result<u64, sqlx::Error> {
+            let q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str())).bind(to);
+            let q = bind_id!(q, id).bind(from);
+            Ok(q.execute(&mut **tx).await?.rows_affected())
+        }
+
+        async fn fetch_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            key: &'a str,
+        ) -> Result<Option<StoredRecord>, sqlx::Error> {
+            let row: Option<(String, Option<String>)> = sqlx::query_as(sql::FETCH_RECORD)
+                .bind(key)
+                .fetch_optional(&mut **tx)
+                .await?;
+            Ok(row.map(|(fingerprint, result)| StoredRecord {
+                fingerprint,
+                result,
+            }))
+        }
+
+        async fn store_result<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            key: &'a str,
+            result: &'a str,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(sql::STORE_RESULT)
+                .bind(result)
+                .bind(key)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+
+        async fn outbox_success<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            id: i64,
+        ) -> Result<u64, sqlx::Error> {
+            Ok(sqlx::query(sql::OUTBOX_SUCCESS)
+                .bind(id)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected())
+        }
+
+        async fn exec<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            sql: &'static str,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(sql).execute(&mut **tx).await?;
+            Ok(())
+        }
+
+        fn schema() -> &'static [&'static str] {
+            sql::SCHEMA
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use sqlx::Postgres;
+
+    mod sql {
+        pub const FETCH_RECORD: &str =
+            "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = $1";
+        pub const STORE_RESULT: &str =
+            "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2";
+        pub const CLAIM_RECORD: &str = "INSERT INTO idem_record \
+            (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+            VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::float8)) \
+            ON CONFLICT (idempotency_key) DO NOTHING";
+        pub const OUTBOX_INSERT: &str =
+            "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES ($1, $2, $3) RETURNING id";
+        pub const OUTBOX_SUCCESS: &str = "UPDATE idem_outbox SET status = 'success', \
+            updated_at = now(), lease_owner = NULL, locked_until = NULL \
+            WHERE id = $1 AND status = 'pending'";
+        pub const SCHEMA: &[&str] = &[
+            "CREATE TABLE IF NOT EXISTS idem_record (
+                id BIGSERIAL PRIMARY KEY,
+                idempotency_key VARCHAR(128) NOT NULL,
+                biz_type VARCHAR(64) NOT NULL,
+                biz_no VARCHAR(128) NOT NULL,
+                fingerprint CHAR(64) NOT NULL,
+                result TEXT,
+                create_time TIMESTAMPTZ NOT NULL DEFAULT now(),
+                expire_time TIMESTAMPTZ NOT NULL,
+                CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
+            )",
+            "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+            "CREATE TABLE IF NOT EXISTS idem_outbox (
+                id BIGSERIAL PRIMARY KEY,
+                topic VARCHAR(128) NOT NULL,
+                msg_id VARCHAR(128) NOT NULL,
+                payload TEXT NOT NULL,
+                status VARCHAR(16) NOT NULL DEFAULT 'pending',
+                attempts INTEGER NOT NULL DEFAULT 0,
+                next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                lease_owner VARCHAR(64),
+                locked_until TIMESTAMPTZ,
+                last_error TEXT,
+                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id),
+                CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+            )",
+            "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+        ];
+    }
+
+    impl sealed::Sealed for Postgres {}
+
+    impl Backend for Postgres {
+        const NAME: &'static str = "postgres";
+
+        fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql {
+            let (t, i, s) = (
+                quote(table, '"'),
+                quote(id_column, '"'),
+                quote(state_column, '"'),
+            );
+            StateSql {
+                lock: format!("SELECT {s}::text FROM {t} WHERE {i} = $1 FOR UPDATE"),
+                transition: format!("UPDATE {t} SET {s} = $1 WHERE {i} = $2 AND {s} = $3"),
+            }
+        }
+
+        async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+            pool.begin().await
+        }
+
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(sql::CLAIM_RECORD)
+                .bind(rec.key)
+                .bind(rec.biz_type)
+                .bind(rec.biz_no)
+                .bind(rec.fingerprint)
+                .bind(rec.ttl_secs)
+                .execute(&mut **tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn outbox_insert<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            topic: &'a str,
+            msg_id: &'a str,
+            payload: &'a str,
+        ) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar(sql::OUTBOX_INSERT)
+                .bind(topic)
+                .bind(msg_id)
+                .bind(payload)
+                .fetch_one(&mut **tx)
+                .await
+        }
+
+        common_methods!();
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use sqlx::MySql;
+
+    mod sql {
+        pub const FETCH_RECORD: &str = "SELECT fingerprint, result FROM idem_record \
+            WHERE idempotency_key = ? LOCK IN SHARE MODE";
+        pub const STORE_RESULT: &str =
+            "UPDATE idem_record SET result = ? WHERE idempotency_key = ?";
+        // INSERT IGNORE waits on the unique index for a concurrent insert of
+        // the same key; the values are length-checked before, so it can only
+        // ignore the duplicate.
+        pub const CLAIM_RECORD: &str = "INSERT IGNORE INTO idem_record \
+            (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+            VALUES (?, ?, ?, ?, DATE_ADD(NOW(6), INTERVAL ? SECOND))";
+        pub const OUTBOX_INSERT: &str =
+            "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?)";
+        pub const OUTBOX_SUCCESS: &str = "UPDATE idem_outbox SET status = 'success', \
+            updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
+            WHERE id = ? AND status = 'pending'";
+        pub const SCHEMA: &[&str] = &[
+            "CREATE TABLE IF NOT EXISTS idem_record (
+                id BIGINT AUTO_INCREMENT PRIMARY KEY,
+                idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+                biz_type VARCHAR(64) NOT NULL,
+                biz_no VARCHAR(128) NOT NULL,
+                fingerprint CHAR(64) NOT NULL,
+                result MEDIUMTEXT NULL,
+                create_time DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                expire_time DATETIME(6) NOT NULL,
+                UNIQUE KEY uk_idem_record_key (idempotency_key),
+                KEY idx_idem_record_expire (expire_time)
+            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+            "CREATE TABLE IF NOT EXISTS idem_outbox (
+                id BIGINT AUTO_INCREMENT PRIMARY KEY,
+                topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+                msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+                payload MEDIUMTEXT NOT NULL,
+                status VARCHAR(16) NOT NULL DEFAULT 'pending',
+                attempts INT NOT NULL DEFAULT 0,
+                next_attempt_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                lease_owner VARCHAR(64) NULL,
+                locked_until DATETIME(6) NULL,
+                last_error TEXT NULL,
+                created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                UNIQUE KEY uk_idem_outbox_msg (topic, msg_id),
+                KEY idx_idem_outbox_due (status, next_attempt_at),
+                CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        ];
+    }
+
+    impl sealed::Sealed for MySql {}
+
+    impl Backend for MySql {
+        const NAME: &'static str = "mysql";
+
+        fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql {
+            let (t, i, s) = (
+                quote(table, '`'),
+                quote(id_column, '`'),
+                quote(state_column, '`'),
+            );
+            StateSql {
+                lock: format!("SELECT CAST({s} AS CHAR) FROM {t} WHERE {i} = ? FOR UPDATE"),
+                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
+            }
+        }
+
+        async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+            pool.begin().await
+        }
+
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(sql::CLAIM_RECORD)
+                .bind(rec.key)
+                .bind(rec.biz_type)
+                .bind(rec.biz_no)
+                .bind(rec.fingerprint)
+                .bind(rec.ttl_secs)
+                .execute(&mut **tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn outbox_insert<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            topic: &'a str,
+            msg_id: &'a str,
+            payload: &'a str,
+        ) -> Result<i64, sqlx::Error> {
+            let done = sqlx::query(sql::OUTBOX_INSERT)
+                .bind(topic)
+                .bind(msg_id)
+                .bind(payload)
+                .execute(&mut **tx)
+                .await?;
+            i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+        }
+
+        common_methods!();
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use sqlx::Sqlite;
+
+    mod sql {
+        pub const FETCH_RECORD: &str =
+            "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = ?";
+        pub const STORE_RESULT: &str =
+            "UPDATE idem_record SET result = ? WHERE idempotency_key = ?";
+        pub const CLAIM_RECORD: &str = "INSERT OR IGNORE INTO idem_record \
+            (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+            VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?))";
+        pub const OUTBOX_INSERT: &str =
+            "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?) RETURNING id";
+        pub const OUTBOX_SUCCESS: &str = "UPDATE idem_outbox SET status = 'success', \
+            updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
+            locked_until = NULL WHERE id = ? AND status = 'pending'";
+        pub const SCHEMA: &[&str] = &[
+            "CREATE TABLE IF NOT EXISTS idem_record (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
+                biz_type TEXT NOT NULL,
+                biz_no TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                result TEXT,
+                create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+                expire_time TEXT NOT NULL,
+                CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
+            )",
+            "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+            "CREATE TABLE IF NOT EXISTS idem_outbox (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                topic TEXT NOT NULL,
+                msg_id TEXT NOT NULL,
+                payload TEXT NOT NULL,
+                status TEXT NOT NULL DEFAULT 'pending'
+                    CHECK (status IN ('pending', 'success', 'failed')),
+                attempts INTEGER NOT NULL DEFAULT 0,
+                next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+                lease_owner TEXT,
+                locked_until TEXT,
+                last_error TEXT,
+                created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+                updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+                CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
+            )",
+            "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+        ];
+    }
+
+    impl sealed::Sealed for Sqlite {}
+
+    impl Backend for Sqlite {
+        const NAME: &'static str = "sqlite";
+
+        fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql {
+            let (t, i, s) = (
+                quote(table, '"'),
+                quote(id_column, '"'),
+                quote(state_column, '"'),
+            );
+            // No FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
+            StateSql {
+                lock: format!("SELECT CAST({s} AS TEXT) FROM {t} WHERE {i} = ?"),
+                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
+            }
+        }
+
+        async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+            pool.begin_with("BEGIN IMMEDIATE").await
+        }
+
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(sql::CLAIM_RECORD)
+                .bind(rec.key)
+                .bind(rec.biz_type)
+                .bind(rec.biz_no)
+                .bind(rec.fingerprint)
+                .bind(format!("+{} seconds", rec.ttl_secs))
+                .execute(&mut **tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn outbox_insert<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            topic: &'a str,
+            msg_id: &'a str,
+            payload: &'a str,
+        ) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar(sql::OUTBOX_INSERT)
+                .bind(topic)
+                .bind(msg_id)
+                .bind(payload)
+                .fetch_one(&mut **tx)
+                .await
+        }
+
+        common_methods!();
+    }
+}

@@ -1,0 +1,229 @@
+//! The one error type of idem, and whether a retry can help.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A boxed error from a handler body.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Everything that can go wrong in an idempotent call.
+///
+/// Each variant says whether retrying the same call can succeed: see
+/// [`Error::is_retryable`]. A retry is always safe — that is the point of
+/// idem — but only a retryable error can be healed by one.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The idempotency key is empty, too long, has control characters, or was
+    /// rejected by the handler's `validate` function. Nothing was executed.
+    /// Not retryable.
+    InvalidKey {
+        /// The key as derived (possibly truncated for display).
+        key: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The entity is not in the `from` state (nor already in `to`), or does
+    /// not exist. Nothing was changed. Not retryable.
+    IllegalState {
+        /// The entity's table.
+        table: &'static str,
+        /// The entity id, as text.
+        id: String,
+        /// The state found, or `None` when no such entity exists.
+        found: Option<String>,
+        /// The state the transition starts from.
+        expected: &'static str,
+    },
+    /// The same key was used before with a different payload (record
+    /// strategy). Nothing was executed. Not retryable.
+    KeyConflict {
+        /// The reused key.
+        key: String,
+    },
+    /// The database failed. Retryable when the failure is transient: lost
+    /// connection, pool time-out, deadlock, serialization failure, lock
+    /// wait time-out, or a busy SQLite database.
+    Database(sqlx::Error),
+    /// The connection failed while committing: the transaction may or may
+    /// not have committed. Retryable, and the retry is safe because the
+    /// handler is idempotent; this is exactly the lost-acknowledgement case.
+    CommitUnknown(sqlx::Error),
+    /// The handler body returned an error. Everything was rolled back.
+    /// Retryable when the body's error is a transient database error, or was
+    /// marked retryable with [`Error::retryable`].
+    Handler {
+        /// The body's error.
+        source: BoxError,
+        /// Whether a retry can help.
+        retryable: bool,
+    },
+    /// A stored result could not be serialized or read back (record
+    /// strategy). Not retryable.
+    Serialization(serde_json::Error),
+}
+
+impl Error {
+    /// Whether retrying the same call can succeed.
+    ///
+    /// ```
+    /// let e = idem_runtime::Error::retryable("broker busy");
+    /// assert!(e.is_retryable());
+    /// let e = idem_runtime::Error::permanent("bad payload");
+    /// assert!(!e.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::InvalidKey { .. }
+            | Error::IllegalState { .. }
+            | Error::KeyConflict { .. }
+            | Error::Serialization(_) => false,
+            Error::Database(e) => is_transient(e),
+            Error::CommitUnknown(_) => true,
+            Error::Handler { retryable, .. } => *retryable,
+        }
+    }
+
+    /// A handler error that a retry may heal (for example a downstream
+    /// service that timed out). Return it from a handler body.
+    pub fn retryable(source: impl Into<BoxError>) -> Self {
+        Error::Handler {
+            source: source.into(),
+            retryable: true,
+        }
+    }
+
+    /// A handler error that no retry can heal (for example a payload that
+    /// fails validation). Return it from a handler body.
+    pub fn permanent(source: impl Into<BoxError>) -> Self {
+        Error::Handler {
+            source: source.into(),
+            retryable: false,
+        }
+    }
+
+    /// A short, stable name of the variant, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidKey { .. } => "invalid_key",
+            Error::IllegalState { .. } => "illegal_state",
+            Error::KeyConflict { .. } => "key_conflict",
+            Error::Database(_) => "database",
+            Error::CommitUnknown(_) => "commit_unknown",
+            Error::Handler { .. } => "handler",
+            Error::Serialization(_) => "serialization",
+        }
+    }
+
+    /// Turns a handler body's error into an [`Error`].
+    ///
+    /// An [`Error`] passes through unchanged; a [`sqlx::Error`] anywhere in
+    /// the source chain decides retryability; anything else is permanent.
+    pub(crate) fn from_handler(source: BoxError) -> Self {
+        let source = match source.downcast::<Error>() {
+            Ok(e) => return *e,
+            Err(other) => other,
+        };
+        let retryable = find_sqlx(&*source).is_some_and(is_transient);
+        Error::Handler { source, retryable }
+    }
+}
+
+/// Finds a [`sqlx::Error`] in an error's source chain.
+pub(crate) fn find_sqlx<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a sqlx::Error> {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(s) = e.downcast_ref::<sqlx::Error>() {
+            return Some(s);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// Whether a database error is transient: a retry of the whole transaction
+/// can succeed.
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
+            // SQLSTATE: serialization failure, deadlock, lock not available,
+            // connection exceptions, operator intervention (shutdown).
+            if matches!(
+                code,
+                "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03"
+            ) || code.starts_with("08")
+            {
+                return true;
+            }
+            // MariaDB/MySQL lock wait time-out (1205) and deadlock (1213)
+            // carry SQLSTATE HY000 / 40001; SQLite busy (5) and locked (6),
+            // extended codes included, come as decimal numbers.
+            if let Ok(n) = code.parse::<u32>() {
+                return matches!(n & 0xff, 5 | 6) || n == 1205 || n == 1213;
+            }
+            let msg = db.message();
+            msg.contains("Lock wait timeout") || msg.contains("Deadlock found")
+        }
+        _ => false,
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey { key, reason } => {
+                write!(f, "invalid idempotency key `{key}`: {reason}")
+            }
+            Error::IllegalState {
+                table,
+                id,
+                found: Some(found),
+                expected,
+            } => write!(
+                f,
+                "illegal state: {table} {id} is `{found}`, the transition needs `{expected}`"
+            ),
+            Error::IllegalState {
+                table,
+                id,
+                found: None,
+                ..
+            } => write!(f, "illegal state: no {table} with id {id}"),
+            Error::KeyConflict { key } => write!(
+                f,
+                "idempotency key `{key}` was already used with a different payload"
+            ),
+            Error::Database(e) => write!(f, "database error: {e}"),
+            Error::CommitUnknown(e) => write!(
+                f,
+                "commit outcome unknown (the connection failed during COMMIT): {e}"
+            ),
+            Error::Handler { source, .. } => write!(f, "handler failed: {source}"),
+            Error::Serialization(e) => write!(f, "stored result could not be (de)serialized: {e}"),
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Database(e) | Error::CommitUnknown(e) => Some(e),
+            Error::Handler { source, .. } => Some(&**source),
+            Error::Serialization(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Database(e)
+    }
+}
