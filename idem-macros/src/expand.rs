@@ -316,10 +316,10 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                     from: __idem_from,
                     to: __idem_to,
                 };
-                let __idem_sql = #call::state_sql(&__idem_spec)?;
                 let mut __idem_call = #call::begin(
                     ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
                 ).await?;
+                let __idem_sql = __idem_call.state_sql(&__idem_spec)?;
                 if __idem_call.state_guard(&__idem_spec, &__idem_sql).await? {
                     return __idem_call.duplicate(::core::option::Option::None).await;
                 }

@@ -52,8 +52,8 @@ pub trait Backend: Database + sealed::Sealed {
     /// A short name, for traces.
     const NAME: &'static str;
 
-    /// Renders the state machine's statements for this dialect.
-    fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql;
+    /// The SQL dialect the transaction speaks.
+    fn dialect(tx: &Transaction<'static, Self>) -> Dialect;
 
     /// Begins the call's transaction (SQLite: `BEGIN IMMEDIATE`, taking
     /// the write lock up front so concurrent calls serialize instead of
@@ -117,9 +117,70 @@ pub trait Backend: Database + sealed::Sealed {
         tx: &'a mut Transaction<'static, Self>,
         sql: &'static str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
 
-    /// The schema statements, in order; each is safe to run twice.
-    fn schema() -> &'static [&'static str];
+/// The SQL dialects idem speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB and MySQL.
+    MySql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Dialect {
+    /// Renders the state machine's statements.
+    ///
+    /// # Panics
+    /// If a name is not a plain identifier (see [`is_identifier`]); the
+    /// generated code checks them before calling this.
+    pub fn state_sql(self, table: &str, id_column: &str, state_column: &str) -> StateSql {
+        let q = if self == Dialect::MySql { '`' } else { '"' };
+        let (t, i, s) = (quote(table, q), quote(id_column, q), quote(state_column, q));
+        match self {
+            Dialect::Postgres => StateSql {
+                lock: format!("SELECT {s}::text FROM {t} WHERE {i} = $1 FOR UPDATE"),
+                transition: format!("UPDATE {t} SET {s} = $1 WHERE {i} = $2 AND {s} = $3"),
+            },
+            Dialect::MySql => StateSql {
+                lock: format!("SELECT CAST({s} AS CHAR) FROM {t} WHERE {i} = ? FOR UPDATE"),
+                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
+            },
+            // No FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
+            Dialect::Sqlite => StateSql {
+                lock: format!("SELECT CAST({s} AS TEXT) FROM {t} WHERE {i} = ?"),
+                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
+            },
+        }
+    }
+
+    /// The dialect's fixed statements.
+    pub(crate) fn sql(self) -> &'static SqlSet {
+        match self {
+            Dialect::Postgres => &PG,
+            Dialect::MySql => &MY,
+            Dialect::Sqlite => &LITE,
+        }
+    }
+
+    /// The statements creating idem's tables, in order; each is safe to
+    /// run twice.
+    pub fn schema(self) -> &'static [&'static str] {
+        self.sql().schema
+    }
+}
+
+/// The fixed statements of one dialect.
+#[derive(Debug)]
+pub(crate) struct SqlSet {
+    fetch_record: &'static str,
+    store_result: &'static str,
+    claim_record: &'static str,
+    outbox_insert: &'static str,
+    outbox_success: &'static str,
+    schema: &'static [&'static str],
 }
 
 /// Whether `s` is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most
@@ -182,14 +243,30 @@ macro_rules! common_methods {
             Ok(q.execute(&mut **tx).await?.rows_affected())
         }
 
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(Self::dialect(tx).sql().claim_record)
+                .bind(rec.key)
+                .bind(rec.biz_type)
+                .bind(rec.biz_no)
+                .bind(rec.fingerprint)
+                .bind(rec.ttl_secs)
+                .execute(&mut **tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
         async fn fetch_record<'a>(
             tx: &'a mut Transaction<'static, Self>,
             key: &'a str,
         ) -> Result<Option<StoredRecord>, sqlx::Error> {
-            let row: Option<(String, Option<String>)> = sqlx::query_as(sql::FETCH_RECORD)
-                .bind(key)
-                .fetch_optional(&mut **tx)
-                .await?;
+            let row: Option<(String, Option<String>)> =
+                sqlx::query_as(Self::dialect(tx).sql().fetch_record)
+                    .bind(key)
+                    .fetch_optional(&mut **tx)
+                    .await?;
             Ok(row.map(|(fingerprint, result)| StoredRecord {
                 fingerprint,
                 result,
@@ -201,7 +278,7 @@ macro_rules! common_methods {
             key: &'a str,
             result: &'a str,
         ) -> Result<(), sqlx::Error> {
-            sqlx::query(sql::STORE_RESULT)
+            sqlx::query(Self::dialect(tx).sql().store_result)
                 .bind(result)
                 .bind(key)
                 .execute(&mut **tx)
@@ -213,7 +290,7 @@ macro_rules! common_methods {
             tx: &'a mut Transaction<'static, Self>,
             id: i64,
         ) -> Result<u64, sqlx::Error> {
-            Ok(sqlx::query(sql::OUTBOX_SUCCESS)
+            Ok(sqlx::query(Self::dialect(tx).sql().outbox_success)
                 .bind(id)
                 .execute(&mut **tx)
                 .await?
@@ -227,9 +304,24 @@ macro_rules! common_methods {
             sqlx::query(sql).execute(&mut **tx).await?;
             Ok(())
         }
+    };
+}
 
-        fn schema() -> &'static [&'static str] {
-            sql::SCHEMA
+/// `INSERT … RETURNING id` (PostgreSQL, SQLite).
+macro_rules! outbox_insert_returning {
+    () => {
+        async fn outbox_insert<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            topic: &'a str,
+            msg_id: &'a str,
+            payload: &'a str,
+        ) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar(Self::dialect(tx).sql().outbox_insert)
+                .bind(topic)
+                .bind(msg_id)
+                .bind(payload)
+                .fetch_one(&mut **tx)
+                .await
         }
     };
 }
@@ -239,103 +331,20 @@ mod postgres {
     use super::*;
     use sqlx::Postgres;
 
-    mod sql {
-        pub const FETCH_RECORD: &str =
-            "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = $1";
-        pub const STORE_RESULT: &str =
-            "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2";
-        pub const CLAIM_RECORD: &str = "INSERT INTO idem_record \
-            (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
-            VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::float8)) \
-            ON CONFLICT (idempotency_key) DO NOTHING";
-        pub const OUTBOX_INSERT: &str =
-            "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES ($1, $2, $3) RETURNING id";
-        pub const OUTBOX_SUCCESS: &str = "UPDATE idem_outbox SET status = 'success', \
-            updated_at = now(), lease_owner = NULL, locked_until = NULL \
-            WHERE id = $1 AND status = 'pending'";
-        pub const SCHEMA: &[&str] = &[
-            "CREATE TABLE IF NOT EXISTS idem_record (
-                id BIGSERIAL PRIMARY KEY,
-                idempotency_key VARCHAR(128) NOT NULL,
-                biz_type VARCHAR(64) NOT NULL,
-                biz_no VARCHAR(128) NOT NULL,
-                fingerprint CHAR(64) NOT NULL,
-                result TEXT,
-                create_time TIMESTAMPTZ NOT NULL DEFAULT now(),
-                expire_time TIMESTAMPTZ NOT NULL,
-                CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
-            )",
-            "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-            "CREATE TABLE IF NOT EXISTS idem_outbox (
-                id BIGSERIAL PRIMARY KEY,
-                topic VARCHAR(128) NOT NULL,
-                msg_id VARCHAR(128) NOT NULL,
-                payload TEXT NOT NULL,
-                status VARCHAR(16) NOT NULL DEFAULT 'pending',
-                attempts INTEGER NOT NULL DEFAULT 0,
-                next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                lease_owner VARCHAR(64),
-                locked_until TIMESTAMPTZ,
-                last_error TEXT,
-                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id),
-                CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
-            )",
-            "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
-        ];
-    }
-
     impl sealed::Sealed for Postgres {}
 
     impl Backend for Postgres {
         const NAME: &'static str = "postgres";
 
-        fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql {
-            let (t, i, s) = (
-                quote(table, '"'),
-                quote(id_column, '"'),
-                quote(state_column, '"'),
-            );
-            StateSql {
-                lock: format!("SELECT {s}::text FROM {t} WHERE {i} = $1 FOR UPDATE"),
-                transition: format!("UPDATE {t} SET {s} = $1 WHERE {i} = $2 AND {s} = $3"),
-            }
+        fn dialect(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::Postgres
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             pool.begin().await
         }
 
-        async fn claim_record<'a>(
-            tx: &'a mut Transaction<'static, Self>,
-            rec: &'a NewRecord<'a>,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(sql::CLAIM_RECORD)
-                .bind(rec.key)
-                .bind(rec.biz_type)
-                .bind(rec.biz_no)
-                .bind(rec.fingerprint)
-                .bind(rec.ttl_secs)
-                .execute(&mut **tx)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn outbox_insert<'a>(
-            tx: &'a mut Transaction<'static, Self>,
-            topic: &'a str,
-            msg_id: &'a str,
-            payload: &'a str,
-        ) -> Result<i64, sqlx::Error> {
-            sqlx::query_scalar(sql::OUTBOX_INSERT)
-                .bind(topic)
-                .bind(msg_id)
-                .bind(payload)
-                .fetch_one(&mut **tx)
-                .await
-        }
-
+        outbox_insert_returning!();
         common_methods!();
     }
 }
@@ -345,89 +354,17 @@ mod mysql {
     use super::*;
     use sqlx::MySql;
 
-    mod sql {
-        pub const FETCH_RECORD: &str = "SELECT fingerprint, result FROM idem_record \
-            WHERE idempotency_key = ? LOCK IN SHARE MODE";
-        pub const STORE_RESULT: &str =
-            "UPDATE idem_record SET result = ? WHERE idempotency_key = ?";
-        // INSERT IGNORE waits on the unique index for a concurrent insert of
-        // the same key; the values are length-checked before, so it can only
-        // ignore the duplicate.
-        pub const CLAIM_RECORD: &str = "INSERT IGNORE INTO idem_record \
-            (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
-            VALUES (?, ?, ?, ?, DATE_ADD(NOW(6), INTERVAL ? SECOND))";
-        pub const OUTBOX_INSERT: &str =
-            "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?)";
-        pub const OUTBOX_SUCCESS: &str = "UPDATE idem_outbox SET status = 'success', \
-            updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
-            WHERE id = ? AND status = 'pending'";
-        pub const SCHEMA: &[&str] = &[
-            "CREATE TABLE IF NOT EXISTS idem_record (
-                id BIGINT AUTO_INCREMENT PRIMARY KEY,
-                idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-                biz_type VARCHAR(64) NOT NULL,
-                biz_no VARCHAR(128) NOT NULL,
-                fingerprint CHAR(64) NOT NULL,
-                result MEDIUMTEXT NULL,
-                create_time DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                expire_time DATETIME(6) NOT NULL,
-                UNIQUE KEY uk_idem_record_key (idempotency_key),
-                KEY idx_idem_record_expire (expire_time)
-            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-            "CREATE TABLE IF NOT EXISTS idem_outbox (
-                id BIGINT AUTO_INCREMENT PRIMARY KEY,
-                topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-                msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-                payload MEDIUMTEXT NOT NULL,
-                status VARCHAR(16) NOT NULL DEFAULT 'pending',
-                attempts INT NOT NULL DEFAULT 0,
-                next_attempt_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                lease_owner VARCHAR(64) NULL,
-                locked_until DATETIME(6) NULL,
-                last_error TEXT NULL,
-                created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                UNIQUE KEY uk_idem_outbox_msg (topic, msg_id),
-                KEY idx_idem_outbox_due (status, next_attempt_at),
-                CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
-            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-        ];
-    }
-
     impl sealed::Sealed for MySql {}
 
     impl Backend for MySql {
         const NAME: &'static str = "mysql";
 
-        fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql {
-            let (t, i, s) = (
-                quote(table, '`'),
-                quote(id_column, '`'),
-                quote(state_column, '`'),
-            );
-            StateSql {
-                lock: format!("SELECT CAST({s} AS CHAR) FROM {t} WHERE {i} = ? FOR UPDATE"),
-                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
-            }
+        fn dialect(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::MySql
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             pool.begin().await
-        }
-
-        async fn claim_record<'a>(
-            tx: &'a mut Transaction<'static, Self>,
-            rec: &'a NewRecord<'a>,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(sql::CLAIM_RECORD)
-                .bind(rec.key)
-                .bind(rec.biz_type)
-                .bind(rec.biz_no)
-                .bind(rec.fingerprint)
-                .bind(rec.ttl_secs)
-                .execute(&mut **tx)
-                .await?;
-            Ok(done.rows_affected() == 1)
         }
 
         async fn outbox_insert<'a>(
@@ -436,7 +373,7 @@ mod mysql {
             msg_id: &'a str,
             payload: &'a str,
         ) -> Result<i64, sqlx::Error> {
-            let done = sqlx::query(sql::OUTBOX_INSERT)
+            let done = sqlx::query(MY.outbox_insert)
                 .bind(topic)
                 .bind(msg_id)
                 .bind(payload)
@@ -454,87 +391,55 @@ mod sqlite {
     use super::*;
     use sqlx::Sqlite;
 
-    mod sql {
-        pub const FETCH_RECORD: &str =
-            "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = ?";
-        pub const STORE_RESULT: &str =
-            "UPDATE idem_record SET result = ? WHERE idempotency_key = ?";
-        pub const CLAIM_RECORD: &str = "INSERT OR IGNORE INTO idem_record \
-            (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
-            VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?))";
-        pub const OUTBOX_INSERT: &str =
-            "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?) RETURNING id";
-        pub const OUTBOX_SUCCESS: &str = "UPDATE idem_outbox SET status = 'success', \
-            updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
-            locked_until = NULL WHERE id = ? AND status = 'pending'";
-        pub const SCHEMA: &[&str] = &[
-            "CREATE TABLE IF NOT EXISTS idem_record (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
-                biz_type TEXT NOT NULL,
-                biz_no TEXT NOT NULL,
-                fingerprint TEXT NOT NULL,
-                result TEXT,
-                create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-                expire_time TEXT NOT NULL,
-                CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
-            )",
-            "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-            "CREATE TABLE IF NOT EXISTS idem_outbox (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                topic TEXT NOT NULL,
-                msg_id TEXT NOT NULL,
-                payload TEXT NOT NULL,
-                status TEXT NOT NULL DEFAULT 'pending'
-                    CHECK (status IN ('pending', 'success', 'failed')),
-                attempts INTEGER NOT NULL DEFAULT 0,
-                next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-                lease_owner TEXT,
-                locked_until TEXT,
-                last_error TEXT,
-                created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-                updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-                CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
-            )",
-            "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
-        ];
-    }
-
     impl sealed::Sealed for Sqlite {}
 
     impl Backend for Sqlite {
         const NAME: &'static str = "sqlite";
 
-        fn state_sql(table: &str, id_column: &str, state_column: &str) -> StateSql {
-            let (t, i, s) = (
-                quote(table, '"'),
-                quote(id_column, '"'),
-                quote(state_column, '"'),
-            );
-            // No FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
-            StateSql {
-                lock: format!("SELECT CAST({s} AS TEXT) FROM {t} WHERE {i} = ?"),
-                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
-            }
+        fn dialect(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::Sqlite
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             pool.begin_with("BEGIN IMMEDIATE").await
         }
 
-        async fn claim_record<'a>(
-            tx: &'a mut Transaction<'static, Self>,
-            rec: &'a NewRecord<'a>,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(sql::CLAIM_RECORD)
-                .bind(rec.key)
-                .bind(rec.biz_type)
-                .bind(rec.biz_no)
-                .bind(rec.fingerprint)
-                .bind(format!("+{} seconds", rec.ttl_secs))
-                .execute(&mut **tx)
-                .await?;
-            Ok(done.rows_affected() == 1)
+        outbox_insert_returning!();
+        common_methods!();
+    }
+}
+
+/// `sqlx::Any`: one handler for every database, the dialect chosen by the
+/// URL the pool was opened with.
+#[cfg(feature = "any")]
+mod any {
+    use super::*;
+    use sqlx::Any;
+
+    impl sealed::Sealed for Any {}
+
+    fn dialect_of(name: &str) -> Dialect {
+        match name {
+            "PostgreSQL" | "postgres" | "postgresql" => Dialect::Postgres,
+            "MySQL" | "mysql" | "mariadb" => Dialect::MySql,
+            _ => Dialect::Sqlite,
+        }
+    }
+
+    impl Backend for Any {
+        const NAME: &'static str = "any";
+
+        fn dialect(tx: &Transaction<'static, Self>) -> Dialect {
+            dialect_of(tx.backend_name())
+        }
+
+        async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+            let scheme = pool.connect_options().database_url.scheme().to_owned();
+            if dialect_of(&scheme) == Dialect::Sqlite {
+                pool.begin_with("BEGIN IMMEDIATE").await
+            } else {
+                pool.begin().await
+            }
         }
 
         async fn outbox_insert<'a>(
@@ -543,14 +448,158 @@ mod sqlite {
             msg_id: &'a str,
             payload: &'a str,
         ) -> Result<i64, sqlx::Error> {
-            sqlx::query_scalar(sql::OUTBOX_INSERT)
-                .bind(topic)
-                .bind(msg_id)
-                .bind(payload)
-                .fetch_one(&mut **tx)
-                .await
+            let sql = Self::dialect(tx).sql().outbox_insert;
+            let q = sqlx::query(sql).bind(topic).bind(msg_id).bind(payload);
+            if Self::dialect(tx) == Dialect::MySql {
+                let done = q.execute(&mut **tx).await?;
+                done.last_insert_id()
+                    .ok_or_else(|| sqlx::Error::Protocol("no insert id returned".into()))
+            } else {
+                use sqlx::Row;
+                q.fetch_one(&mut **tx).await?.try_get(0)
+            }
         }
 
         common_methods!();
     }
 }
+
+/// The PostgreSQL statements.
+const PG: SqlSet = SqlSet {
+    fetch_record: "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = $1",
+    store_result: "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2",
+    claim_record: "INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+        VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::float8)) \
+        ON CONFLICT (idempotency_key) DO NOTHING",
+    outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES ($1, $2, $3) RETURNING id",
+    outbox_success: "UPDATE idem_outbox SET status = 'success', \
+        updated_at = now(), lease_owner = NULL, locked_until = NULL \
+        WHERE id = $1 AND status = 'pending'",
+    schema: &[
+        // Concurrent migrations wait for each other instead of racing on
+        // the catalog.
+        "SELECT pg_advisory_xact_lock(4242424242)",
+        "CREATE TABLE IF NOT EXISTS idem_record (
+            id BIGSERIAL PRIMARY KEY,
+            idempotency_key VARCHAR(128) NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint CHAR(64) NOT NULL,
+            result TEXT,
+            create_time TIMESTAMPTZ NOT NULL DEFAULT now(),
+            expire_time TIMESTAMPTZ NOT NULL,
+            CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+        "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id BIGSERIAL PRIMARY KEY,
+            topic VARCHAR(128) NOT NULL,
+            msg_id VARCHAR(128) NOT NULL,
+            payload TEXT NOT NULL,
+            status VARCHAR(16) NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            lease_owner VARCHAR(64),
+            locked_until TIMESTAMPTZ,
+            last_error TEXT,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id),
+            CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+    ],
+};
+
+/// The MariaDB / MySQL statements.
+const MY: SqlSet = SqlSet {
+    fetch_record: "SELECT fingerprint, result FROM idem_record \
+        WHERE idempotency_key = ? LOCK IN SHARE MODE",
+    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ?",
+    // INSERT IGNORE waits on the unique index for a concurrent insert of
+    // the same key; the values are length-checked before, so it can only
+    // ignore the duplicate.
+    claim_record: "INSERT IGNORE INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+        VALUES (?, ?, ?, ?, DATE_ADD(NOW(6), INTERVAL ? SECOND))",
+    outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?)",
+    outbox_success: "UPDATE idem_outbox SET status = 'success', \
+        updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
+        WHERE id = ? AND status = 'pending'",
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_record (
+            id BIGINT AUTO_INCREMENT PRIMARY KEY,
+            idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint CHAR(64) NOT NULL,
+            result MEDIUMTEXT NULL,
+            create_time DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            expire_time DATETIME(6) NOT NULL,
+            UNIQUE KEY uk_idem_record_key (idempotency_key),
+            KEY idx_idem_record_expire (expire_time)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id BIGINT AUTO_INCREMENT PRIMARY KEY,
+            topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            payload MEDIUMTEXT NOT NULL,
+            status VARCHAR(16) NOT NULL DEFAULT 'pending',
+            attempts INT NOT NULL DEFAULT 0,
+            next_attempt_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            lease_owner VARCHAR(64) NULL,
+            locked_until DATETIME(6) NULL,
+            last_error TEXT NULL,
+            created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            UNIQUE KEY uk_idem_outbox_msg (topic, msg_id),
+            KEY idx_idem_outbox_due (status, next_attempt_at),
+            CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    ],
+};
+
+/// The SQLite statements.
+const LITE: SqlSet = SqlSet {
+    fetch_record: "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = ?",
+    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ?",
+    claim_record: "INSERT OR IGNORE INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+        VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'))",
+    outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?) RETURNING id",
+    outbox_success: "UPDATE idem_outbox SET status = 'success', \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
+        locked_until = NULL WHERE id = ? AND status = 'pending'",
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_record (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
+            biz_type TEXT NOT NULL,
+            biz_no TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            result TEXT,
+            create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            expire_time TEXT NOT NULL,
+            CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+        "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            topic TEXT NOT NULL,
+            msg_id TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'success', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            lease_owner TEXT,
+            locked_until TEXT,
+            last_error TEXT,
+            created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+    ],
+};

@@ -198,16 +198,17 @@ impl<DB: Backend> Call<DB> {
 
     // ---- state_machine ----------------------------------------------------
 
-    /// Renders the state machine's statements (identifiers checked).
-    pub fn state_sql(sm: &StateMachine) -> Result<StateSql, Error> {
+    /// Renders the state machine's statements for this call's database
+    /// (identifiers checked again; the macro checked them at compile time).
+    pub fn state_sql(&self, sm: &StateMachine) -> Result<StateSql, Error> {
         for ident in [sm.table, sm.id_column, sm.state_column] {
             if !crate::backend::is_identifier(ident) {
-                return Err(Error::permanent(format!(
+                return Err(self.fail(Error::permanent(format!(
                     "`{ident}` is not a valid SQL identifier"
-                )));
+                ))));
             }
         }
-        Ok(DB::state_sql(sm.table, sm.id_column, sm.state_column))
+        Ok(DB::dialect(&self.tx).state_sql(sm.table, sm.id_column, sm.state_column))
     }
 
     /// Reads the entity's state under a row lock. `Ok(true)`: the entity is

@@ -53,6 +53,7 @@
 //! ## Cargo features
 //! - `sqlite` (default): the embedded backend, no server needed.
 //! - `postgres`, `mysql` (MariaDB and MySQL): the server backends.
+//! - `any`: handlers on `sqlx::Any`, the database chosen at run time by URL.
 //! - `uuid`: UUIDs as key parts and entity ids.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

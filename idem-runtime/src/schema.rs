@@ -15,7 +15,7 @@ use sqlx::Pool;
 /// ```
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
     let mut tx = DB::begin(pool).await?;
-    for stmt in DB::schema() {
+    for stmt in DB::dialect(&tx).schema() {
         DB::exec(&mut tx, stmt).await?;
     }
     tx.commit().await?;

@@ -1,0 +1,106 @@
+//! Support for idem's integration tests: connections to the real servers
+//! on this machine, with the skip rule (skipped locally when a server is
+//! down, a failure when `CI=true`), and per-test table names.
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// PostgreSQL URL: `IDEM_TEST_POSTGRES_URL`, default the local server.
+pub fn postgres_url() -> String {
+    std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// MariaDB URL: `IDEM_TEST_MYSQL_URL`, default the local server.
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A server is unreachable: in CI that fails the test, locally it is skipped.
+pub fn unreachable(what: &str, err: impl std::fmt::Display) -> Option<std::convert::Infallible> {
+    if in_ci() {
+        panic!("{what} is unreachable and CI=true: {err}");
+    }
+    eprintln!("SKIPPED: {what} is unreachable ({err}); start it to run this test");
+    None
+}
+
+/// A pool on the local PostgreSQL with idem's tables, or `None` (skipped).
+pub async fn postgres(max: u32) -> Option<PgPool> {
+    let opts = PgConnectOptions::from_str(&postgres_url()).expect("valid URL");
+    match PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts)
+        .await
+    {
+        Ok(pool) => {
+            idem_runtime::migrate(&pool)
+                .await
+                .expect("migrate postgres");
+            Some(pool)
+        }
+        Err(e) => {
+            unreachable("PostgreSQL at 127.0.0.1:5432", e);
+            None
+        }
+    }
+}
+
+/// A pool on the local MariaDB with idem's tables, or `None` (skipped).
+pub async fn mysql(max: u32) -> Option<MySqlPool> {
+    let opts = MySqlConnectOptions::from_str(&mysql_url()).expect("valid URL");
+    match MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts)
+        .await
+    {
+        Ok(pool) => {
+            idem_runtime::migrate(&pool).await.expect("migrate mariadb");
+            Some(pool)
+        }
+        Err(e) => {
+            unreachable("MariaDB at 127.0.0.1:3306", e);
+            None
+        }
+    }
+}
+
+/// A pool on a fresh SQLite file in the temporary directory (WAL), with
+/// idem's tables. SQLite needs no server, so this never skips.
+pub async fn sqlite(max: u32) -> SqlitePool {
+    let path = std::env::temp_dir().join(format!("idem-test-{}.db", unique("f")));
+    let opts = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(max)
+        .connect_with(opts)
+        .await
+        .expect("open sqlite file");
+    idem_runtime::migrate(&pool).await.expect("migrate sqlite");
+    pool
+}
+
+/// A name no other test (or earlier run) uses: `prefix_<pid>_<n>`.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

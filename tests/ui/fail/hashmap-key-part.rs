@@ -1,0 +1,21 @@
+#![allow(dead_code)]
+
+use idem_runtime::idempotent;
+use std::collections::HashMap;
+use sqlx::{Sqlite, Transaction};
+
+struct CreatePayment {
+    order_id: i64,
+    lines: HashMap<String, i64>,
+}
+
+#[idempotent(key = "payment:{msg.order_id}:{msg.lines}", strategy = unique_insert)]
+async fn create_payment(tx: &mut Transaction<'_, Sqlite>, msg: &CreatePayment) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO payment (order_id) VALUES (?)")
+        .bind(msg.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+#![allow(dead_code)]
+
+use idem_runtime::idempotent;
+
+#[idempotent(key = "coupon-deduct:{msg_id}", strategy = unique_insert)]
+struct DeductCoupon {
+    msg_id: String,
+    coupon_id: i64,
+}
+
+fn main() {}

@@ -1,0 +1,39 @@
+#![allow(dead_code)]
+
+use idem_runtime::{idempotent, State};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
+enum CouponState {
+    Unused,
+    Used,
+}
+
+struct DeductCoupon {
+    msg_id: String,
+    coupon_id: i64,
+    order_id: i64,
+}
+
+#[idempotent(
+    key = "coupon-deduct:{msg_id}",
+    strategy = state_machine,
+    table = "coupon",
+    id = coupon_id,
+    from = CouponState::Unused,
+    to = CouponState::Used,
+)]
+async fn deduct(
+    tx: &mut Transaction<'_, Sqlite>,
+    DeductCoupon { msg_id, coupon_id, order_id }: DeductCoupon,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
+        .bind(coupon_id)
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    let _ = msg_id;
+    Ok(())
+}
+
+fn main() {}
