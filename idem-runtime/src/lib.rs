@@ -66,7 +66,7 @@ pub mod outbox;
 mod schema;
 mod state;
 
-pub use backend::{Backend, NewRecord, StateSql, StoredRecord};
+pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
 pub use call::{Call, Outcome, Record, Source, StateMachine, fingerprint};
 pub use error::{BoxError, Error, is_transient};
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key};

@@ -104,3 +104,68 @@ pub fn unique(prefix: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A statement written with `?` placeholders, in the given dialect
+/// (PostgreSQL gets `$1, $2, …`).
+pub fn sql(dialect: idem_runtime::Dialect, text: &'static str) -> sqlx::AssertSqlSafe<String> {
+    if dialect != idem_runtime::Dialect::Postgres {
+        return sqlx::AssertSqlSafe(text.to_string());
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut n = 0;
+    for c in text.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(c);
+        }
+    }
+    sqlx::AssertSqlSafe(out)
+}
+
+/// A process-wide id base, so rows of this run never collide with rows of
+/// an earlier run left in a shared server's tables.
+pub fn id_base() -> i64 {
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos() as i64;
+        // 10^6 ids per run, distinct across runs.
+        (nanos / 1_000) % 1_000_000_000 * 1_000_000
+    })
+}
+
+/// A fresh id range of `n` ids.
+pub fn ids(n: i64) -> i64 {
+    static NEXT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+    id_base() + NEXT.fetch_add(n, Ordering::Relaxed)
+}
+
+/// Runs `n` calls at once: each is spawned, and one barrier releases them
+/// together, the way a burst of redeliveries arrives.
+pub async fn concurrently<F, Fut, T>(n: usize, f: F) -> Vec<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let b = barrier.clone();
+            let fut = f();
+            tokio::spawn(async move {
+                b.wait().await;
+                fut.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.expect("task panicked"));
+    }
+    out
+}
