@@ -466,7 +466,7 @@ mod any {
 
 /// The PostgreSQL statements.
 const PG: SqlSet = SqlSet {
-    fetch_record: "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = $1",
+    fetch_record: "SELECT fingerprint::text, result FROM idem_record WHERE idempotency_key = $1",
     store_result: "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2",
     claim_record: "INSERT INTO idem_record \
         (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
@@ -485,7 +485,7 @@ const PG: SqlSet = SqlSet {
             idempotency_key VARCHAR(128) NOT NULL,
             biz_type VARCHAR(64) NOT NULL,
             biz_no VARCHAR(128) NOT NULL,
-            fingerprint CHAR(64) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
             result TEXT,
             create_time TIMESTAMPTZ NOT NULL DEFAULT now(),
             expire_time TIMESTAMPTZ NOT NULL,
@@ -533,7 +533,7 @@ const MY: SqlSet = SqlSet {
             idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
             biz_type VARCHAR(64) NOT NULL,
             biz_no VARCHAR(128) NOT NULL,
-            fingerprint CHAR(64) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
             result MEDIUMTEXT NULL,
             create_time DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
             expire_time DATETIME(6) NOT NULL,

@@ -2,6 +2,7 @@
 //! on this machine, with the skip rule (skipped locally when a server is
 //! down, a failure when `CI=true`), and per-test table names.
 
+use sqlx::Connection;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -38,6 +39,12 @@ pub fn unreachable(what: &str, err: impl std::fmt::Display) -> Option<std::conve
 /// A pool on the local PostgreSQL with idem's tables, or `None` (skipped).
 pub async fn postgres(max: u32) -> Option<PgPool> {
     let opts = PgConnectOptions::from_str(&postgres_url()).expect("valid URL");
+    // One direct attempt first: a refused connection fails at once, where
+    // the pool would keep retrying until its acquire time-out.
+    if let Err(e) = sqlx::PgConnection::connect_with(&opts).await {
+        unreachable(&format!("PostgreSQL at {}", postgres_url()), e);
+        return None;
+    }
     match PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(30))
@@ -51,7 +58,7 @@ pub async fn postgres(max: u32) -> Option<PgPool> {
             Some(pool)
         }
         Err(e) => {
-            unreachable("PostgreSQL at 127.0.0.1:5432", e);
+            unreachable(&format!("PostgreSQL at {}", postgres_url()), e);
             None
         }
     }
@@ -60,6 +67,10 @@ pub async fn postgres(max: u32) -> Option<PgPool> {
 /// A pool on the local MariaDB with idem's tables, or `None` (skipped).
 pub async fn mysql(max: u32) -> Option<MySqlPool> {
     let opts = MySqlConnectOptions::from_str(&mysql_url()).expect("valid URL");
+    if let Err(e) = sqlx::MySqlConnection::connect_with(&opts).await {
+        unreachable(&format!("MariaDB at {}", mysql_url()), e);
+        return None;
+    }
     match MySqlPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(30))
@@ -71,7 +82,7 @@ pub async fn mysql(max: u32) -> Option<MySqlPool> {
             Some(pool)
         }
         Err(e) => {
-            unreachable("MariaDB at 127.0.0.1:3306", e);
+            unreachable(&format!("MariaDB at {}", mysql_url()), e);
             None
         }
     }
@@ -168,4 +179,37 @@ where
         out.push(t.await.expect("task panicked"));
     }
     out
+}
+
+/// A `sqlx::Any` pool on `url` with idem's tables, or `None` (skipped).
+pub async fn any(url: &str, max: u32) -> Option<sqlx::AnyPool> {
+    sqlx::any::install_default_drivers();
+    if let Err(e) = sqlx::AnyConnection::connect(url).await {
+        unreachable(&format!("the database at {url}"), e);
+        return None;
+    }
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                if conn.backend_name() == "SQLite" {
+                    sqlx::query("PRAGMA busy_timeout = 30000")
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await
+        .expect("any pool");
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    Some(pool)
+}
+
+/// A fresh SQLite file URL (WAL) for `sqlx::Any`.
+pub fn sqlite_url() -> String {
+    let path = std::env::temp_dir().join(format!("idem-test-{}.db", unique("any")));
+    format!("sqlite://{}?mode=rwc", path.display())
 }

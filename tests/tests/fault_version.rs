@@ -127,5 +127,15 @@ macro_rules! fault_tests {
     };
 }
 
-fault_tests!(postgres, sqlx::Postgres, Dialect::Postgres, idem_tests::postgres(16).await);
-fault_tests!(mariadb, sqlx::MySql, Dialect::MySql, idem_tests::mysql(16).await);
+fault_tests!(
+    postgres,
+    sqlx::Postgres,
+    Dialect::Postgres,
+    idem_tests::postgres(16).await
+);
+fault_tests!(
+    mariadb,
+    sqlx::MySql,
+    Dialect::MySql,
+    idem_tests::mysql(16).await
+);

@@ -435,6 +435,41 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(postgres, sqlx::Postgres, Dialect::Postgres, idem_tests::postgres(16).await);
-backend_tests!(mariadb, sqlx::MySql, Dialect::MySql, idem_tests::mysql(16).await);
-backend_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, Some(idem_tests::sqlite(8).await));
+backend_tests!(
+    postgres,
+    sqlx::Postgres,
+    Dialect::Postgres,
+    idem_tests::postgres(16).await
+);
+backend_tests!(
+    mariadb,
+    sqlx::MySql,
+    Dialect::MySql,
+    idem_tests::mysql(16).await
+);
+backend_tests!(
+    sqlite,
+    sqlx::Sqlite,
+    Dialect::Sqlite,
+    Some(idem_tests::sqlite(8).await)
+);
+
+// The same suite through `sqlx::Any`: one handler, the dialect chosen by URL.
+backend_tests!(
+    any_postgres,
+    sqlx::Any,
+    Dialect::Postgres,
+    idem_tests::any(&idem_tests::postgres_url(), 16).await
+);
+backend_tests!(
+    any_mariadb,
+    sqlx::Any,
+    Dialect::MySql,
+    idem_tests::any(&idem_tests::mysql_url(), 16).await
+);
+backend_tests!(
+    any_sqlite,
+    sqlx::Any,
+    Dialect::Sqlite,
+    idem_tests::any(&idem_tests::sqlite_url(), 8).await
+);
