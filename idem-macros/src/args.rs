@@ -280,10 +280,13 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
                 take("state_column").and_then(|(_, e)| ident_str(&e, "state_column", &mut errors));
             let from = from.and_then(|(_, e)| state_path(&e, "from", &mut errors));
             let to = to.and_then(|(_, e)| state_path(&e, "to", &mut errors));
-            if let (Some(f), Some(t)) = (&from, &to) {
-                if quote::quote!(#f).to_string() == quote::quote!(#t).to_string() {
-                    errors.at(t.span(), "`from` and `to` are the same state: the transition would never change anything");
-                }
+            if let (Some(f), Some(t)) = (&from, &to)
+                && quote::quote!(#f).to_string() == quote::quote!(#t).to_string()
+            {
+                errors.at(
+                    t.span(),
+                    "`from` and `to` are the same state: the transition would never change anything",
+                );
             }
             match (table, id, from, to) {
                 (Some(table), Some(id), Some(from), Some(to)) => Some(Strategy::StateMachine {

@@ -286,8 +286,8 @@ macro_rules! common_methods {
             Ok(())
         }
 
-        async fn outbox_success<'a>(
-            tx: &'a mut Transaction<'static, Self>,
+        async fn outbox_success(
+            tx: &mut Transaction<'static, Self>,
             id: i64,
         ) -> Result<u64, sqlx::Error> {
             Ok(sqlx::query(Self::dialect(tx).sql().outbox_success)
@@ -297,8 +297,8 @@ macro_rules! common_methods {
                 .rows_affected())
         }
 
-        async fn exec<'a>(
-            tx: &'a mut Transaction<'static, Self>,
+        async fn exec(
+            tx: &mut Transaction<'static, Self>,
             sql: &'static str,
         ) -> Result<(), sqlx::Error> {
             sqlx::query(sql).execute(&mut **tx).await?;

@@ -166,10 +166,10 @@ impl<DB: Backend> Call<DB> {
     }
 
     async fn commit(mut self, outcome: &'static str) -> Result<(), Error> {
-        if let Some(id) = self.outbox_id {
-            if let Err(e) = DB::outbox_success(&mut self.tx, id).await {
-                return Err(fail(&self.span, Error::Database(e)));
-            }
+        if let Some(id) = self.outbox_id
+            && let Err(e) = DB::outbox_success(&mut self.tx, id).await
+        {
+            return Err(fail(&self.span, Error::Database(e)));
         }
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
