@@ -111,6 +111,12 @@ impl Errors {
     pub fn at(&mut self, span: Span, msg: impl std::fmt::Display) {
         self.push(syn::Error::new(span, msg));
     }
+    /// Adds an error covering all of `tokens` (a path, a type, an
+    /// expression), not only their first token as `at(x.span())` does on
+    /// stable Rust.
+    pub fn spanned(&mut self, tokens: impl quote::ToTokens, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, msg));
+    }
     /// The collected errors, if any.
     pub fn finish(self) -> Result<(), syn::Error> {
         self.0.map_or(Ok(()), Err)
@@ -134,8 +140,8 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
     let mut seen: Vec<(String, Span, Expr)> = Vec::new();
     for item in items {
         let Some(name) = item.path.get_ident().map(Ident::to_string) else {
-            errors.at(
-                item.path.span(),
+            errors.spanned(
+                &item.path,
                 format!("unknown argument; expected one of: {}", list(ALL)),
             );
             continue;
@@ -172,8 +178,8 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
     let validate = take("validate").and_then(|(_, e)| match e {
         Expr::Path(p) => Some(p.path),
         other => {
-            errors.at(
-                other.span(),
+            errors.spanned(
+                other,
                 "`validate` takes the path of a function `fn(&str) -> Result<(), E>`",
             );
             None
@@ -207,8 +213,8 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             }
         }
         Some((_, other)) => {
-            errors.at(
-                other.span(),
+            errors.spanned(
+                other,
                 format!("`strategy` takes one of: {}", list(STRATEGIES)),
             );
             None
@@ -283,8 +289,8 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             if let (Some(f), Some(t)) = (&from, &to)
                 && quote::quote!(#f).to_string() == quote::quote!(#t).to_string()
             {
-                errors.at(
-                    t.span(),
+                errors.spanned(
+                    t,
                     "`from` and `to` are the same state: the transition would never change anything",
                 );
             }
@@ -364,7 +370,7 @@ fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
             ..
         }) => Some(s.clone()),
         other => {
-            errors.at(other.span(), format!("`{name}` takes a string literal"));
+            errors.spanned(other, format!("`{name}` takes a string literal"));
             None
         }
     }
@@ -406,8 +412,8 @@ fn state_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<Path> {
     match e {
         Expr::Path(p) if p.qself.is_none() && p.path.segments.len() >= 2 => Some(p.path.clone()),
         other => {
-            errors.at(
-                other.span(),
+            errors.spanned(
+                other,
                 format!(
                     "`{name}` takes a variant of a `#[derive(State)]` enum, e.g. \
                      `{name} = CouponState::Unused`"
@@ -433,8 +439,8 @@ pub fn field_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<FieldPath
             expr: e.clone(),
         }),
         None => {
-            errors.at(
-                e.span(),
+            errors.spanned(
+                e,
                 format!("`{name}` takes a parameter or one of its fields, e.g. `msg.order_no`"),
             );
             None

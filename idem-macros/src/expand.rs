@@ -2,7 +2,7 @@
 
 use crate::args::{self, Args, Errors, FieldPath, Strategy};
 use crate::key::{self, Segment};
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
@@ -25,6 +25,13 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(ts) => ts,
         Err(e) => {
             let e = e.into_compile_error();
+            // A handler written without `async` still awaits in its body:
+            // emit it as `async fn` so that only our error is reported,
+            // not also rustc's "`await` is only allowed inside `async`".
+            let mut func = func;
+            if func.sig.asyncness.is_none() {
+                func.sig.asyncness = Some(syn::Token![async](func.sig.fn_token.span));
+            }
             quote!(#func #e)
         }
     }
@@ -59,13 +66,13 @@ fn analyze(func: &ItemFn) -> Result<Handler<'_>, syn::Error> {
     match inputs.next() {
         Some(FnArg::Typed(pt)) => match tx_db(&pt.ty) {
             Some(db) => tx = Some((&*pt.pat, &*pt.ty, db)),
-            None => errors.at(
-                pt.ty.span(),
+            None => errors.spanned(
+                &pt.ty,
                 "the first parameter must be the transaction: `tx: &mut sqlx::Transaction<'_, DB>`",
             ),
         },
-        Some(FnArg::Receiver(r)) => errors.at(
-            r.span(),
+        Some(FnArg::Receiver(r)) => errors.spanned(
+            r,
             "#[idempotent] handlers cannot take `self`; pass what they need as parameters",
         ),
         None => errors.at(
@@ -80,20 +87,23 @@ fn analyze(func: &ItemFn) -> Result<Handler<'_>, syn::Error> {
                 Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
                     params.push((pi.ident.clone(), arg))
                 }
-                other => errors.at(
-                    other.span(),
+                other => errors.spanned(
+                    other,
                     "parameters of an #[idempotent] handler must be plain names, \
                      so the key template can refer to them",
                 ),
             },
-            FnArg::Receiver(r) => errors.at(r.span(), "#[idempotent] handlers cannot take `self`"),
+            FnArg::Receiver(r) => errors.spanned(r, "#[idempotent] handlers cannot take `self`"),
         }
     }
     let ret = match &sig.output {
         ReturnType::Type(_, ty) => match ok_type(ty) {
             Some(ok) => Some((&**ty, ok)),
             None => {
-                errors.at(ty.span(), "#[idempotent] handlers return `Result<T, E>`");
+                errors.spanned(
+                    ty,
+                    "#[idempotent] handlers return `Result<T, E>`: an error rolls the transaction back",
+                );
                 None
             }
         },
@@ -275,6 +285,33 @@ fn key_builder(args: &Args, h: &Handler, errors: &mut Errors) -> TokenStream {
     quote!(::idem_runtime::__private::KeyBuilder::new() #(#calls)* .finish(#validate))
 }
 
+/// `fingerprint(&(a, b, …))?`, spanned so that a payload type without
+/// `Serialize` is reported on the payload, from the first element to the
+/// last, rather than on the whole attribute. (rustc blames the argument as
+/// a whole, not the one element at fault; on stable, spans cannot be
+/// joined, but an expression whose first token carries one span and whose
+/// last token another is reported over the range between them.)
+fn fingerprint_call(payload: &[TokenStream]) -> TokenStream {
+    let first = |t: &TokenStream| t.clone().into_iter().next().map(|t| t.span());
+    let last = |t: &TokenStream| t.clone().into_iter().last().map(|t| t.span());
+    let lo = payload
+        .first()
+        .and_then(first)
+        .unwrap_or_else(Span::call_site);
+    let hi = payload
+        .last()
+        .and_then(last)
+        .unwrap_or_else(Span::call_site);
+    let mut tuple = Group::new(Delimiter::Parenthesis, quote!(#(#payload,)*));
+    tuple.set_span(hi);
+    let amp = quote_spanned!(lo=> &);
+    let mut args = Group::new(Delimiter::Parenthesis, quote!(#amp #tuple));
+    args.set_span(hi);
+    let path = quote_spanned!(lo=> ::idem_runtime::__private::fingerprint);
+    let question = quote_spanned!(hi=> ?);
+    quote!(#path #args #question)
+}
+
 fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
     let ItemFn {
         attrs, vis, sig, ..
@@ -305,14 +342,17 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
         } => {
             let id_column = id_column.as_ref().map_or("id".into(), |s| s.value());
             let state_column = state_column.as_ref().map_or("status".into(), |s| s.value());
+            // Spanned at the id, so that an id type without `EntityId`
+            // is reported there rather than on the whole attribute.
             let id = &id.expr;
+            let id = quote_spanned!(id.span()=> ::idem_runtime::__private::entity_id(&#id));
             quote! {
                 let (__idem_from, __idem_to) = ::idem_runtime::__private::states(#from, #to);
                 let __idem_spec = ::idem_runtime::__private::StateMachine {
                     table: #table,
                     id_column: #id_column,
                     state_column: #state_column,
-                    id: ::idem_runtime::__private::entity_id(&#id),
+                    id: #id,
                     from: __idem_from,
                     to: __idem_to,
                 };
@@ -337,32 +377,52 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             let biz_no = match biz_no {
                 Some(b) => {
                     let e = &b.expr;
-                    quote!(::core::option::Option::Some(::idem_runtime::__private::key_part(&#e)))
+                    let e = quote_spanned!(e.span()=> &#e);
+                    quote!(::core::option::Option::Some(::idem_runtime::__private::key_part(#e)))
                 }
                 None => quote!(::core::option::Option::None),
             };
+            // Each element spanned at its parameter or field, so that a type
+            // without `Serialize` is reported there.
             let payload: Vec<TokenStream> = match fingerprint {
-                Some(list) => list.iter().map(|f| f.expr.to_token_stream()).collect(),
-                None => h.params.iter().map(|(n, _)| quote!(#n)).collect(),
+                Some(list) => list
+                    .iter()
+                    .map(|f| {
+                        let e = &f.expr;
+                        quote_spanned!(e.span()=> &#e)
+                    })
+                    .collect(),
+                None => h
+                    .params
+                    .iter()
+                    .map(|(n, _)| quote_spanned!(n.span()=> &#n))
+                    .collect(),
             };
             let ttl = *ttl_secs as i64;
+            let fingerprint = fingerprint_call(&payload);
+            // The stored result must be `Serialize + DeserializeOwned`:
+            // spanned at the `Ok` type, so that is where a missing derive
+            // is reported.
+            let guard =
+                quote_spanned!(ok.span()=> __idem_call.record_guard::<#ok>(&__idem_spec).await?);
+            let finish = quote_spanned!(ok.span()=> __idem_call.record_finish(__idem_body).await);
             quote! {
                 let __idem_spec = ::idem_runtime::__private::Record {
                     biz_type: #biz_type,
                     biz_no: #biz_no,
                     ttl_secs: #ttl,
-                    fingerprint: ::idem_runtime::__private::fingerprint(&(#(&#payload,)*))?,
+                    fingerprint: #fingerprint,
                 };
                 let mut __idem_call = #call::begin(
                     ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
                 ).await?;
                 if let ::core::option::Option::Some(__idem_stored) =
-                    __idem_call.record_guard::<#ok>(&__idem_spec).await?
+                    #guard
                 {
                     return __idem_call.duplicate(__idem_stored).await;
                 }
                 #body_call
-                __idem_call.record_finish(__idem_body).await
+                #finish
             }
         }
         Strategy::UniqueInsert => quote! {
@@ -393,5 +453,3 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
         }
     }
 }
-
-use quote::ToTokens as _;

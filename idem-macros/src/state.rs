@@ -7,9 +7,34 @@ use syn::{Data, DeriveInput, Fields, LitStr};
 
 /// Expands the derive; errors become compile errors.
 pub fn derive(input: TokenStream) -> TokenStream {
-    match expand(input) {
+    match expand(input.clone()) {
         Ok(ts) => ts,
-        Err(e) => e.into_compile_error(),
+        Err(e) => {
+            let e = e.into_compile_error();
+            let stub = stub_impl(input);
+            quote!(#e #stub)
+        }
+    }
+}
+
+/// After an error, a placeholder impl so that the handlers using the type
+/// do not add "`State` is not implemented" errors to the real one. It is
+/// never run: the crate does not compile.
+fn stub_impl(input: TokenStream) -> TokenStream {
+    let Ok(input) = syn::parse2::<DeriveInput>(input) else {
+        return TokenStream::new();
+    };
+    let ident = &input.ident;
+    let (impl_g, ty_g, where_c) = input.generics.split_for_impl();
+    quote! {
+        impl #impl_g ::idem_runtime::State for #ident #ty_g #where_c {
+            fn as_str(&self) -> &'static str {
+                ::core::unreachable!()
+            }
+            fn parse(_: &str) -> ::core::option::Option<Self> {
+                ::core::option::Option::None
+            }
+        }
     }
 }
 
@@ -52,7 +77,7 @@ fn expand(input: TokenStream) -> Result<TokenStream, syn::Error> {
                 push(e);
             }
         }
-        if let Some((_, first)) = names
+        if let Some((first, _)) = names
             .iter()
             .find(|(_, n): &&(syn::Ident, String)| *n == name)
         {

@@ -35,7 +35,7 @@ pub const MAX_KEY_LEN: usize = 128;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be part of an idempotency key",
     label = "this key placeholder has type `{Self}`, which has no stable key encoding",
-    note = "key parts must encode the same way on every retry: integers, strings, UUIDs and newtypes implementing `idem::KeyPart` do",
+    note = "key parts must encode the same way on every retry: integers, strings, UUIDs and newtypes implementing `idem_runtime::KeyPart` do",
     note = "floats have no canonical text, `Option` makes `None` collide, time types change precision and zone, hash maps have no stable order"
 )]
 pub trait KeyPart {

@@ -49,7 +49,7 @@ impl std::fmt::Display for EntityIdValue {
 /// A type usable as the `id = ...` of a state machine entity.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an entity id",
-    note = "entity ids are integers (up to i64), strings, or newtypes implementing `idem::EntityId`"
+    note = "entity ids are integers (up to i64), strings, or newtypes implementing `idem_runtime::EntityId`"
 )]
 pub trait EntityId {
     /// The value bound into `WHERE id = ?`.

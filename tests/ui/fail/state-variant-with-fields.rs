@@ -6,7 +6,8 @@ use sqlx::{Sqlite, Transaction};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
 enum CouponState {
     Unused,
-    Used { order_id: i64 },
+    Used,
+    PartlyRefunded { amount_cents: i64 },
 }
 
 struct DeductCoupon {

@@ -55,7 +55,7 @@ async fn refund(
 
 async fn caller(pool: &PgPool, msg: &PayOrder) -> Result<Option<i64>, idem_runtime::Error> {
     let receipt: Outcome<Receipt> = pay(pool, msg).await?;
-    refund(pool, "o-1", 1, "damaged".into()).await?;
+    let _ = refund(pool, "o-1", 1, "damaged".into()).await?;
     Ok(receipt.into_value().map(|r| r.payment_id))
 }
 

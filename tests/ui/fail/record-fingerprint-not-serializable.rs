@@ -1,0 +1,26 @@
+#![allow(dead_code)]
+
+use idem_runtime::idempotent;
+use sqlx::{Sqlite, Transaction};
+
+struct Channel {
+    name: String,
+}
+
+struct PayOrder {
+    order_no: String,
+    amount_cents: i64,
+    channel: Channel,
+}
+
+#[idempotent(key = "pay:{msg.order_no}", strategy = record, fingerprint = [msg.amount_cents, msg.channel])]
+async fn pay(tx: &mut Transaction<'_, Sqlite>, msg: &PayOrder) -> Result<i64, sqlx::Error> {
+    let id: i64 = sqlx::query_scalar("INSERT INTO payment (order_no, amount) VALUES (?, ?) RETURNING id")
+        .bind(&msg.order_no)
+        .bind(msg.amount_cents)
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(id)
+}
+
+fn main() {}
