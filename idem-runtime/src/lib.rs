@@ -73,8 +73,163 @@ pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key};
 pub use schema::migrate;
 pub use state::{EntityId, EntityIdValue, State};
 
-/// Makes an async handler idempotent. See the crate documentation and the
-/// README for the options of each strategy.
+/// Makes an async handler idempotent.
+///
+/// ```text
+/// #[idempotent(key = "template:{param.field}", strategy = state_machine | record | unique_insert, …)]
+/// async fn handler(tx: &mut sqlx::Transaction<'_, DB>, params…) -> Result<T, E>
+/// ```
+///
+/// generates
+///
+/// ```text
+/// async fn handler(source: impl Into<Source<'_, DB>>, params…) -> Result<Outcome<T>, idem_runtime::Error>
+/// ```
+///
+/// which runs, in ONE transaction: key derivation and checks → the
+/// strategy's guard → your body on the transaction → the strategy's
+/// bookkeeping → the outbox message's status update (when called with
+/// [`Source::outbox`]) → commit. A duplicate never runs the body and
+/// answers `Ok(Outcome::Duplicate(_))`. Body errors (`E: Into<BoxError>`)
+/// roll everything back and come back as [`Error::Handler`], retryable when
+/// they carry a transient `sqlx::Error`.
+///
+/// # Options
+///
+/// | option | strategies | value | default |
+/// |---|---|---|---|
+/// | `key` | all (required) | `"text:{param}:{param.field.0}"`; `{{` `}}` are literal braces | — |
+/// | `strategy` | all (required) | `state_machine`, `record`, `unique_insert` | — |
+/// | `validate` | all | path to `fn(&str) -> Result<(), E: Display>` | none |
+/// | `table` | state_machine (required) | SQL identifier, or `schema.table` | — |
+/// | `id` | state_machine (required) | a parameter or one of its fields ([`EntityId`]) | — |
+/// | `id_column` | state_machine | SQL identifier | `"id"` |
+/// | `state_column` | state_machine | SQL identifier | `"status"` |
+/// | `from`, `to` | state_machine (required) | variants of one [`State`] enum | — |
+/// | `biz_type` | record | string, at most 64 bytes | the function's name |
+/// | `biz_no` | record | a parameter or one of its fields ([`KeyPart`]) | the key |
+/// | `ttl` | record | `30s`, `15m`, `24h`, `7d`, `1d12h` | `7d` |
+/// | `fingerprint` | record | `[param, param.field]`, each `serde::Serialize` | every parameter |
+///
+/// # `state_machine`
+///
+/// The example in the [crate documentation](crate). Written by hand, the
+/// generated code is:
+///
+/// ```text
+/// key = KeyBuilder…finish(validate)?                    // InvalidKey: nothing runs
+/// BEGIN                                                 // SQLite: BEGIN IMMEDIATE
+/// SELECT status FROM coupon WHERE id = ? FOR UPDATE     // SQLite: no FOR UPDATE (write lock held)
+///   = to    → [outbox update], COMMIT, Duplicate(None)
+///   = from  → go on
+///   other   → ROLLBACK, IllegalState
+/// <your body>                                           // Err → ROLLBACK, Handler
+/// UPDATE coupon SET status = to WHERE id = ? AND status = from   // must change 1 row
+/// [UPDATE idem_outbox SET status = 'success' WHERE id = ? AND status = 'pending']
+/// COMMIT                                                // connection lost → CommitUnknown
+/// ```
+///
+/// # `record`
+///
+/// ```
+/// use idem_runtime::{idempotent, Error, Outcome};
+/// use serde::{Deserialize, Serialize};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// #[derive(Serialize)]
+/// struct Notice { msg_id: String, user_id: i64, text: String }
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// struct Receipt { channel: String }
+///
+/// #[idempotent(key = "notice:{n.msg_id}", strategy = record, biz_type = "notice", biz_no = n.user_id, ttl = "7d")]
+/// async fn send_notice(tx: &mut Transaction<'_, Sqlite>, n: &Notice) -> Result<Receipt, sqlx::Error> {
+///     sqlx::query("INSERT INTO sent (user_id, text) VALUES (?, ?)")
+///         .bind(n.user_id).bind(&n.text).execute(&mut **tx).await?;
+///     Ok(Receipt { channel: "sms".into() })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// idem_runtime::migrate(&pool).await?;
+/// sqlx::query("CREATE TABLE sent (user_id INTEGER, text TEXT)").execute(&pool).await?;
+///
+/// let n = Notice { msg_id: "m-9".into(), user_id: 5, text: "shipped".into() };
+/// let first = send_notice(&pool, &n).await?;
+/// assert_eq!(first, Outcome::Executed(Receipt { channel: "sms".into() }));
+/// // A duplicate gets the stored result back.
+/// assert_eq!(send_notice(&pool, &n).await?, Outcome::Duplicate(Some(Receipt { channel: "sms".into() })));
+/// // The same key with another payload is a conflict, and nothing runs.
+/// let other = Notice { text: "cancelled".into(), ..n };
+/// assert!(matches!(send_notice(&pool, &other).await, Err(Error::KeyConflict { .. })));
+/// # Ok(()) }
+/// ```
+///
+/// Written by hand:
+///
+/// ```text
+/// BEGIN
+/// INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, expire_time)
+///   VALUES (?, ?, ?, ?, now + ttl) ON CONFLICT DO NOTHING   // MariaDB: INSERT IGNORE; SQLite: INSERT OR IGNORE
+///   -- a concurrent insert of the same key waits here on the unique index
+///   0 rows → SELECT fingerprint, result … (MariaDB: LOCK IN SHARE MODE)
+///            same fingerprint → [outbox update], COMMIT, Duplicate(stored)
+///            other           → ROLLBACK, KeyConflict
+/// <your body>
+/// UPDATE idem_record SET result = <json> WHERE idempotency_key = ?
+/// [outbox update]
+/// COMMIT
+/// ```
+///
+/// # `unique_insert`
+///
+/// ```
+/// use idem_runtime::{idempotent, Outcome};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// struct Callback { serial: String, amount: i64 }
+///
+/// fn check_serial(key: &str) -> Result<(), String> {
+///     let serial = key.trim_start_matches("pay:");
+///     if serial.len() == 12 && serial.bytes().all(|b| b.is_ascii_digit()) { Ok(()) }
+///     else { Err(format!("`{serial}` is not a 12-digit payment serial")) }
+/// }
+///
+/// #[idempotent(key = "pay:{cb.serial}", strategy = unique_insert, validate = check_serial)]
+/// async fn record_payment(tx: &mut Transaction<'_, Sqlite>, cb: &Callback) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO payment (serial, amount) VALUES (?, ?)")
+///         .bind(&cb.serial).bind(cb.amount).execute(&mut **tx).await?;
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// idem_runtime::migrate(&pool).await?;
+/// sqlx::query("CREATE TABLE payment (serial TEXT PRIMARY KEY, amount INTEGER)").execute(&pool).await?;
+///
+/// let cb = Callback { serial: "202611300001".into(), amount: 1999 };
+/// assert_eq!(record_payment(&pool, &cb).await?, Outcome::Executed(()));
+/// assert_eq!(record_payment(&pool, &cb).await?, Outcome::Duplicate(None));
+/// let forged = Callback { serial: "../../admin".into(), amount: 1 };
+/// assert!(record_payment(&pool, &forged).await.unwrap_err().to_string().contains("payment serial"));
+/// # Ok(()) }
+/// ```
+///
+/// Written by hand: `BEGIN; SAVEPOINT s; <your body>` — a unique violation
+/// in the body's error → `ROLLBACK TO SAVEPOINT s`, `[outbox update]`,
+/// `COMMIT`, `Duplicate(None)`; any other error → `ROLLBACK`; success →
+/// `RELEASE SAVEPOINT s`, `[outbox update]`, `COMMIT`.
+///
+/// # Compile-time checks
+///
+/// Unknown, repeated or misplaced options; unknown strategies and
+/// `strategy = token` (one-time tokens do not exist on async links); empty
+/// templates, templates without placeholders, unbalanced braces,
+/// placeholders naming no parameter; non-`async` functions; invalid SQL
+/// identifiers; `from`/`to` of different enums; placeholder types without a
+/// stable encoding ([`KeyPart`]).
 pub use idem_macros::idempotent;
 
 /// Derives [`State`] for a field-less enum (`#[state(rename = "...")]` on a
