@@ -112,6 +112,40 @@ pub trait Backend: Database + sealed::Sealed {
         payload: &'a str,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
 
+    /// The SQL dialect of a pool.
+    fn pool_dialect(pool: &Pool<Self>) -> Dialect;
+
+    /// Claims up to `limit` due pending messages of `topics` under a lease
+    /// of `lease_secs` for `owner` (attempts + 1 each). Concurrent claimers
+    /// never get the same message while its lease runs.
+    fn claim_outbox<'a>(
+        pool: &'a Pool<Self>,
+        claim: &'a ClaimSql,
+        owner: &'a str,
+        topics: &'a [String],
+        limit: i64,
+        lease_secs: f64,
+    ) -> impl Future<Output = Result<Vec<OutboxRow>, sqlx::Error>> + Send + 'a;
+
+    /// Records a failed attempt: back to `pending` after `delay_secs`, or
+    /// `failed` when `dead`. Only while the message is still pending and
+    /// leased by `owner`: it never overwrites a success. True if applied.
+    fn outbox_settle_failure<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        owner: &'a str,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Marks a message `success` outside a handler transaction (the relay's
+    /// fallback when a handler was not given its outbox source).
+    fn outbox_success_pool<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
     /// Runs a fixed statement (savepoints).
     fn exec<'a>(
         tx: &'a mut Transaction<'static, Self>,
@@ -172,6 +206,89 @@ impl Dialect {
     }
 }
 
+/// A claimed outbox row.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Primary key.
+    pub id: i64,
+    /// Topic (selects the handler).
+    pub topic: String,
+    /// The producer's message id; `(topic, msg_id)` is unique.
+    pub msg_id: String,
+    /// The JSON payload, as stored.
+    pub payload: String,
+    /// Attempts so far, this one included.
+    pub attempts: i32,
+}
+
+type RowTuple = (i64, String, String, String, i32);
+
+fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
+    OutboxRow {
+        id,
+        topic,
+        msg_id,
+        payload,
+        attempts,
+    }
+}
+
+/// The claim statements of a relay, rendered once for its topics.
+#[derive(Debug, Clone)]
+pub struct ClaimSql {
+    /// PostgreSQL / SQLite: one `UPDATE … RETURNING`. MariaDB: the
+    /// `SELECT … FOR UPDATE SKIP LOCKED`.
+    pub claim: String,
+}
+
+impl Dialect {
+    /// Renders the claim statement for `topics` topics.
+    pub fn claim_sql(self, topics: usize) -> ClaimSql {
+        let list = |first: usize| -> String {
+            (0..topics.max(1))
+                .map(|i| match self {
+                    Dialect::Postgres => format!("${}", first + i),
+                    _ => "?".to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let claim = match self {
+            Dialect::Postgres => format!(
+                "UPDATE idem_outbox o SET lease_owner = $1, \
+                 locked_until = now() + make_interval(secs => $2::float8), \
+                 attempts = o.attempts + 1, updated_at = now() \
+                 FROM (SELECT id FROM idem_outbox WHERE status = 'pending' AND topic IN ({}) \
+                   AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
+                   ORDER BY next_attempt_at, id LIMIT ${} FOR UPDATE SKIP LOCKED) c \
+                 WHERE o.id = c.id \
+                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts",
+                list(3),
+                3 + topics.max(1)
+            ),
+            Dialect::MySql => format!(
+                "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+                 WHERE status = 'pending' AND topic IN ({}) AND next_attempt_at <= NOW(6) \
+                 AND (locked_until IS NULL OR locked_until < NOW(6)) \
+                 ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+                list(1)
+            ),
+            Dialect::Sqlite => format!(
+                "UPDATE idem_outbox SET lease_owner = ?, \
+                 locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+                 attempts = attempts + 1, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 WHERE id IN (SELECT id FROM idem_outbox WHERE status = 'pending' \
+                   AND topic IN ({}) AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                   AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                   ORDER BY next_attempt_at, id LIMIT ?) \
+                 RETURNING id, topic, msg_id, payload, attempts",
+                list(1)
+            ),
+        };
+        ClaimSql { claim }
+    }
+}
+
 /// The fixed statements of one dialect.
 #[derive(Debug)]
 pub(crate) struct SqlSet {
@@ -180,6 +297,7 @@ pub(crate) struct SqlSet {
     claim_record: &'static str,
     outbox_insert: &'static str,
     outbox_success: &'static str,
+    outbox_settle: &'static str,
     schema: &'static [&'static str],
 }
 
@@ -297,6 +415,99 @@ macro_rules! common_methods {
                 .rows_affected())
         }
 
+        async fn claim_outbox<'a>(
+            pool: &'a Pool<Self>,
+            claim: &'a ClaimSql,
+            owner: &'a str,
+            topics: &'a [String],
+            limit: i64,
+            lease_secs: f64,
+        ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+            let mut tx = Self::begin(pool).await?;
+            let rows = if Self::dialect(&tx) == Dialect::MySql {
+                // No UPDATE … RETURNING: lock the due rows (skipping rows
+                // other relays hold), then lease them, in one transaction.
+                let mut q =
+                    sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()));
+                for t in topics {
+                    q = q.bind(t.as_str());
+                }
+                let mut rows: Vec<OutboxRow> = q
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .map(to_row)
+                    .collect();
+                if !rows.is_empty() {
+                    let marks = vec!["?"; rows.len()].join(", ");
+                    let sql = format!(
+                        "UPDATE idem_outbox SET lease_owner = ?, \
+                         locked_until = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), \
+                         attempts = attempts + 1, updated_at = NOW(6) WHERE id IN ({marks})"
+                    );
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .bind(owner)
+                        .bind((lease_secs * 1e6) as i64);
+                    for r in &rows {
+                        q = q.bind(r.id);
+                    }
+                    q.execute(&mut *tx).await?;
+                    for r in &mut rows {
+                        r.attempts += 1;
+                    }
+                }
+                rows
+            } else {
+                let mut q =
+                    sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .bind(owner)
+                        .bind(lease_secs);
+                for t in topics {
+                    q = q.bind(t.as_str());
+                }
+                q.bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .map(to_row)
+                    .collect()
+            };
+            tx.commit().await?;
+            Ok(rows)
+        }
+
+        async fn outbox_settle_failure<'a>(
+            pool: &'a Pool<Self>,
+            id: i64,
+            owner: &'a str,
+            dead: bool,
+            delay_secs: f64,
+            error: &'a str,
+        ) -> Result<bool, sqlx::Error> {
+            let dialect = Self::pool_dialect(pool);
+            let q = sqlx::query(dialect.sql().outbox_settle).bind(if dead {
+                "failed"
+            } else {
+                "pending"
+            });
+            let q = if dialect == Dialect::MySql {
+                q.bind((delay_secs * 1e6) as i64)
+            } else {
+                q.bind(delay_secs)
+            };
+            let done = q.bind(error).bind(id).bind(owner).execute(pool).await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn outbox_success_pool(pool: &Pool<Self>, id: i64) -> Result<u64, sqlx::Error> {
+            Ok(sqlx::query(Self::pool_dialect(pool).sql().outbox_success)
+                .bind(id)
+                .execute(pool)
+                .await?
+                .rows_affected())
+        }
+
         async fn exec(
             tx: &mut Transaction<'static, Self>,
             sql: &'static str,
@@ -340,6 +551,10 @@ mod postgres {
             Dialect::Postgres
         }
 
+        fn pool_dialect(_: &Pool<Self>) -> Dialect {
+            Dialect::Postgres
+        }
+
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             pool.begin().await
         }
@@ -360,6 +575,10 @@ mod mysql {
         const NAME: &'static str = "mysql";
 
         fn dialect(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::MySql
+        }
+
+        fn pool_dialect(_: &Pool<Self>) -> Dialect {
             Dialect::MySql
         }
 
@@ -400,6 +619,10 @@ mod sqlite {
             Dialect::Sqlite
         }
 
+        fn pool_dialect(_: &Pool<Self>) -> Dialect {
+            Dialect::Sqlite
+        }
+
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             pool.begin_with("BEGIN IMMEDIATE").await
         }
@@ -433,9 +656,12 @@ mod any {
             dialect_of(tx.backend_name())
         }
 
+        fn pool_dialect(pool: &Pool<Self>) -> Dialect {
+            dialect_of(pool.connect_options().database_url.scheme())
+        }
+
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-            let scheme = pool.connect_options().database_url.scheme().to_owned();
-            if dialect_of(&scheme) == Dialect::Sqlite {
+            if Self::pool_dialect(pool) == Dialect::Sqlite {
                 pool.begin_with("BEGIN IMMEDIATE").await
             } else {
                 pool.begin().await
@@ -476,6 +702,10 @@ const PG: SqlSet = SqlSet {
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = now(), lease_owner = NULL, locked_until = NULL \
         WHERE id = $1 AND status = 'pending'",
+    outbox_settle: "UPDATE idem_outbox SET status = $1, \
+        next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
+        lease_owner = NULL, locked_until = NULL, updated_at = now() \
+        WHERE id = $4 AND status = 'pending' AND lease_owner = $5",
     schema: &[
         // Concurrent migrations wait for each other instead of racing on
         // the catalog.
@@ -527,6 +757,10 @@ const MY: SqlSet = SqlSet {
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
         WHERE id = ? AND status = 'pending'",
+    outbox_settle: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), last_error = ?, \
+        lease_owner = NULL, locked_until = NULL, updated_at = NOW(6) \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ?",
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGINT AUTO_INCREMENT PRIMARY KEY,
@@ -571,6 +805,11 @@ const LITE: SqlSet = SqlSet {
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
         locked_until = NULL WHERE id = ? AND status = 'pending'",
+    outbox_settle: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+        last_error = ?, lease_owner = NULL, locked_until = NULL, \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ?",
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_record (
             id INTEGER PRIMARY KEY AUTOINCREMENT,

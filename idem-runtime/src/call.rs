@@ -246,10 +246,15 @@ impl<DB: Backend> Call<DB> {
         match DB::transition(&mut self.tx, sql, &sm.id, sm.from, sm.to).await {
             Ok(1) => {}
             Ok(_) => {
+                // The row was locked in `from`: only the body can have
+                // moved it (or deleted it) since.
                 let err = Error::IllegalState {
                     table: sm.table,
                     id: sm.id.to_string(),
-                    found: None,
+                    found: Some(format!(
+                        "changed by the handler body (no longer `{}`)",
+                        sm.from
+                    )),
                     expected: sm.from,
                 };
                 return Err(self.abort(err).await);

@@ -42,3 +42,6 @@ pub async fn enqueue<DB: Backend>(
     let payload = serde_json::to_string(payload).map_err(Error::Serialization)?;
     Ok(DB::outbox_insert(tx, topic, msg_id, &payload).await?)
 }
+
+mod relay;
+pub use relay::{Delivery, Relay, RelayHandle, RelayStats};

@@ -1,0 +1,456 @@
+//! The relay: claims due outbox messages under a lease and drives each
+//! through the `#[idempotent]` handler registered for its topic.
+//!
+//! The handler marks its message `success` inside its own transaction
+//! (called with [`Delivery::source`]). A failed attempt goes back to
+//! `pending` with exponential back-off and jitter and its error recorded; a
+//! non-retryable error, an unparsable payload, or the last allowed attempt
+//! dead-letters it (`failed`, with the reason). Failure bookkeeping is
+//! guarded by status and lease owner, so it never overwrites a success —
+//! not even after a commit whose acknowledgement was lost. A crashed
+//! relay's messages come back when their lease expires.
+
+use crate::backend::{Backend, ClaimSql, OutboxRow};
+use crate::{Error, Outcome, Source};
+use serde::de::DeserializeOwned;
+use sqlx::Pool;
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+type Route<DB> = Arc<
+    dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
+>;
+
+/// One delivery of an outbox message to its handler.
+#[derive(Debug, Clone)]
+pub struct Delivery<DB: Backend> {
+    pool: Pool<DB>,
+    message: OutboxRow,
+}
+
+impl<DB: Backend> Delivery<DB> {
+    /// Pass this to the handler: its transaction then marks the message.
+    pub fn source(&self) -> Source<'_, DB> {
+        Source::outbox(&self.pool, self.message.id)
+    }
+
+    /// The message being delivered.
+    pub fn message(&self) -> &OutboxRow {
+        &self.message
+    }
+
+    /// The relay's pool.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+}
+
+/// Counters of one relay, since it started.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Messages claimed (each claim is one attempt).
+    pub claimed: AtomicU64,
+    /// Attempts whose handler executed the action.
+    pub executed: AtomicU64,
+    /// Attempts answered `Duplicate`: the action had already happened.
+    pub duplicates: AtomicU64,
+    /// Failed attempts put back for a retry.
+    pub retried: AtomicU64,
+    /// Messages dead-lettered (`failed`).
+    pub dead_lettered: AtomicU64,
+    /// Failed attempts whose bookkeeping found the message no longer
+    /// pending under this relay's lease (already a success, or re-leased).
+    pub stale: AtomicU64,
+}
+
+/// A relay for the topics routed on it. Cheap to clone.
+pub struct Relay<DB: Backend> {
+    inner: Arc<Inner<DB>>,
+}
+
+impl<DB: Backend> Clone for Relay<DB> {
+    fn clone(&self) -> Self {
+        Relay {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<DB: Backend> {
+    pool: Pool<DB>,
+    routes: HashMap<String, Route<DB>>,
+    topics: Vec<String>,
+    claim: ClaimSql,
+    owner: String,
+    batch_size: i64,
+    concurrency: usize,
+    lease: Duration,
+    poll_interval: Duration,
+    max_attempts: i32,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    stats: RelayStats,
+}
+
+impl<DB: Backend> Relay<DB> {
+    /// A relay on `pool` with no routes and the default settings: batches of
+    /// 64, 16 handlers at once, 30 s lease, 100 ms poll, 10 attempts,
+    /// back-off from 200 ms doubling to 60 s.
+    pub fn new(pool: Pool<DB>) -> Self {
+        let owner = format!(
+            "relay-{}-{:08x}",
+            std::process::id(),
+            std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+                as u32
+        );
+        Relay {
+            inner: Arc::new(Inner {
+                claim: DB::pool_dialect(&pool).claim_sql(0),
+                pool,
+                routes: HashMap::new(),
+                topics: Vec::new(),
+                owner,
+                batch_size: 64,
+                concurrency: 16,
+                lease: Duration::from_secs(30),
+                poll_interval: Duration::from_millis(100),
+                max_attempts: 10,
+                backoff_base: Duration::from_millis(200),
+                backoff_max: Duration::from_secs(60),
+                stats: RelayStats::default(),
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Inner<DB>)) -> Self {
+        f(Arc::get_mut(&mut self.inner).expect("configure a relay before cloning or spawning it"));
+        self
+    }
+
+    /// Routes `topic` to `handler`. The payload is parsed as `P`; a payload
+    /// that does not parse is dead-lettered at once.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{idempotent, outbox::Relay};
+    /// # use sqlx::{Sqlite, Transaction};
+    /// # #[derive(serde::Deserialize)] struct Deduct { msg_id: String }
+    /// # #[idempotent(key = "d:{m.msg_id}", strategy = unique_insert)]
+    /// # async fn deduct(tx: &mut Transaction<'_, Sqlite>, m: &Deduct) -> Result<(), sqlx::Error> { Ok(()) }
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let relay = Relay::new(pool)
+    ///     .route("coupon.deduct", |d, m: Deduct| async move { deduct(d.source(), &m).await })
+    ///     .spawn();
+    /// // …
+    /// relay.shutdown().await;
+    /// # }
+    /// ```
+    pub fn route<P, F, Fut, T>(self, topic: impl Into<String>, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let topic = topic.into();
+        let route: Route<DB> = Arc::new(move |d: Delivery<DB>| {
+            let payload: P = serde_json::from_str(&d.message.payload)?;
+            let fut = handler(d, payload);
+            Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
+        });
+        self.edit(|i| {
+            i.routes.insert(topic.clone(), route);
+            i.topics = i.routes.keys().cloned().collect();
+            i.topics.sort();
+            i.claim = DB::pool_dialect(&i.pool).claim_sql(i.topics.len());
+        })
+    }
+
+    /// Messages claimed per round (default 64).
+    pub fn batch_size(self, n: u32) -> Self {
+        self.edit(|i| i.batch_size = i64::from(n.max(1)))
+    }
+
+    /// Handlers running at once (default 16).
+    pub fn concurrency(self, n: usize) -> Self {
+        self.edit(|i| i.concurrency = n.max(1))
+    }
+
+    /// How long a claim holds a message (default 30 s). A relay that dies
+    /// lets its messages go when their lease expires.
+    pub fn lease(self, d: Duration) -> Self {
+        self.edit(|i| i.lease = d)
+    }
+
+    /// How long to wait when nothing is due (default 100 ms).
+    pub fn poll_interval(self, d: Duration) -> Self {
+        self.edit(|i| i.poll_interval = d)
+    }
+
+    /// Attempts before a message is dead-lettered (default 10).
+    pub fn max_attempts(self, n: u32) -> Self {
+        self.edit(|i| i.max_attempts = i32::try_from(n.max(1)).unwrap_or(i32::MAX))
+    }
+
+    /// Back-off after the first failed attempt, doubling up to `max`.
+    pub fn backoff(self, base: Duration, max: Duration) -> Self {
+        self.edit(|i| {
+            i.backoff_base = base;
+            i.backoff_max = max.max(base);
+        })
+    }
+
+    /// The lease owner name (default `relay-<pid>-<random>`); unique per
+    /// relay.
+    pub fn owner(self, owner: impl Into<String>) -> Self {
+        let owner = owner.into();
+        self.edit(|i| i.owner = owner)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &RelayStats {
+        &self.inner.stats
+    }
+
+    /// Claims one batch and runs it to the end. Returns how many messages
+    /// it claimed (0: nothing was due).
+    pub async fn run_once(&self) -> Result<usize, Error> {
+        let batch = self.claim().await?;
+        let n = batch.len();
+        let permits = Arc::new(Semaphore::new(self.inner.concurrency));
+        let mut tasks = JoinSet::new();
+        for row in batch {
+            let permit = permits.clone().acquire_owned().await.expect("never closed");
+            let me = self.clone();
+            tasks.spawn(async move {
+                me.deliver(row).await;
+                drop(permit);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        Ok(n)
+    }
+
+    /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
+    pub fn spawn(self) -> RelayHandle {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(self.clone().run(stop_rx));
+        RelayHandle {
+            stop: stop_tx,
+            task,
+            relay: self.inner.stats_owner(),
+        }
+    }
+
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        let permits = Arc::new(Semaphore::new(self.inner.concurrency));
+        let mut tasks = JoinSet::new();
+        while !*stop.borrow() {
+            while tasks.try_join_next().is_some() {}
+            // Claim only what can start soon: no lease runs out while a
+            // message waits for a free handler.
+            let free = permits.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    _ = tasks.join_next() => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            let batch = match self.claim_up_to(free as i64).await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
+                    Vec::new()
+                }
+            };
+            if batch.is_empty() {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.inner.poll_interval) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            for row in batch {
+                let permit = permits.clone().acquire_owned().await.expect("never closed");
+                let me = self.clone();
+                tasks.spawn(async move {
+                    me.deliver(row).await;
+                    drop(permit);
+                });
+            }
+        }
+        // Graceful shutdown: claim nothing more, finish what is in flight.
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn claim(&self) -> Result<Vec<OutboxRow>, Error> {
+        self.claim_up_to(self.inner.batch_size).await
+    }
+
+    async fn claim_up_to(&self, n: i64) -> Result<Vec<OutboxRow>, Error> {
+        let i = &self.inner;
+        if i.topics.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = DB::claim_outbox(
+            &i.pool,
+            &i.claim,
+            &i.owner,
+            &i.topics,
+            n.min(i.batch_size),
+            i.lease.as_secs_f64(),
+        )
+        .await?;
+        i.stats
+            .claimed
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows)
+    }
+
+    /// One attempt of one message, and its bookkeeping.
+    async fn deliver(&self, row: OutboxRow) {
+        let i = &self.inner;
+        let (id, attempts) = (row.id, row.attempts);
+        let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
+        let Some(route) = i.routes.get(&row.topic).cloned() else {
+            // Not claimable: claims filter on the routed topics.
+            return;
+        };
+        let delivery = Delivery {
+            pool: i.pool.clone(),
+            message: row,
+        };
+        let result = match route(delivery) {
+            Err(e) => Err((false, format!("unparsable payload: {e}"))),
+            // A panicking handler is a failed attempt, not a dead relay.
+            Ok(fut) => match tokio::spawn(fut).await {
+                Ok(Ok(executed)) => Ok(executed),
+                Ok(Err(e)) => Err((e.is_retryable(), format!("{}: {e}", e.kind()))),
+                Err(join) => Err((true, format!("handler panicked: {join}"))),
+            },
+        };
+        match result {
+            Ok(executed) => {
+                let counter = if executed {
+                    &i.stats.executed
+                } else {
+                    &i.stats.duplicates
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                // The handler marked the message in its transaction; this
+                // covers a handler that was not given its outbox source.
+                if let Err(e) = DB::outbox_success_pool(&i.pool, id).await {
+                    tracing::warn!(parent: &span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
+                }
+            }
+            Err((retryable, reason)) => {
+                let dead = !retryable || attempts >= i.max_attempts;
+                let reason = if dead && retryable {
+                    format!("gave up after {attempts} attempts: {reason}")
+                } else {
+                    reason
+                };
+                let delay = backoff(i.backoff_base, i.backoff_max, attempts, id);
+                let reason: String = reason.chars().take(2000).collect();
+                match DB::outbox_settle_failure(
+                    &i.pool,
+                    id,
+                    &i.owner,
+                    dead,
+                    delay.as_secs_f64(),
+                    &reason,
+                )
+                .await
+                {
+                    Ok(true) if dead => {
+                        i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(parent: &span, %reason, "outbox message dead-lettered");
+                    }
+                    Ok(true) => {
+                        i.stats.retried.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(parent: &span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
+                    }
+                    Ok(false) => {
+                        i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        // The lease expires and the message is retried.
+                        tracing::warn!(parent: &span, error = %e, "could not record the failed attempt");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<DB: Backend> Inner<DB> {
+    fn stats_owner(self: &Arc<Self>) -> Arc<dyn StatsView> {
+        self.clone()
+    }
+}
+
+trait StatsView: Send + Sync {
+    fn stats(&self) -> &RelayStats;
+}
+
+impl<DB: Backend> StatsView for Inner<DB> {
+    fn stats(&self) -> &RelayStats {
+        &self.stats
+    }
+}
+
+/// A running relay.
+pub struct RelayHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    relay: Arc<dyn StatsView>,
+}
+
+impl RelayHandle {
+    /// Stops claiming, waits for the messages in flight, and returns.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+
+    /// The relay's counters.
+    pub fn stats(&self) -> &RelayStats {
+        self.relay.stats()
+    }
+}
+
+/// Exponential back-off with jitter: the n-th failure waits between half
+/// and all of `base * 2^(n-1)`, capped at `max`.
+fn backoff(base: Duration, max: Duration, attempts: i32, salt: i64) -> Duration {
+    let exp = u32::try_from(attempts.saturating_sub(1))
+        .unwrap_or(0)
+        .min(30);
+    let full = base.saturating_mul(1u32 << exp).min(max);
+    let noise = std::collections::hash_map::RandomState::new().hash_one((salt, attempts));
+    let frac = (noise % 1_000) as f64 / 1_000.0;
+    full.mul_f64(0.5 + 0.5 * frac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps() {
+        let (b, m) = (Duration::from_millis(100), Duration::from_secs(2));
+        for attempts in 1..20 {
+            let d = backoff(b, m, attempts, 7);
+            let full = (b * 2u32.pow((attempts - 1).min(20) as u32)).min(m);
+            assert!(d >= full / 2 && d <= full, "{attempts}: {d:?} vs {full:?}");
+        }
+    }
+}
