@@ -106,7 +106,7 @@ pub trait Backend: Database + sealed::Sealed {
 
     /// Inserts a pending outbox message; returns its id.
     fn outbox_insert<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        conn: &'a mut Self::Connection,
         topic: &'a str,
         msg_id: &'a str,
         payload: &'a str,
@@ -114,6 +114,9 @@ pub trait Backend: Database + sealed::Sealed {
 
     /// The SQL dialect of a pool.
     fn pool_dialect(pool: &Pool<Self>) -> Dialect;
+
+    /// The SQL dialect of a connection.
+    fn conn_dialect(conn: &Self::Connection) -> Dialect;
 
     /// Claims up to `limit` due pending messages of `topics` under a lease
     /// of `lease_secs` for `owner` (attempts + 1 each). Concurrent claimers
@@ -522,16 +525,16 @@ macro_rules! common_methods {
 macro_rules! outbox_insert_returning {
     () => {
         async fn outbox_insert<'a>(
-            tx: &'a mut Transaction<'static, Self>,
+            conn: &'a mut Self::Connection,
             topic: &'a str,
             msg_id: &'a str,
             payload: &'a str,
         ) -> Result<i64, sqlx::Error> {
-            sqlx::query_scalar(Self::dialect(tx).sql().outbox_insert)
+            sqlx::query_scalar(Self::conn_dialect(conn).sql().outbox_insert)
                 .bind(topic)
                 .bind(msg_id)
                 .bind(payload)
-                .fetch_one(&mut **tx)
+                .fetch_one(conn)
                 .await
         }
     };
@@ -552,6 +555,10 @@ mod postgres {
         }
 
         fn pool_dialect(_: &Pool<Self>) -> Dialect {
+            Dialect::Postgres
+        }
+
+        fn conn_dialect(_: &Self::Connection) -> Dialect {
             Dialect::Postgres
         }
 
@@ -582,12 +589,16 @@ mod mysql {
             Dialect::MySql
         }
 
+        fn conn_dialect(_: &Self::Connection) -> Dialect {
+            Dialect::MySql
+        }
+
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             pool.begin().await
         }
 
         async fn outbox_insert<'a>(
-            tx: &'a mut Transaction<'static, Self>,
+            conn: &'a mut Self::Connection,
             topic: &'a str,
             msg_id: &'a str,
             payload: &'a str,
@@ -596,7 +607,7 @@ mod mysql {
                 .bind(topic)
                 .bind(msg_id)
                 .bind(payload)
-                .execute(&mut **tx)
+                .execute(conn)
                 .await?;
             i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
         }
@@ -620,6 +631,10 @@ mod sqlite {
         }
 
         fn pool_dialect(_: &Pool<Self>) -> Dialect {
+            Dialect::Sqlite
+        }
+
+        fn conn_dialect(_: &Self::Connection) -> Dialect {
             Dialect::Sqlite
         }
 
@@ -660,6 +675,10 @@ mod any {
             dialect_of(pool.connect_options().database_url.scheme())
         }
 
+        fn conn_dialect(conn: &Self::Connection) -> Dialect {
+            dialect_of(conn.backend_name())
+        }
+
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
             if Self::pool_dialect(pool) == Dialect::Sqlite {
                 pool.begin_with("BEGIN IMMEDIATE").await
@@ -669,20 +688,23 @@ mod any {
         }
 
         async fn outbox_insert<'a>(
-            tx: &'a mut Transaction<'static, Self>,
+            conn: &'a mut Self::Connection,
             topic: &'a str,
             msg_id: &'a str,
             payload: &'a str,
         ) -> Result<i64, sqlx::Error> {
-            let sql = Self::dialect(tx).sql().outbox_insert;
-            let q = sqlx::query(sql).bind(topic).bind(msg_id).bind(payload);
-            if Self::dialect(tx) == Dialect::MySql {
-                let done = q.execute(&mut **tx).await?;
+            let dialect = Self::conn_dialect(conn);
+            let q = sqlx::query(dialect.sql().outbox_insert)
+                .bind(topic)
+                .bind(msg_id)
+                .bind(payload);
+            if dialect == Dialect::MySql {
+                let done = q.execute(conn).await?;
                 done.last_insert_id()
                     .ok_or_else(|| sqlx::Error::Protocol("no insert id returned".into()))
             } else {
                 use sqlx::Row;
-                q.fetch_one(&mut **tx).await?.try_get(0)
+                q.fetch_one(conn).await?.try_get(0)
             }
         }
 

@@ -174,7 +174,13 @@ impl<DB: Backend> Call<DB> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
         let Call { tx, span, .. } = self;
-        match tx.commit().await {
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = match committed {
+            Ok(()) if crate::testing::lose_ack() => Err(crate::testing::lost_ack_error()),
+            other => other,
+        };
+        match committed {
             Ok(()) => {
                 span.record("outcome", outcome);
                 tracing::debug!(parent: &span, outcome, "idempotent call finished");

@@ -55,6 +55,7 @@
 //! - `postgres`, `mysql` (MariaDB and MySQL): the server backends.
 //! - `any`: handlers on `sqlx::Any`, the database chosen at run time by URL.
 //! - `uuid`: UUIDs as key parts and entity ids.
+//! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -65,6 +66,8 @@ mod key;
 pub mod outbox;
 mod schema;
 mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
 pub use call::{Call, Outcome, Record, Source, StateMachine, fingerprint};

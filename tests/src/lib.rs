@@ -2,6 +2,8 @@
 //! on this machine, with the skip rule (skipped locally when a server is
 //! down, a failure when `CI=true`), and per-test table names.
 
+pub mod proxy;
+
 use sqlx::Connection;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

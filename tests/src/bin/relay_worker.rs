@@ -1,0 +1,126 @@
+//! A relay process for the process-level tests (`tests/processes.rs`): it
+//! drains one topic of the outbox into an `#[idempotent]` coupon handler
+//! and logs every handler run (owner, start, end) so the tests can prove
+//! that no message ever runs twice at the same time, across processes.
+//!
+//! Usage: relay_worker URL TOPIC OWNER LEASE_MS HANDLER_SLEEP_MS IDLE_EXIT_MS
+
+use idem_runtime::outbox::Relay;
+use idem_runtime::{Backend, Dialect, State, idempotent};
+use idem_tests::sql;
+use serde::Deserialize;
+use sqlx::{Any, AnyPool, Transaction};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
+enum CouponState {
+    Unused,
+    Used,
+}
+
+#[derive(Debug, Deserialize)]
+struct Deduct {
+    coupon_id: i64,
+    order_id: i64,
+}
+
+static DIALECT: std::sync::OnceLock<Dialect> = std::sync::OnceLock::new();
+
+fn d() -> Dialect {
+    *DIALECT.get().expect("set at start")
+}
+
+#[idempotent(
+    key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+    strategy = state_machine,
+    table = "idem_p_coupon",
+    id = msg.coupon_id,
+    from = CouponState::Unused,
+    to = CouponState::Used,
+)]
+async fn deduct(tx: &mut Transaction<'_, Any>, msg: &Deduct) -> Result<(), sqlx::Error> {
+    sqlx::query(sql(
+        d(),
+        "INSERT INTO idem_p_deduction (coupon_id, order_id) VALUES (?, ?)",
+    ))
+    .bind(msg.coupon_id)
+    .bind(msg.order_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+fn micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as i64
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, topic, owner, lease_ms, sleep_ms, idle_exit_ms] = &args[..] else {
+        eprintln!("usage: relay_worker URL TOPIC OWNER LEASE_MS HANDLER_SLEEP_MS IDLE_EXIT_MS");
+        std::process::exit(2);
+    };
+    let num = |s: &str| s.parse::<u64>().expect("a number");
+    let (lease, pause, idle_exit) = (num(lease_ms), num(sleep_ms), num(idle_exit_ms));
+    sqlx::any::install_default_drivers();
+    let pool = AnyPool::connect(url).await.expect("connect");
+    DIALECT
+        .set(<Any as Backend>::pool_dialect(&pool))
+        .expect("once");
+    let log_pool = pool.clone();
+    let me = owner.clone();
+    let relay = Relay::new(pool.clone())
+        .route(topic.clone(), move |delivery, msg: Deduct| {
+            let (log_pool, me) = (log_pool.clone(), me.clone());
+            async move {
+                let start = micros();
+                // The handler's own time: makes overlapping runs visible.
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let outcome = deduct(delivery.source(), &msg).await;
+                let end = micros();
+                sqlx::query(sql(d(), "INSERT INTO idem_p_exec_log (msg_id, owner, started_us, ended_us) VALUES (?, ?, ?, ?)"))
+                    .bind(delivery.message().id)
+                    .bind(&me)
+                    .bind(start)
+                    .bind(end)
+                    .execute(&log_pool)
+                    .await
+                    .map_err(idem_runtime::Error::from)?;
+                outcome
+            }
+        })
+        .owner(owner.clone())
+        .lease(Duration::from_millis(lease))
+        .poll_interval(Duration::from_millis(20))
+        .batch_size(8)
+        .concurrency(4)
+        .spawn();
+    // Exit once nothing of the topic has been pending for IDLE_EXIT_MS.
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let pending: i64 = sqlx::query_scalar(sql(
+            d(),
+            "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status = 'pending'",
+        ))
+        .bind(topic)
+        .fetch_one(&pool)
+        .await
+        .expect("count pending");
+        if pending > 0 {
+            idle_since = None;
+        } else if idle_since.get_or_insert_with(Instant::now).elapsed()
+            >= Duration::from_millis(idle_exit)
+        {
+            break;
+        }
+    }
+    let executed = relay.stats().executed.load(Ordering::Relaxed);
+    relay.shutdown().await;
+    println!("{owner}: executed {executed}");
+}
