@@ -51,3 +51,15 @@ pub(crate) fn lost_ack_error() -> sqlx::Error {
         "injected fault: the commit acknowledgement was lost",
     ))
 }
+
+/// Commits `tx` under the same injection as idempotent calls: at the set
+/// rate, the commit happens and then an I/O error is returned anyway. For
+/// hand-written handlers (such as the article's fault version) in tests
+/// and demonstrations.
+pub async fn commit<DB: sqlx::Database>(tx: sqlx::Transaction<'_, DB>) -> Result<(), sqlx::Error> {
+    tx.commit().await?;
+    if lose_ack() {
+        return Err(lost_ack_error());
+    }
+    Ok(())
+}
