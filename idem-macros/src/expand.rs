@@ -331,6 +331,17 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             async move #body.await
         };
     };
+    // The front cache (feature `redis`) answers first, then the transaction.
+    let open_plain = quote! {
+        let __idem_source: ::idem_runtime::__private::Source<'_, #db> =
+            ::core::convert::Into::into(__idem_source);
+        if #call::cache_hit(&__idem_source, &__idem_key, &__idem_span).await {
+            return ::core::result::Result::Ok(
+                ::idem_runtime::__private::Outcome::Duplicate(::core::option::Option::None),
+            );
+        }
+        let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, __idem_span).await?;
+    };
     let protocol = match &args.strategy {
         Strategy::StateMachine {
             table,
@@ -356,9 +367,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                     from: __idem_from,
                     to: __idem_to,
                 };
-                let mut __idem_call = #call::begin(
-                    ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
-                ).await?;
+                #open_plain
                 let __idem_sql = __idem_call.state_sql(&__idem_spec)?;
                 if __idem_call.state_guard(&__idem_spec, &__idem_sql).await? {
                     return __idem_call.duplicate(::core::option::Option::None).await;
@@ -406,6 +415,8 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             let guard =
                 quote_spanned!(ok.span()=> __idem_call.record_guard::<#ok>(&__idem_spec).await?);
             let finish = quote_spanned!(ok.span()=> __idem_call.record_finish(__idem_body).await);
+            let replay = quote_spanned!(ok.span()=>
+                #call::cache_replay::<#ok>(&__idem_source, &__idem_key, &__idem_span).await);
             quote! {
                 let __idem_spec = ::idem_runtime::__private::Record {
                     biz_type: #biz_type,
@@ -413,22 +424,23 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                     ttl_secs: #ttl,
                     fingerprint: #fingerprint,
                 };
-                let mut __idem_call = #call::begin(
-                    ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
-                ).await?;
-                if let ::core::option::Option::Some(__idem_stored) =
-                    #guard
-                {
-                    return __idem_call.duplicate(__idem_stored).await;
+                let __idem_source: ::idem_runtime::__private::Source<'_, #db> =
+                    ::core::convert::Into::into(__idem_source);
+                if let ::core::option::Option::Some(__idem_hit) = #replay {
+                    return ::core::result::Result::Ok(
+                        ::idem_runtime::__private::Outcome::Duplicate(::core::option::Option::Some(__idem_hit)),
+                    );
+                }
+                let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, __idem_span).await?;
+                if let ::core::option::Option::Some((__idem_stored, __idem_marker)) = #guard {
+                    return __idem_call.duplicate_replay(__idem_stored, __idem_marker).await;
                 }
                 #body_call
                 #finish
             }
         }
         Strategy::UniqueInsert => quote! {
-            let mut __idem_call = #call::begin(
-                ::core::convert::Into::into(__idem_source), __idem_key, __idem_span,
-            ).await?;
+            #open_plain
             __idem_call.unique_guard().await?;
             #body_call
             __idem_call.unique_finish(__idem_body).await

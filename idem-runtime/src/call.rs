@@ -58,15 +58,25 @@ impl<T> Outcome<T> {
 pub struct Source<'a, DB: Backend> {
     pool: &'a Pool<DB>,
     outbox_id: Option<i64>,
+    #[cfg(feature = "redis")]
+    cache: Option<crate::cache::RedisCache>,
 }
 
 impl<'a, DB: Backend> Source<'a, DB> {
     /// A call driven by the outbox message with primary key `message_id`.
     pub fn outbox(pool: &'a Pool<DB>, message_id: i64) -> Self {
         Source {
-            pool,
             outbox_id: Some(message_id),
+            ..Source::from(pool)
         }
+    }
+
+    /// Puts the Redis front cache in front of the database for this call
+    /// (feature `redis`). See [`cache`](crate::cache).
+    #[cfg(feature = "redis")]
+    pub fn cache(mut self, cache: &crate::cache::RedisCache) -> Self {
+        self.cache = Some(cache.clone());
+        self
     }
 }
 
@@ -75,6 +85,8 @@ impl<'a, DB: Backend> From<&'a Pool<DB>> for Source<'a, DB> {
         Source {
             pool,
             outbox_id: None,
+            #[cfg(feature = "redis")]
+            cache: None,
         }
     }
 }
@@ -130,11 +142,52 @@ pub struct Call<DB: Backend> {
     key: String,
     outbox_id: Option<i64>,
     span: Span,
+    strategy: &'static str,
+    #[cfg(feature = "redis")]
+    cache: Option<crate::cache::RedisCache>,
 }
 
 impl<DB: Backend> Call<DB> {
+    /// The front cache's answer, before any database work: `true` when a
+    /// marker says the action already happened. Never consulted when an
+    /// outbox message drives the call (its status must be updated).
+    pub async fn cache_hit(source: &Source<'_, DB>, key: &str, span: &Span) -> bool {
+        Self::cache_lookup(source, key, span).await.is_some()
+    }
+
+    /// Like [`Call::cache_hit`], for the record strategy: the stored result.
+    pub async fn cache_replay<T: DeserializeOwned>(
+        source: &Source<'_, DB>,
+        key: &str,
+        span: &Span,
+    ) -> Option<T> {
+        let text = Self::cache_lookup(source, key, span).await?;
+        serde_json::from_str(&text).ok()
+    }
+
+    #[allow(unused_variables)]
+    async fn cache_lookup(source: &Source<'_, DB>, key: &str, span: &Span) -> Option<String> {
+        #[cfg(feature = "redis")]
+        if source.outbox_id.is_none()
+            && let Some(cache) = &source.cache
+            && let Some(marker) = cache.get(key).await
+        {
+            span.record("key", key);
+            span.record("outcome", "duplicate");
+            crate::metrics::duplicate("cache");
+            tracing::debug!(parent: span, layer = "cache", "duplicate stopped by the front cache");
+            return Some(marker);
+        }
+        None
+    }
+
     /// Begins the call's transaction.
-    pub async fn begin(source: Source<'_, DB>, key: String, span: Span) -> Result<Self, Error> {
+    pub async fn begin(
+        source: Source<'_, DB>,
+        key: String,
+        strategy: &'static str,
+        span: Span,
+    ) -> Result<Self, Error> {
         span.record("key", key.as_str());
         let tx = match DB::begin(source.pool).await {
             Ok(tx) => tx,
@@ -145,6 +198,9 @@ impl<DB: Backend> Call<DB> {
             key,
             outbox_id: source.outbox_id,
             span,
+            strategy,
+            #[cfg(feature = "redis")]
+            cache: source.cache,
         })
     }
 
@@ -161,11 +217,35 @@ impl<DB: Backend> Call<DB> {
     /// Ends a call whose action already happened: marks the driving outbox
     /// message (if any) and commits. Answers `Duplicate(stored)`.
     pub async fn duplicate<T>(self, stored: Option<T>) -> Result<Outcome<T>, Error> {
-        self.commit("duplicate").await?;
+        self.duplicate_marked(stored, None).await
+    }
+
+    /// Ends a record-strategy duplicate, re-warming the cache with the
+    /// stored result.
+    pub async fn duplicate_replay<T>(
+        self,
+        stored: Option<T>,
+        marker: Option<String>,
+    ) -> Result<Outcome<T>, Error> {
+        self.duplicate_marked(stored, marker).await
+    }
+
+    async fn duplicate_marked<T>(
+        self,
+        stored: Option<T>,
+        marker: Option<String>,
+    ) -> Result<Outcome<T>, Error> {
+        let layer = match self.strategy {
+            "state_machine" => "domain_state",
+            other => other,
+        };
+        crate::metrics::duplicate(layer);
+        self.commit("duplicate", marker).await?;
         Ok(Outcome::Duplicate(stored))
     }
 
-    async fn commit(mut self, outcome: &'static str) -> Result<(), Error> {
+    #[allow(unused_variables)]
+    async fn commit(mut self, outcome: &'static str, marker: Option<String>) -> Result<(), Error> {
         if let Some(id) = self.outbox_id
             && let Err(e) = DB::outbox_success(&mut self.tx, id).await
         {
@@ -173,6 +253,8 @@ impl<DB: Backend> Call<DB> {
         }
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
+        #[cfg(feature = "redis")]
+        let (cache, key) = (self.cache.take(), std::mem::take(&mut self.key));
         let Call { tx, span, .. } = self;
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
@@ -184,6 +266,13 @@ impl<DB: Backend> Call<DB> {
             Ok(()) => {
                 span.record("outcome", outcome);
                 tracing::debug!(parent: &span, outcome, "idempotent call finished");
+                crate::metrics::call(outcome);
+                // Only now, after the commit: the marker of a rolled-back
+                // call would skip the action forever.
+                #[cfg(feature = "redis")]
+                if let Some(cache) = cache {
+                    cache.put(&key, marker.as_deref().unwrap_or("1")).await;
+                }
                 Ok(())
             }
             Err(e @ sqlx::Error::Database(_)) => Err(fail(&span, Error::Database(e))),
@@ -267,7 +356,7 @@ impl<DB: Backend> Call<DB> {
             }
             Err(e) => return Err(self.abort(Error::Database(e)).await),
         }
-        self.commit("executed").await?;
+        self.commit("executed", None).await?;
         Ok(Outcome::Executed(value))
     }
 
@@ -280,7 +369,7 @@ impl<DB: Backend> Call<DB> {
     pub async fn record_guard<T: DeserializeOwned>(
         &mut self,
         rec: &Record,
-    ) -> Result<Option<Option<T>>, Error> {
+    ) -> Result<Option<(Option<T>, Option<String>)>, Error> {
         let biz_no = rec.biz_no.as_deref().unwrap_or(&self.key);
         if rec.biz_type.len() > 64 || biz_no.len() > 128 {
             return Err(self.fail(Error::InvalidKey {
@@ -315,9 +404,9 @@ impl<DB: Backend> Call<DB> {
         }
         match stored.result {
             Some(text) => serde_json::from_str(&text)
-                .map(|v| Some(Some(v)))
+                .map(|v| Some((Some(v), Some(text))))
                 .map_err(|e| self.fail(Error::Serialization(e))),
-            None => Ok(Some(None)),
+            None => Ok(Some((None, None))),
         }
     }
 
@@ -335,11 +424,11 @@ impl<DB: Backend> Call<DB> {
             Ok(t) => t,
             Err(e) => return Err(self.abort(Error::Serialization(e)).await),
         };
-        let key = std::mem::take(&mut self.key);
+        let key = self.key.clone();
         if let Err(e) = DB::store_result(&mut self.tx, &key, &text).await {
             return Err(self.abort(Error::Database(e)).await);
         }
-        self.commit("executed").await?;
+        self.commit("executed", Some(text)).await?;
         Ok(Outcome::Executed(value))
     }
 
@@ -365,7 +454,7 @@ impl<DB: Backend> Call<DB> {
                 if let Err(e) = DB::exec(&mut self.tx, RELEASE).await {
                     return Err(self.abort(Error::Database(e)).await);
                 }
-                self.commit("executed").await?;
+                self.commit("executed", None).await?;
                 Ok(Outcome::Executed(v))
             }
             Err(e) => {
@@ -387,6 +476,7 @@ impl<DB: Backend> Call<DB> {
 
 fn fail(span: &Span, err: Error) -> Error {
     span.record("outcome", err.kind());
+    crate::metrics::error(&err);
     tracing::debug!(parent: span, error = %err, retryable = err.is_retryable(), "idempotent call failed");
     err
 }

@@ -55,14 +55,19 @@
 //! - `postgres`, `mysql` (MariaDB and MySQL): the server backends.
 //! - `any`: handlers on `sqlx::Any`, the database chosen at run time by URL.
 //! - `uuid`: UUIDs as key parts and entity ids.
+//! - `redis`: the Redis front cache ([`cache`]), never the source of truth.
+//! - `amqp`: the RabbitMQ consumption adapter and outbox publisher.
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backend;
+#[cfg(feature = "redis")]
+pub mod cache;
 mod call;
 mod error;
 mod key;
+mod metrics;
 pub mod outbox;
 mod schema;
 mod state;

@@ -372,10 +372,12 @@ impl<DB: Backend> Relay<DB> {
                 {
                     Ok(true) if dead => {
                         i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::outbox_dead_letter();
                         tracing::warn!(parent: &span, %reason, "outbox message dead-lettered");
                     }
                     Ok(true) => {
                         i.stats.retried.fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::outbox_retry();
                         tracing::info!(parent: &span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
                     }
                     Ok(false) => {

@@ -1,0 +1,33 @@
+//! Counters through the `metrics` facade (install any recorder to export
+//! them; without one they cost next to nothing):
+//!
+//! | counter | labels | what |
+//! |---|---|---|
+//! | `idem_calls_total` | `outcome` = executed / duplicate | committed calls |
+//! | `idem_duplicates_total` | `layer` = cache / domain_state / record / unique_insert | duplicates stopped, by layer |
+//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / database / commit_unknown / handler / serialization | failed calls |
+//! | `idem_cache_errors_total` | | Redis errors and time-outs (fell through to the database) |
+//! | `idem_outbox_retries_total` | | failed outbox attempts put back for a retry |
+//! | `idem_outbox_dead_letters_total` | | outbox messages dead-lettered |
+
+use crate::Error;
+
+pub(crate) fn call(outcome: &'static str) {
+    metrics::counter!("idem_calls_total", "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn duplicate(layer: &'static str) {
+    metrics::counter!("idem_duplicates_total", "layer" => layer).increment(1);
+}
+
+pub(crate) fn error(err: &Error) {
+    metrics::counter!("idem_errors_total", "kind" => err.kind()).increment(1);
+}
+
+pub(crate) fn outbox_retry() {
+    metrics::counter!("idem_outbox_retries_total").increment(1);
+}
+
+pub(crate) fn outbox_dead_letter() {
+    metrics::counter!("idem_outbox_dead_letters_total").increment(1);
+}
