@@ -1,0 +1,274 @@
+//! The Redis front cache against the real Redis and databases: a marker
+//! answers a duplicate without touching the database; the marker is
+//! written only after the commit (a rolled-back call leaves none);
+//! outbox-driven calls still go to the database; a Redis that is down or
+//! unreachable only slows calls down.
+
+use idem_runtime::cache::RedisCache;
+use idem_runtime::{Error, Outcome, Source, State, idempotent};
+use idem_tests::{ids, redis_get, redis_up};
+use serde::{Deserialize, Serialize};
+use sqlx::{Sqlite, SqlitePool, Transaction};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
+enum CouponState {
+    Unused,
+    Used,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Deduct {
+    coupon_id: i64,
+    fail: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    ledger_row: i64,
+}
+
+#[idempotent(
+    key = "cache-test:{msg.coupon_id}",
+    strategy = state_machine,
+    table = "coupon",
+    id = msg.coupon_id,
+    from = CouponState::Unused,
+    to = CouponState::Used,
+)]
+async fn deduct(
+    tx: &mut Transaction<'_, Sqlite>,
+    msg: &Deduct,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(msg.coupon_id)
+        .execute(&mut **tx)
+        .await?;
+    if msg.fail {
+        return Err("injected failure after the write".into());
+    }
+    Ok(())
+}
+
+#[idempotent(key = "cache-record:{msg.coupon_id}", strategy = record)]
+async fn notify(tx: &mut Transaction<'_, Sqlite>, msg: &Deduct) -> Result<Receipt, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(msg.coupon_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Receipt {
+        ledger_row: done.last_insert_rowid(),
+    })
+}
+
+async fn setup() -> SqlitePool {
+    let pool = idem_tests::sqlite(4).await;
+    for stmt in [
+        "CREATE TABLE coupon (id INTEGER PRIMARY KEY, status TEXT NOT NULL)",
+        "CREATE TABLE deduction (coupon_id INTEGER NOT NULL)",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
+async fn coupon(pool: &SqlitePool) -> i64 {
+    let id = ids(1);
+    sqlx::query("INSERT INTO coupon (id, status) VALUES (?, 'UNUSED')")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+async fn deductions(pool: &SqlitePool, id: i64) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM deduction WHERE coupon_id = ?")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+fn cache() -> RedisCache {
+    RedisCache::new(&idem_tests::redis_url())
+        .unwrap()
+        .prefix(format!("idem-test:{}:", ids(1)))
+        .ttl(Duration::from_secs(300))
+}
+
+#[tokio::test]
+async fn a_marker_answers_duplicates_without_the_database() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let id = coupon(&pool).await;
+    let msg = Deduct {
+        coupon_id: id,
+        fail: false,
+    };
+    assert_eq!(
+        deduct(Source::from(&pool).cache(&cache), &msg)
+            .await
+            .unwrap(),
+        Outcome::Executed(())
+    );
+    assert_eq!(
+        redis_get(&cache.marker_key(&format!("cache-test:{id}")))
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    // With the database gone, the cache alone answers the duplicate.
+    pool.close().await;
+    assert_eq!(
+        deduct(Source::from(&pool).cache(&cache), &msg)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(None)
+    );
+    assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 1);
+    // Without the cache, the closed pool is the only way: an error.
+    assert!(deduct(&pool, &msg).await.is_err());
+}
+
+#[tokio::test]
+async fn a_rolled_back_call_never_leaves_a_marker() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let id = coupon(&pool).await;
+    let err = deduct(
+        Source::from(&pool).cache(&cache),
+        &Deduct {
+            coupon_id: id,
+            fail: true,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Handler { .. }));
+    assert_eq!(
+        redis_get(&cache.marker_key(&format!("cache-test:{id}"))).await,
+        None,
+        "no marker after a rollback"
+    );
+    assert_eq!(deductions(&pool, id).await, 0);
+    // The retry executes: the cache did not skip it.
+    let ok = deduct(
+        Source::from(&pool).cache(&cache),
+        &Deduct {
+            coupon_id: id,
+            fail: false,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok, Outcome::Executed(()));
+    assert_eq!(deductions(&pool, id).await, 1);
+    assert_eq!(cache.stats().writes.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn outbox_driven_calls_still_update_their_message() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let id = coupon(&pool).await;
+    let msg = Deduct {
+        coupon_id: id,
+        fail: false,
+    };
+    assert!(
+        deduct(Source::from(&pool).cache(&cache), &msg)
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    let mut tx = pool.begin().await.unwrap();
+    let outbox = idem_runtime::outbox::enqueue(
+        &mut tx,
+        "cache.redelivery",
+        &format!("m-{id}"),
+        &serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let dup = deduct(Source::outbox(&pool, outbox).cache(&cache), &msg)
+        .await
+        .unwrap();
+    assert_eq!(dup, Outcome::Duplicate(None));
+    let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = ?")
+        .bind(outbox)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        status, "success",
+        "the database path ran and marked the message"
+    );
+    assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn record_results_are_replayed_from_the_cache() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let msg = Deduct {
+        coupon_id: ids(1),
+        fail: false,
+    };
+    let first = notify(Source::from(&pool).cache(&cache), &msg)
+        .await
+        .unwrap();
+    let Outcome::Executed(receipt) = first else {
+        panic!("{first:?}")
+    };
+    pool.close().await;
+    assert_eq!(
+        notify(Source::from(&pool).cache(&cache), &msg)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(Some(receipt))
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_only_slows_calls_down() {
+    let pool = setup().await;
+    // Nothing listens on port 1: every cache operation fails fast.
+    let cache = RedisCache::new("redis://127.0.0.1:1/").unwrap();
+    let id = coupon(&pool).await;
+    let msg = Deduct {
+        coupon_id: id,
+        fail: false,
+    };
+    assert!(
+        deduct(Source::from(&pool).cache(&cache), &msg)
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    assert_eq!(
+        deduct(Source::from(&pool).cache(&cache), &msg)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(None)
+    );
+    assert_eq!(deductions(&pool, id).await, 1);
+    assert!(
+        cache.stats().errors.load(Ordering::Relaxed) >= 1,
+        "errors are counted"
+    );
+}
