@@ -41,12 +41,12 @@ pub struct CacheStats {
 
 enum Conn {
     Single(redis::aio::ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(Box<redis::cluster_async::ClusterConnection>),
 }
 
 enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 struct Inner {
@@ -91,7 +91,7 @@ impl RedisCache {
     /// A cache on a Redis Cluster, given some of its nodes.
     pub fn cluster(nodes: &[&str]) -> Result<Self, Error> {
         let client = redis::cluster::ClusterClient::new(nodes.to_vec()).map_err(config_error)?;
-        Ok(Self::with_target(Target::Cluster(client)))
+        Ok(Self::with_target(Target::Cluster(Box::new(client))))
     }
 
     fn with_target(target: Target) -> Self {
@@ -175,7 +175,10 @@ impl RedisCache {
                         .await
                         .map(Conn::Single)
                 }
-                Target::Cluster(c) => c.get_async_connection().await.map(Conn::Cluster),
+                Target::Cluster(c) => c
+                    .get_async_connection()
+                    .await
+                    .map(|c| Conn::Cluster(Box::new(c))),
             }
         };
         match tokio::time::timeout(self.inner.timeout * 10, connect).await {

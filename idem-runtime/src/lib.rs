@@ -61,6 +61,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 mod backend;
 #[cfg(feature = "redis")]
 pub mod cache;

@@ -33,11 +33,12 @@ pub(crate) fn lose_ack() -> bool {
     if ppm == 0 {
         return false;
     }
-    // A deterministic, well-spread sequence: the golden-ratio hash of the
-    // call number, so runs are reproducible and rates exact on average.
+    // A deterministic, evenly spread sequence: the fractional parts of
+    // n·φ (the top bits of the golden-ratio product), so runs are
+    // reproducible and every stretch of calls sees the set rate.
     let n = CALLS.fetch_add(1, Ordering::Relaxed);
-    let draw = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 1_000_000;
-    let lose = draw < ppm;
+    let frac = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    let lose = frac * 1_000_000 < ppm << 32;
     if lose {
         INJECTED.fetch_add(1, Ordering::SeqCst);
     }

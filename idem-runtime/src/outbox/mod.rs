@@ -80,4 +80,5 @@ pub async fn enqueue<DB: Backend>(
 }
 
 mod relay;
+pub use crate::backend::OutboxRow;
 pub use relay::{Delivery, Relay, RelayHandle, RelayStats};

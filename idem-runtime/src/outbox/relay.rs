@@ -260,7 +260,7 @@ impl<DB: Backend> Relay<DB> {
             if free == 0 {
                 tokio::select! {
                     _ = tasks.join_next() => {}
-                    _ = stop.changed() => {}
+                    changed = stop.changed() => if changed.is_err() { break },
                 }
                 continue;
             }
@@ -274,7 +274,8 @@ impl<DB: Backend> Relay<DB> {
             if batch.is_empty() {
                 tokio::select! {
                     _ = tokio::time::sleep(self.inner.poll_interval) => {}
-                    _ = stop.changed() => {}
+                    // A dropped handle stops the relay like a shutdown.
+                    changed = stop.changed() => if changed.is_err() { break },
                 }
                 continue;
             }
