@@ -462,6 +462,13 @@ macro_rules! common_methods {
                 }
                 rows
             } else {
+                if Self::dialect(&tx) == Dialect::Postgres {
+                    // A lost claim only means the message is claimed again:
+                    // no need to wait for its WAL flush.
+                    sqlx::query("SET LOCAL synchronous_commit = off")
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 let mut q =
                     sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
                         .bind(owner)
@@ -761,6 +768,8 @@ const PG: SqlSet = SqlSet {
             CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
         )",
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+        // The relay's claim: pending rows of its topics, oldest first.
+        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
     ],
 };
 
@@ -862,5 +871,7 @@ const LITE: SqlSet = SqlSet {
             CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
         )",
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+        // The relay's claim: pending rows of its topics, oldest first.
+        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
     ],
 };

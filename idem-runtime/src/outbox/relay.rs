@@ -19,7 +19,7 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -34,11 +34,15 @@ type Route<DB> = Arc<
 pub struct Delivery<DB: Backend> {
     pool: Pool<DB>,
     message: OutboxRow,
+    /// Set when the handler took its outbox source: a successful handler
+    /// then marked the message itself, and the relay need not.
+    marked: Arc<AtomicBool>,
 }
 
 impl<DB: Backend> Delivery<DB> {
     /// Pass this to the handler: its transaction then marks the message.
     pub fn source(&self) -> Source<'_, DB> {
+        self.marked.store(true, Ordering::Relaxed);
         Source::outbox(&self.pool, self.message.id)
     }
 
@@ -254,17 +258,18 @@ impl<DB: Backend> Relay<DB> {
         let mut tasks = JoinSet::new();
         while !*stop.borrow() {
             while tasks.try_join_next().is_some() {}
-            // Claim only what can start soon: no lease runs out while a
-            // message waits for a free handler.
-            let free = permits.available_permits();
-            if free == 0 {
+            if permits.available_permits() == 0 {
                 tokio::select! {
                     _ = tasks.join_next() => {}
                     changed = stop.changed() => if changed.is_err() { break },
                 }
                 continue;
             }
-            let batch = match self.claim_up_to(free as i64).await {
+            // A whole batch per claim: each claim is a committed write, so
+            // claiming only the free slots would pay one commit for every
+            // message or two. The batch waits for handler slots at most a
+            // few handler durations, far inside its lease.
+            let batch = match self.claim().await {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
@@ -325,9 +330,11 @@ impl<DB: Backend> Relay<DB> {
             // Not claimable: claims filter on the routed topics.
             return;
         };
+        let marked = Arc::new(AtomicBool::new(false));
         let delivery = Delivery {
             pool: i.pool.clone(),
             message: row,
+            marked: marked.clone(),
         };
         let result = match route(delivery) {
             Err(e) => Err((false, format!("unparsable payload: {e}"))),
@@ -346,9 +353,11 @@ impl<DB: Backend> Relay<DB> {
                     &i.stats.duplicates
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                // The handler marked the message in its transaction; this
-                // covers a handler that was not given its outbox source.
-                if let Err(e) = DB::outbox_success_pool(&i.pool, id).await {
+                // A handler given its outbox source marked the message in
+                // its own transaction; for any other, the relay marks it.
+                if !marked.load(Ordering::Relaxed)
+                    && let Err(e) = DB::outbox_success_pool(&i.pool, id).await
+                {
                     tracing::warn!(parent: &span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
                 }
             }
