@@ -4,6 +4,7 @@
 //! the macro validated at compile time (and that are checked again here),
 //! quoted for the dialect; every value is a bind parameter.
 
+use crate::archive::RecordInfo;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 use std::future::Future;
@@ -154,6 +155,39 @@ pub trait Backend: Database + sealed::Sealed {
         tx: &'a mut Transaction<'static, Self>,
         sql: &'static str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// One archiving batch of `table`, in one short transaction of its
+    /// own: locks up to `limit` rows that may move (PostgreSQL, MariaDB:
+    /// `FOR UPDATE SKIP LOCKED` under read committed, so it never waits on
+    /// live traffic; SQLite: `BEGIN IMMEDIATE`), copies them to the
+    /// history table and deletes them from the online table, both
+    /// re-checking the condition; rolls back unless both moved the same
+    /// rows. Returns the rows moved. `retention_secs` is the outbox's
+    /// retention (unused for records, which move once `expire_time` has
+    /// passed).
+    fn archive_batch<'a>(
+        pool: &'a Pool<Self>,
+        table: ArchiveTable,
+        limit: i64,
+        retention_secs: f64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// The record of `key`: the online one, else the latest archived one.
+    fn lookup_record<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Option<RecordInfo>, sqlx::Error>> + Send + 'a;
+}
+
+/// A table the archiver moves rows out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveTable {
+    /// `idem_record` → `idem_record_history`: records whose `expire_time`
+    /// has passed.
+    Records,
+    /// `idem_outbox` → `idem_outbox_history`: finished (`success`,
+    /// `failed`) messages last updated before the retention.
+    Outbox,
 }
 
 /// The SQL dialects idem speaks.
@@ -301,7 +335,100 @@ pub(crate) struct SqlSet {
     outbox_insert: &'static str,
     outbox_success: &'static str,
     outbox_settle: &'static str,
+    archive_record: ArchiveSql,
+    archive_outbox: ArchiveSql,
+    /// The online record of a key: key, biz_type, biz_no, fingerprint,
+    /// result, create_time and expire_time as text.
+    find_online: &'static str,
+    /// The latest archived record of a key: the same, and archived_at.
+    find_history: &'static str,
     schema: &'static [&'static str],
+}
+
+/// The statements of one archiving batch of one table.
+#[derive(Debug)]
+struct ArchiveSql {
+    /// Locks the candidates' ids: `[retention,] limit`.
+    select: &'static str,
+    /// `INSERT INTO …_history … SELECT … WHERE <condition> AND id IN (`:
+    /// `[retention,] ids…`; the id list and `)` are appended.
+    copy: &'static str,
+    /// `DELETE … WHERE <condition> AND id IN (`: the same binds.
+    delete: &'static str,
+}
+
+impl SqlSet {
+    fn archive(&self, table: ArchiveTable) -> &ArchiveSql {
+        match table {
+            ArchiveTable::Records => &self.archive_record,
+            ArchiveTable::Outbox => &self.archive_outbox,
+        }
+    }
+}
+
+/// The connection of an archiving batch: closed instead of going back to
+/// the pool unless the batch finished. A batch cancelled halfway (its task
+/// aborted, its future dropped) can leave the server inside a transaction
+/// that sqlx does not know about (cancelled during `BEGIN`), holding row
+/// locks (or SQLite's write lock) for whoever gets the connection next;
+/// closing the connection makes the server roll it back.
+struct CloseUnlessDone<DB: Database> {
+    conn: sqlx::pool::PoolConnection<DB>,
+    done: bool,
+}
+
+impl<DB: Database> Drop for CloseUnlessDone<DB> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// `n` placeholders, the first numbered `first` on PostgreSQL.
+fn placeholders(dialect: Dialect, first: usize, n: usize) -> String {
+    (0..n)
+        .map(|i| match dialect {
+            Dialect::Postgres => format!("${}", first + i),
+            _ => "?".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+type OnlineRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+);
+type HistoryRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+);
+
+fn record_info(row: OnlineRow, archived_at: Option<String>) -> RecordInfo {
+    let (key, biz_type, biz_no, fingerprint, result, create_time, expire_time) = row;
+    RecordInfo {
+        key,
+        biz_type,
+        biz_no,
+        fingerprint,
+        result,
+        create_time,
+        expire_time,
+        archived: archived_at.is_some(),
+        archived_at,
+    }
 }
 
 /// Whether `s` is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most
@@ -525,6 +652,107 @@ macro_rules! common_methods {
             sqlx::query(sql).execute(&mut **tx).await?;
             Ok(())
         }
+
+        async fn archive_batch(
+            pool: &Pool<Self>,
+            table: ArchiveTable,
+            limit: i64,
+            retention_secs: f64,
+        ) -> Result<u64, sqlx::Error> {
+            use sqlx::Connection as _;
+            let dialect = Self::pool_dialect(pool);
+            let sql = dialect.sql().archive(table);
+            // The outbox's condition has one bind, the retention: seconds,
+            // or whole microseconds on MariaDB (DATE_SUB … MICROSECOND).
+            let retention = match table {
+                ArchiveTable::Records => None,
+                ArchiveTable::Outbox => Some(retention_secs),
+            };
+            let micros = dialect == Dialect::MySql;
+            let mut guard = CloseUnlessDone {
+                conn: pool.acquire().await?,
+                done: false,
+            };
+            let conn: &mut Self::Connection = &mut guard.conn;
+            let mut tx = match dialect {
+                // The write lock up front: serialized with every handler.
+                Dialect::Sqlite => conn.begin_with("BEGIN IMMEDIATE").await?,
+                // Read committed for this transaction only: no gap locks,
+                // so handlers inserting records never wait on the scan.
+                Dialect::MySql => {
+                    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(&mut *conn)
+                        .await?;
+                    conn.begin().await?
+                }
+                Dialect::Postgres => conn.begin().await?,
+            };
+            let mut q = sqlx::query_scalar::<_, i64>(sql.select);
+            if let Some(r) = retention {
+                q = if micros {
+                    q.bind((r * 1e6) as i64)
+                } else {
+                    q.bind(r)
+                };
+            }
+            let ids: Vec<i64> = q.bind(limit).fetch_all(&mut *tx).await?;
+            if ids.is_empty() {
+                tx.commit().await?;
+                guard.done = true;
+                return Ok(0);
+            }
+            let first = 1 + usize::from(retention.is_some());
+            let list = placeholders(dialect, first, ids.len());
+            let mut moved = [0u64; 2];
+            for (n, prefix) in [sql.copy, sql.delete].into_iter().enumerate() {
+                let text = format!("{prefix}{list})");
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+                if let Some(r) = retention {
+                    q = if micros {
+                        q.bind((r * 1e6) as i64)
+                    } else {
+                        q.bind(r)
+                    };
+                }
+                for id in &ids {
+                    q = q.bind(*id);
+                }
+                moved[n] = q.execute(&mut *tx).await?.rows_affected();
+            }
+            let [copied, deleted] = moved;
+            if copied != deleted {
+                // Impossible while the rows are locked and the clock moves
+                // forward; never commit a half-moved batch.
+                tx.rollback().await?;
+                return Err(sqlx::Error::Protocol(format!(
+                    "archive batch rolled back: {copied} rows copied to history but {deleted} deleted"
+                )));
+            }
+            tx.commit().await?;
+            guard.done = true;
+            Ok(deleted)
+        }
+
+        async fn lookup_record<'a>(
+            pool: &'a Pool<Self>,
+            key: &'a str,
+        ) -> Result<Option<RecordInfo>, sqlx::Error> {
+            let sql = Self::pool_dialect(pool).sql();
+            let online: Option<OnlineRow> = sqlx::query_as(sql.find_online)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+            if let Some(row) = online {
+                return Ok(Some(record_info(row, None)));
+            }
+            let archived: Option<HistoryRow> = sqlx::query_as(sql.find_history)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+            Ok(archived.map(|(k, t, n, f, r, c, e, at)| {
+                record_info((k, t, n, f, r, c, e), Some(at))
+            }))
+        }
     };
 }
 
@@ -735,6 +963,39 @@ const PG: SqlSet = SqlSet {
         next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
         lease_owner = NULL, locked_until = NULL, updated_at = now() \
         WHERE id = $4 AND status = 'pending' AND lease_owner = $5",
+    archive_record: ArchiveSql {
+        select: "SELECT id FROM idem_record WHERE expire_time < now() \
+            ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_record_history \
+            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, now() \
+            FROM idem_record WHERE expire_time < now() AND id IN (",
+        delete: "DELETE FROM idem_record WHERE expire_time < now() AND id IN (",
+    },
+    archive_outbox: ArchiveSql {
+        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8) \
+            ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_outbox_history \
+            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, archived_at) \
+            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, now() FROM idem_outbox \
+            WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
+        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
+    },
+    find_online: "SELECT idempotency_key::text, biz_type::text, biz_no::text, fingerprint::text, result, \
+        to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+        to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
+        FROM idem_record WHERE idempotency_key = $1",
+    find_history: "SELECT idempotency_key::text, biz_type::text, biz_no::text, fingerprint::text, result, \
+        to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+        to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+        to_char(archived_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
+        FROM idem_record_history WHERE idempotency_key = $1 \
+        ORDER BY archived_at DESC, id DESC LIMIT 1",
     schema: &[
         // Concurrent migrations wait for each other instead of racing on
         // the catalog.
@@ -770,6 +1031,37 @@ const PG: SqlSet = SqlSet {
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
         // The relay's claim: pending rows of its topics, oldest first.
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
+        // History: the same columns plus archived_at; `id` is the online
+        // row's id. A key may be archived, reused once expired, and
+        // archived again: indexed, not unique.
+        "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id BIGINT PRIMARY KEY,
+            idempotency_key VARCHAR(128) NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result TEXT,
+            create_time TIMESTAMPTZ NOT NULL,
+            expire_time TIMESTAMPTZ NOT NULL,
+            archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
+        "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id BIGINT PRIMARY KEY,
+            topic VARCHAR(128) NOT NULL,
+            msg_id VARCHAR(128) NOT NULL,
+            payload TEXT NOT NULL,
+            status VARCHAR(16) NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_attempt_at TIMESTAMPTZ NOT NULL,
+            lease_owner VARCHAR(64),
+            locked_until TIMESTAMPTZ,
+            last_error TEXT,
+            created_at TIMESTAMPTZ NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
     ],
 };
 
@@ -792,6 +1084,39 @@ const MY: SqlSet = SqlSet {
         next_attempt_at = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = NOW(6) \
         WHERE id = ? AND status = 'pending' AND lease_owner = ?",
+    archive_record: ArchiveSql {
+        select: "SELECT id FROM idem_record WHERE expire_time < NOW(6) \
+            ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_record_history \
+            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, NOW(6) \
+            FROM idem_record WHERE expire_time < NOW(6) AND id IN (",
+        delete: "DELETE FROM idem_record WHERE expire_time < NOW(6) AND id IN (",
+    },
+    archive_outbox: ArchiveSql {
+        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) \
+            ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_outbox_history \
+            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, archived_at) \
+            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, NOW(6) FROM idem_outbox \
+            WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) AND id IN (",
+        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) AND id IN (",
+    },
+    find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
+        DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f') \
+        FROM idem_record WHERE idempotency_key = ?",
+    find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
+        DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f'), \
+        DATE_FORMAT(archived_at, '%Y-%m-%d %H:%i:%s.%f') \
+        FROM idem_record_history WHERE idempotency_key = ? \
+        ORDER BY archived_at DESC, id DESC LIMIT 1",
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGINT AUTO_INCREMENT PRIMARY KEY,
@@ -822,6 +1147,34 @@ const MY: SqlSet = SqlSet {
             KEY idx_idem_outbox_due (status, next_attempt_at),
             CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id BIGINT PRIMARY KEY,
+            idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result MEDIUMTEXT NULL,
+            create_time DATETIME(6) NOT NULL,
+            expire_time DATETIME(6) NOT NULL,
+            archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            KEY idx_idem_record_history_key (idempotency_key)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id BIGINT PRIMARY KEY,
+            topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            payload MEDIUMTEXT NOT NULL,
+            status VARCHAR(16) NOT NULL,
+            attempts INT NOT NULL,
+            next_attempt_at DATETIME(6) NOT NULL,
+            lease_owner VARCHAR(64) NULL,
+            locked_until DATETIME(6) NULL,
+            last_error TEXT NULL,
+            created_at DATETIME(6) NOT NULL,
+            updated_at DATETIME(6) NOT NULL,
+            archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            KEY idx_idem_outbox_history_msg (topic, msg_id)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
     ],
 };
 
@@ -841,6 +1194,37 @@ const LITE: SqlSet = SqlSet {
         last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
         WHERE id = ? AND status = 'pending' AND lease_owner = ?",
+    archive_record: ArchiveSql {
+        select: "SELECT id FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') \
+            ORDER BY expire_time LIMIT ?",
+        copy: "INSERT INTO idem_record_history \
+            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, \
+            strftime('%Y-%m-%d %H:%M:%f', 'now') FROM idem_record \
+            WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
+        delete: "DELETE FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
+    },
+    archive_outbox: ArchiveSql {
+        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') \
+            ORDER BY id LIMIT ?",
+        copy: "INSERT INTO idem_outbox_history \
+            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, archived_at) \
+            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, strftime('%Y-%m-%d %H:%M:%f', 'now') \
+            FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
+        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
+    },
+    find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        CAST(create_time AS TEXT), CAST(expire_time AS TEXT) \
+        FROM idem_record WHERE idempotency_key = ?",
+    find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        CAST(create_time AS TEXT), CAST(expire_time AS TEXT), CAST(archived_at AS TEXT) \
+        FROM idem_record_history WHERE idempotency_key = ? \
+        ORDER BY archived_at DESC, id DESC LIMIT 1",
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_record (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -873,5 +1257,33 @@ const LITE: SqlSet = SqlSet {
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
         // The relay's claim: pending rows of its topics, oldest first.
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
+        "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id INTEGER PRIMARY KEY,
+            idempotency_key TEXT NOT NULL,
+            biz_type TEXT NOT NULL,
+            biz_no TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            result TEXT,
+            create_time TEXT NOT NULL,
+            expire_time TEXT NOT NULL,
+            archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
+        "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id INTEGER PRIMARY KEY,
+            topic TEXT NOT NULL,
+            msg_id TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_attempt_at TEXT NOT NULL,
+            lease_owner TEXT,
+            locked_until TEXT,
+            last_error TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
+        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
     ],
 };

@@ -61,6 +61,14 @@ pub enum Error {
     /// A stored result could not be serialized or read back (record
     /// strategy). Not retryable.
     Serialization(serde_json::Error),
+    /// The configuration is unsafe or invalid, for example a record ttl
+    /// shorter than the longest window in which a duplicate can still
+    /// arrive (see [`RetentionPolicy`](crate::archive::RetentionPolicy)).
+    /// Not retryable.
+    Config {
+        /// What is wrong, with the numbers.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -77,7 +85,8 @@ impl Error {
             Error::InvalidKey { .. }
             | Error::IllegalState { .. }
             | Error::KeyConflict { .. }
-            | Error::Serialization(_) => false,
+            | Error::Serialization(_)
+            | Error::Config { .. } => false,
             Error::Database(e) => is_transient(e),
             Error::CommitUnknown(_) => true,
             Error::Handler { retryable, .. } => *retryable,
@@ -112,6 +121,7 @@ impl Error {
             Error::CommitUnknown(_) => "commit_unknown",
             Error::Handler { .. } => "handler",
             Error::Serialization(_) => "serialization",
+            Error::Config { .. } => "config",
         }
     }
 
@@ -207,6 +217,7 @@ impl fmt::Display for Error {
             ),
             Error::Handler { source, .. } => write!(f, "handler failed: {source}"),
             Error::Serialization(e) => write!(f, "stored result could not be (de)serialized: {e}"),
+            Error::Config { reason } => write!(f, "unsafe configuration: {reason}"),
         }
     }
 }

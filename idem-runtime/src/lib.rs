@@ -63,6 +63,7 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+pub mod archive;
 mod backend;
 #[cfg(feature = "redis")]
 pub mod cache;

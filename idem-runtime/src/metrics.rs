@@ -5,10 +5,11 @@
 //! |---|---|---|
 //! | `idem_calls_total` | `outcome` = executed / duplicate | committed calls |
 //! | `idem_duplicates_total` | `layer` = cache / domain_state / record / unique_insert | duplicates stopped, by layer |
-//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / database / commit_unknown / handler / serialization | failed calls |
+//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / database / commit_unknown / handler / serialization / config | failed calls |
 //! | `idem_cache_errors_total` | | Redis errors and time-outs (fell through to the database) |
 //! | `idem_outbox_retries_total` | | failed outbox attempts put back for a retry |
 //! | `idem_outbox_dead_letters_total` | | outbox messages dead-lettered |
+//! | `idem_archived_total` | `table` = record / outbox | rows moved to the history tables |
 
 use crate::Error;
 
@@ -30,4 +31,8 @@ pub(crate) fn outbox_retry() {
 
 pub(crate) fn outbox_dead_letter() {
     metrics::counter!("idem_outbox_dead_letters_total").increment(1);
+}
+
+pub(crate) fn archived(table: &'static str, n: u64) {
+    metrics::counter!("idem_archived_total", "table" => table).increment(n);
 }

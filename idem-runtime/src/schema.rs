@@ -4,8 +4,10 @@ use crate::Error;
 use crate::backend::Backend;
 use sqlx::Pool;
 
-/// Creates idem's tables (`idem_record`, `idem_outbox`) and their indexes
-/// if they do not exist. Safe to run twice, and concurrently with itself.
+/// Creates idem's tables (`idem_record`, `idem_outbox`, and their history
+/// tables `idem_record_history`, `idem_outbox_history`, see
+/// [`archive`](crate::archive)) and their indexes if they do not exist.
+/// Safe to run twice, and concurrently with itself.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::Error> {

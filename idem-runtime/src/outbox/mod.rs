@@ -81,4 +81,4 @@ pub async fn enqueue<DB: Backend>(
 
 mod relay;
 pub use crate::backend::OutboxRow;
-pub use relay::{Delivery, Relay, RelayHandle, RelayStats};
+pub use relay::{Delivery, Relay, RelayHandle, RelaySettings, RelayStats};

@@ -10,6 +10,7 @@
 //! not even after a commit whose acknowledgement was lost. A crashed
 //! relay's messages come back when their lease expires.
 
+use crate::archive::RetentionPolicy;
 use crate::backend::{Backend, ClaimSql, OutboxRow};
 use crate::{Error, Outcome, Source};
 use serde::de::DeserializeOwned;
@@ -55,6 +56,25 @@ impl<DB: Backend> Delivery<DB> {
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
     }
+}
+
+/// A relay's settings (see [`Relay::settings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelaySettings {
+    /// Messages claimed per round.
+    pub batch_size: u32,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// How long a claim holds a message.
+    pub lease: Duration,
+    /// How long to wait when nothing is due.
+    pub poll_interval: Duration,
+    /// Attempts before a message is dead-lettered.
+    pub max_attempts: u32,
+    /// Back-off after the first failed attempt.
+    pub backoff_base: Duration,
+    /// The longest back-off.
+    pub backoff_max: Duration,
 }
 
 /// Counters of one relay, since it started.
@@ -221,6 +241,54 @@ impl<DB: Backend> Relay<DB> {
     /// The counters.
     pub fn stats(&self) -> &RelayStats {
         &self.inner.stats
+    }
+
+    /// The relay's settings, as configured.
+    pub fn settings(&self) -> RelaySettings {
+        let i = &self.inner;
+        RelaySettings {
+            batch_size: u32::try_from(i.batch_size).unwrap_or(u32::MAX),
+            concurrency: i.concurrency,
+            lease: i.lease,
+            poll_interval: i.poll_interval,
+            max_attempts: u32::try_from(i.max_attempts).unwrap_or(1),
+            backoff_base: i.backoff_base,
+            backoff_max: i.backoff_max,
+        }
+    }
+
+    /// The retention policy of records written by this relay's handlers:
+    /// their `ttl` (`record_ttl`) against this relay's retry horizon plus
+    /// `broker_redelivery_allowance` (how late a broker, a callback sender
+    /// or a relay outage can still bring a duplicate). Call
+    /// [`RetentionPolicy::check`] on it at start-up.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// use idem_runtime::outbox::Relay;
+    /// use std::time::Duration;
+    /// let relay = Relay::new(pool).max_attempts(10).lease(Duration::from_secs(30));
+    /// let day = Duration::from_secs(86_400);
+    /// assert!(relay.retention_policy(7 * day, day).check().is_ok());
+    /// assert!(relay.retention_policy(Duration::from_secs(60), day).check().is_err());
+    /// # }
+    /// ```
+    pub fn retention_policy(
+        &self,
+        record_ttl: Duration,
+        broker_redelivery_allowance: Duration,
+    ) -> RetentionPolicy {
+        let s = self.settings();
+        RetentionPolicy {
+            record_ttl,
+            outbox_max_attempts: s.max_attempts,
+            backoff_base: s.backoff_base,
+            backoff_max: s.backoff_max,
+            lease: s.lease,
+            broker_redelivery_allowance,
+        }
     }
 
     /// Claims one batch and runs it to the end. Returns how many messages

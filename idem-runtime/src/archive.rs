@@ -1,0 +1,594 @@
+//! Record lifecycle: expired idempotency records and finished outbox
+//! messages move to history tables, in small batches, under live traffic.
+//!
+//! The online tables must stay small (a record table left alone reaches
+//! 100M+ rows in half a year and slows every lookup), but a record is what
+//! stops a duplicate: once it leaves `idem_record`, its key is free again
+//! and a late duplicate would execute. So:
+//!
+//! - a record moves only after its `expire_time` (`ttl` in the attribute),
+//!   re-checked in the same statement that deletes it;
+//! - the ttl must outlast every way a duplicate can still arrive: the
+//!   outbox's whole retry horizon plus what brokers, callback senders and
+//!   relay outages add. [`RetentionPolicy::check`] says so at start-up,
+//!   with the numbers;
+//! - archived records stay queryable by key ([`find_record`]).
+//!
+//! Each batch is one short transaction per table: lock up to `batch_size`
+//! candidate rows (PostgreSQL and MariaDB: `FOR UPDATE SKIP LOCKED`, under
+//! read committed on MariaDB, so the archiver never waits on handlers;
+//! SQLite: `BEGIN IMMEDIATE`), `INSERT INTO …_history … SELECT … WHERE id
+//! IN (…)` and `DELETE … WHERE id IN (…)`, both re-checking the condition,
+//! then commit — or roll back if the two did not move the same rows. A
+//! crash between or inside batches loses nothing and duplicates nothing;
+//! re-running continues where it stopped.
+//!
+//! ```
+//! use idem_runtime::archive::Archiver;
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), idem_runtime::Error> {
+//! let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+//! idem_runtime::migrate(&pool).await?;
+//! let archiver = Archiver::new(pool.clone())
+//!     .batch_size(500)
+//!     .outbox_retention(Duration::from_secs(3 * 86_400))
+//!     .pause(Duration::from_millis(50));
+//! // A one-off drain (an operator's command): progress after each batch.
+//! let done = archiver.run_once(|so_far| println!("{so_far:?}")).await?;
+//! assert_eq!(done.records, 0);
+//! // Or in the background, every 10 minutes.
+//! let handle = archiver.spawn(Duration::from_secs(600));
+//! handle.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use crate::Error;
+pub use crate::backend::ArchiveTable;
+use crate::backend::Backend;
+use serde::Serialize;
+use sqlx::Pool;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The largest batch (bind parameters per statement stay far below every
+/// database's limit).
+const MAX_BATCH: u32 = 10_000;
+/// The longest outbox retention honoured (longer is this).
+const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 86_400);
+/// Transient failures in a row that [`Archiver::run_once`] rides out.
+const RETRIES: u32 = 5;
+
+/// Rows moved to history.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ArchiveReport {
+    /// `idem_record` rows moved to `idem_record_history`.
+    pub records: u64,
+    /// `idem_outbox` rows moved to `idem_outbox_history`.
+    pub outbox: u64,
+    /// Batches run (one batch = one bounded transaction per table).
+    pub batches: u64,
+}
+
+impl std::ops::AddAssign for ArchiveReport {
+    fn add_assign(&mut self, o: Self) {
+        self.records += o.records;
+        self.outbox += o.outbox;
+        self.batches += o.batches;
+    }
+}
+
+/// Moves expired records and finished outbox messages to the history
+/// tables. Cheap to clone.
+pub struct Archiver<DB: Backend> {
+    pool: Pool<DB>,
+    batch_size: u32,
+    outbox_retention: Duration,
+    pause: Duration,
+}
+
+impl<DB: Backend> Clone for Archiver<DB> {
+    fn clone(&self) -> Self {
+        Archiver {
+            pool: self.pool.clone(),
+            batch_size: self.batch_size,
+            outbox_retention: self.outbox_retention,
+            pause: self.pause,
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Archiver<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Archiver")
+            .field("backend", &<DB as Backend>::NAME)
+            .field("batch_size", &self.batch_size)
+            .field("outbox_retention", &self.outbox_retention)
+            .field("pause", &self.pause)
+            .finish()
+    }
+}
+
+impl<DB: Backend> Archiver<DB> {
+    /// An archiver on `pool`: batches of 1000, outbox retention 7 days, no
+    /// pause between batches.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Archiver {
+            pool,
+            batch_size: 1000,
+            outbox_retention: Duration::from_secs(7 * 86_400),
+            pause: Duration::ZERO,
+        }
+    }
+
+    /// Rows per batch and table (default 1000, at most 10 000). Smaller
+    /// batches hold their locks for less time.
+    pub fn batch_size(mut self, n: u32) -> Self {
+        self.batch_size = n.clamp(1, MAX_BATCH);
+        self
+    }
+
+    /// Finished (`success` / `failed`) outbox messages last updated longer
+    /// ago than this move to `idem_outbox_history` (default 7 days).
+    /// Pending messages never move. Once a message has moved, its
+    /// `(topic, msg_id)` can be enqueued again.
+    pub fn outbox_retention(mut self, d: Duration) -> Self {
+        self.outbox_retention = d.min(MAX_RETENTION);
+        self
+    }
+
+    /// Sleep between batches (default none), to stay gentle on a busy
+    /// database.
+    pub fn pause(mut self, d: Duration) -> Self {
+        self.pause = d;
+        self
+    }
+
+    /// One bounded batch of each table, each in its own short transaction.
+    pub async fn run_batch(&self) -> Result<ArchiveReport, Error> {
+        let mut report = ArchiveReport::default();
+        self.batch_into(&mut report).await?;
+        Ok(report)
+    }
+
+    /// Runs one batch, adding to `report` as each table's transaction
+    /// commits (so a failure of the second keeps the first's count).
+    async fn batch_into(&self, report: &mut ArchiveReport) -> Result<(), Error> {
+        let limit = i64::from(self.batch_size);
+        let records = DB::archive_batch(&self.pool, ArchiveTable::Records, limit, 0.0).await?;
+        report.records += records;
+        crate::metrics::archived("record", records);
+        let retention = self.outbox_retention.as_secs_f64();
+        let outbox = DB::archive_batch(&self.pool, ArchiveTable::Outbox, limit, retention).await?;
+        report.outbox += outbox;
+        crate::metrics::archived("outbox", outbox);
+        report.batches += 1;
+        Ok(())
+    }
+
+    /// Whether the last batch found more than it could take.
+    fn full(&self, batch: &ArchiveReport) -> bool {
+        let n = u64::from(self.batch_size);
+        batch.records >= n || batch.outbox >= n
+    }
+
+    /// Batches until no table has more to move (a batch that was not full),
+    /// calling `progress` with the running totals after each. Rides out a
+    /// few transient failures in a row (a deadlock victim, a busy SQLite
+    /// database); returns the error after that. Rows locked by live
+    /// traffic are skipped, and moved by a later run.
+    pub async fn run_once(
+        &self,
+        mut progress: impl FnMut(&ArchiveReport),
+    ) -> Result<ArchiveReport, Error> {
+        let mut total = ArchiveReport::default();
+        let mut failures = 0;
+        loop {
+            let mut batch = ArchiveReport::default();
+            let result = self.batch_into(&mut batch).await;
+            total += batch;
+            match result {
+                Ok(()) => failures = 0,
+                Err(e) if e.is_retryable() && failures < RETRIES => {
+                    failures += 1;
+                    tracing::debug!(error = %e, failures, "archive batch failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50 << failures).max(self.pause)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            progress(&total);
+            if !self.full(&batch) {
+                return Ok(total);
+            }
+            if !self.pause.is_zero() {
+                tokio::time::sleep(self.pause).await;
+            }
+        }
+    }
+
+    /// Runs the archiver as a tokio task: drains (like
+    /// [`run_once`](Self::run_once)), then sleeps `every`, until
+    /// [`ArchiverHandle::shutdown`] or the handle is dropped. A failed
+    /// batch is logged and counted, and the next round tries again.
+    pub fn spawn(self, every: Duration) -> ArchiverHandle {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let counters = Arc::new(Counters::default());
+        let task = tokio::spawn(self.run(every, stop_rx, counters.clone()));
+        ArchiverHandle {
+            stop: stop_tx,
+            task,
+            counters,
+        }
+    }
+
+    async fn run(self, every: Duration, mut stop: watch::Receiver<bool>, c: Arc<Counters>) {
+        loop {
+            loop {
+                if *stop.borrow() {
+                    return;
+                }
+                let mut batch = ArchiveReport::default();
+                let result = self.batch_into(&mut batch).await;
+                c.add(&batch);
+                if let Err(e) = result {
+                    c.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "archive batch failed; the next round retries");
+                    break;
+                }
+                if !self.full(&batch) {
+                    break;
+                }
+                if !self.pause.is_zero() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.pause) => {}
+                        changed = stop.changed() => if changed.is_err() { return },
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                // A dropped handle stops the archiver like a shutdown.
+                changed = stop.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    records: AtomicU64,
+    outbox: AtomicU64,
+    batches: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, r: &ArchiveReport) {
+        self.records.fetch_add(r.records, Ordering::Relaxed);
+        self.outbox.fetch_add(r.outbox, Ordering::Relaxed);
+        self.batches.fetch_add(r.batches, Ordering::Relaxed);
+    }
+}
+
+/// A running archiver (see [`Archiver::spawn`]).
+#[derive(Debug)]
+pub struct ArchiverHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    counters: Arc<Counters>,
+}
+
+impl ArchiverHandle {
+    /// Stops after the batch in flight (which commits or rolls back as a
+    /// whole) and returns the totals.
+    pub async fn shutdown(mut self) -> ArchiveReport {
+        let _ = self.stop.send(true);
+        let _ = (&mut self.task).await;
+        self.stats()
+    }
+
+    /// Rows moved and batches run since it started.
+    pub fn stats(&self) -> ArchiveReport {
+        ArchiveReport {
+            records: self.counters.records.load(Ordering::Relaxed),
+            outbox: self.counters.outbox.load(Ordering::Relaxed),
+            batches: self.counters.batches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Batches that failed (each logged; the next round retried).
+    pub fn errors(&self) -> u64 {
+        self.counters.errors.load(Ordering::Relaxed)
+    }
+}
+
+/// An idempotency record, online or archived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecordInfo {
+    /// The idempotency key.
+    pub key: String,
+    /// The business type.
+    pub biz_type: String,
+    /// The business document number.
+    pub biz_no: String,
+    /// Hex SHA-256 of the payload of the call that wrote it.
+    pub fingerprint: String,
+    /// The handler's serialized result (JSON).
+    pub result: Option<String>,
+    /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
+    /// (SQLite: milliseconds; MariaDB: the session's time zone, UTC under
+    /// sqlx).
+    pub create_time: String,
+    /// When it may be archived, in the same format.
+    pub expire_time: String,
+    /// Whether it was found in `idem_record_history`.
+    pub archived: bool,
+    /// When it was archived, in the same format.
+    pub archived_at: Option<String>,
+}
+
+/// The record of `key`: the online one if the key is live, else the latest
+/// archived one (a key can be archived, reused once expired, and archived
+/// again), else `None`.
+pub async fn find_record<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &str,
+) -> Result<Option<RecordInfo>, Error> {
+    Ok(DB::lookup_record(pool, key).await?)
+}
+
+/// Whether records live long enough: a record must outlast every
+/// duplicate of its call, or the duplicate finds no record and executes
+/// again.
+///
+/// The longest duplicate window is the outbox's [retry
+/// horizon](Self::retry_horizon) plus `broker_redelivery_allowance`: how
+/// much later a broker redelivery, a payment platform's callback retry, or
+/// a relay outage (messages wait, then are delivered late) can still bring
+/// the same message. [`check`](Self::check) it at start-up;
+/// [`Relay::retention_policy`](crate::outbox::Relay::retention_policy)
+/// fills in the relay's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// The record strategy's `ttl` (the shortest, if handlers differ).
+    pub record_ttl: Duration,
+    /// The relay's `max_attempts`.
+    pub outbox_max_attempts: u32,
+    /// The relay's back-off after the first failed attempt.
+    pub backoff_base: Duration,
+    /// The relay's longest back-off.
+    pub backoff_max: Duration,
+    /// The relay's lease.
+    pub lease: Duration,
+    /// How much later than the outbox a duplicate can still arrive.
+    pub broker_redelivery_allowance: Duration,
+}
+
+impl RetentionPolicy {
+    /// The outbox's whole retry horizon: how long after its first attempt
+    /// a message can still be attempted, as the relay behaves. Each of the
+    /// `max_attempts` attempts can hold the message for a whole lease (a
+    /// handler that hangs or a relay that dies is only noticed when the
+    /// lease expires), and each failed attempt but the last (which
+    /// dead-letters) waits `min(base · 2^(k-1), max)` before the next —
+    /// the jitter only shortens that.
+    ///
+    /// ```
+    /// use idem_runtime::archive::RetentionPolicy;
+    /// use std::time::Duration;
+    /// let p = RetentionPolicy {
+    ///     record_ttl: Duration::from_secs(7 * 86_400),
+    ///     outbox_max_attempts: 4,
+    ///     backoff_base: Duration::from_secs(1),
+    ///     backoff_max: Duration::from_secs(3),
+    ///     lease: Duration::from_secs(10),
+    ///     broker_redelivery_allowance: Duration::ZERO,
+    /// };
+    /// // 4 leases + back-offs of 1 s, 2 s, 3 s (capped).
+    /// assert_eq!(p.retry_horizon(), Duration::from_secs(46));
+    /// ```
+    pub fn retry_horizon(&self) -> Duration {
+        let attempts = self.outbox_max_attempts.max(1);
+        let max = self.backoff_max.max(self.backoff_base);
+        let mut total = self.lease.saturating_mul(attempts);
+        // The relay caps the exponent at 30: from there on every back-off
+        // is the same, so sum the first ones and multiply the rest.
+        let waits = attempts - 1;
+        for k in 1..=waits.min(31) {
+            total = total.saturating_add(self.backoff_base.saturating_mul(1 << (k - 1)).min(max));
+        }
+        if waits > 31 {
+            let last = self.backoff_base.saturating_mul(1 << 30).min(max);
+            total = total.saturating_add(last.saturating_mul(waits - 31));
+        }
+        total
+    }
+
+    /// The longest duplicate window: the retry horizon plus the broker
+    /// allowance.
+    pub fn duplicate_window(&self) -> Duration {
+        self.retry_horizon()
+            .saturating_add(self.broker_redelivery_allowance)
+    }
+
+    /// `Ok` when records outlive the longest duplicate window; else an
+    /// [`Error::Config`] that says the numbers.
+    ///
+    /// ```
+    /// use idem_runtime::archive::RetentionPolicy;
+    /// use std::time::Duration;
+    /// let h = Duration::from_secs(3600);
+    /// let p = RetentionPolicy {
+    ///     record_ttl: h,
+    ///     outbox_max_attempts: 10,
+    ///     backoff_base: Duration::from_millis(200),
+    ///     backoff_max: Duration::from_secs(60),
+    ///     lease: Duration::from_secs(30),
+    ///     broker_redelivery_allowance: h,
+    /// };
+    /// let err = p.check().unwrap_err().to_string();
+    /// assert!(err.contains("record ttl 1h is shorter than the longest duplicate window"), "{err}");
+    /// assert!(RetentionPolicy { record_ttl: 3 * h, ..p }.check().is_ok());
+    /// ```
+    pub fn check(&self) -> Result<(), Error> {
+        let horizon = self.retry_horizon();
+        let window = self.duplicate_window();
+        if self.record_ttl > window {
+            return Ok(());
+        }
+        let relation = if self.record_ttl < window {
+            "is shorter than"
+        } else {
+            "is no longer than"
+        };
+        Err(Error::Config {
+            reason: format!(
+                "record ttl {} {relation} the longest duplicate window {} \
+                 (outbox retry horizon {} + broker allowance {}): a late retry would execute twice",
+                human(self.record_ttl),
+                human(window),
+                human(horizon),
+                human(self.broker_redelivery_allowance),
+            ),
+        })
+    }
+}
+
+/// A duration for people: `2h 5m`, `6m 42s 200ms`, `0s`.
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3_600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+        (u64::from(d.subsec_millis()), "ms"),
+    ];
+    let out: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect();
+    if out.is_empty() {
+        "0s".into()
+    } else {
+        out.join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+    const M: Duration = Duration::from_secs(60);
+    const H: Duration = Duration::from_secs(3600);
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn policy(record_ttl: Duration, allowance: Duration) -> RetentionPolicy {
+        // The relay's defaults.
+        RetentionPolicy {
+            record_ttl,
+            outbox_max_attempts: 10,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: 60 * S,
+            lease: 30 * S,
+            broker_redelivery_allowance: allowance,
+        }
+    }
+
+    #[test]
+    fn retry_horizon_sums_leases_and_capped_backoffs() {
+        // 10 leases of 30 s; back-offs 0.2, 0.4, … 51.2 s after the first
+        // nine failures (all below the 60 s cap): 102.2 s.
+        let p = policy(DAY, Duration::ZERO);
+        assert_eq!(p.retry_horizon(), Duration::from_millis(300_000 + 102_200));
+        // Capped: 1 s doubling to 60 s over 12 attempts.
+        let p = RetentionPolicy {
+            outbox_max_attempts: 12,
+            backoff_base: S,
+            backoff_max: M,
+            lease: M,
+            ..p
+        };
+        let waits: u32 = [1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60].iter().sum();
+        assert_eq!(p.retry_horizon(), 12 * M + waits * S);
+        // One attempt: one lease, no back-off.
+        let p = RetentionPolicy {
+            outbox_max_attempts: 1,
+            ..p
+        };
+        assert_eq!(p.retry_horizon(), M);
+    }
+
+    #[test]
+    fn retry_horizon_of_huge_settings_saturates_without_looping() {
+        let p = RetentionPolicy {
+            outbox_max_attempts: u32::MAX,
+            backoff_base: Duration::from_millis(1),
+            backoff_max: Duration::from_secs(u64::MAX / 4),
+            ..policy(DAY, Duration::ZERO)
+        };
+        assert!(p.retry_horizon() > 100 * 365 * DAY);
+        assert!(p.check().is_err());
+    }
+
+    #[test]
+    fn check_rejects_a_ttl_inside_the_duplicate_window_with_the_numbers() {
+        let p = RetentionPolicy {
+            outbox_max_attempts: 3,
+            backoff_base: 30 * M,
+            backoff_max: H,
+            lease: 5 * M / 3,
+            ..policy(H, H)
+        };
+        // 3 leases (5 min) + 30 min + 1 h = 1h 35m; + 1 h allowance.
+        assert_eq!(p.retry_horizon(), H + 35 * M);
+        let err = p.check().unwrap_err();
+        assert!(!err.is_retryable());
+        assert_eq!(err.kind(), "config");
+        assert_eq!(
+            err.to_string(),
+            "unsafe configuration: record ttl 1h is shorter than the longest duplicate window \
+             2h 35m (outbox retry horizon 1h 35m + broker allowance 1h): a late retry would \
+             execute twice"
+        );
+        // Exactly the window is not enough either.
+        let equal = RetentionPolicy {
+            record_ttl: 2 * H + 35 * M,
+            ..p
+        };
+        assert!(
+            equal
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("is no longer than")
+        );
+    }
+
+    #[test]
+    fn check_accepts_a_ttl_beyond_the_duplicate_window() {
+        assert!(policy(7 * DAY, DAY).check().is_ok());
+        assert!(policy(2 * DAY, DAY).check().is_ok());
+        // The defaults' horizon is 6m 42s 200ms.
+        assert!(policy(7 * M, Duration::ZERO).check().is_ok());
+        let err = policy(6 * M, Duration::ZERO)
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("6m 42s 200ms"), "{err}");
+    }
+
+    #[test]
+    fn durations_read_like_people_write_them() {
+        assert_eq!(human(Duration::ZERO), "0s");
+        assert_eq!(human(2 * H + 5 * M), "2h 5m");
+        assert_eq!(human(DAY + 2 * H), "1d 2h");
+        assert_eq!(human(Duration::from_millis(1500)), "1s 500ms");
+    }
+}
