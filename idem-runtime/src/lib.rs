@@ -111,7 +111,7 @@ pub use state::{EntityId, EntityIdValue, State};
 /// |---|---|---|---|
 /// | `key` | all (required) | `"text:{param}:{param.field.0}"`; `{{` `}}` are literal braces | — |
 /// | `strategy` | all (required) | `state_machine`, `record`, `unique_insert` | — |
-/// | `validate` | all | path to `fn(&str) -> Result<(), E: Display>` | none |
+/// | `validate` | all | path to `fn(&str) -> Result<(), E: Display>`, called with the whole derived key | none |
 /// | `table` | state_machine (required) | SQL identifier, or `schema.table` | — |
 /// | `id` | state_machine (required) | a parameter or one of its fields ([`EntityId`]) | — |
 /// | `id_column` | state_machine | SQL identifier | `"id"` |
@@ -201,8 +201,9 @@ pub use state::{EntityId, EntityIdValue, State};
 ///
 /// struct Callback { serial: String, amount: i64 }
 ///
+/// // `validate` receives the whole derived key ("pay:<serial>").
 /// fn check_serial(key: &str) -> Result<(), String> {
-///     let serial = key.trim_start_matches("pay:");
+///     let serial = key.strip_prefix("pay:").unwrap_or(key);
 ///     if serial.len() == 12 && serial.bytes().all(|b| b.is_ascii_digit()) { Ok(()) }
 ///     else { Err(format!("`{serial}` is not a 12-digit payment serial")) }
 /// }
