@@ -969,8 +969,10 @@ const PG: SqlSet = SqlSet {
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
             SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, now() \
-            FROM idem_record WHERE expire_time < now() AND id IN (",
-        delete: "DELETE FROM idem_record WHERE expire_time < now() AND id IN (",
+            FROM idem_record WHERE expire_time + interval '0 seconds' < now() AND id IN (",
+        // The re-check is written so that it cannot use the expire_time
+        // index: the locked ids are few, the expired rows may be millions.
+        delete: "DELETE FROM idem_record WHERE expire_time + interval '0 seconds' < now() AND id IN (",
     },
     archive_outbox: ArchiveSql {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
@@ -1090,8 +1092,8 @@ const MY: SqlSet = SqlSet {
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
             SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, NOW(6) \
-            FROM idem_record WHERE expire_time < NOW(6) AND id IN (",
-        delete: "DELETE FROM idem_record WHERE expire_time < NOW(6) AND id IN (",
+            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < NOW(6) AND id IN (",
+        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < NOW(6) AND id IN (",
     },
     archive_outbox: ArchiveSql {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
@@ -1201,8 +1203,8 @@ const LITE: SqlSet = SqlSet {
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
             SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, \
             strftime('%Y-%m-%d %H:%M:%f', 'now') FROM idem_record \
-            WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
-        delete: "DELETE FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
+            WHERE +expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
+        delete: "DELETE FROM idem_record WHERE +expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
     },
     archive_outbox: ArchiveSql {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
