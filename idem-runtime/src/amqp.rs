@@ -893,6 +893,7 @@ impl Shared {
         match d.acker.reject(BasicRejectOptions { requeue: false }).await {
             Ok(true) => {
                 ConsumerStats::bump(&self.stats.dead_lettered);
+                crate::metrics::mq_dead_letter();
                 tracing::warn!(%reason, "AMQP delivery dead-lettered");
             }
             other => self.settle_failed("reject", other),
@@ -912,6 +913,7 @@ impl Shared {
             Ok(()) => match d.acker.ack(BasicAckOptions::default()).await {
                 Ok(true) => {
                     ConsumerStats::bump(&self.stats.retried);
+                    crate::metrics::mq_retry();
                     tracing::info!(%reason, retry_in = ?delay, "AMQP delivery failed; retry scheduled");
                 }
                 // The copy in the retry queue and the redelivered original
@@ -932,7 +934,10 @@ impl Shared {
                     })
                     .await
                 {
-                    Ok(true) => ConsumerStats::bump(&self.stats.retried),
+                    Ok(true) => {
+                        ConsumerStats::bump(&self.stats.retried);
+                        crate::metrics::mq_retry();
+                    }
                     other => self.settle_failed("nack", other),
                 }
             }

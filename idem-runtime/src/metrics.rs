@@ -9,6 +9,8 @@
 //! | `idem_cache_errors_total` | | Redis errors and time-outs (fell through to the database) |
 //! | `idem_outbox_retries_total` | | failed outbox attempts put back for a retry |
 //! | `idem_outbox_dead_letters_total` | | outbox messages dead-lettered |
+//! | `idem_mq_retries_total` | | AMQP deliveries scheduled for a delayed retry |
+//! | `idem_mq_dead_letters_total` | | AMQP deliveries rejected to the dead-letter exchange |
 //! | `idem_archived_total` | `table` = record / outbox | rows moved to the history tables |
 
 use crate::Error;
@@ -35,4 +37,14 @@ pub(crate) fn outbox_dead_letter() {
 
 pub(crate) fn archived(table: &'static str, n: u64) {
     metrics::counter!("idem_archived_total", "table" => table).increment(n);
+}
+
+#[cfg(feature = "amqp")]
+pub(crate) fn mq_retry() {
+    metrics::counter!("idem_mq_retries_total").increment(1);
+}
+
+#[cfg(feature = "amqp")]
+pub(crate) fn mq_dead_letter() {
+    metrics::counter!("idem_mq_dead_letters_total").increment(1);
 }
