@@ -1,9 +1,11 @@
 //! Reusable pieces of idem's examples (not published).
 //!
+//! - [`bench`]: the benchmarks' PostgreSQL set-up.
 //! - [`payments`]: third-party payment callbacks over HTTP — the payment
 //!   serial as idempotency key (validated: format and HMAC signature), the
 //!   `record` strategy, and the order's state as secondary verification;
 //!   with a simulated payment platform that retries. Run it with
 //!   `cargo run -p idem-examples --bin payment_callbacks`.
 
+pub mod bench;
 pub mod payments;

@@ -138,8 +138,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let calls = arg("--calls", 3000);
     let rounds = arg("--rounds", 3);
     let archive = arg("--archive", 200_000) as i64;
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = idem_examples::bench::postgres_url();
     let admin = match PgPool::connect(&url).await {
         Ok(p) => p,
         Err(e) => {

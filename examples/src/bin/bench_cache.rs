@@ -132,8 +132,7 @@ async fn main() {
     let concurrency = arg("--concurrency", 8);
     let seconds = arg("--seconds", 3);
     let rounds = arg("--rounds", 3);
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = idem_examples::bench::postgres_url();
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let pool = match PgPoolOptions::new()
         .max_connections(concurrency as u32 + 2)

@@ -65,7 +65,7 @@ use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Dialect, State, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -599,22 +599,10 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<ExitCode, BoxError> {
     let opts = parse_args()?;
-    if cfg!(debug_assertions) {
-        eprintln!(
-            "warning: a debug build; measure with \
-             `cargo run --release -p idem-examples --bin bench_outbox`"
-        );
-    }
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    // One plain connection first: its error says why (refused, auth, …).
-    if let Err(e) = PgConnection::connect(&url).await {
-        eprintln!(
-            "PostgreSQL at {url} is unreachable: {e}\n\
-             start it, or point DATABASE_URL at a PostgreSQL server"
-        );
+    idem_examples::bench::warn_if_debug("bench_outbox");
+    let Some(url) = idem_examples::bench::reachable_postgres().await else {
         return Ok(ExitCode::FAILURE);
-    }
+    };
     if !std::path::Path::new(&opts.pgbench).exists() {
         eprintln!(
             "pgbench not found at {} (install postgresql-client, or pass --pgbench PATH)",

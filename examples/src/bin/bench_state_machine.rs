@@ -30,7 +30,7 @@
 
 use idem_runtime::{Outcome, State, idempotent};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -290,22 +290,10 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<ExitCode, BoxError> {
     let opts = parse_args()?;
-    if cfg!(debug_assertions) {
-        eprintln!(
-            "warning: a debug build; measure with \
-             `cargo run --release -p idem-examples --bin bench_state_machine`"
-        );
-    }
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    // One plain connection first: its error says why (refused, auth, …).
-    if let Err(e) = PgConnection::connect(&url).await {
-        eprintln!(
-            "PostgreSQL at {url} is unreachable: {e}\n\
-             start it, or point DATABASE_URL at a PostgreSQL server"
-        );
+    idem_examples::bench::warn_if_debug("bench_state_machine");
+    let Some(url) = idem_examples::bench::reachable_postgres().await else {
         return Ok(ExitCode::FAILURE);
-    }
+    };
     let pool = PgPoolOptions::new()
         .max_connections(opts.concurrency as u32)
         .min_connections(opts.concurrency as u32)
