@@ -335,12 +335,12 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
     let open_plain = quote! {
         let __idem_source: ::idem_runtime::__private::Source<'_, #db> =
             ::core::convert::Into::into(__idem_source);
-        if #call::cache_hit(&__idem_source, &__idem_key, &__idem_span).await {
+        if #call::cache_hit(&__idem_source, #name_str, &__idem_key, &__idem_span).await {
             return ::core::result::Result::Ok(
                 ::idem_runtime::__private::Outcome::Duplicate(::core::option::Option::None),
             );
         }
-        let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, __idem_span).await?;
+        let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, #name_str, __idem_span).await?;
     };
     let protocol = match &args.strategy {
         Strategy::StateMachine {
@@ -363,6 +363,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                     table: #table,
                     id_column: #id_column,
                     state_column: #state_column,
+                    key_column: ::core::option::Option::None,
                     id: #id,
                     from: __idem_from,
                     to: __idem_to,
@@ -414,9 +415,9 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             // is reported.
             let guard =
                 quote_spanned!(ok.span()=> __idem_call.record_guard::<#ok>(&__idem_spec).await?);
-            let finish = quote_spanned!(ok.span()=> __idem_call.record_finish(__idem_body).await);
+            let finish = quote_spanned!(ok.span()=> __idem_call.record_finish(&__idem_spec, __idem_body).await);
             let replay = quote_spanned!(ok.span()=>
-                #call::cache_replay::<#ok>(&__idem_source, &__idem_key, &__idem_span).await);
+                #call::cache_replay::<#ok>(&__idem_source, &__idem_spec, &__idem_key, &__idem_span).await);
             quote! {
                 let __idem_spec = ::idem_runtime::__private::Record {
                     biz_type: #biz_type,
@@ -431,7 +432,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                         ::idem_runtime::__private::Outcome::Duplicate(::core::option::Option::Some(__idem_hit)),
                     );
                 }
-                let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, __idem_span).await?;
+                let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, #biz_type, __idem_span).await?;
                 if let ::core::option::Option::Some((__idem_stored, __idem_marker)) = #guard {
                     return __idem_call.duplicate_replay(__idem_stored, __idem_marker).await;
                 }
@@ -443,7 +444,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             #open_plain
             __idem_call.unique_guard().await?;
             #body_call
-            __idem_call.unique_finish(__idem_body).await
+            __idem_call.unique_finish(__idem_body, "TEMP_CONSTRAINT").await
         },
     };
     let outer_span = format_ident!("__idem_outer_span");

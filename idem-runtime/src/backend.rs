@@ -5,6 +5,7 @@
 //! quoted for the dialect; every value is a bind parameter.
 
 use crate::archive::RecordInfo;
+use crate::call::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 use std::future::Future;
@@ -16,10 +17,25 @@ mod sealed {
 /// The statements of a state machine spec, rendered for one dialect.
 #[derive(Debug)]
 pub struct StateSql {
-    /// Reads the state under a row lock.
+    /// Reads the state and the key column (or NULL) under a row lock.
     pub lock: String,
-    /// The guarded transition `from` → `to`.
+    /// The guarded transition `from` → `to` (binds: to, [key], id, from).
     pub transition: String,
+    /// Whether the transition writes the key column.
+    pub with_key: bool,
+}
+
+/// An outbox message's status and lease, as the fenced update found it.
+#[derive(Debug, Clone)]
+pub struct OutboxState {
+    /// The message's topic.
+    pub topic: String,
+    /// `pending`, `success` or `failed`.
+    pub status: String,
+    /// The relay holding its lease, if any.
+    pub lease_owner: Option<String>,
+    /// Attempts so far (the lease token of the latest claim).
+    pub attempts: i32,
 }
 
 /// A new idempotency record.
@@ -63,20 +79,23 @@ pub trait Backend: Database + sealed::Sealed {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
 
-    /// Runs the state machine's row-locking read.
+    /// Runs the state machine's row-locking read: the state, and the key
+    /// column's value (`None` without a key column).
     fn lock_state<'a>(
         tx: &'a mut Transaction<'static, Self>,
         sql: &'a StateSql,
         id: &'a EntityIdValue,
-    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<(String, Option<String>)>, sqlx::Error>> + Send + 'a;
 
-    /// Runs the guarded transition; returns the rows it changed.
+    /// Runs the guarded transition (writing `key` into the key column when
+    /// the spec has one); returns the rows it changed.
     fn transition<'a>(
         tx: &'a mut Transaction<'static, Self>,
         sql: &'a StateSql,
         id: &'a EntityIdValue,
         from: &'static str,
         to: &'static str,
+        key: Option<&'a str>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// Inserts a record unless its key exists, waiting on the unique index
@@ -99,10 +118,28 @@ pub trait Backend: Database + sealed::Sealed {
         result: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
-    /// Marks a pending outbox message as delivered; returns rows changed.
+    /// Marks the outbox message `lease` holds as delivered, fenced by the
+    /// lease (pending, same topic, same owner and attempt); returns rows
+    /// changed (1, or 0 when the lease does not hold).
     fn outbox_success<'a>(
         tx: &'a mut Transaction<'static, Self>,
+        lease: &'a OutboxLease,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// The status and lease of outbox message `id`, if it exists.
+    fn outbox_state<'a>(
+        tx: &'a mut Transaction<'static, Self>,
         id: i64,
+    ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
+
+    /// Extends the leases of `owner`'s in-flight messages `ids` (still
+    /// pending, not locked by a running handler transaction) by
+    /// `lease_secs` from now; returns how many were extended.
+    fn renew_leases<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// Inserts a pending outbox message; returns its id.
@@ -133,22 +170,34 @@ pub trait Backend: Database + sealed::Sealed {
 
     /// Records a failed attempt: back to `pending` after `delay_secs`, or
     /// `failed` when `dead`. Only while the message is still pending and
-    /// leased by `owner`: it never overwrites a success. True if applied.
+    /// leased by `owner` as attempt `attempt`: it never overwrites a
+    /// success, nor lands on a message another claim took over. True if
+    /// applied.
+    #[allow(clippy::too_many_arguments)]
     fn outbox_settle_failure<'a>(
         pool: &'a Pool<Self>,
         id: i64,
         owner: &'a str,
+        attempt: i32,
         dead: bool,
         delay_secs: f64,
         error: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
     /// Marks a message `success` outside a handler transaction (the relay's
-    /// fallback when a handler was not given its outbox source).
+    /// fallback when a handler was not given its outbox source), fenced by
+    /// its lease like [`Backend::outbox_success`].
     fn outbox_success_pool<'a>(
         pool: &'a Pool<Self>,
-        id: i64,
+        lease: &'a OutboxLease,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// SQLite: the columns (`table.column`) of the index named `name`, in
+    /// order; empty when there is no such index, and on other databases.
+    fn sqlite_index_columns<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        name: &'a str,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
 
     /// Runs a fixed statement (savepoints).
     fn exec<'a>(
@@ -202,28 +251,55 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// Renders the state machine's statements.
+    /// Renders the state machine's statements; `key_column`, when given,
+    /// is read under the lock and written by the transition.
     ///
     /// # Panics
     /// If a name is not a plain identifier (see [`is_identifier`]); the
     /// generated code checks them before calling this.
-    pub fn state_sql(self, table: &str, id_column: &str, state_column: &str) -> StateSql {
+    pub fn state_sql(
+        self,
+        table: &str,
+        id_column: &str,
+        state_column: &str,
+        key_column: Option<&str>,
+    ) -> StateSql {
         let q = if self == Dialect::MySql { '`' } else { '"' };
         let (t, i, s) = (quote(table, q), quote(id_column, q), quote(state_column, q));
-        match self {
-            Dialect::Postgres => StateSql {
-                lock: format!("SELECT {s}::text FROM {t} WHERE {i} = $1 FOR UPDATE"),
-                transition: format!("UPDATE {t} SET {s} = $1 WHERE {i} = $2 AND {s} = $3"),
-            },
-            Dialect::MySql => StateSql {
-                lock: format!("SELECT CAST({s} AS CHAR) FROM {t} WHERE {i} = ? FOR UPDATE"),
-                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
-            },
-            // No FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
-            Dialect::Sqlite => StateSql {
-                lock: format!("SELECT CAST({s} AS TEXT) FROM {t} WHERE {i} = ?"),
-                transition: format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
-            },
+        let k = key_column.map(|k| quote(k, q));
+        let text = |e: &str| match self {
+            Dialect::Postgres => format!("{e}::text"),
+            Dialect::MySql => format!("CAST({e} AS CHAR)"),
+            Dialect::Sqlite => format!("CAST({e} AS TEXT)"),
+        };
+        let key_read = k.as_deref().map_or_else(|| text("NULL"), text);
+        // No FOR UPDATE on SQLite: BEGIN IMMEDIATE already holds the write lock.
+        let lock_clause = if self == Dialect::Sqlite {
+            ""
+        } else {
+            " FOR UPDATE"
+        };
+        let lock = format!(
+            "SELECT {}, {key_read} FROM {t} WHERE {i} = {}{lock_clause}",
+            text(&s),
+            placeholders(self, 1, 1)
+        );
+        let n = if k.is_some() { 4 } else { 3 };
+        let p: Vec<String> = (1..=n).map(|j| placeholders(self, j, 1)).collect();
+        let transition = match &k {
+            Some(k) => format!(
+                "UPDATE {t} SET {s} = {}, {k} = {} WHERE {i} = {} AND {s} = {}",
+                p[0], p[1], p[2], p[3]
+            ),
+            None => format!(
+                "UPDATE {t} SET {s} = {} WHERE {i} = {} AND {s} = {}",
+                p[0], p[1], p[2]
+            ),
+        };
+        StateSql {
+            lock,
+            transition,
+            with_key: k.is_some(),
         }
     }
 
@@ -334,6 +410,7 @@ pub(crate) struct SqlSet {
     claim_record: &'static str,
     outbox_insert: &'static str,
     outbox_success: &'static str,
+    outbox_state: &'static str,
     outbox_settle: &'static str,
     archive_record: ArchiveSql,
     archive_outbox: ArchiveSql,
@@ -474,8 +551,8 @@ macro_rules! common_methods {
             tx: &'a mut Transaction<'static, Self>,
             sql: &'a StateSql,
             id: &'a EntityIdValue,
-        ) -> Result<Option<String>, sqlx::Error> {
-            let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.lock.as_str()));
+        ) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
+            let q = sqlx::query_as(sqlx::AssertSqlSafe(sql.lock.as_str()));
             bind_id!(q, id).fetch_optional(&mut **tx).await
         }
 
@@ -485,8 +562,12 @@ macro_rules! common_methods {
             id: &'a EntityIdValue,
             from: &'static str,
             to: &'static str,
+            key: Option<&'a str>,
         ) -> Result<u64, sqlx::Error> {
-            let q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str())).bind(to);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str())).bind(to);
+            if sql.with_key {
+                q = q.bind(key.unwrap_or_default());
+            }
             let q = bind_id!(q, id).bind(from);
             Ok(q.execute(&mut **tx).await?.rows_affected())
         }
@@ -534,15 +615,108 @@ macro_rules! common_methods {
             Ok(())
         }
 
-        async fn outbox_success(
-            tx: &mut Transaction<'static, Self>,
-            id: i64,
+        async fn outbox_success<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            lease: &'a OutboxLease,
         ) -> Result<u64, sqlx::Error> {
             Ok(sqlx::query(Self::dialect(tx).sql().outbox_success)
-                .bind(id)
+                .bind(lease.id)
+                .bind(lease.topic.as_str())
+                .bind(lease.owner.as_str())
+                .bind(lease.attempt)
                 .execute(&mut **tx)
                 .await?
                 .rows_affected())
+        }
+
+        async fn outbox_state(
+            tx: &mut Transaction<'static, Self>,
+            id: i64,
+        ) -> Result<Option<OutboxState>, sqlx::Error> {
+            let row: Option<(String, String, Option<String>, i32)> =
+                sqlx::query_as(Self::dialect(tx).sql().outbox_state)
+                    .bind(id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            Ok(row.map(|(topic, status, lease_owner, attempts)| OutboxState {
+                topic,
+                status,
+                lease_owner,
+                attempts,
+            }))
+        }
+
+        async fn renew_leases<'a>(
+            pool: &'a Pool<Self>,
+            owner: &'a str,
+            ids: &'a [i64],
+            lease_secs: f64,
+        ) -> Result<u64, sqlx::Error> {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let dialect = Self::pool_dialect(pool);
+            let mut tx = Self::begin(pool).await?;
+            let renewed = match dialect {
+                Dialect::MySql => {
+                    // Rows a running handler transaction holds are skipped:
+                    // no claim can take them while it runs.
+                    let sql = format!(
+                        "SELECT id FROM idem_outbox WHERE lease_owner = ? AND status = 'pending' \
+                         AND id IN ({}) FOR UPDATE SKIP LOCKED",
+                        placeholders(dialect, 1, ids.len())
+                    );
+                    let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql)).bind(owner);
+                    for id in ids {
+                        q = q.bind(*id);
+                    }
+                    let free: Vec<i64> = q.fetch_all(&mut *tx).await?;
+                    if free.is_empty() {
+                        0
+                    } else {
+                        let sql = format!(
+                            "UPDATE idem_outbox SET locked_until = \
+                             DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) WHERE id IN ({})",
+                            placeholders(dialect, 1, free.len())
+                        );
+                        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+                            .bind((lease_secs * 1e6) as i64);
+                        for id in &free {
+                            q = q.bind(*id);
+                        }
+                        q.execute(&mut *tx).await?.rows_affected()
+                    }
+                }
+                Dialect::Postgres => {
+                    let sql = format!(
+                        "UPDATE idem_outbox o SET locked_until = now() + make_interval(secs => $1::float8) \
+                         FROM (SELECT id FROM idem_outbox WHERE lease_owner = $2 AND status = 'pending' \
+                         AND id IN ({}) FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id",
+                        placeholders(dialect, 3, ids.len())
+                    );
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease_secs).bind(owner);
+                    for id in ids {
+                        q = q.bind(*id);
+                    }
+                    q.execute(&mut *tx).await?.rows_affected()
+                }
+                Dialect::Sqlite => {
+                    // BEGIN IMMEDIATE: no handler transaction runs meanwhile.
+                    let sql = format!(
+                        "UPDATE idem_outbox SET locked_until = \
+                         strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
+                         WHERE lease_owner = ? AND status = 'pending' AND id IN ({})",
+                        placeholders(dialect, 1, ids.len())
+                    );
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease_secs).bind(owner);
+                    for id in ids {
+                        q = q.bind(*id);
+                    }
+                    q.execute(&mut *tx).await?.rows_affected()
+                }
+            };
+            tx.commit().await?;
+            Ok(renewed)
         }
 
         async fn claim_outbox<'a>(
@@ -618,6 +792,7 @@ macro_rules! common_methods {
             pool: &'a Pool<Self>,
             id: i64,
             owner: &'a str,
+            attempt: i32,
             dead: bool,
             delay_secs: f64,
             error: &'a str,
@@ -633,16 +808,48 @@ macro_rules! common_methods {
             } else {
                 q.bind(delay_secs)
             };
-            let done = q.bind(error).bind(id).bind(owner).execute(pool).await?;
+            let done = q
+                .bind(error)
+                .bind(id)
+                .bind(owner)
+                .bind(attempt)
+                .execute(pool)
+                .await?;
             Ok(done.rows_affected() == 1)
         }
 
-        async fn outbox_success_pool(pool: &Pool<Self>, id: i64) -> Result<u64, sqlx::Error> {
+        async fn outbox_success_pool<'a>(
+            pool: &'a Pool<Self>,
+            lease: &'a OutboxLease,
+        ) -> Result<u64, sqlx::Error> {
             Ok(sqlx::query(Self::pool_dialect(pool).sql().outbox_success)
-                .bind(id)
+                .bind(lease.id)
+                .bind(lease.topic.as_str())
+                .bind(lease.owner.as_str())
+                .bind(lease.attempt)
                 .execute(pool)
                 .await?
                 .rows_affected())
+        }
+
+        async fn sqlite_index_columns<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            name: &'a str,
+        ) -> Result<Vec<String>, sqlx::Error> {
+            if Self::dialect(tx) != Dialect::Sqlite {
+                return Ok(Vec::new());
+            }
+            let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+                "SELECT m.tbl_name, i.name FROM sqlite_master m, pragma_index_info(m.name) i \
+                 WHERE m.type = 'index' AND m.name = ? ORDER BY i.seqno",
+            )
+            .bind(name)
+            .fetch_all(&mut **tx)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(t, c)| format!("{t}.{}", c.unwrap_or_default()))
+                .collect())
         }
 
         async fn exec(
@@ -958,11 +1165,13 @@ const PG: SqlSet = SqlSet {
     outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES ($1, $2, $3) RETURNING id",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = now(), lease_owner = NULL, locked_until = NULL \
-        WHERE id = $1 AND status = 'pending'",
+        WHERE id = $1 AND topic = $2 AND status = 'pending' AND lease_owner = $3 AND attempts = $4",
+    outbox_state: "SELECT topic::text, status::text, lease_owner::text, attempts \
+        FROM idem_outbox WHERE id = $1",
     outbox_settle: "UPDATE idem_outbox SET status = $1, \
         next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
         lease_owner = NULL, locked_until = NULL, updated_at = now() \
-        WHERE id = $4 AND status = 'pending' AND lease_owner = $5",
+        WHERE id = $4 AND status = 'pending' AND lease_owner = $5 AND attempts = $6",
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < now() \
             ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED",
@@ -1081,11 +1290,12 @@ const MY: SqlSet = SqlSet {
     outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?)",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
-        WHERE id = ? AND status = 'pending'",
+        WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
     outbox_settle: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = NOW(6) \
-        WHERE id = ? AND status = 'pending' AND lease_owner = ?",
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < NOW(6) \
             ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
@@ -1190,12 +1400,14 @@ const LITE: SqlSet = SqlSet {
     outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?) RETURNING id",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
-        locked_until = NULL WHERE id = ? AND status = 'pending'",
+        locked_until = NULL \
+        WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
     outbox_settle: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
         last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
-        WHERE id = ? AND status = 'pending' AND lease_owner = ?",
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') \
             ORDER BY expire_time LIMIT ?",

@@ -4,6 +4,13 @@
 //! - A marker for a key answers `Duplicate` without a database round trip —
 //!   except when an outbox message drives the call, whose status must still
 //!   be updated in the database.
+//! - Markers are scoped by handler (the record strategy's `biz_type`, else
+//!   the handler's name): two handlers fanning out from one message with
+//!   the same key template each run once.
+//! - A record-strategy marker carries the payload fingerprint with the
+//!   stored result: the same key with another payload falls through to the
+//!   database, which answers `KeyConflict`. The cache only ever answers
+//!   what the database would.
 //! - The marker is written only **after** the commit (with a TTL), never
 //!   before: a marker left by a rolled-back transaction would skip the
 //!   action forever. A call whose commit outcome is unknown writes none.
@@ -135,9 +142,12 @@ impl RedisCache {
         &self.inner.stats
     }
 
-    /// The Redis key of an idempotency key's marker.
-    pub fn marker_key(&self, key: &str) -> String {
-        format!("{}{key}", self.inner.prefix)
+    /// The Redis key of an idempotency key's marker: the prefix, the
+    /// handler's scope (the record strategy's `biz_type`, else the
+    /// handler's name), `|`, the key. Scopes never contain `|`, so two
+    /// handlers sharing a key template never share a marker.
+    pub fn marker_key(&self, scope: &str, key: &str) -> String {
+        format!("{}{scope}|{key}", self.inner.prefix)
     }
 
     fn error(&self, what: &str, err: &dyn std::fmt::Display) {
@@ -201,10 +211,10 @@ impl RedisCache {
         }
     }
 
-    /// The marker of `key`, if Redis answers in time and has one.
-    pub(crate) async fn get(&self, key: &str) -> Option<String> {
+    /// The marker of `key` in `scope`, if Redis answers in time and has one.
+    pub(crate) async fn get(&self, scope: &str, key: &str) -> Option<String> {
         let conn = self.conn().await?;
-        let k = self.marker_key(key);
+        let k = self.marker_key(scope, key);
         let op = async move {
             match conn {
                 Conn::Single(mut c) => c.get::<_, Option<String>>(k).await,
@@ -231,13 +241,14 @@ impl RedisCache {
         }
     }
 
-    /// Writes the marker of a committed call (`value`: the stored result for
-    /// the record strategy, `1` otherwise).
-    pub(crate) async fn put(&self, key: &str, value: &str) {
+    /// Writes the marker of a committed call (`value`: the payload
+    /// fingerprint and the stored result for the record strategy, `1`
+    /// otherwise).
+    pub(crate) async fn put(&self, scope: &str, key: &str, value: &str) {
         let Some(conn) = self.conn().await else {
             return;
         };
-        let k = self.marker_key(key);
+        let k = self.marker_key(scope, key);
         let ms = u64::try_from(self.inner.ttl.as_millis()).unwrap_or(u64::MAX);
         let v = value.to_string();
         let op = async move {

@@ -52,21 +52,79 @@ impl<T> Outcome<T> {
 ///
 /// A plain `&Pool` converts into a `Source`, so a handler is called as
 /// `handler(&pool, args…)`. A relay delivering an outbox message passes
-/// [`Source::outbox`], and the message is marked `success` in the same
-/// transaction as the handler's effects.
+/// [`Source::outbox`] with the delivery's [`OutboxLease`], and the message
+/// is marked `success` in the same transaction as the handler's effects.
 #[derive(Debug)]
 pub struct Source<'a, DB: Backend> {
     pool: &'a Pool<DB>,
-    outbox_id: Option<i64>,
+    outbox: Option<OutboxLease>,
     #[cfg(feature = "redis")]
     cache: Option<crate::cache::RedisCache>,
 }
 
+/// One delivery's hold on one outbox message: the message, its topic, and
+/// the lease token the claim wrote (owner and attempt number).
+///
+/// A call driven by an outbox message ([`Source::outbox`]) first marks the
+/// message `success` in its own transaction, fenced by this token: the
+/// update must find the message pending, of this topic, and still held by
+/// this very claim. Otherwise nothing runs and the call fails:
+/// [`Error::LeaseLost`] (retryable) when another claim took the message
+/// over, [`Error::OutboxMessage`] (not retryable) when it does not exist,
+/// belongs to another topic or is already finished. The row stays locked
+/// until the call commits or rolls back, so on PostgreSQL and MariaDB no
+/// other relay can claim it meanwhile (claims skip locked rows), however
+/// long the handler runs; on SQLite the call's write lock does the same.
+///
+/// A [`Relay`](crate::outbox::Relay) hands one out with every delivery
+/// ([`Delivery::source`](crate::outbox::Delivery::source)); build one by
+/// hand only in a relay of your own, from the row your claim returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxLease {
+    pub(crate) id: i64,
+    pub(crate) topic: String,
+    pub(crate) owner: String,
+    pub(crate) attempt: i32,
+}
+
+impl OutboxLease {
+    /// The lease of message `id` of `topic`, claimed by `owner` as attempt
+    /// number `attempt` (the row's `lease_owner` and `attempts`).
+    pub fn new(id: i64, topic: impl Into<String>, owner: impl Into<String>, attempt: i32) -> Self {
+        OutboxLease {
+            id,
+            topic: topic.into(),
+            owner: owner.into(),
+            attempt,
+        }
+    }
+
+    /// The message's primary key.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The message's topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The lease owner (the relay).
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The attempt number the claim wrote.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+}
+
 impl<'a, DB: Backend> Source<'a, DB> {
-    /// A call driven by the outbox message with primary key `message_id`.
-    pub fn outbox(pool: &'a Pool<DB>, message_id: i64) -> Self {
+    /// A call driven by the outbox message that `lease` holds.
+    pub fn outbox(pool: &'a Pool<DB>, lease: OutboxLease) -> Self {
         Source {
-            outbox_id: Some(message_id),
+            outbox: Some(lease),
             ..Source::from(pool)
         }
     }
@@ -84,7 +142,7 @@ impl<'a, DB: Backend> From<&'a Pool<DB>> for Source<'a, DB> {
     fn from(pool: &'a Pool<DB>) -> Self {
         Source {
             pool,
-            outbox_id: None,
+            outbox: None,
             #[cfg(feature = "redis")]
             cache: None,
         }
@@ -100,6 +158,9 @@ pub struct StateMachine {
     pub id_column: &'static str,
     /// Its state column.
     pub state_column: &'static str,
+    /// The column the transition writes the call's key into (`key_column`),
+    /// binding the transition to the message that made it.
+    pub key_column: Option<&'static str>,
     /// The entity id of this call.
     pub id: EntityIdValue,
     /// The state the transition starts from.
@@ -111,7 +172,7 @@ pub struct StateMachine {
 /// The `record` strategy's parameters.
 #[derive(Debug)]
 pub struct Record {
-    /// The business type stored with the record.
+    /// The business type stored with the record: the scope of its key.
     pub biz_type: &'static str,
     /// The business document number (defaults to the key).
     pub biz_no: Option<String>,
@@ -140,52 +201,86 @@ const RELEASE: &str = "RELEASE SAVEPOINT idem_unique_insert";
 pub struct Call<DB: Backend> {
     tx: Transaction<'static, DB>,
     key: String,
-    outbox_id: Option<i64>,
     span: Span,
     strategy: &'static str,
+    #[cfg(feature = "redis")]
+    scope: &'static str,
     #[cfg(feature = "redis")]
     cache: Option<crate::cache::RedisCache>,
 }
 
 impl<DB: Backend> Call<DB> {
     /// The front cache's answer, before any database work: `true` when a
-    /// marker says the action already happened. Never consulted when an
-    /// outbox message drives the call (its status must be updated).
-    pub async fn cache_hit(source: &Source<'_, DB>, key: &str, span: &Span) -> bool {
-        Self::cache_lookup(source, key, span).await.is_some()
+    /// marker of this handler's `scope` says the action already happened.
+    /// Never consulted when an outbox message drives the call (its status
+    /// must be updated).
+    pub async fn cache_hit(
+        source: &Source<'_, DB>,
+        scope: &'static str,
+        key: &str,
+        span: &Span,
+    ) -> bool {
+        let hit = Self::cache_lookup(source, scope, key, span).await.is_some();
+        if hit {
+            Self::cache_duplicate(key, span);
+        }
+        hit
     }
 
-    /// Like [`Call::cache_hit`], for the record strategy: the stored result.
+    /// Like [`Call::cache_hit`], for the record strategy: the stored result,
+    /// only when the marker carries this call's payload fingerprint. A
+    /// marker of another payload falls through to the database, which
+    /// answers [`Error::KeyConflict`].
     pub async fn cache_replay<T: DeserializeOwned>(
         source: &Source<'_, DB>,
+        rec: &Record,
         key: &str,
         span: &Span,
     ) -> Option<T> {
-        let text = Self::cache_lookup(source, key, span).await?;
-        serde_json::from_str(&text).ok()
+        let marker = Self::cache_lookup(source, rec.biz_type, key, span).await?;
+        let Some(text) = replay_of(&marker, &rec.fingerprint) else {
+            crate::metrics::cache_mismatch();
+            tracing::debug!(parent: span, "cache marker of another payload; asking the database");
+            return None;
+        };
+        let value = serde_json::from_str(text).ok()?;
+        Self::cache_duplicate(key, span);
+        Some(value)
+    }
+
+    fn cache_duplicate(key: &str, span: &Span) {
+        span.record("key", key);
+        span.record("outcome", "duplicate");
+        crate::metrics::duplicate("cache");
+        tracing::debug!(parent: span, layer = "cache", "duplicate stopped by the front cache");
     }
 
     #[allow(unused_variables)]
-    async fn cache_lookup(source: &Source<'_, DB>, key: &str, span: &Span) -> Option<String> {
+    async fn cache_lookup(
+        source: &Source<'_, DB>,
+        scope: &'static str,
+        key: &str,
+        span: &Span,
+    ) -> Option<String> {
         #[cfg(feature = "redis")]
-        if source.outbox_id.is_none()
+        if source.outbox.is_none()
             && let Some(cache) = &source.cache
-            && let Some(marker) = cache.get(key).await
         {
-            span.record("key", key);
-            span.record("outcome", "duplicate");
-            crate::metrics::duplicate("cache");
-            tracing::debug!(parent: span, layer = "cache", "duplicate stopped by the front cache");
-            return Some(marker);
+            return cache.get(scope, key).await;
         }
         None
     }
 
-    /// Begins the call's transaction.
+    /// Begins the call's transaction. When an outbox message drives the
+    /// call, marks it `success` first, fenced by its lease (see
+    /// [`OutboxLease`]): a message that is not held by this delivery fails
+    /// the call before anything runs.
+    #[allow(unused_variables)]
     pub async fn begin(
         source: Source<'_, DB>,
         key: String,
         strategy: &'static str,
+        scope: &'static str,
         span: Span,
     ) -> Result<Self, Error> {
         span.record("key", key.as_str());
@@ -193,15 +288,61 @@ impl<DB: Backend> Call<DB> {
             Ok(tx) => tx,
             Err(e) => return Err(fail(&span, Error::Database(e))),
         };
-        Ok(Call {
+        let mut call = Call {
             tx,
             key,
-            outbox_id: source.outbox_id,
             span,
             strategy,
             #[cfg(feature = "redis")]
+            scope,
+            #[cfg(feature = "redis")]
             cache: source.cache,
-        })
+        };
+        if let Some(lease) = &source.outbox {
+            // On failure the transaction rolls back when `call` drops.
+            call.mark_outbox(lease).await?;
+        }
+        Ok(call)
+    }
+
+    /// The fenced outbox update: exactly one row, or the call fails.
+    async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
+        match DB::outbox_success(&mut self.tx, lease).await {
+            Ok(1) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(self.fail(Error::Database(e))),
+        }
+        let found = DB::outbox_state(&mut self.tx, lease.id)
+            .await
+            .map_err(|e| self.fail(Error::Database(e)))?;
+        let err = match found {
+            None => Error::OutboxMessage {
+                id: lease.id,
+                reason: "no such outbox message".into(),
+            },
+            Some(row) if row.topic != lease.topic => Error::OutboxMessage {
+                id: lease.id,
+                reason: format!(
+                    "the message belongs to topic `{}`, not `{}`",
+                    row.topic, lease.topic
+                ),
+            },
+            Some(row)
+                if row.lease_owner.as_deref() != Some(lease.owner.as_str())
+                    || row.attempts != lease.attempt =>
+            {
+                Error::LeaseLost {
+                    id: lease.id,
+                    holder: row.lease_owner,
+                    attempt: row.attempts,
+                }
+            }
+            Some(row) => Error::OutboxMessage {
+                id: lease.id,
+                reason: format!("the message is `{}`, not pending", row.status),
+            },
+        };
+        Err(self.fail(err))
     }
 
     /// The transaction the body runs in.
@@ -214,14 +355,15 @@ impl<DB: Backend> Call<DB> {
         &self.key
     }
 
-    /// Ends a call whose action already happened: marks the driving outbox
-    /// message (if any) and commits. Answers `Duplicate(stored)`.
+    /// Ends a call whose action already happened: commits (the driving
+    /// outbox message, if any, was marked at the start). Answers
+    /// `Duplicate(stored)`.
     pub async fn duplicate<T>(self, stored: Option<T>) -> Result<Outcome<T>, Error> {
         self.duplicate_marked(stored, None).await
     }
 
     /// Ends a record-strategy duplicate, re-warming the cache with the
-    /// stored result.
+    /// stored result (`marker`: fingerprint and result).
     pub async fn duplicate_replay<T>(
         self,
         stored: Option<T>,
@@ -244,17 +386,12 @@ impl<DB: Backend> Call<DB> {
         Ok(Outcome::Duplicate(stored))
     }
 
-    #[allow(unused_variables)]
+    #[allow(unused_variables, unused_mut)]
     async fn commit(mut self, outcome: &'static str, marker: Option<String>) -> Result<(), Error> {
-        if let Some(id) = self.outbox_id
-            && let Err(e) = DB::outbox_success(&mut self.tx, id).await
-        {
-            return Err(fail(&self.span, Error::Database(e)));
-        }
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
         #[cfg(feature = "redis")]
-        let (cache, key) = (self.cache.take(), std::mem::take(&mut self.key));
+        let (cache, key, scope) = (self.cache.take(), std::mem::take(&mut self.key), self.scope);
         let Call { tx, span, .. } = self;
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
@@ -271,7 +408,8 @@ impl<DB: Backend> Call<DB> {
                 // call would skip the action forever.
                 #[cfg(feature = "redis")]
                 if let Some(cache) = cache {
-                    cache.put(&key, marker.as_deref().unwrap_or("1")).await;
+                    let marker = marker.as_deref().unwrap_or(PLAIN_MARKER);
+                    cache.put(scope, &key, marker).await;
                 }
                 Ok(())
             }
@@ -296,38 +434,53 @@ impl<DB: Backend> Call<DB> {
     /// Renders the state machine's statements for this call's database
     /// (identifiers checked again; the macro checked them at compile time).
     pub fn state_sql(&self, sm: &StateMachine) -> Result<StateSql, Error> {
-        for ident in [sm.table, sm.id_column, sm.state_column] {
+        for ident in [sm.table, sm.id_column, sm.state_column]
+            .into_iter()
+            .chain(sm.key_column)
+        {
             if !crate::backend::is_identifier(ident) {
                 return Err(self.fail(Error::permanent(format!(
                     "`{ident}` is not a valid SQL identifier"
                 ))));
             }
         }
-        Ok(DB::dialect(&self.tx).state_sql(sm.table, sm.id_column, sm.state_column))
+        Ok(DB::dialect(&self.tx).state_sql(sm.table, sm.id_column, sm.state_column, sm.key_column))
     }
 
     /// Reads the entity's state under a row lock. `Ok(true)`: the entity is
-    /// already in `to` (a duplicate). `Ok(false)`: it is in `from`, run the
-    /// body. Any other state, or no entity: an illegal-state error, and the
-    /// transaction is rolled back.
+    /// already in `to` (a duplicate; with `key_column`, only when that
+    /// column holds this call's key). `Ok(false)`: it is in `from`, run the
+    /// body. Any other state, no entity, or `to` reached under another key:
+    /// an illegal-state error, and the transaction is rolled back.
     pub async fn state_guard(&mut self, sm: &StateMachine, sql: &StateSql) -> Result<bool, Error> {
         let found = DB::lock_state(&mut self.tx, sql, &sm.id)
             .await
             .map_err(|e| self.fail(Error::Database(e)))?;
-        match found.as_deref() {
-            Some(s) if s == sm.to => Ok(true),
-            Some(s) if s == sm.from => Ok(false),
-            _ => Err(self.fail(Error::IllegalState {
-                table: sm.table,
-                id: sm.id.to_string(),
-                found,
-                expected: sm.from,
-            })),
+        let illegal = |found: Option<String>| Error::IllegalState {
+            table: sm.table,
+            id: sm.id.to_string(),
+            found,
+            expected: sm.from,
+        };
+        match found {
+            Some((s, by)) if s == sm.to => match (sm.key_column, by) {
+                (None, _) => Ok(true),
+                (Some(_), Some(k)) if k == self.key => Ok(true),
+                (Some(col), by) => {
+                    let by = by.map_or_else(|| "NULL".to_string(), |k| format!("`{k}`"));
+                    Err(self.fail(illegal(Some(format!(
+                        "{s}` under another key ({col} = {by}, this call's key is `{}`",
+                        self.key
+                    )))))
+                }
+            },
+            Some((s, _)) if s == sm.from => Ok(false),
+            found => Err(self.fail(illegal(found.map(|(s, _)| s)))),
         }
     }
 
     /// After the body: the guarded transition must change exactly one row,
-    /// then the outbox update and the commit.
+    /// then the commit.
     pub async fn state_finish<T, E: Into<BoxError>>(
         mut self,
         sm: &StateMachine,
@@ -338,7 +491,8 @@ impl<DB: Backend> Call<DB> {
             Ok(v) => v,
             Err(e) => return Err(self.abort(Error::from_handler(e.into())).await),
         };
-        match DB::transition(&mut self.tx, sql, &sm.id, sm.from, sm.to).await {
+        let key = sm.key_column.map(|_| self.key.clone());
+        match DB::transition(&mut self.tx, sql, &sm.id, sm.from, sm.to, key.as_deref()).await {
             Ok(1) => {}
             Ok(_) => {
                 // The row was locked in `from`: only the body can have
@@ -363,9 +517,10 @@ impl<DB: Backend> Call<DB> {
     // ---- record -----------------------------------------------------------
 
     /// Writes the idempotency record before the body. `Ok(None)`: claimed,
-    /// run the body. `Ok(Some(stored))`: the key exists with the same
-    /// fingerprint, a duplicate (the stored result, if the first call
-    /// produced one). A different fingerprint is a [`Error::KeyConflict`].
+    /// run the body. `Ok(Some(stored))`: the key exists in this `biz_type`
+    /// with the same fingerprint, a duplicate (the stored result, if the
+    /// first call produced one, and the cache marker to re-warm). A
+    /// different fingerprint is a [`Error::KeyConflict`].
     pub async fn record_guard<T: DeserializeOwned>(
         &mut self,
         rec: &Record,
@@ -403,17 +558,22 @@ impl<DB: Backend> Call<DB> {
             }));
         }
         match stored.result {
-            Some(text) => serde_json::from_str(&text)
-                .map(|v| Some((Some(v), Some(text))))
-                .map_err(|e| self.fail(Error::Serialization(e))),
+            Some(text) => match serde_json::from_str(&text) {
+                Ok(v) => {
+                    let marker = replay_marker(&rec.fingerprint, &text);
+                    Ok(Some((Some(v), Some(marker))))
+                }
+                Err(e) => Err(self.fail(Error::Serialization(e))),
+            },
             None => Ok(Some((None, None))),
         }
     }
 
     /// After the body: stores its serialized result in the record, then the
-    /// outbox update and the commit.
+    /// commit.
     pub async fn record_finish<T: Serialize, E: Into<BoxError>>(
         mut self,
+        rec: &Record,
         body: Result<T, E>,
     ) -> Result<Outcome<T>, Error> {
         let value = match body {
@@ -428,7 +588,8 @@ impl<DB: Backend> Call<DB> {
         if let Err(e) = DB::store_result(&mut self.tx, &key, &text).await {
             return Err(self.abort(Error::Database(e)).await);
         }
-        self.commit("executed", Some(text)).await?;
+        let marker = replay_marker(&rec.fingerprint, &text);
+        self.commit("executed", Some(marker)).await?;
         Ok(Outcome::Executed(value))
     }
 
@@ -441,37 +602,73 @@ impl<DB: Backend> Call<DB> {
             .map_err(|e| self.fail(Error::Database(e)))
     }
 
-    /// After the body: a unique violation anywhere in its error is a
-    /// duplicate (rolled back to the savepoint, the outer transaction goes
-    /// on to the outbox update and commits); any other error rolls
-    /// everything back.
+    /// After the body: a violation of `constraint` (the unique constraint
+    /// that identifies the action) anywhere in its error is a duplicate
+    /// (rolled back to the savepoint, the outer transaction commits); any
+    /// other error, another unique violation included, rolls everything
+    /// back.
     pub async fn unique_finish<T, E: Into<BoxError>>(
         mut self,
         body: Result<T, E>,
+        constraint: &'static str,
     ) -> Result<Outcome<T>, Error> {
-        match body {
+        let e: BoxError = match body {
             Ok(v) => {
                 if let Err(e) = DB::exec(&mut self.tx, RELEASE).await {
                     return Err(self.abort(Error::Database(e)).await);
                 }
                 self.commit("executed", None).await?;
-                Ok(Outcome::Executed(v))
+                return Ok(Outcome::Executed(v));
             }
-            Err(e) => {
-                let e: BoxError = e.into();
-                let unique = find_sqlx(&*e).is_some_and(
-                    |s| matches!(s, sqlx::Error::Database(d) if d.is_unique_violation()),
-                );
-                if !unique {
-                    return Err(self.abort(Error::from_handler(e)).await);
-                }
-                if let Err(e) = DB::exec(&mut self.tx, ROLLBACK_TO).await {
-                    return Err(self.abort(Error::Database(e)).await);
-                }
-                self.duplicate(None).await
+            Err(e) => e.into(),
+        };
+        let violation = find_sqlx(&*e).and_then(|s| match s {
+            sqlx::Error::Database(d) if d.is_unique_violation() => Some(&**d),
+            _ => None,
+        });
+        let Some(violation) = violation else {
+            return Err(self.abort(Error::from_handler(e)).await);
+        };
+        if let Err(e) = DB::exec(&mut self.tx, ROLLBACK_TO).await {
+            return Err(self.abort(Error::Database(e)).await);
+        }
+        let dialect = DB::dialect(&self.tx);
+        let hit = crate::unique::violated(dialect, violation);
+        let matched = crate::unique::matches(&hit, constraint, &mut self.tx).await;
+        match matched {
+            Ok(true) => self.duplicate(None).await,
+            Ok(false) => {
+                let err = Error::Handler {
+                    retryable: false,
+                    source: format!(
+                        "unique violation of {hit}, not of the action's constraint \
+                         `{constraint}`, so not a duplicate: {e}"
+                    )
+                    .into(),
+                };
+                Err(self.abort(err).await)
             }
+            Err(db) => Err(self.abort(Error::Database(db)).await),
         }
     }
+}
+
+/// The cache marker of a call without a stored result.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+const PLAIN_MARKER: &str = "1";
+
+/// The cache marker of a record-strategy call: its payload fingerprint and
+/// its stored result, so that a cache hit answers only what the database
+/// would (`<fingerprint>:<result JSON>`).
+fn replay_marker(fingerprint: &str, result: &str) -> String {
+    format!("{fingerprint}:{result}")
+}
+
+/// The stored result in a marker, if the marker carries `fingerprint`.
+fn replay_of<'m>(marker: &'m str, fingerprint: &str) -> Option<&'m str> {
+    marker
+        .strip_prefix(fingerprint)
+        .and_then(|rest| rest.strip_prefix(':'))
 }
 
 fn fail(span: &Span, err: Error) -> Error {
@@ -479,4 +676,20 @@ fn fail(span: &Span, err: Error) -> Error {
     crate::metrics::error(&err);
     tracing::debug!(parent: span, error = %err, retryable = err.is_retryable(), "idempotent call failed");
     err
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{replay_marker, replay_of};
+
+    #[test]
+    fn replay_markers_answer_only_their_own_payload() {
+        let fp = "ab".repeat(32);
+        let m = replay_marker(&fp, r#"{"channel":"sms"}"#);
+        assert_eq!(replay_of(&m, &fp), Some(r#"{"channel":"sms"}"#));
+        assert_eq!(replay_of(&m, &"cd".repeat(32)), None);
+        // A marker written before fingerprints were stored: no answer.
+        assert_eq!(replay_of(r#"{"channel":"sms"}"#, &fp), None);
+        assert_eq!(replay_of("", &fp), None);
+    }
 }

@@ -41,6 +41,26 @@ pub enum Error {
         /// The reused key.
         key: String,
     },
+    /// The outbox message driving the call is no longer held by this
+    /// delivery: its lease was taken over by another claim (`holder`,
+    /// `attempt`). Nothing ran; the current holder delivers it. Retryable
+    /// (the relay's bookkeeping for this attempt is then a no-op).
+    LeaseLost {
+        /// The outbox message id.
+        id: i64,
+        /// The lease owner the message has now, if any.
+        holder: Option<String>,
+        /// The attempt number the message has now.
+        attempt: i32,
+    },
+    /// The outbox message driving the call does not exist, belongs to
+    /// another topic, or is already finished. Nothing ran. Not retryable.
+    OutboxMessage {
+        /// The outbox message id.
+        id: i64,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The database failed. Retryable when the failure is transient: lost
     /// connection, pool time-out, deadlock, serialization failure, lock
     /// wait time-out, or a busy SQLite database.
@@ -88,7 +108,8 @@ impl Error {
             | Error::Serialization(_)
             | Error::Config { .. } => false,
             Error::Database(e) => is_transient(e),
-            Error::CommitUnknown(_) => true,
+            Error::CommitUnknown(_) | Error::LeaseLost { .. } => true,
+            Error::OutboxMessage { .. } => false,
             Error::Handler { retryable, .. } => *retryable,
         }
     }
@@ -117,6 +138,8 @@ impl Error {
             Error::InvalidKey { .. } => "invalid_key",
             Error::IllegalState { .. } => "illegal_state",
             Error::KeyConflict { .. } => "key_conflict",
+            Error::LeaseLost { .. } => "lease_lost",
+            Error::OutboxMessage { .. } => "outbox_message",
             Error::Database(_) => "database",
             Error::CommitUnknown(_) => "commit_unknown",
             Error::Handler { .. } => "handler",
@@ -210,6 +233,19 @@ impl fmt::Display for Error {
                 f,
                 "idempotency key `{key}` was already used with a different payload"
             ),
+            Error::LeaseLost {
+                id,
+                holder,
+                attempt,
+            } => write!(
+                f,
+                "outbox message {id} is no longer held by this delivery: it is now attempt \
+                 {attempt} of {}; nothing ran",
+                holder.as_deref().unwrap_or("no relay")
+            ),
+            Error::OutboxMessage { id, reason } => {
+                write!(f, "outbox message {id} cannot drive this call: {reason}")
+            }
             Error::Database(e) => write!(f, "database error: {e}"),
             Error::CommitUnknown(e) => write!(
                 f,

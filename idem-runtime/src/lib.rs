@@ -76,9 +76,10 @@ mod schema;
 mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod unique;
 
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
-pub use call::{Call, Outcome, Record, Source, StateMachine, fingerprint};
+pub use call::{Call, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint};
 pub use error::{BoxError, Error, is_transient};
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key};
 pub use schema::migrate;
@@ -254,7 +255,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Used by the generated code. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::call::{Call, Record, Source, StateMachine, fingerprint};
+    pub use crate::call::{Call, OutboxLease, Record, Source, StateMachine, fingerprint};
     pub use crate::key::KeyBuilder;
     pub use crate::{EntityId, Error, KeyPart, Outcome, State};
     pub use ::sqlx;

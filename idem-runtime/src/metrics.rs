@@ -5,8 +5,10 @@
 //! |---|---|---|
 //! | `idem_calls_total` | `outcome` = executed / duplicate | committed calls |
 //! | `idem_duplicates_total` | `layer` = cache / domain_state / record / unique_insert | duplicates stopped, by layer |
-//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / database / commit_unknown / handler / serialization / config | failed calls |
+//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / lease_lost / outbox_message / database / commit_unknown / handler / serialization / config | failed calls |
 //! | `idem_cache_errors_total` | | Redis errors and time-outs (fell through to the database) |
+//! | `idem_cache_mismatches_total` | | record markers of another payload (fell through to the database) |
+//! | `idem_outbox_lease_renewals_total` | | in-flight outbox leases extended by a relay's heartbeat |
 //! | `idem_outbox_retries_total` | | failed outbox attempts put back for a retry |
 //! | `idem_outbox_dead_letters_total` | | outbox messages dead-lettered |
 //! | `idem_mq_retries_total` | | AMQP deliveries scheduled for a delayed retry |
@@ -25,6 +27,15 @@ pub(crate) fn duplicate(layer: &'static str) {
 
 pub(crate) fn error(err: &Error) {
     metrics::counter!("idem_errors_total", "kind" => err.kind()).increment(1);
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn cache_mismatch() {
+    metrics::counter!("idem_cache_mismatches_total").increment(1);
+}
+
+pub(crate) fn lease_renewals(n: u64) {
+    metrics::counter!("idem_outbox_lease_renewals_total").increment(n);
 }
 
 pub(crate) fn outbox_retry() {

@@ -5,6 +5,7 @@
 //! unreachable only slows calls down.
 
 use idem_runtime::cache::RedisCache;
+use idem_runtime::outbox::Relay;
 use idem_runtime::{Error, Outcome, Source, State, idempotent};
 use idem_tests::{ids, redis_get, redis_up};
 use serde::{Deserialize, Serialize};
@@ -51,7 +52,7 @@ async fn deduct(
     Ok(())
 }
 
-#[idempotent(key = "cache-record:{msg.coupon_id}", strategy = record)]
+#[idempotent(key = "cache-record:{msg.coupon_id}", strategy = record, biz_type = "cache_notify")]
 async fn notify(tx: &mut Transaction<'_, Sqlite>, msg: &Deduct) -> Result<Receipt, sqlx::Error> {
     let done = sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
         .bind(msg.coupon_id)
@@ -117,7 +118,7 @@ async fn a_marker_answers_duplicates_without_the_database() {
         Outcome::Executed(())
     );
     assert_eq!(
-        redis_get(&cache.marker_key(&format!("cache-test:{id}")))
+        redis_get(&cache.marker_key("deduct", &format!("cache-test:{id}")))
             .await
             .as_deref(),
         Some("1")
@@ -154,7 +155,7 @@ async fn a_rolled_back_call_never_leaves_a_marker() {
     .unwrap_err();
     assert!(matches!(err, Error::Handler { .. }));
     assert_eq!(
-        redis_get(&cache.marker_key(&format!("cache-test:{id}"))).await,
+        redis_get(&cache.marker_key("deduct", &format!("cache-test:{id}"))).await,
         None,
         "no marker after a rollback"
     );
@@ -192,20 +193,20 @@ async fn outbox_driven_calls_still_update_their_message() {
             .unwrap()
             .is_executed()
     );
+    let topic = format!("cache.redelivery.{id}");
     let mut tx = pool.begin().await.unwrap();
-    let outbox = idem_runtime::outbox::enqueue(
-        &mut tx,
-        "cache.redelivery",
-        &format!("m-{id}"),
-        &serde_json::json!({}),
-    )
-    .await
-    .unwrap();
+    let outbox =
+        idem_runtime::outbox::enqueue(&mut tx, &topic, &format!("m-{id}"), &serde_json::json!({}))
+            .await
+            .unwrap();
     tx.commit().await.unwrap();
-    let dup = deduct(Source::outbox(&pool, outbox).cache(&cache), &msg)
-        .await
-        .unwrap();
-    assert_eq!(dup, Outcome::Duplicate(None));
+    let route_cache = cache.clone();
+    let relay = Relay::new(pool.clone()).route(topic, move |d, _m: serde_json::Value| {
+        let (cache, msg) = (route_cache.clone(), msg.clone());
+        async move { deduct(d.source().cache(&cache), &msg).await }
+    });
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(relay.stats().duplicates.load(Ordering::Relaxed), 1);
     let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = ?")
         .bind(outbox)
         .fetch_one(&pool)
@@ -271,4 +272,133 @@ async fn an_unreachable_redis_only_slows_calls_down() {
         cache.stats().errors.load(Ordering::Relaxed) >= 1,
         "errors are counted"
     );
+}
+
+// ---- item 2: handlers sharing a key template -------------------------------
+
+#[idempotent(
+    key = "order-paid:{msg.coupon_id}",
+    strategy = state_machine,
+    table = "email_job",
+    id = msg.coupon_id,
+    from = CouponState::Unused,
+    to = CouponState::Used,
+)]
+async fn send_email(tx: &mut Transaction<'_, Sqlite>, msg: &Deduct) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(msg.coupon_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(
+    key = "order-paid:{msg.coupon_id}",
+    strategy = state_machine,
+    table = "points_job",
+    id = msg.coupon_id,
+    from = CouponState::Unused,
+    to = CouponState::Used,
+)]
+async fn award_points(tx: &mut Transaction<'_, Sqlite>, msg: &Deduct) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(msg.coupon_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_handlers_with_one_key_template_both_act_through_the_cache() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let id = ids(1);
+    for stmt in [
+        "CREATE TABLE IF NOT EXISTS email_job (id INTEGER PRIMARY KEY, status TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS points_job (id INTEGER PRIMARY KEY, status TEXT NOT NULL)",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.unwrap();
+    }
+    for t in ["email_job", "points_job"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {t} (id, status) VALUES ({id}, 'UNUSED')"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let msg = Deduct {
+        coupon_id: id,
+        fail: false,
+    };
+    let src = || Source::from(&pool).cache(&cache);
+    assert_eq!(
+        send_email(src(), &msg).await.unwrap(),
+        Outcome::Executed(())
+    );
+    // The same message fans out to a second handler with the same key
+    // template: the first handler's marker must not skip it.
+    assert_eq!(
+        award_points(src(), &msg).await.unwrap(),
+        Outcome::Executed(())
+    );
+    assert_eq!(deductions(&pool, id).await, 2, "both effects happened");
+    // Each handler's own retry is still a duplicate, answered by the cache.
+    assert!(send_email(src(), &msg).await.unwrap().is_duplicate());
+    assert!(award_points(src(), &msg).await.unwrap().is_duplicate());
+    assert_eq!(deductions(&pool, id).await, 2);
+    assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 2);
+}
+
+// ---- item 3: the cache answers only what the database would ---------------
+
+#[derive(Debug, Clone, Serialize)]
+struct Notice {
+    order_id: i64,
+    text: String,
+}
+
+#[idempotent(key = "cache-notice:{n.order_id}", strategy = record, biz_type = "cache_notice")]
+async fn send_notice(tx: &mut Transaction<'_, Sqlite>, n: &Notice) -> Result<Receipt, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(n.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Receipt {
+        ledger_row: done.last_insert_rowid(),
+    })
+}
+
+#[tokio::test]
+async fn a_cached_record_with_another_payload_is_still_a_key_conflict() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let id = ids(1);
+    let first = Notice {
+        order_id: id,
+        text: "shipped".into(),
+    };
+    let src = || Source::from(&pool).cache(&cache);
+    assert!(send_notice(src(), &first).await.unwrap().is_executed());
+    // The same key with another payload: the database says KeyConflict,
+    // so the cache must not answer Duplicate.
+    let other = Notice {
+        text: "cancelled".into(),
+        ..first.clone()
+    };
+    let err = send_notice(src(), &other).await.unwrap_err();
+    assert!(matches!(err, Error::KeyConflict { .. }), "{err:?}");
+    assert_eq!(deductions(&pool, id).await, 1);
+    // The original payload is still replayed from the cache.
+    assert!(matches!(
+        send_notice(src(), &first).await.unwrap(),
+        Outcome::Duplicate(Some(_))
+    ));
+    assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 2);
 }

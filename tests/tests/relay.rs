@@ -68,6 +68,33 @@ macro_rules! relay_tests {
                 Ok(())
             }
 
+            /// The same handler, with a body slower than the leases below.
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_slow(tx: &mut Transaction<'_, Db>, msg: &Deduct, pause: Duration) -> Result<(), sqlx::Error> {
+                tokio::time::sleep(pause).await;
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn attempts_of(pool: &Pool<Db>, topic: &str) -> Vec<i32> {
+                sqlx::query_scalar(sql(D, "SELECT attempts FROM idem_outbox WHERE topic = ? ORDER BY id"))
+                    .bind(topic)
+                    .fetch_all(pool)
+                    .await
+                    .expect("attempts")
+            }
+
             /// The producer side: the coupon ("order paid") and its
             /// deduction message commit together.
             async fn produce(pool: &Pool<Db>, topic: &str, copies: usize) -> i64 {
@@ -340,6 +367,99 @@ macro_rules! relay_tests {
                 produce(&pool, &topic, 1).await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 assert_eq!(by_status(&pool, &topic, "pending").await, 1, "nothing claims after shutdown");
+            }
+
+            // ---- lease fencing and renewal (issue 8, item 7) --------------
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_handler_that_outlives_its_lease_never_commits_on_a_dead_letter() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("outlive");
+                let coupon = produce(&pool, &topic, 1).await;
+                // A's handler takes 1.5 s under a 300 ms lease.
+                let a = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct_slow(d.source(), &m, Duration::from_millis(1500)).await
+                    })
+                    .lease(Duration::from_millis(300))
+                    .owner("relay-slow");
+                let slow = tokio::spawn(async move { a.run_once().await });
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                // B finds A's lease expired; its retry is rejected for good,
+                // which dead-letters the message if B may claim it.
+                let b = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        if d.message().attempts > 1 {
+                            return Err(Error::permanent("downstream rejected the retry"));
+                        }
+                        deduct(d.source(), &m).await
+                    })
+                    .owner("relay-strict");
+                b.run_once().await.unwrap();
+                slow.await.unwrap().unwrap();
+                let failed = by_status(&pool, &topic, "failed").await;
+                let done = deductions(&pool, coupon).await;
+                assert!(!(failed == 1 && done == 1), "dead-lettered although its effect committed");
+                assert_eq!((by_status(&pool, &topic, "success").await, done), (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_running_handler_keeps_its_lease() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("heartbeat");
+                let coupon = produce(&pool, &topic, 1).await;
+                // A handler that is not given its outbox source (the relay
+                // marks the message after it): only the lease protects it.
+                let a = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        tokio::time::sleep(Duration::from_millis(1200)).await;
+                        deduct(d.pool(), &m).await
+                    })
+                    .lease(Duration::from_millis(300))
+                    .owner("relay-long");
+                let long = tokio::spawn(async move { a.run_once().await });
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                let b = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
+                    .owner("relay-other");
+                assert_eq!(b.run_once().await.unwrap(), 0, "the lease of a running handler was renewed");
+                long.await.unwrap().unwrap();
+                assert_eq!(attempts_of(&pool, &topic).await, vec![1]);
+                assert_eq!(by_status(&pool, &topic, "success").await, 1);
+                assert_eq!(deductions(&pool, coupon).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn claimed_messages_never_wait_out_their_lease_in_the_queue() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("queue");
+                let mut coupons = Vec::new();
+                for _ in 0..6 {
+                    coupons.push(produce(&pool, &topic, 1).await);
+                }
+                // One handler slot each, 250 ms per message, 400 ms leases:
+                // a relay that claimed its whole batch would let the tail of
+                // it expire while queued, and the other relay run it again.
+                let relay = |owner: &'static str| {
+                    Relay::new(pool.clone())
+                        .route(topic.clone(), |d, m: Deduct| async move {
+                            deduct_slow(d.source(), &m, Duration::from_millis(250)).await
+                        })
+                        .concurrency(1)
+                        .batch_size(6)
+                        .lease(Duration::from_millis(400))
+                        .poll_interval(Duration::from_millis(20))
+                        .owner(owner)
+                        .spawn()
+                };
+                let (a, b) = (relay("relay-q1"), relay("relay-q2"));
+                drained(&pool, &topic).await;
+                a.shutdown().await;
+                b.shutdown().await;
+                assert_eq!(attempts_of(&pool, &topic).await, vec![1; 6], "no message ran twice");
+                for c in coupons {
+                    assert_eq!(deductions(&pool, c).await, 1);
+                }
             }
         }
     };

@@ -5,7 +5,7 @@
 //! nothing; the driving outbox message is marked in the same transaction.
 //! Effects are counted in the database, never taken from return values.
 
-use idem_runtime::{Dialect, Error, Outcome, Source, State, idempotent};
+use idem_runtime::{Dialect, Error, OutboxLease, Outcome, Source, State, idempotent};
 use idem_tests::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +41,8 @@ pub struct Receipt {
 #[derive(Debug, Clone)]
 pub struct Payment {
     pub serial: String,
+    /// The platform's reference, unique too (another unique index).
+    pub ext_ref: String,
     pub amount: i64,
     pub fail: bool,
 }
@@ -85,7 +87,11 @@ macro_rules! backend_tests {
                     "CREATE TABLE IF NOT EXISTS idem_t_coupon (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_t_deduction (coupon_id BIGINT NOT NULL, order_id BIGINT NOT NULL, msg_id VARCHAR(128) NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_t_notice (user_id BIGINT NOT NULL, msg_id VARCHAR(128) NOT NULL, text VARCHAR(256) NOT NULL)",
-                    "CREATE TABLE IF NOT EXISTS idem_t_payment (serial VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL)",
+                    "CREATE TABLE IF NOT EXISTS idem_t_pay (serial VARCHAR(64) NOT NULL, ext_ref VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
+                    // Named unique indexes: the one portable way to name the
+                    // action's constraint on all three databases.
+                    "CREATE UNIQUE INDEX IF NOT EXISTS uk_idem_t_pay_serial ON idem_t_pay (serial)",
+                    "CREATE UNIQUE INDEX IF NOT EXISTS uk_idem_t_pay_ref ON idem_t_pay (ext_ref)",
                 ];
                 let mut tx = pool.begin().await.expect("begin");
                 if D == Dialect::Postgres {
@@ -144,10 +150,11 @@ macro_rules! backend_tests {
                 Ok(Receipt { notice_row: n, text: msg.text.clone() })
             }
 
-            #[idempotent(key = "pay:{p.serial}", strategy = unique_insert, validate = digits_only)]
+            #[idempotent(key = "pay:{p.serial}", strategy = unique_insert, constraint = "uk_idem_t_pay_serial", validate = digits_only)]
             async fn record_payment(tx: &mut Transaction<'_, Db>, p: &Payment) -> Result<(), sqlx::Error> {
-                sqlx::query(sql(D, "INSERT INTO idem_t_payment (serial, amount) VALUES (?, ?)"))
+                sqlx::query(sql(D, "INSERT INTO idem_t_pay (serial, ext_ref, amount) VALUES (?, ?, ?)"))
                     .bind(&p.serial)
+                    .bind(&p.ext_ref)
                     .bind(p.amount)
                     .execute(&mut **tx)
                     .await?;
@@ -204,6 +211,24 @@ macro_rules! backend_tests {
                 id
             }
 
+            /// Claims outbox message `id` the way a relay does (owner, attempt
+            /// + 1, a lease), for a call driven by it.
+            async fn lease(pool: &Pool<Db>, id: i64) -> OutboxLease {
+                let owner = format!("test-relay-{id}");
+                let q = match D {
+                    Dialect::Postgres => "UPDATE idem_outbox SET lease_owner = $1, attempts = attempts + 1, locked_until = now() + interval '1 hour' WHERE id = $2",
+                    Dialect::MySql => "UPDATE idem_outbox SET lease_owner = ?, attempts = attempts + 1, locked_until = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL 1 HOUR) WHERE id = ?",
+                    Dialect::Sqlite => "UPDATE idem_outbox SET lease_owner = ?, attempts = attempts + 1, locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 hour') WHERE id = ?",
+                };
+                sqlx::query(q).bind(&owner).bind(id).execute(pool).await.expect("lease");
+                let (topic, attempts): (String, i32) = sqlx::query_as(sql(D, "SELECT topic, attempts FROM idem_outbox WHERE id = ?"))
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+                    .expect("leased row");
+                OutboxLease::new(id, topic, owner, attempts)
+            }
+
             async fn outbox_status(pool: &Pool<Db>, id: i64) -> String {
                 sqlx::query_scalar(sql(D, "SELECT status FROM idem_outbox WHERE id = ?"))
                     .bind(id)
@@ -228,9 +253,18 @@ macro_rules! backend_tests {
                 let coupon = new_coupon(&pool, "UNUSED").await;
                 let msg = deduct_msg(coupon, false);
                 let outbox = enqueue(&pool, "coupon.deduct", &msg.msg_id).await;
+                // One delivery of the outbox message among 63 redeliveries.
+                let lease = lease(&pool, outbox).await;
+                let first = std::sync::atomic::AtomicBool::new(true);
                 let results = concurrently(CONCURRENCY, || {
                     let (pool, msg) = (pool.clone(), msg.clone());
-                    async move { deduct(Source::outbox(&pool, outbox), &msg).await }
+                    let lease = first.swap(false, std::sync::atomic::Ordering::Relaxed).then(|| lease.clone());
+                    async move {
+                        match lease {
+                            Some(l) => deduct(Source::outbox(&pool, l), &msg).await,
+                            None => deduct(&pool, &msg).await,
+                        }
+                    }
                 })
                 .await;
                 let executed = results.iter().filter(|r| matches!(r, Ok(Outcome::Executed(_)))).count();
@@ -253,7 +287,7 @@ macro_rules! backend_tests {
                 // redelivery of the same message by another outbox row.
                 assert_eq!(deduct(&pool, &msg).await.unwrap(), Outcome::Duplicate(None));
                 let again = enqueue(&pool, "coupon.deduct.redelivery", &msg.msg_id).await;
-                assert_eq!(deduct(Source::outbox(&pool, again), &msg).await.unwrap(), Outcome::Duplicate(None));
+                assert_eq!(deduct(Source::outbox(&pool, lease(&pool, again).await), &msg).await.unwrap(), Outcome::Duplicate(None));
                 assert_eq!(outbox_status(&pool, again).await, "success", "a duplicate still acknowledges its message");
                 assert_eq!(deductions(&pool, coupon).await, 1);
             }
@@ -263,13 +297,14 @@ macro_rules! backend_tests {
                 let Some(pool) = pool().await else { return };
                 let coupon = new_coupon(&pool, "UNUSED").await;
                 let outbox = enqueue(&pool, "coupon.deduct", &format!("m-{coupon}")).await;
-                let err = deduct(Source::outbox(&pool, outbox), &deduct_msg(coupon, true)).await.unwrap_err();
+                let held = lease(&pool, outbox).await;
+                let err = deduct(Source::outbox(&pool, held.clone()), &deduct_msg(coupon, true)).await.unwrap_err();
                 assert!(matches!(err, Error::Handler { .. }), "{err:?}");
                 assert!(!err.is_retryable(), "Boom is not a transient error");
                 assert_eq!(deductions(&pool, coupon).await, 0, "the body's insert was rolled back");
                 assert_eq!(coupon_status(&pool, coupon).await, "UNUSED");
                 assert_eq!(outbox_status(&pool, outbox).await, "pending", "the message stays pending for its retry");
-                let ok = deduct(Source::outbox(&pool, outbox), &deduct_msg(coupon, false)).await.unwrap();
+                let ok = deduct(Source::outbox(&pool, held), &deduct_msg(coupon, false)).await.unwrap();
                 assert!(ok.is_executed());
                 assert_eq!(deductions(&pool, coupon).await, 1);
                 assert_eq!(outbox_status(&pool, outbox).await, "success");
@@ -280,7 +315,7 @@ macro_rules! backend_tests {
                 let Some(pool) = pool().await else { return };
                 let coupon = new_coupon(&pool, "EXPIRED").await;
                 let outbox = enqueue(&pool, "coupon.deduct", &format!("m-{coupon}")).await;
-                let err = deduct(Source::outbox(&pool, outbox), &deduct_msg(coupon, false)).await.unwrap_err();
+                let err = deduct(Source::outbox(&pool, lease(&pool, outbox).await), &deduct_msg(coupon, false)).await.unwrap_err();
                 match &err {
                     Error::IllegalState { found, expected, .. } => {
                         assert_eq!(found.as_deref(), Some("EXPIRED"));
@@ -387,7 +422,8 @@ macro_rules! backend_tests {
             // ---- unique_insert --------------------------------------------
 
             fn payment(fail: bool) -> Payment {
-                Payment { serial: ids(1).to_string(), amount: 1999, fail }
+                let serial = ids(1).to_string();
+                Payment { ext_ref: format!("ref-{serial}"), serial, amount: 1999, fail }
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,9 +431,17 @@ macro_rules! backend_tests {
                 let Some(pool) = pool().await else { return };
                 let p = payment(false);
                 let outbox = enqueue(&pool, "payment.callback", &p.serial).await;
+                let lease = lease(&pool, outbox).await;
+                let first = std::sync::atomic::AtomicBool::new(true);
                 let results = concurrently(CONCURRENCY, || {
                     let (pool, p) = (pool.clone(), p.clone());
-                    async move { record_payment(Source::outbox(&pool, outbox), &p).await }
+                    let lease = first.swap(false, std::sync::atomic::Ordering::Relaxed).then(|| lease.clone());
+                    async move {
+                        match lease {
+                            Some(l) => record_payment(Source::outbox(&pool, l), &p).await,
+                            None => record_payment(&pool, &p).await,
+                        }
+                    }
                 })
                 .await;
                 let executed = results.iter().filter(|r| matches!(r, Ok(Outcome::Executed(())))).count();
@@ -408,7 +452,7 @@ macro_rules! backend_tests {
                 assert!(errors.iter().all(|e| e.is_retryable()), "errors: {errors:?}");
                 assert_eq!(executed, 1);
                 assert_eq!(executed + duplicates + errors.len(), CONCURRENCY);
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_payment WHERE serial = ?", &p.serial).await, 1);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 1);
                 assert_eq!(outbox_status(&pool, outbox).await, "success");
             }
 
@@ -418,18 +462,18 @@ macro_rules! backend_tests {
                 let p = payment(true);
                 let err = record_payment(&pool, &p).await.unwrap_err();
                 assert!(matches!(err, Error::Handler { .. }), "{err:?}");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_payment WHERE serial = ?", &p.serial).await, 0, "rolled back");
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 0, "rolled back");
                 let p = Payment { fail: false, ..p };
                 assert_eq!(record_payment(&pool, &p).await.unwrap(), Outcome::Executed(()));
                 let outbox = enqueue(&pool, "payment.callback", &p.serial).await;
-                assert_eq!(record_payment(Source::outbox(&pool, outbox), &p).await.unwrap(), Outcome::Duplicate(None));
+                assert_eq!(record_payment(Source::outbox(&pool, lease(&pool, outbox).await), &p).await.unwrap(), Outcome::Duplicate(None));
                 assert_eq!(outbox_status(&pool, outbox).await, "success", "the duplicate committed its outbox update");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_payment WHERE serial = ?", &p.serial).await, 1);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 1);
                 // An externally supplied serial that fails validation.
-                let bad = Payment { serial: "12ab".into(), amount: 1, fail: false };
+                let bad = Payment { serial: "12ab".into(), ext_ref: "ref-12ab".into(), amount: 1, fail: false };
                 let err = record_payment(&pool, &bad).await.unwrap_err();
                 assert!(matches!(&err, Error::InvalidKey { reason, .. } if reason.contains("not numeric")), "{err:?}");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_payment WHERE serial = ?", "12ab").await, 0);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", "12ab").await, 0);
             }
         }
     };

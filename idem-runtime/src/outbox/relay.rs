@@ -12,7 +12,7 @@
 
 use crate::archive::RetentionPolicy;
 use crate::backend::{Backend, ClaimSql, OutboxRow};
-use crate::{Error, Outcome, Source};
+use crate::{Error, OutboxLease, Outcome, Source};
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
 use std::collections::HashMap;
@@ -35,16 +35,23 @@ type Route<DB> = Arc<
 pub struct Delivery<DB: Backend> {
     pool: Pool<DB>,
     message: OutboxRow,
+    lease: OutboxLease,
     /// Set when the handler took its outbox source: a successful handler
     /// then marked the message itself, and the relay need not.
     marked: Arc<AtomicBool>,
 }
 
 impl<DB: Backend> Delivery<DB> {
-    /// Pass this to the handler: its transaction then marks the message.
+    /// Pass this to the handler: its transaction then marks the message,
+    /// fenced by this delivery's lease (see [`OutboxLease`]).
     pub fn source(&self) -> Source<'_, DB> {
         self.marked.store(true, Ordering::Relaxed);
-        Source::outbox(&self.pool, self.message.id)
+        Source::outbox(&self.pool, self.lease.clone())
+    }
+
+    /// This delivery's hold on its message.
+    pub fn lease(&self) -> &OutboxLease {
+        &self.lease
     }
 
     /// The message being delivered.
@@ -208,7 +215,11 @@ impl<DB: Backend> Relay<DB> {
     }
 
     /// How long a claim holds a message (default 30 s). A relay that dies
-    /// lets its messages go when their lease expires.
+    /// lets its messages go when their lease expires. While a handler
+    /// runs, the relay renews its message's lease every third of it (the
+    /// heartbeat), so a handler slower than its lease is not run twice; a
+    /// handler given [`Delivery::source`] also holds its message's row
+    /// locked from its first statement, which claims skip.
     pub fn lease(self, d: Duration) -> Self {
         self.edit(|i| i.lease = d)
     }
@@ -291,10 +302,11 @@ impl<DB: Backend> Relay<DB> {
         }
     }
 
-    /// Claims one batch and runs it to the end. Returns how many messages
-    /// it claimed (0: nothing was due).
+    /// Claims one batch (at most `concurrency` messages: no more than can
+    /// start at once) and runs it to the end. Returns how many messages it
+    /// claimed (0: nothing was due).
     pub async fn run_once(&self) -> Result<usize, Error> {
-        let batch = self.claim().await?;
+        let batch = self.claim_up_to(self.inner.concurrency as i64).await?;
         let n = batch.len();
         let permits = Arc::new(Semaphore::new(self.inner.concurrency));
         let mut tasks = JoinSet::new();
@@ -333,11 +345,11 @@ impl<DB: Backend> Relay<DB> {
                 }
                 continue;
             }
-            // A whole batch per claim: each claim is a committed write, so
-            // claiming only the free slots would pay one commit for every
-            // message or two. The batch waits for handler slots at most a
-            // few handler durations, far inside its lease.
-            let batch = match self.claim().await {
+            // Only as many as can start now: a claimed message waiting for
+            // a handler slot would spend its lease in the queue, expire and
+            // run twice.
+            let free = permits.available_permits() as i64;
+            let batch = match self.claim_up_to(free).await {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
@@ -363,10 +375,6 @@ impl<DB: Backend> Relay<DB> {
         }
         // Graceful shutdown: claim nothing more, finish what is in flight.
         while tasks.join_next().await.is_some() {}
-    }
-
-    async fn claim(&self) -> Result<Vec<OutboxRow>, Error> {
-        self.claim_up_to(self.inner.batch_size).await
     }
 
     async fn claim_up_to(&self, n: i64) -> Result<Vec<OutboxRow>, Error> {
@@ -399,15 +407,17 @@ impl<DB: Backend> Relay<DB> {
             return;
         };
         let marked = Arc::new(AtomicBool::new(false));
+        let lease = OutboxLease::new(id, row.topic.clone(), i.owner.clone(), attempts);
         let delivery = Delivery {
             pool: i.pool.clone(),
             message: row,
+            lease: lease.clone(),
             marked: marked.clone(),
         };
         let result = match route(delivery) {
             Err(e) => Err((false, format!("unparsable payload: {e}"))),
             // A panicking handler is a failed attempt, not a dead relay.
-            Ok(fut) => match tokio::spawn(fut).await {
+            Ok(fut) => match self.heartbeat(id, tokio::spawn(fut), &span).await {
                 Ok(Ok(executed)) => Ok(executed),
                 Ok(Err(e)) => Err((e.is_retryable(), format!("{}: {e}", e.kind()))),
                 Err(join) => Err((true, format!("handler panicked: {join}"))),
@@ -423,10 +433,17 @@ impl<DB: Backend> Relay<DB> {
                 counter.fetch_add(1, Ordering::Relaxed);
                 // A handler given its outbox source marked the message in
                 // its own transaction; for any other, the relay marks it.
-                if !marked.load(Ordering::Relaxed)
-                    && let Err(e) = DB::outbox_success_pool(&i.pool, id).await
-                {
-                    tracing::warn!(parent: &span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
+                if !marked.load(Ordering::Relaxed) {
+                    match DB::outbox_success_pool(&i.pool, &lease).await {
+                        Ok(1) => {}
+                        Ok(_) => {
+                            i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(parent: &span, "outbox message no longer held by this delivery; its current holder settles it");
+                        }
+                        Err(e) => {
+                            tracing::warn!(parent: &span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
+                        }
+                    }
                 }
             }
             Err((retryable, reason)) => {
@@ -442,6 +459,7 @@ impl<DB: Backend> Relay<DB> {
                     &i.pool,
                     id,
                     &i.owner,
+                    attempts,
                     dead,
                     delay.as_secs_f64(),
                     &reason,
@@ -464,6 +482,31 @@ impl<DB: Backend> Relay<DB> {
                     Err(e) => {
                         // The lease expires and the message is retried.
                         tracing::warn!(parent: &span, error = %e, "could not record the failed attempt");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<DB: Backend> Relay<DB> {
+    /// Waits for a running handler, renewing its message's lease every
+    /// third of the lease meanwhile.
+    async fn heartbeat<T>(
+        &self,
+        id: i64,
+        mut handler: tokio::task::JoinHandle<T>,
+        span: &tracing::Span,
+    ) -> Result<T, tokio::task::JoinError> {
+        let i = &self.inner;
+        let every = (i.lease / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                done = &mut handler => return done,
+                _ = tokio::time::sleep(every) => {
+                    match DB::renew_leases(&i.pool, &i.owner, &[id], i.lease.as_secs_f64()).await {
+                        Ok(n) => crate::metrics::lease_renewals(n),
+                        Err(e) => tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler"),
                     }
                 }
             }
