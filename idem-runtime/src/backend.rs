@@ -1501,3 +1501,34 @@ const LITE: SqlSet = SqlSet {
         "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
     ],
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_sql_binds_the_key_column_when_asked() {
+        let pg = Dialect::Postgres.state_sql("coupon", "id", "status", Some("used_by"));
+        assert_eq!(
+            pg.lock,
+            r#"SELECT "status"::text, "used_by"::text FROM "coupon" WHERE "id" = $1 FOR UPDATE"#
+        );
+        assert_eq!(
+            pg.transition,
+            r#"UPDATE "coupon" SET "status" = $1, "used_by" = $2 WHERE "id" = $3 AND "status" = $4"#
+        );
+        assert!(pg.with_key);
+        let my = Dialect::MySql.state_sql("shop.coupon", "id", "status", None);
+        assert_eq!(
+            my.lock,
+            "SELECT CAST(`status` AS CHAR), CAST(NULL AS CHAR) FROM `shop`.`coupon` WHERE `id` = ? FOR UPDATE"
+        );
+        assert_eq!(
+            my.transition,
+            "UPDATE `shop`.`coupon` SET `status` = ? WHERE `id` = ? AND `status` = ?"
+        );
+        let lite = Dialect::Sqlite.state_sql("coupon", "id", "status", None);
+        assert!(!lite.lock.contains("FOR UPDATE"), "{}", lite.lock);
+        assert!(!lite.with_key);
+    }
+}

@@ -87,6 +87,26 @@ macro_rules! relay_tests {
                 Ok(())
             }
 
+            /// Waits until `owner` holds `n` messages of `topic` (as committed),
+            /// then until their lease of `lease` has run out.
+            async fn held_then_expired(pool: &Pool<Db>, topic: &str, owner: &str, n: i64, lease: Duration) {
+                let start = Instant::now();
+                loop {
+                    let held: i64 = sqlx::query_scalar(sql(D, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND lease_owner = ?"))
+                        .bind(topic)
+                        .bind(owner)
+                        .fetch_one(pool)
+                        .await
+                        .expect("count");
+                    if held >= n {
+                        break;
+                    }
+                    assert!(start.elapsed() < Duration::from_secs(20), "{owner} never claimed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                tokio::time::sleep(lease + Duration::from_millis(200)).await;
+            }
+
             async fn attempts_of(pool: &Pool<Db>, topic: &str) -> Vec<i32> {
                 sqlx::query_scalar(sql(D, "SELECT attempts FROM idem_outbox WHERE topic = ? ORDER BY id"))
                     .bind(topic)
@@ -376,15 +396,15 @@ macro_rules! relay_tests {
                 let Some(pool) = pool().await else { return };
                 let topic = topic("outlive");
                 let coupon = produce(&pool, &topic, 1).await;
-                // A's handler takes 1.5 s under a 300 ms lease.
+                // A's handler takes 2 s under a 300 ms lease.
                 let a = Relay::new(pool.clone())
                     .route(topic.clone(), |d, m: Deduct| async move {
-                        deduct_slow(d.source(), &m, Duration::from_millis(1500)).await
+                        deduct_slow(d.source(), &m, Duration::from_millis(2000)).await
                     })
                     .lease(Duration::from_millis(300))
                     .owner("relay-slow");
                 let slow = tokio::spawn(async move { a.run_once().await });
-                tokio::time::sleep(Duration::from_millis(700)).await;
+                held_then_expired(&pool, &topic, "relay-slow", 1, Duration::from_millis(300)).await;
                 // B finds A's lease expired; its retry is rejected for good,
                 // which dead-letters the message if B may claim it.
                 let b = Relay::new(pool.clone())
@@ -412,13 +432,13 @@ macro_rules! relay_tests {
                 // marks the message after it): only the lease protects it.
                 let a = Relay::new(pool.clone())
                     .route(topic.clone(), |d, m: Deduct| async move {
-                        tokio::time::sleep(Duration::from_millis(1200)).await;
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
                         deduct(d.pool(), &m).await
                     })
                     .lease(Duration::from_millis(300))
                     .owner("relay-long");
                 let long = tokio::spawn(async move { a.run_once().await });
-                tokio::time::sleep(Duration::from_millis(700)).await;
+                held_then_expired(&pool, &topic, "relay-long", 1, Duration::from_millis(300)).await;
                 let b = Relay::new(pool.clone())
                     .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
                     .owner("relay-other");

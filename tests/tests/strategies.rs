@@ -85,6 +85,7 @@ macro_rules! backend_tests {
             async fn setup(pool: &Pool<Db>) {
                 let ddl = [
                     "CREATE TABLE IF NOT EXISTS idem_t_coupon (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)",
+                    "CREATE TABLE IF NOT EXISTS idem_t_coupon_k (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL, used_by VARCHAR(200))",
                     "CREATE TABLE IF NOT EXISTS idem_t_deduction (coupon_id BIGINT NOT NULL, order_id BIGINT NOT NULL, msg_id VARCHAR(128) NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_t_notice (user_id BIGINT NOT NULL, msg_id VARCHAR(128) NOT NULL, text VARCHAR(256) NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_t_pay (serial VARCHAR(64) NOT NULL, ext_ref VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
@@ -123,6 +124,27 @@ macro_rules! backend_tests {
                 if msg.fail {
                     return Err(Boom.into());
                 }
+                Ok(msg.order_id)
+            }
+
+            /// `deduct` bound to its message: the transition writes the key
+            /// into `used_by`.
+            #[idempotent(
+                key = "coupon-deduct:{msg.msg_id}",
+                strategy = state_machine,
+                table = "idem_t_coupon_k",
+                id = msg.coupon_id,
+                key_column = "used_by",
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_bound(tx: &mut Transaction<'_, Db>, msg: &Deduct) -> Result<i64, sqlx::Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_t_deduction (coupon_id, order_id, msg_id) VALUES (?, ?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .bind(&msg.msg_id)
+                    .execute(&mut **tx)
+                    .await?;
                 Ok(msg.order_id)
             }
 
@@ -350,6 +372,77 @@ macro_rules! backend_tests {
                 assert_eq!(coupon_status(&pool, coupon).await, "UNUSED");
             }
 
+            #[tokio::test]
+            async fn state_machine_key_column_tells_another_message_from_a_retry() {
+                let Some(pool) = pool().await else { return };
+                let coupon = ids(1);
+                sqlx::query(sql(D, "INSERT INTO idem_t_coupon_k (id, status) VALUES (?, 'UNUSED')"))
+                    .bind(coupon)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let first = Deduct { msg_id: format!("order-{coupon}-a"), coupon_id: coupon, order_id: 1, fail: false };
+                assert_eq!(deduct_bound(&pool, &first).await.unwrap(), Outcome::Executed(1));
+                // A second order reusing the used coupon: an error, not a success.
+                let second = Deduct { msg_id: format!("order-{coupon}-b"), order_id: 2, ..first.clone() };
+                let err = deduct_bound(&pool, &second).await.unwrap_err();
+                match &err {
+                    Error::IllegalState { found: Some(f), .. } => assert!(f.contains("another key"), "{f}"),
+                    other => panic!("expected IllegalState, got {other:?}"),
+                }
+                assert!(!err.is_retryable());
+                // The first order's retry is still a duplicate.
+                assert_eq!(deduct_bound(&pool, &first).await.unwrap(), Outcome::Duplicate(None));
+                assert_eq!(deductions(&pool, coupon).await, 1);
+                let used_by: String = sqlx::query_scalar(sql(D, "SELECT used_by FROM idem_t_coupon_k WHERE id = ?"))
+                    .bind(coupon)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(used_by, format!("coupon-deduct:order-{coupon}-a"));
+                // The plain form cannot tell them apart: documented.
+                let plain = new_coupon(&pool, "UNUSED").await;
+                assert!(deduct(&pool, &Deduct { coupon_id: plain, ..first.clone() }).await.unwrap().is_executed());
+                assert!(deduct(&pool, &Deduct { coupon_id: plain, ..second.clone() }).await.unwrap().is_duplicate());
+            }
+
+            // ---- the outbox source is checked (item 10) --------------------
+
+            #[tokio::test]
+            async fn an_outbox_source_must_hold_its_pending_message() {
+                let Some(pool) = pool().await else { return };
+                let coupon = new_coupon(&pool, "UNUSED").await;
+                let msg = deduct_msg(coupon, false);
+                // Another topic's message: never marked by this handler.
+                let other = enqueue(&pool, "coupon.other-topic", &msg.msg_id).await;
+                let held = lease(&pool, other).await;
+                let wrong_topic = OutboxLease::new(other, "coupon.deduct", held.owner(), held.attempt());
+                let err = deduct(Source::outbox(&pool, wrong_topic), &msg).await.unwrap_err();
+                assert!(matches!(&err, Error::OutboxMessage { reason, .. } if reason.contains("coupon.other-topic")), "{err:?}");
+                assert!(!err.is_retryable());
+                assert_eq!(outbox_status(&pool, other).await, "pending");
+                // A missing message: nothing executes.
+                let missing = OutboxLease::new(i64::MAX - ids(1), "coupon.deduct", "nobody", 1);
+                let err = deduct(Source::outbox(&pool, missing), &msg).await.unwrap_err();
+                assert!(matches!(err, Error::OutboxMessage { .. }), "{err:?}");
+                // A dead-lettered message: nothing executes.
+                let dead = enqueue(&pool, "coupon.deduct", &format!("dead-{coupon}")).await;
+                let dead_lease = lease(&pool, dead).await;
+                sqlx::query(sql(D, "UPDATE idem_outbox SET status = 'failed' WHERE id = ?")).bind(dead).execute(&pool).await.unwrap();
+                let err = deduct(Source::outbox(&pool, dead_lease), &msg).await.unwrap_err();
+                assert!(matches!(&err, Error::OutboxMessage { reason, .. } if reason.contains("failed")), "{err:?}");
+                // A lease another claim took over: retryable, nothing executes.
+                let live = enqueue(&pool, "coupon.deduct", &format!("live-{coupon}")).await;
+                let stale = lease(&pool, live).await;
+                let _current = lease(&pool, live).await;
+                let err = deduct(Source::outbox(&pool, stale), &msg).await.unwrap_err();
+                assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+                assert!(err.is_retryable());
+                assert_eq!(outbox_status(&pool, live).await, "pending");
+                assert_eq!(deductions(&pool, coupon).await, 0, "no call executed");
+                assert_eq!(coupon_status(&pool, coupon).await, "UNUSED");
+            }
+
             // ---- record ---------------------------------------------------
 
             fn notice(tag: &str) -> Notice {
@@ -454,6 +547,26 @@ macro_rules! backend_tests {
                 assert_eq!(executed + duplicates + errors.len(), CONCURRENCY);
                 assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 1);
                 assert_eq!(outbox_status(&pool, outbox).await, "success");
+            }
+
+            #[tokio::test]
+            async fn unique_insert_other_unique_violations_are_errors() {
+                let Some(pool) = pool().await else { return };
+                let p = payment(false);
+                assert_eq!(record_payment(&pool, &p).await.unwrap(), Outcome::Executed(()));
+                // A new payment whose body hits another unique index (the
+                // platform reused a reference): not a duplicate of anything.
+                let mut other = payment(false);
+                other.ext_ref = p.ext_ref.clone();
+                let outbox = enqueue(&pool, "payment.callback", &other.serial).await;
+                let err = record_payment(Source::outbox(&pool, lease(&pool, outbox).await), &other).await.unwrap_err();
+                assert!(matches!(err, Error::Handler { .. }), "{err:?}");
+                assert!(!err.is_retryable());
+                assert!(err.to_string().contains("uk_idem_t_pay_serial"), "{err}");
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &other.serial).await, 0);
+                assert_eq!(outbox_status(&pool, outbox).await, "pending", "the message was not acknowledged");
+                // The action's own constraint is still a duplicate.
+                assert_eq!(record_payment(&pool, &p).await.unwrap(), Outcome::Duplicate(None));
             }
 
             #[tokio::test]

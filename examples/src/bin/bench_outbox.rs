@@ -386,11 +386,13 @@ fn pgbench_vars(sql: &str, vars: &[&str]) -> String {
 /// tables, with pgbench variables for their parameters.
 fn pgbench_scripts() -> (String, String) {
     let pg = Dialect::Postgres;
-    let state = pg.state_sql(PGB_COUPON, "id", "status");
+    let state = pg.state_sql(PGB_COUPON, "id", "status", None);
     let lock = pgbench_vars(&state.lock, &["id"]);
     let transition = pgbench_vars(&state.transition, &["to", "id", "from"]);
-    // idem-runtime's `outbox_success` (not public): the same text as in
-    // its `const PG: SqlSet`, on the pgbench outbox table.
+    // idem-runtime's `outbox_success` (not public), first in the handler's
+    // transaction as there, on the pgbench outbox table. Its lease fence
+    // (topic, owner, attempt) is left out: pgbench's rows are not claimed,
+    // and the fence only adds filters on the row the id already found.
     let success = format!(
         "UPDATE {PGB_OUTBOX} SET status = 'success', \
          updated_at = now(), lease_owner = NULL, locked_until = NULL \
@@ -402,10 +404,10 @@ fn pgbench_scripts() -> (String, String) {
          \\set id (:k - 1) * :nclients + :client_id + 1\n\
          \\set order :id + {ORDER_OFFSET}\n\
          BEGIN;\n\
+         {success};\n\
          {lock};\n\
          INSERT INTO {PGB_LEDGER} (coupon_id, order_id, msg_id) VALUES (:id, :order, :id);\n\
          {transition};\n\
-         {success};\n\
          COMMIT;\n"
     );
     let claim = pgbench_vars(
