@@ -98,10 +98,10 @@ pub use state::{EntityId, EntityIdValue, State};
 /// async fn handler(source: impl Into<Source<'_, DB>>, params…) -> Result<Outcome<T>, idem_runtime::Error>
 /// ```
 ///
-/// which runs, in ONE transaction: key derivation and checks → the
-/// strategy's guard → your body on the transaction → the strategy's
-/// bookkeeping → the outbox message's status update (when called with
-/// [`Source::outbox`]) → commit. A duplicate never runs the body and
+/// which runs, in ONE transaction: key derivation and checks → the outbox
+/// message's status update, fenced by the delivery's lease (when called
+/// with [`Source::outbox`]) → the strategy's guard → your body on the
+/// transaction → the strategy's bookkeeping → commit. A duplicate never runs the body and
 /// answers `Ok(Outcome::Duplicate(_))`. Body errors (`E: Into<BoxError>`)
 /// roll everything back and come back as [`Error::Handler`], retryable when
 /// they carry a transient `sqlx::Error`.
@@ -131,13 +131,15 @@ pub use state::{EntityId, EntityIdValue, State};
 /// ```text
 /// key = KeyBuilder…finish(validate)?                    // InvalidKey: nothing runs
 /// BEGIN                                                 // SQLite: BEGIN IMMEDIATE
+/// [UPDATE idem_outbox SET status = 'success' WHERE id = ? AND topic = ?
+///    AND status = 'pending' AND lease_owner = ? AND attempts = ?]  // must change 1 row, else
+///                                                       // ROLLBACK, LeaseLost / OutboxMessage
 /// SELECT status FROM coupon WHERE id = ? FOR UPDATE     // SQLite: no FOR UPDATE (write lock held)
-///   = to    → [outbox update], COMMIT, Duplicate(None)
+///   = to    → COMMIT, Duplicate(None)
 ///   = from  → go on
 ///   other   → ROLLBACK, IllegalState
 /// <your body>                                           // Err → ROLLBACK, Handler
 /// UPDATE coupon SET status = to WHERE id = ? AND status = from   // must change 1 row
-/// [UPDATE idem_outbox SET status = 'success' WHERE id = ? AND status = 'pending']
 /// COMMIT                                                // connection lost → CommitUnknown
 /// ```
 ///
@@ -186,11 +188,10 @@ pub use state::{EntityId, EntityIdValue, State};
 ///   VALUES (?, ?, ?, ?, now + ttl) ON CONFLICT DO NOTHING   // MariaDB: INSERT IGNORE; SQLite: INSERT OR IGNORE
 ///   -- a concurrent insert of the same key waits here on the unique index
 ///   0 rows → SELECT fingerprint, result … (MariaDB: LOCK IN SHARE MODE)
-///            same fingerprint → [outbox update], COMMIT, Duplicate(stored)
+///            same fingerprint → COMMIT, Duplicate(stored)
 ///            other           → ROLLBACK, KeyConflict
 /// <your body>
 /// UPDATE idem_record SET result = <json> WHERE idempotency_key = ?
-/// [outbox update]
 /// COMMIT
 /// ```
 ///
@@ -230,10 +231,12 @@ pub use state::{EntityId, EntityIdValue, State};
 /// # Ok(()) }
 /// ```
 ///
-/// Written by hand: `BEGIN; SAVEPOINT s; <your body>` — a unique violation
-/// in the body's error → `ROLLBACK TO SAVEPOINT s`, `[outbox update]`,
-/// `COMMIT`, `Duplicate(None)`; any other error → `ROLLBACK`; success →
-/// `RELEASE SAVEPOINT s`, `[outbox update]`, `COMMIT`.
+/// Written by hand: `BEGIN; [outbox update]; SAVEPOINT s; <your body>` — a
+/// violation of `constraint` in the body's error → `ROLLBACK TO SAVEPOINT
+/// s`, `COMMIT`, `Duplicate(None)`; any other error, another unique
+/// violation included → `ROLLBACK`; success → `RELEASE SAVEPOINT s`,
+/// `COMMIT`. (`[outbox update]`: the fenced update shown for
+/// `state_machine`, when an outbox message drives the call.)
 ///
 /// # Compile-time checks
 ///
