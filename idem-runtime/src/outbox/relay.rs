@@ -68,7 +68,7 @@ impl<DB: Backend> Delivery<DB> {
 /// A relay's settings (see [`Relay::settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelaySettings {
-    /// Messages claimed per round.
+    /// The most messages claimed per round (never more than free slots).
     pub batch_size: u32,
     /// Handlers running at once.
     pub concurrency: usize,
@@ -204,7 +204,10 @@ impl<DB: Backend> Relay<DB> {
         })
     }
 
-    /// Messages claimed per round (default 64).
+    /// The most messages claimed per round (default 64); a round never
+    /// claims more than the free handler slots (see
+    /// [`concurrency`](Relay::concurrency)), so that no claimed message
+    /// waits out its lease in a queue.
     pub fn batch_size(self, n: u32) -> Self {
         self.edit(|i| i.batch_size = i64::from(n.max(1)))
     }
