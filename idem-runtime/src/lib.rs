@@ -80,7 +80,7 @@ pub mod testing;
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
 pub use call::{Call, Outcome, Record, Source, StateMachine, fingerprint};
 pub use error::{BoxError, Error, is_transient};
-pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key};
+pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
 pub use schema::migrate;
 pub use state::{EntityId, EntityIdValue, State};
 
