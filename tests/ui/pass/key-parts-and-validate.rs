@@ -37,7 +37,7 @@ mod checks {
 }
 
 #[idempotent(
-    key = "{{import}}:{msg.tenant}:{msg.batch}:{msg.range.0}-{msg.range.1}:{msg.dry_run}:{msg.grade}:{source}",
+    key = "{{import}}:{msg.tenant}:{msg.batch}:{msg.range.0}/{msg.range.1}:{msg.dry_run}:{msg.grade}:{source}",
     strategy = unique_insert,
     validate = no_spaces,
 )]
