@@ -201,7 +201,7 @@ fn expand(attr: TokenStream, func: &ItemFn) -> Result<TokenStream, syn::Error> {
                 check_root(f, "fingerprint", &mut errors);
             }
         }
-        Strategy::UniqueInsert => {}
+        Strategy::UniqueInsert { .. } => {}
     }
     errors.finish()?;
     Ok(generate(&args, &handler, key))
@@ -350,6 +350,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             state_column,
             from,
             to,
+            ..
         } => {
             let id_column = id_column.as_ref().map_or("id".into(), |s| s.value());
             let state_column = state_column.as_ref().map_or("status".into(), |s| s.value());
@@ -382,7 +383,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             ttl_secs,
             fingerprint,
         } => {
-            let biz_type = biz_type.as_ref().map_or(name_str.clone(), |s| s.value());
+            let biz_type = biz_type.value();
             let biz_no = match biz_no {
                 Some(b) => {
                     let e = &b.expr;
@@ -439,7 +440,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                 #finish
             }
         }
-        Strategy::UniqueInsert => quote! {
+        Strategy::UniqueInsert { .. } => quote! {
             #open_plain
             __idem_call.unique_guard().await?;
             #body_call

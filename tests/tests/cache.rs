@@ -51,7 +51,7 @@ async fn deduct(
     Ok(())
 }
 
-#[idempotent(key = "cache-record:{msg.coupon_id}", strategy = record)]
+#[idempotent(key = "cache-record:{msg.coupon_id}", strategy = record, biz_type = "cache_record")]
 async fn notify(tx: &mut Transaction<'_, Sqlite>, msg: &Deduct) -> Result<Receipt, sqlx::Error> {
     let done = sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
         .bind(msg.coupon_id)

@@ -144,7 +144,7 @@ macro_rules! backend_tests {
                 Ok(Receipt { notice_row: n, text: msg.text.clone() })
             }
 
-            #[idempotent(key = "pay:{p.serial}", strategy = unique_insert, validate = digits_only)]
+            #[idempotent(key = "pay:{p.serial}", strategy = unique_insert, constraint = "idem_t_payment.serial", validate = digits_only)]
             async fn record_payment(tx: &mut Transaction<'_, Db>, p: &Payment) -> Result<(), sqlx::Error> {
                 sqlx::query(sql(D, "INSERT INTO idem_t_payment (serial, amount) VALUES (?, ?)"))
                     .bind(&p.serial)

@@ -51,6 +51,7 @@ enum OrderState {
     id = order_no,
     id_column = "order_no",
     state_column = "order_state",
+    key_column = "ship_key",
     from = OrderState::Paid,
     to = OrderState::Shipped,
 )]
