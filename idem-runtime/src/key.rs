@@ -5,8 +5,9 @@
 //! across processes, versions and retries, then percent-encoded
 //! ([`escape_part`]) so that a part never contains a separator: distinct
 //! parts always give distinct keys. The finished key is checked at run time:
-//! every part non-empty, at most [`MAX_KEY_LEN`] bytes once encoded, no
-//! control characters, and the handler's optional `validate` function.
+//! every part non-empty and free of control characters, at most
+//! [`MAX_KEY_LEN`] bytes once encoded, and the handler's optional `validate`
+//! function.
 
 use crate::Error;
 use std::borrow::Cow;
@@ -161,6 +162,8 @@ pub struct KeyBuilder {
     /// The part being encoded, before escaping.
     scratch: String,
     empty_part: Option<&'static str>,
+    /// The first part with a control character, and the character.
+    control_part: Option<(&'static str, char)>,
 }
 
 /// A user-supplied key validator: `validate = path::to::fn` in the attribute.
@@ -173,6 +176,7 @@ impl KeyBuilder {
             key: String::with_capacity(64),
             scratch: String::new(),
             empty_part: None,
+            control_part: None,
         }
     }
 
@@ -190,6 +194,13 @@ impl KeyBuilder {
         if self.scratch.is_empty() && self.empty_part.is_none() {
             self.empty_part = Some(name);
         }
+        // Escaping would make a control character harmless to the key, but
+        // an ID carrying one is malformed: still rejected, as before.
+        if self.control_part.is_none()
+            && let Some(c) = self.scratch.chars().find(|c| c.is_control())
+        {
+            self.control_part = Some((name, c));
+        }
         escape_part(&self.scratch, &mut self.key);
         self
     }
@@ -204,6 +215,12 @@ impl KeyBuilder {
             return Err(invalid(
                 &self.key,
                 format!("placeholder `{{{name}}}` is empty"),
+            ));
+        }
+        if let Some((name, c)) = self.control_part {
+            return Err(invalid(
+                &self.key,
+                format!("placeholder `{{{name}}}` contains the control character {c:?}"),
             ));
         }
         check_key(&self.key)?;
@@ -365,6 +382,8 @@ mod tests {
         assert_eq!(enc("a b/c"), "a%20b%2Fc");
         assert_eq!(enc("é"), "%C3%A9");
         assert_eq!(enc("\n"), "%0A");
+        let e = KeyBuilder::new().lit("k:").part("m.id", "evil\u{0}id").finish(None).unwrap_err();
+        assert!(e.to_string().contains("{m.id}` contains the control character"), "{e}");
         // Custom `KeyPart` impls are encoded too.
         struct Pair(u8, u8);
         impl KeyPart for Pair {
