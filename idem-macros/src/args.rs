@@ -396,11 +396,8 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             })
         }
         Some(_) => match take("constraint") {
-            Some((_, e)) => {
-                ident_str(&e, "constraint", &mut errors).map(|constraint| Strategy::UniqueInsert {
-                    constraint,
-                })
-            }
+            Some((_, e)) => ident_str(&e, "constraint", &mut errors)
+                .map(|constraint| Strategy::UniqueInsert { constraint }),
             None => {
                 errors.at(
                     Span::call_site(),
@@ -609,57 +606,102 @@ mod tests {
     fn record_needs_a_valid_biz_type() {
         assert!(err(quote!(key = "a:{b}", strategy = record)).contains("needs `biz_type"));
         assert!(
-            err(quote!(key = "a:{b}", strategy = record, biz_type = "no tice"))
-                .contains("contains ' '")
+            err(quote!(
+                key = "a:{b}",
+                strategy = record,
+                biz_type = "no tice"
+            ))
+            .contains("contains ' '")
         );
         assert!(err(quote!(key = "a:{b}", strategy = record, biz_type = "")).contains("1 to 64"));
-        let a = parse(quote!(key = "a:{b}", strategy = record, biz_type = "notice.sms-2_x")).unwrap();
-        assert!(matches!(a.strategy, Strategy::Record { biz_type, .. } if biz_type.value() == "notice.sms-2_x"));
+        let a = parse(quote!(
+            key = "a:{b}",
+            strategy = record,
+            biz_type = "notice.sms-2_x"
+        ))
+        .unwrap();
+        assert!(
+            matches!(a.strategy, Strategy::Record { biz_type, .. } if biz_type.value() == "notice.sms-2_x")
+        );
     }
 
     #[test]
     fn unique_insert_needs_a_constraint() {
         assert!(err(quote!(key = "a:{b}", strategy = unique_insert)).contains("needs `constraint"));
         assert!(
-            err(quote!(key = "a:{b}", strategy = unique_insert, constraint = "a.b.c"))
-                .contains("not a valid SQL identifier")
+            err(quote!(
+                key = "a:{b}",
+                strategy = unique_insert,
+                constraint = "a.b.c"
+            ))
+            .contains("not a valid SQL identifier")
         );
         for ok in ["payment_serial_key", "payment.serial"] {
-            let a = parse(quote!(key = "a:{b}", strategy = unique_insert, constraint = #ok)).unwrap();
-            assert!(matches!(a.strategy, Strategy::UniqueInsert { constraint } if constraint.value() == ok));
+            let a =
+                parse(quote!(key = "a:{b}", strategy = unique_insert, constraint = #ok)).unwrap();
+            assert!(
+                matches!(a.strategy, Strategy::UniqueInsert { constraint } if constraint.value() == ok)
+            );
         }
         assert!(
-            err(quote!(key = "a:{b}", strategy = record, biz_type = "n", constraint = "c"))
-                .contains("`constraint` is an option of `strategy = unique_insert`")
+            err(quote!(
+                key = "a:{b}",
+                strategy = record,
+                biz_type = "n",
+                constraint = "c"
+            ))
+            .contains("`constraint` is an option of `strategy = unique_insert`")
         );
     }
 
     #[test]
     fn state_machine_takes_a_key_column() {
         let a = parse(quote!(
-            key = "c:{m.id}", strategy = state_machine, table = "coupon", id = m.coupon_id,
-            key_column = "last_key", from = S::A, to = S::B
+            key = "c:{m.id}",
+            strategy = state_machine,
+            table = "coupon",
+            id = m.coupon_id,
+            key_column = "last_key",
+            from = S::A,
+            to = S::B
         ))
         .unwrap();
-        assert!(matches!(a.strategy, Strategy::StateMachine { key_column: Some(k), .. } if k.value() == "last_key"));
+        assert!(
+            matches!(a.strategy, Strategy::StateMachine { key_column: Some(k), .. } if k.value() == "last_key")
+        );
         assert!(
             err(quote!(
-                key = "c:{m.id}", strategy = state_machine, table = "coupon", id = m.coupon_id,
-                key_column = "last key", from = S::A, to = S::B
+                key = "c:{m.id}",
+                strategy = state_machine,
+                table = "coupon",
+                id = m.coupon_id,
+                key_column = "last key",
+                from = S::A,
+                to = S::B
             ))
             .contains("not a valid SQL identifier")
         );
         assert!(
-            err(quote!(key = "a:{b}", strategy = unique_insert, constraint = "c", key_column = "k"))
-                .contains("option of `strategy = state_machine`")
+            err(quote!(
+                key = "a:{b}",
+                strategy = unique_insert,
+                constraint = "c",
+                key_column = "k"
+            ))
+            .contains("option of `strategy = state_machine`")
         );
     }
 
     #[test]
     fn ttl_is_bounded() {
         assert!(
-            err(quote!(key = "a:{b}", strategy = record, biz_type = "n", ttl = "3000000d"))
-                .contains("too long")
+            err(quote!(
+                key = "a:{b}",
+                strategy = record,
+                biz_type = "n",
+                ttl = "3000000d"
+            ))
+            .contains("too long")
         );
     }
 

@@ -170,7 +170,10 @@ fn check_separators(template: &str, segments: &[Segment]) -> Vec<TemplateError> 
                     let suggestion = if c.is_ascii_alphanumeric() || c == '%' {
                         format!("`{{{p}}}:{text}`")
                     } else {
-                        format!("`{{{p}}}:{}` instead of `{{{p}}}{text}`", &text[c.len_utf8()..])
+                        format!(
+                            "`{{{p}}}:{}` instead of `{{{p}}}{text}`",
+                            &text[c.len_utf8()..]
+                        )
                     };
                     errors.push(err(
                         format!(
@@ -280,7 +283,11 @@ mod tests {
         assert_eq!(e.range, Some(2..8));
         for (t, at) in [("c:{a}-{b}", 5), ("c:{a}x", 5), ("{a}.{b}", 3), ("{a}%", 3)] {
             let e = first(t);
-            assert!(e.message.contains("a key part may contain"), "{t}: {}", e.message);
+            assert!(
+                e.message.contains("a key part may contain"),
+                "{t}: {}",
+                e.message
+            );
             assert_eq!(e.range, Some(at..at + 1), "{t}");
         }
         for ok in [
@@ -330,7 +337,10 @@ mod tests {
                         assert!(!e.message.is_empty(), "{t:?}");
                         if let Some(r) = e.range {
                             assert!(r.start < r.end && r.end <= t.len(), "{t:?}: {r:?}");
-                            assert!(t.is_char_boundary(r.start) && t.is_char_boundary(r.end), "{t:?}: {r:?}");
+                            assert!(
+                                t.is_char_boundary(r.start) && t.is_char_boundary(r.end),
+                                "{t:?}: {r:?}"
+                            );
                         }
                     }
                 }

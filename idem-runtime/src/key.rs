@@ -374,7 +374,13 @@ mod tests {
             out
         };
         // Ordinary IDs stay readable.
-        for id in ["ORD-1", "42", "-7", "a.b_c~d", "67e55044-10b1-426f-9247-bb680e5fe0c8"] {
+        for id in [
+            "ORD-1",
+            "42",
+            "-7",
+            "a.b_c~d",
+            "67e55044-10b1-426f-9247-bb680e5fe0c8",
+        ] {
             assert_eq!(enc(id), id);
         }
         assert_eq!(enc("a:b"), "a%3Ab");
@@ -382,8 +388,16 @@ mod tests {
         assert_eq!(enc("a b/c"), "a%20b%2Fc");
         assert_eq!(enc("é"), "%C3%A9");
         assert_eq!(enc("\n"), "%0A");
-        let e = KeyBuilder::new().lit("k:").part("m.id", "evil\u{0}id").finish(None).unwrap_err();
-        assert!(e.to_string().contains("{m.id}` contains the control character"), "{e}");
+        let e = KeyBuilder::new()
+            .lit("k:")
+            .part("m.id", "evil\u{0}id")
+            .finish(None)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("{m.id}` contains the control character"),
+            "{e}"
+        );
         // Custom `KeyPart` impls are encoded too.
         struct Pair(u8, u8);
         impl KeyPart for Pair {
@@ -391,7 +405,11 @@ mod tests {
                 let _ = write!(out, "{}:{}", self.0, self.1);
             }
         }
-        let k = KeyBuilder::new().lit("p:").part("p", &Pair(1, 2)).finish(None).unwrap();
+        let k = KeyBuilder::new()
+            .lit("p:")
+            .part("p", &Pair(1, 2))
+            .finish(None)
+            .unwrap();
         assert_eq!(k, "p:1%3A2");
     }
 
@@ -399,10 +417,20 @@ mod tests {
     fn the_length_limit_counts_the_encoded_key() {
         // 43 raw bytes, 2 + 129 encoded.
         let raw = ":".repeat(43);
-        let e = KeyBuilder::new().lit("k:").part("p", raw.as_str()).finish(None).unwrap_err();
+        let e = KeyBuilder::new()
+            .lit("k:")
+            .part("p", raw.as_str())
+            .finish(None)
+            .unwrap_err();
         assert!(e.to_string().contains("131 bytes"), "{e}");
         let raw = ":".repeat(42);
-        assert!(KeyBuilder::new().lit("k:").part("p", raw.as_str()).finish(None).is_ok());
+        assert!(
+            KeyBuilder::new()
+                .lit("k:")
+                .part("p", raw.as_str())
+                .finish(None)
+                .is_ok()
+        );
     }
 
     /// Injectivity over random templates that obey the compile-time rules
@@ -430,14 +458,17 @@ mod tests {
         }
 
         fn template() -> impl Strategy<Value = Template> {
-            (text(), proptest::collection::vec(separated(), 1..5), any::<bool>()).prop_map(
-                |(head, mut tails, open_end)| {
+            (
+                text(),
+                proptest::collection::vec(separated(), 1..5),
+                any::<bool>(),
+            )
+                .prop_map(|(head, mut tails, open_end)| {
                     if open_end {
                         tails.last_mut().expect("one part at least").clear();
                     }
                     Template { head, tails }
-                },
-            )
+                })
         }
 
         fn value() -> impl Strategy<Value = String> {

@@ -89,6 +89,21 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(postgres, sqlx::Postgres, Dialect::Postgres, idem_tests::postgres(4).await);
-backend_tests!(mariadb, sqlx::MySql, Dialect::MySql, idem_tests::mysql(4).await);
-backend_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, Some(idem_tests::sqlite(4).await));
+backend_tests!(
+    postgres,
+    sqlx::Postgres,
+    Dialect::Postgres,
+    idem_tests::postgres(4).await
+);
+backend_tests!(
+    mariadb,
+    sqlx::MySql,
+    Dialect::MySql,
+    idem_tests::mysql(4).await
+);
+backend_tests!(
+    sqlite,
+    sqlx::Sqlite,
+    Dialect::Sqlite,
+    Some(idem_tests::sqlite(4).await)
+);
