@@ -17,16 +17,27 @@ pub const ALL: &[&str] = &[
     "id",
     "id_column",
     "state_column",
+    "key_column",
     "from",
     "to",
     "biz_type",
     "biz_no",
     "ttl",
     "fingerprint",
+    "constraint",
 ];
 const COMMON: &[&str] = &["key", "strategy", "validate"];
-const STATE_MACHINE: &[&str] = &["table", "id", "id_column", "state_column", "from", "to"];
+const STATE_MACHINE: &[&str] = &[
+    "table",
+    "id",
+    "id_column",
+    "state_column",
+    "key_column",
+    "from",
+    "to",
+];
 const RECORD: &[&str] = &["biz_type", "biz_no", "ttl", "fingerprint"];
+const UNIQUE_INSERT: &[&str] = &["constraint"];
 /// The strategies, as listed in errors.
 pub const STRATEGIES: &[&str] = &["state_machine", "record", "unique_insert"];
 
@@ -48,18 +59,22 @@ pub enum Strategy {
         id: FieldPath,
         id_column: Option<LitStr>,
         state_column: Option<LitStr>,
+        key_column: Option<LitStr>,
         from: Path,
         to: Path,
     },
     /// `strategy = record`.
     Record {
-        biz_type: Option<LitStr>,
+        biz_type: LitStr,
         biz_no: Option<FieldPath>,
         ttl_secs: u64,
         fingerprint: Option<Vec<FieldPath>>,
     },
     /// `strategy = unique_insert`.
-    UniqueInsert,
+    UniqueInsert {
+        /// The unique constraint (or index) whose violation means Duplicate.
+        constraint: LitStr,
+    },
 }
 
 impl Strategy {
@@ -68,7 +83,7 @@ impl Strategy {
         match self {
             Strategy::StateMachine { .. } => "state_machine",
             Strategy::Record { .. } => "record",
-            Strategy::UniqueInsert => "unique_insert",
+            Strategy::UniqueInsert { .. } => "unique_insert",
         }
     }
 }
@@ -86,6 +101,10 @@ pub struct Args {
 
 /// Default record time-to-live: seven days.
 pub const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
+/// The longest record time-to-live: 3650 days (ten years). Longer is a
+/// mistake (a unit typo such as `3000000d`), and far past what the
+/// database's date arithmetic handles everywhere.
+pub const MAX_TTL_SECS: u64 = 3650 * 24 * 3600;
 
 fn list(names: &[&str]) -> String {
     names
@@ -236,7 +255,7 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
         let own: &[&str] = match strategy.as_str() {
             "state_machine" => STATE_MACHINE,
             "record" => RECORD,
-            _ => &[],
+            _ => UNIQUE_INSERT,
         };
         for (name, span, _) in &seen {
             if COMMON.contains(&name.as_str()) || own.contains(&name.as_str()) {
@@ -244,14 +263,12 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             }
             let owner = if STATE_MACHINE.contains(&name.as_str()) {
                 "state_machine"
-            } else {
+            } else if RECORD.contains(&name.as_str()) {
                 "record"
-            };
-            let valid = if own.is_empty() {
-                "it takes no options besides `key` and `validate`".to_string()
             } else {
-                format!("its options are: {}", list(own))
+                "unique_insert"
             };
+            let valid = format!("its options are: {}", list(own));
             errors.at(
                 *span,
                 format!(
@@ -284,6 +301,8 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
                 take("id_column").and_then(|(_, e)| ident_str(&e, "id_column", &mut errors));
             let state_column =
                 take("state_column").and_then(|(_, e)| ident_str(&e, "state_column", &mut errors));
+            let key_column =
+                take("key_column").and_then(|(_, e)| ident_str(&e, "key_column", &mut errors));
             let from = from.and_then(|(_, e)| state_path(&e, "from", &mut errors));
             let to = to.and_then(|(_, e)| state_path(&e, "to", &mut errors));
             if let (Some(f), Some(t)) = (&from, &to)
@@ -300,6 +319,7 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
                     id,
                     id_column,
                     state_column,
+                    key_column,
                     from,
                     to,
                 }),
@@ -307,27 +327,51 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             }
         }
         Some("record") => {
-            let biz_type = take("biz_type").and_then(|(_, e)| {
-                let s = lit_str(&e, "biz_type", &mut errors)?;
-                if s.value().is_empty() || s.value().len() > 64 {
-                    errors.at(s.span(), "`biz_type` must be 1 to 64 bytes");
+            let biz_type = match take("biz_type") {
+                Some((_, e)) => lit_str(&e, "biz_type", &mut errors).and_then(|s| {
+                    let v = s.value();
+                    if v.is_empty() || v.len() > 64 {
+                        errors.at(
+                            s.span(),
+                            format!("`biz_type` must be 1 to 64 bytes, `{v}` is {}", v.len()),
+                        );
+                        None
+                    } else if let Some(c) = v
+                        .chars()
+                        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+                    {
+                        errors.at(
+                            s.span(),
+                            format!(
+                                "`biz_type = \"{v}\"` contains {c:?}: use letters, digits, \
+                                 `_`, `.` and `-`, e.g. `biz_type = \"notice.sms\"`"
+                            ),
+                        );
+                        None
+                    } else {
+                        Some(s)
+                    }
+                }),
+                None => {
+                    errors.at(
+                        Span::call_site(),
+                        "`strategy = record` needs `biz_type = \"...\"`, e.g. \
+                         `biz_type = \"notice\"`: the record table is unique on \
+                         (biz_type, key), so it names the scope in which keys are \
+                         deduplicated. It has no default: the function's name would change \
+                         when the function is renamed, and messages already processed would \
+                         then run again",
+                    );
+                    None
                 }
-                Some(s)
-            });
+            };
             let biz_no = take("biz_no").and_then(|(_, e)| field_path(&e, "biz_no", &mut errors));
             let ttl_secs = match take("ttl") {
                 Some((_, e)) => lit_str(&e, "ttl", &mut errors)
                     .and_then(|s| match parse_ttl(&s.value()) {
-                        Some(secs) => Some(secs),
-                        None => {
-                            errors.at(
-                                s.span(),
-                                format!(
-                                    "invalid ttl `{}`: expected a positive duration such as \
-                                     `30s`, `15m`, `24h`, `7d` or `1d12h`",
-                                    s.value()
-                                ),
-                            );
+                        Ok(secs) => Some(secs),
+                        Err(msg) => {
+                            errors.at(s.span(), msg);
                             None
                         }
                     })
@@ -344,14 +388,28 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
                     .filter_map(|e| field_path(e, "fingerprint", &mut errors))
                     .collect()
             });
-            Some(Strategy::Record {
+            biz_type.map(|biz_type| Strategy::Record {
                 biz_type,
                 biz_no,
                 ttl_secs,
                 fingerprint,
             })
         }
-        Some(_) => Some(Strategy::UniqueInsert),
+        Some(_) => match take("constraint") {
+            Some((_, e)) => ident_str(&e, "constraint", &mut errors)
+                .map(|constraint| Strategy::UniqueInsert { constraint }),
+            None => {
+                errors.at(
+                    Span::call_site(),
+                    "`strategy = unique_insert` needs `constraint = \"...\"`, the name of the \
+                     unique constraint or index whose violation means the action was already \
+                     done, e.g. `constraint = \"payment_serial_key\"` (on SQLite, whose inline \
+                     constraints have no name, `table.column`, e.g. `\"payment.serial\"`): a \
+                     violation of any other unique constraint is an error, not a duplicate",
+                );
+                None
+            }
+        },
         None => None,
     };
 
@@ -382,11 +440,16 @@ fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     if is_identifier(&s.value()) {
         Some(s)
     } else {
+        let qualified = if name == "constraint" {
+            "`table.column` on SQLite"
+        } else {
+            "`schema.table`"
+        };
         errors.at(
             s.span(),
             format!(
                 "`{name} = \"{}\"` is not a valid SQL identifier: use letters, digits and `_`, \
-                 not starting with a digit, at most 63 bytes (optionally `schema.table`)",
+                 not starting with a digit, at most 63 bytes (optionally {qualified})",
                 s.value()
             ),
         );
@@ -448,16 +511,30 @@ pub fn field_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<FieldPath
     }
 }
 
-/// `30s`, `15m`, `24h`, `7d`, `1d12h` → seconds.
-pub fn parse_ttl(s: &str) -> Option<u64> {
+/// `30s`, `15m`, `24h`, `7d`, `1d12h` → seconds, between 1 second and
+/// [`MAX_TTL_SECS`]; the error says what is wrong.
+pub fn parse_ttl(s: &str) -> Result<u64, String> {
+    let syntax = || {
+        format!(
+            "invalid ttl `{s}`: expected a positive duration such as `30s`, `15m`, `24h`, `7d` \
+             or `1d12h`"
+        )
+    };
+    let too_long = || {
+        format!(
+            "ttl `{s}` is too long: at most 3650 days (`3650d`, ten years); records are kept \
+             for as long as a duplicate can still arrive"
+        )
+    };
     let mut total: u64 = 0;
     let mut num: Option<u64> = None;
     for c in s.chars() {
         if let Some(d) = c.to_digit(10) {
             num = Some(
                 num.unwrap_or(0)
-                    .checked_mul(10)?
-                    .checked_add(u64::from(d))?,
+                    .checked_mul(10)
+                    .and_then(|n| n.checked_add(u64::from(d)))
+                    .ok_or_else(too_long)?,
             );
         } else {
             let unit = match c {
@@ -465,15 +542,22 @@ pub fn parse_ttl(s: &str) -> Option<u64> {
                 'm' => 60,
                 'h' => 3600,
                 'd' => 86400,
-                _ => return None,
+                _ => return Err(syntax()),
             };
-            total = total.checked_add(num.take()?.checked_mul(unit)?)?;
+            let n = num.take().ok_or_else(syntax)?;
+            total = n
+                .checked_mul(unit)
+                .and_then(|n| total.checked_add(n))
+                .ok_or_else(too_long)?;
         }
     }
-    if num.is_some() || total == 0 || total > i64::MAX as u64 {
-        return None;
+    if num.is_some() || total == 0 {
+        return Err(syntax());
     }
-    Some(total)
+    if total > MAX_TTL_SECS {
+        return Err(too_long());
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
@@ -519,6 +603,109 @@ mod tests {
     }
 
     #[test]
+    fn record_needs_a_valid_biz_type() {
+        assert!(err(quote!(key = "a:{b}", strategy = record)).contains("needs `biz_type"));
+        assert!(
+            err(quote!(
+                key = "a:{b}",
+                strategy = record,
+                biz_type = "no tice"
+            ))
+            .contains("contains ' '")
+        );
+        assert!(err(quote!(key = "a:{b}", strategy = record, biz_type = "")).contains("1 to 64"));
+        let a = parse(quote!(
+            key = "a:{b}",
+            strategy = record,
+            biz_type = "notice.sms-2_x"
+        ))
+        .unwrap();
+        assert!(
+            matches!(a.strategy, Strategy::Record { biz_type, .. } if biz_type.value() == "notice.sms-2_x")
+        );
+    }
+
+    #[test]
+    fn unique_insert_needs_a_constraint() {
+        assert!(err(quote!(key = "a:{b}", strategy = unique_insert)).contains("needs `constraint"));
+        assert!(
+            err(quote!(
+                key = "a:{b}",
+                strategy = unique_insert,
+                constraint = "a.b.c"
+            ))
+            .contains("not a valid SQL identifier")
+        );
+        for ok in ["payment_serial_key", "payment.serial"] {
+            let a =
+                parse(quote!(key = "a:{b}", strategy = unique_insert, constraint = #ok)).unwrap();
+            assert!(
+                matches!(a.strategy, Strategy::UniqueInsert { constraint } if constraint.value() == ok)
+            );
+        }
+        assert!(
+            err(quote!(
+                key = "a:{b}",
+                strategy = record,
+                biz_type = "n",
+                constraint = "c"
+            ))
+            .contains("`constraint` is an option of `strategy = unique_insert`")
+        );
+    }
+
+    #[test]
+    fn state_machine_takes_a_key_column() {
+        let a = parse(quote!(
+            key = "c:{m.id}",
+            strategy = state_machine,
+            table = "coupon",
+            id = m.coupon_id,
+            key_column = "last_key",
+            from = S::A,
+            to = S::B
+        ))
+        .unwrap();
+        assert!(
+            matches!(a.strategy, Strategy::StateMachine { key_column: Some(k), .. } if k.value() == "last_key")
+        );
+        assert!(
+            err(quote!(
+                key = "c:{m.id}",
+                strategy = state_machine,
+                table = "coupon",
+                id = m.coupon_id,
+                key_column = "last key",
+                from = S::A,
+                to = S::B
+            ))
+            .contains("not a valid SQL identifier")
+        );
+        assert!(
+            err(quote!(
+                key = "a:{b}",
+                strategy = unique_insert,
+                constraint = "c",
+                key_column = "k"
+            ))
+            .contains("option of `strategy = state_machine`")
+        );
+    }
+
+    #[test]
+    fn ttl_is_bounded() {
+        assert!(
+            err(quote!(
+                key = "a:{b}",
+                strategy = record,
+                biz_type = "n",
+                ttl = "3000000d"
+            ))
+            .contains("too long")
+        );
+    }
+
+    #[test]
     fn checks_identifiers() {
         assert!(is_identifier("coupon"));
         assert!(is_identifier("shop.coupon"));
@@ -529,10 +716,67 @@ mod tests {
 
     #[test]
     fn parses_ttls() {
-        assert_eq!(parse_ttl("30s"), Some(30));
-        assert_eq!(parse_ttl("1d12h"), Some(129600));
-        assert_eq!(parse_ttl("7"), None);
-        assert_eq!(parse_ttl("0s"), None);
-        assert_eq!(parse_ttl("3w"), None);
+        assert_eq!(parse_ttl("30s"), Ok(30));
+        assert_eq!(parse_ttl("1d12h"), Ok(129600));
+        assert_eq!(parse_ttl("1s"), Ok(1));
+        assert_eq!(parse_ttl("3650d"), Ok(MAX_TTL_SECS));
+        for bad in ["7", "0s", "3w", "", "d", "7 days"] {
+            assert!(parse_ttl(bad).unwrap_err().contains("invalid ttl"), "{bad}");
+        }
+        for long in [
+            "3651d",
+            "3650d1s",
+            "3000000d",
+            "99999999999999999999s",
+            "18446744073709551615d",
+            "213503982334601d",
+        ] {
+            assert!(parse_ttl(long).unwrap_err().contains("too long"), "{long}");
+        }
+    }
+
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn check(s: &str) {
+            match parse_ttl(s) {
+                Ok(secs) => assert!((1..=MAX_TTL_SECS).contains(&secs), "{s:?} → {secs}"),
+                Err(msg) => assert!(!msg.is_empty(), "{s:?}"),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+            /// Any string: no panic, a bounded value or a message.
+            #[test]
+            fn ttl_parser_never_panics(s in any::<String>()) {
+                check(&s);
+            }
+
+            /// Strings of the ttl alphabet, long digit runs included (overflow).
+            #[test]
+            fn ttl_like_strings_never_panic(s in "[0-9smhdw ]{0,40}") {
+                check(&s);
+            }
+
+            /// Well-formed durations parse to their value, or are too long.
+            #[test]
+            fn durations_parse_to_their_value(
+                parts in proptest::collection::vec((0u64..100_000, 0usize..4), 1..4)
+            ) {
+                const UNITS: [(char, u64); 4] = [('s', 1), ('m', 60), ('h', 3600), ('d', 86400)];
+                let text: String = parts.iter().map(|&(n, u)| format!("{n}{}", UNITS[u].0)).collect();
+                let secs: u64 = parts.iter().map(|&(n, u)| n * UNITS[u].1).sum();
+                match parse_ttl(&text) {
+                    Ok(v) => prop_assert_eq!(v, secs),
+                    Err(msg) => prop_assert!(
+                        (secs == 0 && msg.contains("invalid")) || (secs > MAX_TTL_SECS && msg.contains("too long")),
+                        "{} ({} s): {}", text, secs, msg
+                    ),
+                }
+            }
+        }
     }
 }

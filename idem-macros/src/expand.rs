@@ -201,7 +201,7 @@ fn expand(attr: TokenStream, func: &ItemFn) -> Result<TokenStream, syn::Error> {
                 check_root(f, "fingerprint", &mut errors);
             }
         }
-        Strategy::UniqueInsert => {}
+        Strategy::UniqueInsert { .. } => {}
     }
     errors.finish()?;
     Ok(generate(&args, &handler, key))
@@ -324,6 +324,13 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
     let (db, ret, ok, tx_pat, tx_ty) = (h.db, h.ret, h.ok, h.tx_pat, h.tx_ty);
     let params = h.params.iter().map(|(_, arg)| arg);
     let strategy = args.strategy.name();
+    // What cache markers and records are scoped by: the record strategy's
+    // `biz_type`; elsewhere the function's name (it only scopes cache
+    // markers there, so a rename costs cache misses, never a double apply).
+    let scope = match &args.strategy {
+        Strategy::Record { biz_type, .. } => biz_type.value(),
+        _ => name_str.clone(),
+    };
     let call = quote!(::idem_runtime::__private::Call::<#db>);
     let body_call = quote! {
         let __idem_body: #ret = {
@@ -335,12 +342,13 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
     let open_plain = quote! {
         let __idem_source: ::idem_runtime::__private::Source<'_, #db> =
             ::core::convert::Into::into(__idem_source);
-        if #call::cache_hit(&__idem_source, #name_str, &__idem_key, &__idem_span).await {
+        if #call::cache_hit(&__idem_source, #scope, &__idem_key, &__idem_span).await {
             return ::core::result::Result::Ok(
                 ::idem_runtime::__private::Outcome::Duplicate(::core::option::Option::None),
             );
         }
-        let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, #name_str, __idem_span).await?;
+        let mut __idem_call =
+            #call::begin(__idem_source, __idem_key, #strategy, #scope, __idem_span).await?;
     };
     let protocol = match &args.strategy {
         Strategy::StateMachine {
@@ -348,11 +356,19 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             id,
             id_column,
             state_column,
+            key_column,
             from,
             to,
         } => {
             let id_column = id_column.as_ref().map_or("id".into(), |s| s.value());
             let state_column = state_column.as_ref().map_or("status".into(), |s| s.value());
+            let key_column = match key_column {
+                Some(c) => {
+                    let c = c.value();
+                    quote!(::core::option::Option::Some(#c))
+                }
+                None => quote!(::core::option::Option::None),
+            };
             // Spanned at the id, so that an id type without `EntityId`
             // is reported there rather than on the whole attribute.
             let id = &id.expr;
@@ -363,7 +379,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                     table: #table,
                     id_column: #id_column,
                     state_column: #state_column,
-                    key_column: ::core::option::Option::None,
+                    key_column: #key_column,
                     id: #id,
                     from: __idem_from,
                     to: __idem_to,
@@ -378,12 +394,11 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
             }
         }
         Strategy::Record {
-            biz_type,
             biz_no,
             ttl_secs,
             fingerprint,
+            ..
         } => {
-            let biz_type = biz_type.as_ref().map_or(name_str.clone(), |s| s.value());
             let biz_no = match biz_no {
                 Some(b) => {
                     let e = &b.expr;
@@ -420,7 +435,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                 #call::cache_replay::<#ok>(&__idem_source, &__idem_spec, &__idem_key, &__idem_span).await);
             quote! {
                 let __idem_spec = ::idem_runtime::__private::Record {
-                    biz_type: #biz_type,
+                    biz_type: #scope,
                     biz_no: #biz_no,
                     ttl_secs: #ttl,
                     fingerprint: #fingerprint,
@@ -432,7 +447,8 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                         ::idem_runtime::__private::Outcome::Duplicate(::core::option::Option::Some(__idem_hit)),
                     );
                 }
-                let mut __idem_call = #call::begin(__idem_source, __idem_key, #strategy, #biz_type, __idem_span).await?;
+                let mut __idem_call =
+                    #call::begin(__idem_source, __idem_key, #strategy, #scope, __idem_span).await?;
                 if let ::core::option::Option::Some((__idem_stored, __idem_marker)) = #guard {
                     return __idem_call.duplicate_replay(__idem_stored, __idem_marker).await;
                 }
@@ -440,11 +456,11 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                 #finish
             }
         }
-        Strategy::UniqueInsert => quote! {
+        Strategy::UniqueInsert { constraint } => quote! {
             #open_plain
             __idem_call.unique_guard().await?;
             #body_call
-            __idem_call.unique_finish(__idem_body, "TEMP_CONSTRAINT").await
+            __idem_call.unique_finish(__idem_body, #constraint).await
         },
     };
     let outer_span = format_ident!("__idem_outer_span");
@@ -464,5 +480,117 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                 #protocol
             }, #outer_span).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expansion as text, whitespace-normalised.
+    fn expand_to_string(attr: TokenStream, item: TokenStream) -> String {
+        idempotent(attr, item)
+            .to_string()
+            .split_whitespace()
+            .collect()
+    }
+
+    fn has(expansion: &str, code: &str) -> bool {
+        let code: String = code.split_whitespace().collect();
+        expansion.contains(&code)
+    }
+
+    #[test]
+    fn record_is_scoped_by_its_biz_type() {
+        let e = expand_to_string(
+            quote!(key = "n:{m.id}", strategy = record, biz_type = "notice"),
+            quote!(
+                async fn send(tx: &mut Transaction<'_, Sqlite>, m: &M) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(has(&e, r#"biz_type : "notice""#), "{e}");
+        assert!(
+            has(
+                &e,
+                "cache_replay :: < () > (& __idem_source , & __idem_spec , & __idem_key , & __idem_span)"
+            ),
+            "{e}"
+        );
+        assert!(
+            has(
+                &e,
+                r#"begin (__idem_source , __idem_key , "record" , "notice" , __idem_span)"#
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn state_machine_passes_its_key_column_and_scope() {
+        let attr = |key_column: TokenStream| {
+            quote!(key = "c:{m.id}", strategy = state_machine, table = "coupon", id = m.coupon_id,
+                   #key_column from = S::A, to = S::B)
+        };
+        let item = quote!(
+            async fn deduct(tx: &mut Transaction<'_, Sqlite>, m: &M) -> Result<(), E> {
+                Ok(())
+            }
+        );
+        let e = expand_to_string(attr(quote!(key_column = "last_key",)), item.clone());
+        assert!(
+            has(
+                &e,
+                r#"key_column : :: core :: option :: Option :: Some ("last_key")"#
+            ),
+            "{e}"
+        );
+        assert!(
+            has(
+                &e,
+                r#"cache_hit (& __idem_source , "deduct" , & __idem_key , & __idem_span)"#
+            ),
+            "{e}"
+        );
+        assert!(
+            has(
+                &e,
+                r#"begin (__idem_source , __idem_key , "state_machine" , "deduct" , __idem_span)"#
+            ),
+            "{e}"
+        );
+        let e = expand_to_string(attr(quote!()), item);
+        assert!(
+            has(&e, "key_column : :: core :: option :: Option :: None"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unique_insert_passes_its_constraint() {
+        let e = expand_to_string(
+            quote!(
+                key = "pay:{cb.serial}",
+                strategy = unique_insert,
+                constraint = "payment.serial"
+            ),
+            quote!(
+                async fn pay(tx: &mut Transaction<'_, Sqlite>, cb: &C) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            has(&e, r#"unique_finish (__idem_body , "payment.serial")"#),
+            "{e}"
+        );
+        assert!(
+            has(
+                &e,
+                r#"cache_hit (& __idem_source , "pay" , & __idem_key , & __idem_span)"#
+            ),
+            "{e}"
+        );
     }
 }

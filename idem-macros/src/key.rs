@@ -124,10 +124,71 @@ pub fn parse(template: &str) -> Result<Vec<Segment>, Vec<TemplateError>> {
         ));
     }
     if errors.is_empty() {
+        errors = check_separators(template, &segments);
+    }
+    if errors.is_empty() {
         Ok(segments)
     } else {
         Err(errors)
     }
+}
+
+/// Whether `c` may appear in an encoded key part: RFC 3986 unreserved
+/// characters, and `%` of the `%XX` escapes (the runtime percent-encodes
+/// every other byte of a part).
+pub fn in_encoded_part(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '%')
+}
+
+/// The rules that make keys decode uniquely: every placeholder is followed
+/// by the end of the template or by text starting with a separator, a
+/// character an encoded part never contains. Each part is then the maximal
+/// run of unreserved characters and `%XX` escapes after the text before it.
+fn check_separators(template: &str, segments: &[Segment]) -> Vec<TemplateError> {
+    let mut errors = Vec::new();
+    for pair in segments.windows(2) {
+        let Segment::Placeholder(p) = &pair[0] else {
+            continue;
+        };
+        match &pair[1] {
+            Segment::Placeholder(q) => errors.push(err(
+                format!(
+                    "`{{{}}}` follows `{{{}}}` with no text between them, so the key would not \
+                     say where one ends and the other begins: put a separator between them, \
+                     e.g. `{{{}}}:{{{}}}`",
+                    q.text, p.text, p.text, q.text
+                ),
+                Some(p.range.start..q.range.end),
+            )),
+            Segment::Lit(text) => {
+                let c = text.chars().next().expect("literals are not empty");
+                if in_encoded_part(c) {
+                    // The character as written: `{{`/`}}` are two bytes.
+                    let at = p.range.end;
+                    let len = template[at..].chars().next().map_or(1, char::len_utf8);
+                    let p = &p.text;
+                    let suggestion = if c.is_ascii_alphanumeric() || c == '%' {
+                        format!("`{{{p}}}:{text}`")
+                    } else {
+                        format!(
+                            "`{{{p}}}:{}` instead of `{{{p}}}{text}`",
+                            &text[c.len_utf8()..]
+                        )
+                    };
+                    errors.push(err(
+                        format!(
+                            "`{{{p}}}` is followed by `{c}`, a character a key part may contain, \
+                             so the key would not say where the part ends: start the text after \
+                             a placeholder with a separator such as `:`, `/`, `|`, `#`, `@` or \
+                             `,`, e.g. {suggestion}"
+                        ),
+                        Some(at..at + len),
+                    ));
+                }
+            }
+        }
+    }
+    errors
 }
 
 fn placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, TemplateError> {
@@ -215,7 +276,91 @@ mod tests {
     }
 
     #[test]
+    fn placeholders_need_a_separator_after_them() {
+        let first = |t: &str| parse(t).unwrap_err().remove(0);
+        let e = first("c:{a}{b}");
+        assert!(e.message.contains("no text between them"), "{}", e.message);
+        assert_eq!(e.range, Some(2..8));
+        for (t, at) in [("c:{a}-{b}", 5), ("c:{a}x", 5), ("{a}.{b}", 3), ("{a}%", 3)] {
+            let e = first(t);
+            assert!(
+                e.message.contains("a key part may contain"),
+                "{t}: {}",
+                e.message
+            );
+            assert_eq!(e.range, Some(at..at + 1), "{t}");
+        }
+        for ok in [
+            "c:{a}:{b}",
+            "c:{a}/{b}|{c}#{d}@{e},{f}",
+            "{a}",
+            "x-{a}",
+            "{a}{{}}",
+            "{a}}}",
+            "{a}é",
+            "{a} {b}",
+        ] {
+            assert!(parse(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
     fn reports_every_error() {
         assert_eq!(parse("{}:{a b}").unwrap_err().len(), 2);
+    }
+
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Every rejection has a message and a range inside the template,
+        /// on character boundaries (the expansion points inside the string
+        /// with it); every acceptance obeys the separator rules.
+        fn check(t: &str) {
+            match parse(t) {
+                Ok(segments) => {
+                    assert!(!segments.is_empty());
+                    for pair in segments.windows(2) {
+                        if let Segment::Placeholder(_) = &pair[0] {
+                            match &pair[1] {
+                                Segment::Lit(l) => {
+                                    assert!(!in_encoded_part(l.chars().next().unwrap()), "{t:?}")
+                                }
+                                Segment::Placeholder(_) => panic!("adjacent placeholders in {t:?}"),
+                            }
+                        }
+                    }
+                }
+                Err(errors) => {
+                    assert!(!errors.is_empty(), "{t:?}");
+                    for e in errors {
+                        assert!(!e.message.is_empty(), "{t:?}");
+                        if let Some(r) = e.range {
+                            assert!(r.start < r.end && r.end <= t.len(), "{t:?}: {r:?}");
+                            assert!(
+                                t.is_char_boundary(r.start) && t.is_char_boundary(r.end),
+                                "{t:?}: {r:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+            #[test]
+            fn any_string(t in any::<String>()) {
+                check(&t);
+            }
+
+            /// Strings dense in braces, dots, separators and identifiers,
+            /// the characters the parser branches on.
+            #[test]
+            fn template_like_strings(t in "[{}{}{}a-c_.0-9:%/ é-]{0,32}") {
+                check(&t);
+            }
+        }
     }
 }

@@ -563,7 +563,7 @@ impl ConsumerStats {
 /// #[derive(serde::Deserialize, serde::Serialize)]
 /// struct Notice { user_id: i64 }
 ///
-/// #[idempotent(key = "mq:{m.queue}:{m.message_id}", strategy = record, fingerprint = [n])]
+/// #[idempotent(key = "mq:{m.queue}:{m.message_id}", strategy = record, biz_type = "notice", fingerprint = [n])]
 /// async fn notify(tx: &mut Transaction<'_, Sqlite>, m: &Message, n: &Notice) -> Result<(), sqlx::Error> {
 ///     sqlx::query("INSERT INTO sent (user_id) VALUES (?)").bind(n.user_id).execute(&mut **tx).await?;
 ///     Ok(())

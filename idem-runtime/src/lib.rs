@@ -81,7 +81,7 @@ mod unique;
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
 pub use call::{Call, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint};
 pub use error::{BoxError, Error, is_transient};
-pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key};
+pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
 pub use schema::migrate;
 pub use state::{EntityId, EntityIdValue, State};
 
@@ -110,18 +110,20 @@ pub use state::{EntityId, EntityIdValue, State};
 ///
 /// | option | strategies | value | default |
 /// |---|---|---|---|
-/// | `key` | all (required) | `"text:{param}:{param.field.0}"`; `{{` `}}` are literal braces | — |
+/// | `key` | all (required) | `"text:{param}:{param.field.0}"`; `{{` `}}` are literal braces; text after a placeholder starts with a separator (see [`KeyBuilder`]) | — |
 /// | `strategy` | all (required) | `state_machine`, `record`, `unique_insert` | — |
 /// | `validate` | all | path to `fn(&str) -> Result<(), E: Display>`, called with the whole derived key | none |
 /// | `table` | state_machine (required) | SQL identifier, or `schema.table` | — |
 /// | `id` | state_machine (required) | a parameter or one of its fields ([`EntityId`]) | — |
 /// | `id_column` | state_machine | SQL identifier | `"id"` |
 /// | `state_column` | state_machine | SQL identifier | `"status"` |
+/// | `key_column` | state_machine | SQL identifier: the guarded transition also writes the call's key there, so another key finding the entity already in `to` is [`Error::IllegalState`], not a duplicate | none |
 /// | `from`, `to` | state_machine (required) | variants of one [`State`] enum | — |
-/// | `biz_type` | record | string, at most 64 bytes | the function's name |
+/// | `biz_type` | record (required) | 1 to 64 bytes of `[A-Za-z0-9_.-]`: the scope of deduplication (the record table is unique on (biz_type, key)); no default, since a renamed function would silently change it | — |
 /// | `biz_no` | record | a parameter or one of its fields ([`KeyPart`]) | the key |
-/// | `ttl` | record | `30s`, `15m`, `24h`, `7d`, `1d12h` | `7d` |
+/// | `ttl` | record | `30s`, `15m`, `24h`, `7d`, `1d12h`; from 1 second to `3650d` (ten years) | `7d` |
 /// | `fingerprint` | record | `[param, param.field]`, each `serde::Serialize` | every parameter |
+/// | `constraint` | unique_insert (required) | the unique constraint or index whose violation means Duplicate: a SQL identifier, or on SQLite (whose inline constraints have no name) `table.column`; a violation of any other unique constraint is an error | — |
 ///
 /// # `state_machine`
 ///
@@ -210,7 +212,7 @@ pub use state::{EntityId, EntityIdValue, State};
 ///     else { Err(format!("`{serial}` is not a 12-digit payment serial")) }
 /// }
 ///
-/// #[idempotent(key = "pay:{cb.serial}", strategy = unique_insert, validate = check_serial)]
+/// #[idempotent(key = "pay:{cb.serial}", strategy = unique_insert, constraint = "payment.serial", validate = check_serial)]
 /// async fn record_payment(tx: &mut Transaction<'_, Sqlite>, cb: &Callback) -> Result<(), sqlx::Error> {
 ///     sqlx::query("INSERT INTO payment (serial, amount) VALUES (?, ?)")
 ///         .bind(&cb.serial).bind(cb.amount).execute(&mut **tx).await?;
@@ -243,9 +245,12 @@ pub use state::{EntityId, EntityIdValue, State};
 /// Unknown, repeated or misplaced options; unknown strategies and
 /// `strategy = token` (one-time tokens do not exist on async links); empty
 /// templates, templates without placeholders, unbalanced braces,
-/// placeholders naming no parameter; non-`async` functions; invalid SQL
-/// identifiers; `from`/`to` of different enums; placeholder types without a
-/// stable encoding ([`KeyPart`]).
+/// placeholders naming no parameter, two placeholders with no text between
+/// them, text after a placeholder that starts with a character a key part
+/// may contain (`[A-Za-z0-9-._~%]`); a `record` without `biz_type`, a
+/// `unique_insert` without `constraint`; a `ttl` outside 1 s to 3650 d;
+/// non-`async` functions; invalid SQL identifiers; `from`/`to` of different
+/// enums; placeholder types without a stable encoding ([`KeyPart`]).
 pub use idem_macros::idempotent;
 
 /// Derives [`State`] for a field-less enum (`#[state(rename = "...")]` on a

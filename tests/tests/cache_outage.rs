@@ -168,7 +168,7 @@ struct Ping {
     id: i64,
 }
 
-#[idempotent(key = "cluster:{p.id}", strategy = unique_insert)]
+#[idempotent(key = "cluster:{p.id}", strategy = unique_insert, constraint = "ping.id")]
 async fn ping(tx: &mut Transaction<'_, Sqlite>, p: &Ping) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO ping (id) VALUES (?)")
         .bind(p.id)

@@ -37,7 +37,7 @@ struct Msg {
     id: String,
 }
 
-#[idempotent(key = "ping:{msg.id}", strategy = unique_insert)]
+#[idempotent(key = "ping:{msg.id}", strategy = unique_insert, constraint = "ping.id")]
 async fn ping(tx: &mut Transaction<'_, Sqlite>, msg: &Msg) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO ping (id) VALUES (?)")
         .bind(&msg.id)

@@ -10,7 +10,7 @@
 //! #[derive(serde::Deserialize)]
 //! struct Deduct { order_id: i64 }
 //!
-//! #[idempotent(key = "deduct:{m.order_id}", strategy = unique_insert)]
+//! #[idempotent(key = "deduct:{m.order_id}", strategy = unique_insert, constraint = "deduction.order_id")]
 //! async fn deduct(tx: &mut Transaction<'_, Sqlite>, m: &Deduct) -> Result<(), sqlx::Error> {
 //!     sqlx::query("INSERT INTO deduction (order_id) VALUES (?)").bind(m.order_id).execute(&mut **tx).await?;
 //!     Ok(())

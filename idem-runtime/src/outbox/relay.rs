@@ -173,7 +173,7 @@ impl<DB: Backend> Relay<DB> {
     /// # use idem_runtime::{idempotent, outbox::Relay};
     /// # use sqlx::{Sqlite, Transaction};
     /// # #[derive(serde::Deserialize)] struct Deduct { msg_id: String }
-    /// # #[idempotent(key = "d:{m.msg_id}", strategy = unique_insert)]
+    /// # #[idempotent(key = "d:{m.msg_id}", strategy = unique_insert, constraint = "deduction.msg_id")]
     /// # async fn deduct(tx: &mut Transaction<'_, Sqlite>, m: &Deduct) -> Result<(), sqlx::Error> { Ok(()) }
     /// # async fn f(pool: sqlx::SqlitePool) {
     /// let relay = Relay::new(pool)

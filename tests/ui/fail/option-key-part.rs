@@ -8,7 +8,7 @@ struct CreatePayment {
     coupon_code: Option<String>,
 }
 
-#[idempotent(key = "payment:{msg.order_id}:{msg.coupon_code}", strategy = unique_insert)]
+#[idempotent(key = "payment:{msg.order_id}:{msg.coupon_code}", strategy = unique_insert, constraint = "payment.order_id")]
 async fn create_payment(tx: &mut Transaction<'_, Sqlite>, msg: &CreatePayment) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO payment (order_id) VALUES (?)")
         .bind(msg.order_id)

@@ -15,7 +15,7 @@ struct DeductCoupon {
     order_id: i64,
 }
 
-#[idempotent(key = "coupon-deduct:{msg.msg_id}", strategy = unique_insert, ttl = "7d")]
+#[idempotent(key = "coupon-deduct:{msg.msg_id}", strategy = unique_insert, constraint = "deduction.coupon_id", ttl = "7d")]
 async fn deduct(tx: &mut Transaction<'_, Sqlite>, msg: &DeductCoupon) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
         .bind(msg.coupon_id)

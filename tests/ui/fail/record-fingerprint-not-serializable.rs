@@ -13,7 +13,7 @@ struct PayOrder {
     channel: Channel,
 }
 
-#[idempotent(key = "pay:{msg.order_no}", strategy = record, fingerprint = [msg.amount_cents, msg.channel])]
+#[idempotent(key = "pay:{msg.order_no}", strategy = record, biz_type = "payment", fingerprint = [msg.amount_cents, msg.channel])]
 async fn pay(tx: &mut Transaction<'_, Sqlite>, msg: &PayOrder) -> Result<i64, sqlx::Error> {
     let id: i64 = sqlx::query_scalar("INSERT INTO payment (order_no, amount) VALUES (?, ?) RETURNING id")
         .bind(&msg.order_no)

@@ -13,7 +13,7 @@ struct Receipt {
     payment_id: i64,
 }
 
-#[idempotent(key = "pay:{msg.order_no}", strategy = record)]
+#[idempotent(key = "pay:{msg.order_no}", strategy = record, biz_type = "payment")]
 async fn pay(tx: &mut Transaction<'_, Sqlite>, msg: &PayOrder) -> Result<Receipt, sqlx::Error> {
     let id: i64 = sqlx::query_scalar("INSERT INTO payment (order_no, amount) VALUES (?, ?) RETURNING id")
         .bind(&msg.order_no)

@@ -9,7 +9,7 @@ struct PayOrder {
     amount_cents: i64,
 }
 
-#[idempotent(key = "pay:{msg.order_no}", strategy = record, table = "payment")]
+#[idempotent(key = "pay:{msg.order_no}", strategy = record, biz_type = "payment", table = "payment")]
 async fn pay(tx: &mut Transaction<'_, Sqlite>, msg: &PayOrder) -> Result<i64, sqlx::Error> {
     let id: i64 = sqlx::query_scalar("INSERT INTO payment (order_no, amount) VALUES (?, ?) RETURNING id")
         .bind(&msg.order_no)

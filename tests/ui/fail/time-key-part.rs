@@ -9,7 +9,7 @@ struct CreatePayment {
     requested_at: SystemTime,
 }
 
-#[idempotent(key = "payment:{msg.order_id}:{msg.requested_at}", strategy = unique_insert)]
+#[idempotent(key = "payment:{msg.order_id}:{msg.requested_at}", strategy = unique_insert, constraint = "payment.order_id")]
 async fn create_payment(tx: &mut Transaction<'_, Sqlite>, msg: &CreatePayment) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO payment (order_id) VALUES (?)")
         .bind(msg.order_id)

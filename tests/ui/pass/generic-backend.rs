@@ -8,7 +8,7 @@ struct Ping {
     id: u64,
 }
 
-#[idempotent(key = "ping:{msg.id}", strategy = unique_insert)]
+#[idempotent(key = "ping:{msg.id}", strategy = unique_insert, constraint = "ping_pkey")]
 async fn ping<DB: Backend>(tx: &mut Transaction<'_, DB>, msg: &Ping) -> Result<u64, sqlx::Error> {
     let _ = tx;
     Ok(msg.id)

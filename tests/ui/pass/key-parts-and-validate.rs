@@ -37,8 +37,9 @@ mod checks {
 }
 
 #[idempotent(
-    key = "{{import}}:{msg.tenant}:{msg.batch}:{msg.range.0}-{msg.range.1}:{msg.dry_run}:{msg.grade}:{source}",
+    key = "{{import}}:{msg.tenant}:{msg.batch}:{msg.range.0}/{msg.range.1}:{msg.dry_run}:{msg.grade}:{source}",
     strategy = unique_insert,
+    constraint = "import.batch",
     validate = no_spaces,
 )]
 async fn import(tx: &mut Transaction<'_, Sqlite>, msg: &Import, source: &str) -> Result<(), sqlx::Error> {
@@ -52,6 +53,7 @@ async fn import(tx: &mut Transaction<'_, Sqlite>, msg: &Import, source: &str) ->
 #[idempotent(
     key = "archive:{batch}",
     strategy = unique_insert,
+    constraint = "archive.batch",
     validate = checks::short,
 )]
 async fn archive(tx: &mut Transaction<'_, Sqlite>, batch: Uuid) -> Result<(), sqlx::Error> {

@@ -38,7 +38,7 @@ async fn pay(tx: &mut Transaction<'_, Postgres>, msg: &PayOrder) -> Result<Recei
 
 /// Defaults: the whole payload (every parameter) is fingerprinted, the
 /// handler's name is the biz type, the key is the biz number.
-#[idempotent(key = "refund:{order_no}:{attempt}", strategy = record)]
+#[idempotent(key = "refund:{order_no}:{attempt}", strategy = record, biz_type = "refund")]
 async fn refund(
     tx: &mut Transaction<'_, Postgres>,
     order_no: &str,

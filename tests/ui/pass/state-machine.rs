@@ -51,6 +51,7 @@ enum OrderState {
     id = order_no,
     id_column = "order_no",
     state_column = "order_state",
+    key_column = "ship_key",
     from = OrderState::Paid,
     to = OrderState::Shipped,
 )]
@@ -73,7 +74,8 @@ fn assert_send<T: Send>(t: T) -> T {
 
 async fn relay(pool: &SqlitePool, msg: &DeductCoupon) -> Result<bool, idem_runtime::Error> {
     let first: Outcome<()> = assert_send(deduct(pool, msg)).await?;
-    let again = deduct(Source::outbox(pool, 17), msg).await?;
+    let lease = idem_runtime::OutboxLease::new(17, "coupon.deduct", "relay-1", 1);
+    let again = deduct(Source::outbox(pool, lease), msg).await?;
     Ok(first.is_executed() && again.is_duplicate())
 }
 

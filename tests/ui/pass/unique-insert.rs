@@ -10,7 +10,7 @@ struct SendNotice {
     notice_id: String,
 }
 
-#[idempotent(key = "notice:{msg.user_id}:{msg.notice_id}", strategy = unique_insert)]
+#[idempotent(key = "notice:{msg.user_id}:{msg.notice_id}", strategy = unique_insert, constraint = "notice_user_notice")]
 async fn send_notice(tx: &mut Transaction<'_, MySql>, msg: &SendNotice) -> sqlx::Result<()> {
     sqlx::query("INSERT INTO notice (user_id, notice_id) VALUES (?, ?)")
         .bind(msg.user_id)
