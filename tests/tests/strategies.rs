@@ -88,11 +88,13 @@ macro_rules! backend_tests {
                     "CREATE TABLE IF NOT EXISTS idem_t_coupon_k (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL, used_by VARCHAR(200))",
                     "CREATE TABLE IF NOT EXISTS idem_t_deduction (coupon_id BIGINT NOT NULL, order_id BIGINT NOT NULL, msg_id VARCHAR(128) NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_t_notice (user_id BIGINT NOT NULL, msg_id VARCHAR(128) NOT NULL, text VARCHAR(256) NOT NULL)",
-                    "CREATE TABLE IF NOT EXISTS idem_t_pay (serial VARCHAR(64) NOT NULL, ext_ref VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
-                    // Named unique indexes: the one portable way to name the
+                    "CREATE TABLE IF NOT EXISTS idem_t_paid (serial VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
+                    // A named unique index: the one portable way to name the
                     // action's constraint on all three databases.
-                    "CREATE UNIQUE INDEX IF NOT EXISTS uk_idem_t_pay_serial ON idem_t_pay (serial)",
-                    "CREATE UNIQUE INDEX IF NOT EXISTS uk_idem_t_pay_ref ON idem_t_pay (ext_ref)",
+                    "CREATE UNIQUE INDEX IF NOT EXISTS uk_idem_t_paid_serial ON idem_t_paid (serial)",
+                    // The platform's references, unique too, in a ledger.
+                    "CREATE TABLE IF NOT EXISTS idem_t_paid_ref (ext_ref VARCHAR(64) NOT NULL, serial VARCHAR(64) NOT NULL)",
+                    "CREATE UNIQUE INDEX IF NOT EXISTS uk_idem_t_paid_ref ON idem_t_paid_ref (ext_ref)",
                 ];
                 let mut tx = pool.begin().await.expect("begin");
                 if D == Dialect::Postgres {
@@ -172,12 +174,16 @@ macro_rules! backend_tests {
                 Ok(Receipt { notice_row: n, text: msg.text.clone() })
             }
 
-            #[idempotent(key = "pay:{p.serial}", strategy = unique_insert, constraint = "uk_idem_t_pay_serial", validate = digits_only)]
+            #[idempotent(key = "pay:{p.serial}", strategy = unique_insert, constraint = "uk_idem_t_paid_serial", validate = digits_only)]
             async fn record_payment(tx: &mut Transaction<'_, Db>, p: &Payment) -> Result<(), sqlx::Error> {
-                sqlx::query(sql(D, "INSERT INTO idem_t_pay (serial, ext_ref, amount) VALUES (?, ?, ?)"))
+                sqlx::query(sql(D, "INSERT INTO idem_t_paid (serial, amount) VALUES (?, ?)"))
                     .bind(&p.serial)
-                    .bind(&p.ext_ref)
                     .bind(p.amount)
+                    .execute(&mut **tx)
+                    .await?;
+                sqlx::query(sql(D, "INSERT INTO idem_t_paid_ref (ext_ref, serial) VALUES (?, ?)"))
+                    .bind(&p.ext_ref)
+                    .bind(&p.serial)
                     .execute(&mut **tx)
                     .await?;
                 if p.fail {
@@ -545,7 +551,7 @@ macro_rules! backend_tests {
                 assert!(errors.iter().all(|e| e.is_retryable()), "errors: {errors:?}");
                 assert_eq!(executed, 1);
                 assert_eq!(executed + duplicates + errors.len(), CONCURRENCY);
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 1);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_paid WHERE serial = ?", &p.serial).await, 1);
                 assert_eq!(outbox_status(&pool, outbox).await, "success");
             }
 
@@ -562,8 +568,8 @@ macro_rules! backend_tests {
                 let err = record_payment(Source::outbox(&pool, lease(&pool, outbox).await), &other).await.unwrap_err();
                 assert!(matches!(err, Error::Handler { .. }), "{err:?}");
                 assert!(!err.is_retryable());
-                assert!(err.to_string().contains("uk_idem_t_pay_serial"), "{err}");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &other.serial).await, 0);
+                assert!(err.to_string().contains("uk_idem_t_paid_serial"), "{err}");
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_paid WHERE serial = ?", &other.serial).await, 0);
                 assert_eq!(outbox_status(&pool, outbox).await, "pending", "the message was not acknowledged");
                 // The action's own constraint is still a duplicate.
                 assert_eq!(record_payment(&pool, &p).await.unwrap(), Outcome::Duplicate(None));
@@ -575,18 +581,18 @@ macro_rules! backend_tests {
                 let p = payment(true);
                 let err = record_payment(&pool, &p).await.unwrap_err();
                 assert!(matches!(err, Error::Handler { .. }), "{err:?}");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 0, "rolled back");
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_paid WHERE serial = ?", &p.serial).await, 0, "rolled back");
                 let p = Payment { fail: false, ..p };
                 assert_eq!(record_payment(&pool, &p).await.unwrap(), Outcome::Executed(()));
                 let outbox = enqueue(&pool, "payment.callback", &p.serial).await;
                 assert_eq!(record_payment(Source::outbox(&pool, lease(&pool, outbox).await), &p).await.unwrap(), Outcome::Duplicate(None));
                 assert_eq!(outbox_status(&pool, outbox).await, "success", "the duplicate committed its outbox update");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", &p.serial).await, 1);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_paid WHERE serial = ?", &p.serial).await, 1);
                 // An externally supplied serial that fails validation.
                 let bad = Payment { serial: "12ab".into(), ext_ref: "ref-12ab".into(), amount: 1, fail: false };
                 let err = record_payment(&pool, &bad).await.unwrap_err();
                 assert!(matches!(&err, Error::InvalidKey { reason, .. } if reason.contains("not numeric")), "{err:?}");
-                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_pay WHERE serial = ?", "12ab").await, 0);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_paid WHERE serial = ?", "12ab").await, 0);
             }
         }
     };
