@@ -76,6 +76,7 @@ mod schema;
 mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tx;
 
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
 pub use call::{Call, Outcome, Record, Source, StateMachine, fingerprint};
