@@ -921,7 +921,8 @@ mod any {
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-            let statement = (Self::pool_dialect(pool) == Dialect::Sqlite).then_some("BEGIN IMMEDIATE");
+            let statement =
+                (Self::pool_dialect(pool) == Dialect::Sqlite).then_some("BEGIN IMMEDIATE");
             crate::tx::begin(pool, statement).await
         }
 

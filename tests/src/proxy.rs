@@ -834,7 +834,11 @@ impl ClientInspector {
             b'B' => {
                 let portal = fields.next().unwrap_or_default().to_vec();
                 let statement = fields.next().unwrap_or_default();
-                let kind = self.statements.get(statement).copied().unwrap_or(Kind::Other);
+                let kind = self
+                    .statements
+                    .get(statement)
+                    .copied()
+                    .unwrap_or(Kind::Other);
                 self.portals.insert(portal, kind);
                 Kind::Other
             }
@@ -902,9 +906,9 @@ fn is_begin_sql(sql: &[u8]) -> bool {
     let mut words = text.split_ascii_whitespace();
     match words.next() {
         Some(w) if w.eq_ignore_ascii_case("BEGIN") => true,
-        Some(w) if w.eq_ignore_ascii_case("START") => {
-            words.next().is_some_and(|w| w.eq_ignore_ascii_case("TRANSACTION"))
-        }
+        Some(w) if w.eq_ignore_ascii_case("START") => words
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("TRANSACTION")),
         _ => false,
     }
 }
@@ -926,7 +930,14 @@ mod tests {
             assert!(is_begin_sql(sql.as_bytes()), "{sql}");
             assert_eq!(Kind::of_sql(sql.as_bytes()), Kind::Begin, "{sql}");
         }
-        for sql in ["COMMIT", "BEGINS", "START", "SELECT 1", "BEGIN; COMMIT", "DO $$ BEGIN END $$"] {
+        for sql in [
+            "COMMIT",
+            "BEGINS",
+            "START",
+            "SELECT 1",
+            "BEGIN; COMMIT",
+            "DO $$ BEGIN END $$",
+        ] {
             assert!(!is_begin_sql(sql.as_bytes()), "{sql}");
         }
         assert_eq!(Kind::of_sql(b"COMMIT"), Kind::Commit);

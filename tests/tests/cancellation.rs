@@ -43,12 +43,16 @@ mod postgres {
 
     #[idempotent(key = "cancel-pg:{t.id}", strategy = record)]
     async fn touch(tx: &mut Transaction<'_, Postgres>, t: &Touch) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT 1::int8").fetch_one(&mut **tx).await
+        sqlx::query_scalar("SELECT 1::int8")
+            .fetch_one(&mut **tx)
+            .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cancelled_during_begin_leaves_no_open_transaction() {
-        tokio::time::timeout(LIMIT, run()).await.expect("test time-out");
+        tokio::time::timeout(LIMIT, run())
+            .await
+            .expect("test time-out");
     }
 
     async fn run() {
@@ -63,10 +67,12 @@ mod postgres {
         // idem's tables.
         idem_tests::postgres(1).await.expect("pool").close().await;
         let table = unique("cancel");
-        sqlx::query(AssertSqlSafe(format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY)")))
-            .execute(&mut direct)
-            .await
-            .expect("create table");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {table} (id BIGINT PRIMARY KEY)"
+        )))
+        .execute(&mut direct)
+        .await
+        .expect("create table");
 
         let proxy = FaultProxy::for_url(&url, 0.0).await.expect("start proxy");
         let app = unique("idem_cancel");
@@ -79,12 +85,18 @@ mod postgres {
             .connect_with(opts)
             .await
             .expect("pool through the proxy");
-        sqlx::query("SELECT 1").execute(&pool).await.expect("warm up");
+        sqlx::query("SELECT 1")
+            .execute(&pool)
+            .await
+            .expect("warm up");
 
         proxy.set_begin_hold(HOLD);
         let id = idem_tests::id_base() + 1;
         let cancelled = tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id })).await;
-        assert!(cancelled.is_err(), "the call must still wait on BEGIN: {cancelled:?}");
+        assert!(
+            cancelled.is_err(),
+            "the call must still wait on BEGIN: {cancelled:?}"
+        );
         assert!(proxy.begins_seen() >= 1, "the proxy saw no BEGIN");
         proxy.set_begin_hold(Duration::ZERO);
         // The held reply arrives, the connection goes back to the pool.
@@ -92,10 +104,12 @@ mod postgres {
         assert_eq!(proxy.begins_held(), 1, "the reply to BEGIN was not held");
 
         // An autocommit write through the pool (its one connection).
-        sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} (id) VALUES (1)")))
-            .execute(&pool)
-            .await
-            .expect("autocommit insert");
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (id) VALUES (1)"
+        )))
+        .execute(&pool)
+        .await
+        .expect("autocommit insert");
 
         let states: Vec<String> = sqlx::query_scalar(
             "SELECT coalesce(state, '') FROM pg_catalog.pg_stat_activity WHERE application_name = $1",
@@ -120,12 +134,18 @@ mod postgres {
             .expect("drop table");
 
         assert!(again.expect("a call after the cancelled one").is_executed());
-        assert!(!states.is_empty(), "the pool's session is not in pg_stat_activity");
+        assert!(
+            !states.is_empty(),
+            "the pool's session is not in pg_stat_activity"
+        );
         assert!(
             !states.iter().any(|s| s == "idle in transaction"),
             "the pool's connection was left inside a transaction: {states:?}"
         );
-        assert_eq!(visible, 1, "the autocommit write through the pool is not visible");
+        assert_eq!(
+            visible, 1,
+            "the autocommit write through the pool is not visible"
+        );
     }
 }
 
@@ -136,12 +156,16 @@ mod mariadb {
 
     #[idempotent(key = "cancel-my:{t.id}", strategy = record)]
     async fn touch(tx: &mut Transaction<'_, MySql>, t: &Touch) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT CAST(1 AS SIGNED)").fetch_one(&mut **tx).await
+        sqlx::query_scalar("SELECT CAST(1 AS SIGNED)")
+            .fetch_one(&mut **tx)
+            .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cancelled_during_begin_leaves_no_open_transaction() {
-        tokio::time::timeout(LIMIT, run()).await.expect("test time-out");
+        tokio::time::timeout(LIMIT, run())
+            .await
+            .expect("test time-out");
     }
 
     async fn run() {
@@ -177,16 +201,21 @@ mod mariadb {
         proxy.set_begin_hold(HOLD);
         let id = idem_tests::id_base() + 1;
         let cancelled = tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id })).await;
-        assert!(cancelled.is_err(), "the call must still wait on BEGIN: {cancelled:?}");
+        assert!(
+            cancelled.is_err(),
+            "the call must still wait on BEGIN: {cancelled:?}"
+        );
         assert!(proxy.begins_seen() >= 1, "the proxy saw no BEGIN");
         proxy.set_begin_hold(Duration::ZERO);
         tokio::time::sleep(HOLD + Duration::from_millis(700)).await;
         assert_eq!(proxy.begins_held(), 1, "the reply to BEGIN was not held");
 
-        sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} (id) VALUES (1)")))
-            .execute(&pool)
-            .await
-            .expect("autocommit insert");
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (id) VALUES (1)"
+        )))
+        .execute(&pool)
+        .await
+        .expect("autocommit insert");
         // The pool's connection now: the same one, or its replacement.
         let now: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
             .fetch_one(&pool)
@@ -214,7 +243,13 @@ mod mariadb {
             .await
             .expect("drop table");
 
-        assert_eq!(open, 0, "the pool's connection was left inside a transaction");
-        assert_eq!(visible, 1, "the autocommit write through the pool is not visible");
+        assert_eq!(
+            open, 0,
+            "the pool's connection was left inside a transaction"
+        );
+        assert_eq!(
+            visible, 1,
+            "the autocommit write through the pool is not visible"
+        );
     }
 }
