@@ -38,7 +38,9 @@ mod postgres {
     /// "retryable": 22021 & 0xff is SQLite's busy code 5).
     #[tokio::test]
     async fn nul_byte_in_text_is_permanent() {
-        let Some(mut conn) = connect().await else { return };
+        let Some(mut conn) = connect().await else {
+            return;
+        };
         let err = sqlx::query_scalar::<_, String>("SELECT $1::text")
             .bind("pay\0load")
             .fetch_one(&mut conn)
@@ -49,12 +51,35 @@ mod postgres {
         assert!(!idem_runtime::Error::Database(err).is_retryable());
     }
 
+    /// The same through `sqlx::Any`: the driver's error comes through.
+    #[tokio::test]
+    async fn nul_byte_through_any_is_permanent() {
+        sqlx::any::install_default_drivers();
+        let url = idem_tests::postgres_url();
+        let Ok(mut conn) = sqlx::AnyConnection::connect(&url).await else {
+            unreachable(&format!("PostgreSQL at {url}"), "connect failed");
+            return;
+        };
+        let err = sqlx::query_scalar::<_, String>("SELECT $1::text")
+            .bind("pay\0load")
+            .fetch_one(&mut conn)
+            .await
+            .expect_err("a NUL byte in text must fail");
+        assert_eq!(code(&err), "22021", "{err}");
+        assert!(!is_transient(&err), "22021 must be permanent: {err}");
+    }
+
     /// Insufficient privilege (`42501`) and a division by zero (`22012`):
     /// permanent.
     #[tokio::test]
     async fn other_errors_are_permanent() {
-        let Some(mut conn) = connect().await else { return };
-        let err = sqlx::query("SELECT 1 / 0").execute(&mut conn).await.unwrap_err();
+        let Some(mut conn) = connect().await else {
+            return;
+        };
+        let err = sqlx::query("SELECT 1 / 0")
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
         assert_eq!(code(&err), "22012");
         assert!(!is_transient(&err), "{err}");
         let err = sqlx::query("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '42501'; END $$")
@@ -79,11 +104,14 @@ mod postgres {
             .execute(&mut a)
             .await
             .unwrap();
-            sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES (1, 0), (2, 0)")))
-                .execute(&mut a)
-                .await
-                .unwrap();
-            let update = |id: i64| AssertSqlSafe(format!("UPDATE {table} SET n = n + 1 WHERE id = {id}"));
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} VALUES (1, 0), (2, 0)"
+            )))
+            .execute(&mut a)
+            .await
+            .unwrap();
+            let update =
+                |id: i64| AssertSqlSafe(format!("UPDATE {table} SET n = n + 1 WHERE id = {id}"));
             let mut ta = a.begin().await.unwrap();
             let mut tb = b.begin().await.unwrap();
             sqlx::query(update(1)).execute(&mut *ta).await.unwrap();
@@ -140,10 +168,12 @@ mod mariadb {
         .execute(&mut *conn)
         .await
         .unwrap();
-        sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES (1, 0), (2, 0)")))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} VALUES (1, 0), (2, 0)"
+        )))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
         table
     }
 
@@ -154,7 +184,8 @@ mod mariadb {
             let Some(mut a) = connect().await else { return };
             let mut b = connect().await.expect("second connection");
             let table = table_with_two_rows(&mut a).await;
-            let update = |id: i64| AssertSqlSafe(format!("UPDATE {table} SET n = n + 1 WHERE id = {id}"));
+            let update =
+                |id: i64| AssertSqlSafe(format!("UPDATE {table} SET n = n + 1 WHERE id = {id}"));
             let mut ta = a.begin().await.unwrap();
             let mut tb = b.begin().await.unwrap();
             sqlx::query(update(1)).execute(&mut *ta).await.unwrap();
@@ -202,14 +233,18 @@ mod mariadb {
                 .execute(&mut *ta)
                 .await
                 .unwrap();
-            sqlx::query(AssertSqlSafe(format!("UPDATE {table} SET n = 5 WHERE id = 1")))
-                .execute(&mut b)
-                .await
-                .unwrap();
-            let err = sqlx::query(AssertSqlSafe(format!("UPDATE {table} SET n = n + 1 WHERE id = 1")))
-                .execute(&mut *ta)
-                .await
-                .expect_err("a write conflict under snapshot isolation");
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {table} SET n = 5 WHERE id = 1"
+            )))
+            .execute(&mut b)
+            .await
+            .unwrap();
+            let err = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {table} SET n = n + 1 WHERE id = 1"
+            )))
+            .execute(&mut *ta)
+            .await
+            .expect_err("a write conflict under snapshot isolation");
             drop(ta);
             sqlx::query(AssertSqlSafe(format!("DROP TABLE {table}")))
                 .execute(&mut b)
@@ -242,8 +277,8 @@ mod mariadb {
 
 mod sqlite {
     use super::*;
-    use sqlx::sqlite::SqliteConnectOptions;
     use sqlx::SqliteConnection;
+    use sqlx::sqlite::SqliteConnectOptions;
 
     /// A second writer with no busy time-out while the first holds the
     /// write lock: `SQLITE_BUSY` (5), transient.
