@@ -69,6 +69,7 @@ mod backend;
 pub mod cache;
 mod call;
 mod error;
+mod fingerprint;
 mod key;
 mod metrics;
 pub mod outbox;

@@ -39,9 +39,13 @@ fn payload() -> Payload {
         inner: Inner {
             z: 1.5e-7,
             a: None,
-            m: [("é".to_string(), 2), ("B".to_string(), 1), ("a".to_string(), 3)]
-                .into_iter()
-                .collect(),
+            m: [
+                ("é".to_string(), 2),
+                ("B".to_string(), 1),
+                ("a".to_string(), 3),
+            ]
+            .into_iter()
+            .collect(),
         },
         flag: true,
         nothing: None,
