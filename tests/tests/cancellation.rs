@@ -14,6 +14,11 @@
 //! inside a transaction (PostgreSQL: `pg_stat_activity`; MariaDB:
 //! `information_schema.INNODB_TRX`), and an autocommit write through the
 //! pool must be visible from another connection.
+//!
+//! Each backend also has a control: the same scenario with sqlx's own
+//! `Pool::begin` as the cancelled call, which must leave the connection
+//! inside its transaction (if sqlx ever makes `Pool::begin` safe, the
+//! control fails and says so).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -36,6 +41,15 @@ struct Touch {
     id: i64,
 }
 
+/// What is cancelled during `BEGIN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cancelled {
+    /// A generated handler (idem's `Backend::begin`).
+    Handler,
+    /// The control: sqlx's `Pool::begin`.
+    PoolBegin,
+}
+
 mod postgres {
     use super::*;
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -50,12 +64,19 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cancelled_during_begin_leaves_no_open_transaction() {
-        tokio::time::timeout(LIMIT, run())
+        tokio::time::timeout(LIMIT, run(Cancelled::Handler))
             .await
             .expect("test time-out");
     }
 
-    async fn run() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn control_sqlx_pool_begin_cancelled_leaves_an_open_transaction() {
+        tokio::time::timeout(LIMIT, run(Cancelled::PoolBegin))
+            .await
+            .expect("test time-out");
+    }
+
+    async fn run(call: Cancelled) {
         let url = idem_tests::postgres_url();
         let mut direct = match PgConnection::connect(&url).await {
             Ok(c) => c,
@@ -91,12 +112,16 @@ mod postgres {
             .expect("warm up");
 
         proxy.set_begin_hold(HOLD);
-        let id = idem_tests::id_base() + 1;
-        let cancelled = tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id })).await;
-        assert!(
-            cancelled.is_err(),
-            "the call must still wait on BEGIN: {cancelled:?}"
-        );
+        let id = idem_tests::id_base() + if call == Cancelled::Handler { 1 } else { 11 };
+        let cancelled = match call {
+            Cancelled::Handler => tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id }))
+                .await
+                .map(drop),
+            Cancelled::PoolBegin => tokio::time::timeout(CANCEL_AFTER, pool.begin())
+                .await
+                .map(drop),
+        };
+        assert!(cancelled.is_err(), "the call must still wait on BEGIN");
         assert!(proxy.begins_seen() >= 1, "the proxy saw no BEGIN");
         proxy.set_begin_hold(Duration::ZERO);
         // The held reply arrives, the connection goes back to the pool.
@@ -133,6 +158,18 @@ mod postgres {
             .await
             .expect("drop table");
 
+        assert!(
+            !states.is_empty(),
+            "the pool's session is not in pg_stat_activity"
+        );
+        if call == Cancelled::PoolBegin {
+            assert!(
+                states.iter().any(|s| s == "idle in transaction") && visible == 0,
+                "control: sqlx's Pool::begin no longer leaves the connection in a \
+                 transaction (states {states:?}, visible {visible})"
+            );
+            return;
+        }
         assert!(again.expect("a call after the cancelled one").is_executed());
         assert!(
             !states.is_empty(),
@@ -163,12 +200,19 @@ mod mariadb {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cancelled_during_begin_leaves_no_open_transaction() {
-        tokio::time::timeout(LIMIT, run())
+        tokio::time::timeout(LIMIT, run(Cancelled::Handler))
             .await
             .expect("test time-out");
     }
 
-    async fn run() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn control_sqlx_pool_begin_cancelled_leaves_an_open_transaction() {
+        tokio::time::timeout(LIMIT, run(Cancelled::PoolBegin))
+            .await
+            .expect("test time-out");
+    }
+
+    async fn run(call: Cancelled) {
         let url = idem_tests::mysql_url();
         let mut direct = match MySqlConnection::connect(&url).await {
             Ok(c) => c,
@@ -199,12 +243,16 @@ mod mariadb {
             .expect("connection id");
 
         proxy.set_begin_hold(HOLD);
-        let id = idem_tests::id_base() + 1;
-        let cancelled = tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id })).await;
-        assert!(
-            cancelled.is_err(),
-            "the call must still wait on BEGIN: {cancelled:?}"
-        );
+        let id = idem_tests::id_base() + if call == Cancelled::Handler { 1 } else { 11 };
+        let cancelled = match call {
+            Cancelled::Handler => tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id }))
+                .await
+                .map(drop),
+            Cancelled::PoolBegin => tokio::time::timeout(CANCEL_AFTER, pool.begin())
+                .await
+                .map(drop),
+        };
+        assert!(cancelled.is_err(), "the call must still wait on BEGIN");
         assert!(proxy.begins_seen() >= 1, "the proxy saw no BEGIN");
         proxy.set_begin_hold(Duration::ZERO);
         tokio::time::sleep(HOLD + Duration::from_millis(700)).await;
@@ -243,6 +291,14 @@ mod mariadb {
             .await
             .expect("drop table");
 
+        if call == Cancelled::PoolBegin {
+            assert!(
+                open == 1 && visible == 0,
+                "control: sqlx's Pool::begin no longer leaves the connection in a \
+                 transaction (INNODB_TRX rows {open}, visible {visible})"
+            );
+            return;
+        }
         assert_eq!(
             open, 0,
             "the pool's connection was left inside a transaction"
