@@ -12,9 +12,16 @@
 //! harmless), then runs the `BEGIN` in a task of its own, which always runs
 //! to completion: if the caller is gone by then, the task drops the new
 //! transaction, which rolls it back before the connection returns to the
-//! pool. Every transaction idem opens on a pool starts here (handlers, the
-//! relay's claim, [`migrate`](crate::migrate), the CLI through
-//! [`Backend::begin`](crate::Backend::begin)).
+//! pool. Every transaction idem opens on a pool starts here, through
+//! [`Backend::begin`](crate::Backend::begin): handlers (and so the AMQP
+//! consumer's), the relay's claim, [`migrate`](crate::migrate), the `idem`
+//! CLI. The archiver's batches, which set their isolation level on the
+//! connection before `BEGIN`, close their connection instead unless the
+//! batch finished (`CloseUnlessDone` in `backend.rs`).
+//!
+//! SQLite's driver already rolls back a `BEGIN` whose caller is gone (its
+//! worker thread runs the statement to the end); PostgreSQL's and MySQL's
+//! do not, and `Pool::begin` there is not cancellation-safe.
 
 use sqlx::{Database, Pool, SqlSafeStr, Transaction};
 
