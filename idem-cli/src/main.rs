@@ -718,7 +718,7 @@ async fn outbox_requeue(
     // IMMEDIATE` there), so the rows read are the rows changed; elsewhere
     // the SELECT … FOR UPDATE locks them. `Backend::begin` also leaves no
     // transaction open on the pool if this future is dropped mid-BEGIN.
-    let mut tx = <sqlx::Any as idem_runtime::Backend>::begin(&pool).await?;
+    let mut tx = <sqlx::Any as idem_runtime::Backend>::begin(pool).await?;
     let mut query = sqlx::query(sql(d, &q));
     if let Some(id) = t.id {
         query = query.bind(id);
