@@ -494,22 +494,64 @@ pub fn app(pool: PgPool, secret: impl Into<Vec<u8>>) -> Router {
         .with_state(state)
 }
 
-async fn callback(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    // 1. The signature, over the raw bytes, before anything else.
-    if let Err(e) = verify_signature(&app.secret, &body, headers.get(SIGNATURE_HEADER)) {
-        return error(StatusCode::BAD_REQUEST, "BAD_SIGNATURE", e.to_string());
+/// A callback turned away before the database: the answer's status, its
+/// [`ErrorBody`] code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// 400 or 422.
+    pub status: StatusCode,
+    /// `BAD_SIGNATURE`, `BAD_REQUEST` or `UNSUPPORTED_STATUS`.
+    pub code: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Rejection {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Rejection {
+            status,
+            code,
+            message: message.into(),
+        }
     }
-    let cb: Callback = match serde_json::from_slice(&body) {
-        Ok(cb) => cb,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.to_string()),
-    };
+}
+
+/// The endpoint's checks before anything touches the database, in order:
+/// the signature over the raw `body` ([`verify_signature`]), the JSON
+/// ([`Callback`]), and the status (`SUCCESS`). The serial's format is
+/// checked next, by [`apply_callback`]'s `validate` ([`validate_serial`]).
+pub fn parse_callback(
+    secret: &[u8],
+    body: &[u8],
+    signature: Option<&HeaderValue>,
+) -> Result<Callback, Rejection> {
+    verify_signature(secret, body, signature)
+        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, "BAD_SIGNATURE", e.to_string()))?;
+    let cb: Callback = serde_json::from_slice(body)
+        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.to_string()))?;
     if cb.status != "SUCCESS" {
-        return error(
+        let shown: String = cb
+            .status
+            .chars()
+            .take(40)
+            .flat_map(char::escape_default)
+            .collect();
+        return Err(Rejection::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "UNSUPPORTED_STATUS",
-            format!("status `{}` is not SUCCESS", cb.status.escape_default()),
-        );
+            format!("status `{shown}` is not SUCCESS"),
+        ));
     }
+    Ok(cb)
+}
+
+async fn callback(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    // 1. The signature, over the raw bytes, before anything else; the
+    //    JSON; the status.
+    let cb = match parse_callback(&app.secret, &body, headers.get(SIGNATURE_HEADER)) {
+        Ok(cb) => cb,
+        Err(r) => return error(r.status, r.code, r.message),
+    };
     // 2. The serial's format (validate = …), the record, the order's state.
     match apply_callback(&app.pool, &cb).await {
         Ok(Outcome::Executed(r)) => (StatusCode::OK, axum::Json(r)).into_response(),

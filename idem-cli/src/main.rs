@@ -714,13 +714,11 @@ async fn outbox_requeue(
         "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter} ORDER BY id{lock}",
         message_columns(d)
     );
-    // SQLite: take the write lock up front, so the rows read are the rows
-    // changed; elsewhere the SELECT … FOR UPDATE locks them.
-    let mut tx = if d == Dialect::Sqlite {
-        pool.begin_with("BEGIN IMMEDIATE").await?
-    } else {
-        pool.begin().await?
-    };
+    // SQLite: take the write lock up front (`Backend::begin` runs `BEGIN
+    // IMMEDIATE` there), so the rows read are the rows changed; elsewhere
+    // the SELECT … FOR UPDATE locks them. `Backend::begin` also leaves no
+    // transaction open on the pool if this future is dropped mid-BEGIN.
+    let mut tx = <sqlx::Any as idem_runtime::Backend>::begin(pool).await?;
     let mut query = sqlx::query(sql(d, &q));
     if let Some(id) = t.id {
         query = query.bind(id);

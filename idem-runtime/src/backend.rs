@@ -75,6 +75,12 @@ pub trait Backend: Database + sealed::Sealed {
     /// Begins the call's transaction (SQLite: `BEGIN IMMEDIATE`, taking
     /// the write lock up front so concurrent calls serialize instead of
     /// failing on lock upgrade).
+    ///
+    /// Cancellation-safe, unlike `Pool::begin`: a future dropped while
+    /// `BEGIN` is in flight leaves no transaction open on the pooled
+    /// connection (the `BEGIN` finishes in a task of its own and the
+    /// transaction is rolled back before the connection returns to the
+    /// pool).
     fn begin(
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
@@ -1005,7 +1011,7 @@ mod postgres {
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-            pool.begin().await
+            crate::tx::begin(pool, None).await
         }
 
         outbox_insert_returning!();
@@ -1036,7 +1042,7 @@ mod mysql {
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-            pool.begin().await
+            crate::tx::begin(pool, None).await
         }
 
         async fn outbox_insert<'a>(
@@ -1081,7 +1087,7 @@ mod sqlite {
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-            pool.begin_with("BEGIN IMMEDIATE").await
+            crate::tx::begin(pool, Some("BEGIN IMMEDIATE")).await
         }
 
         outbox_insert_returning!();
@@ -1122,11 +1128,9 @@ mod any {
         }
 
         async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-            if Self::pool_dialect(pool) == Dialect::Sqlite {
-                pool.begin_with("BEGIN IMMEDIATE").await
-            } else {
-                pool.begin().await
-            }
+            let statement =
+                (Self::pool_dialect(pool) == Dialect::Sqlite).then_some("BEGIN IMMEDIATE");
+            crate::tx::begin(pool, statement).await
         }
 
         async fn outbox_insert<'a>(

@@ -10,7 +10,6 @@ use crate::error::{BoxError, Error, find_sqlx};
 use crate::state::EntityIdValue;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 use tracing::Span;
 
@@ -182,14 +181,7 @@ pub struct Record {
     pub fingerprint: String,
 }
 
-/// The fingerprint of a payload: hex SHA-256 of its canonical JSON (object
-/// keys sorted), so field order and map order do not matter.
-pub fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, Error> {
-    let value = serde_json::to_value(payload).map_err(Error::Serialization)?;
-    let text = serde_json::to_string(&value).map_err(Error::Serialization)?;
-    let digest = Sha256::digest(text.as_bytes());
-    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
-}
+pub use crate::fingerprint::fingerprint;
 
 const SAVEPOINT: &str = "SAVEPOINT idem_unique_insert";
 const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT idem_unique_insert";

@@ -69,6 +69,7 @@ mod backend;
 pub mod cache;
 mod call;
 mod error;
+mod fingerprint;
 mod key;
 mod metrics;
 pub mod outbox;
@@ -76,6 +77,7 @@ mod schema;
 mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tx;
 mod unique;
 
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};

@@ -111,6 +111,10 @@ struct Shared {
     acks_dropped: AtomicU64,
     draws: AtomicU64,
     seed: RandomState,
+    /// How long to hold the reply to a `BEGIN`, in milliseconds (0: off).
+    begin_hold_ms: AtomicU64,
+    begins_seen: AtomicU64,
+    begins_held: AtomicU64,
 }
 
 impl Shared {
@@ -155,6 +159,9 @@ impl FaultProxy {
             acks_dropped: AtomicU64::new(0),
             draws: AtomicU64::new(0),
             seed: RandomState::new(),
+            begin_hold_ms: AtomicU64::new(0),
+            begins_seen: AtomicU64::new(0),
+            begins_held: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(FaultProxy {
@@ -206,6 +213,25 @@ impl FaultProxy {
     /// client that has seen its commit fail sees the count include it.
     pub fn acks_dropped(&self) -> u64 {
         self.shared.acks_dropped.load(Ordering::SeqCst)
+    }
+
+    /// Holds the server's reply to each `BEGIN` seen from now on for `hold`
+    /// before forwarding it (`Duration::ZERO` disables; whole milliseconds).
+    /// Replies to other statements that arrive with it wait too.
+    pub fn set_begin_hold(&self, hold: Duration) {
+        let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+        self.shared.begin_hold_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// How many `BEGIN`s (and `START TRANSACTION`s) were forwarded.
+    pub fn begins_seen(&self) -> u64 {
+        self.shared.begins_seen.load(Ordering::SeqCst)
+    }
+
+    /// How many replies to a `BEGIN` were held. Incremented when the hold
+    /// starts, before the reply reaches the client.
+    pub fn begins_held(&self) -> u64 {
+        self.shared.begins_held.load(Ordering::SeqCst)
     }
 
     /// `base_url` with its `host:port` replaced by the proxy's, and TLS
@@ -303,6 +329,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 struct Arm {
     armed: AtomicBool,
     notify: Notify,
+    /// Milliseconds to hold the reply of a `BEGIN` that left (0: none).
+    hold_ms: AtomicU64,
 }
 
 impl Arm {
@@ -358,6 +386,7 @@ async fn run_connection(
     let arm = Arm {
         armed: AtomicBool::new(false),
         notify: Notify::new(),
+        hold_ms: AtomicU64::new(0),
     };
 
     let client_to_server = async {
@@ -377,7 +406,16 @@ async fn run_connection(
                 }
                 &buf[..n]
             };
-            let commits = inspector.feed(chunk);
+            let Seen { commits, begins } = inspector.feed(chunk);
+            if begins > 0 {
+                shared.begins_seen.fetch_add(begins, Ordering::SeqCst);
+                let hold = shared.begin_hold_ms.load(Ordering::SeqCst);
+                if hold > 0 {
+                    // Set before the BEGIN's last byte leaves: the server's
+                    // reply can only come after this.
+                    arm.hold_ms.store(hold, Ordering::SeqCst);
+                }
+            }
             if commits > 0 {
                 shared.commits_seen.fetch_add(commits, Ordering::SeqCst);
                 tracing::trace!("fault proxy: {commits} COMMIT(s) from the client");
@@ -438,11 +476,22 @@ async fn run_connection(
             }
             let chunk = &buf[..n];
             let mut replied = false;
+            let mut begin_replied = false;
+            let holding = arm.hold_ms.load(Ordering::SeqCst) > 0;
             frames.feed(chunk, |frame| {
                 if armed && is_commit_reply(shared.protocol, frame) {
                     replied = true;
                 }
+                if holding && is_reply_end(shared.protocol, frame) {
+                    begin_replied = true;
+                }
             });
+            if begin_replied && !armed {
+                let hold = arm.hold_ms.swap(0, Ordering::SeqCst);
+                shared.begins_held.fetch_add(1, Ordering::SeqCst);
+                tracing::debug!("fault proxy: holding the reply to BEGIN for {hold} ms");
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+            }
             if armed {
                 // Everything read after the COMMIT left is thrown away.
                 if replied {
@@ -462,6 +511,15 @@ fn drop_ack(shared: &Shared, why: &str) -> io::Error {
     shared.acks_dropped.fetch_add(1, Ordering::SeqCst);
     tracing::debug!("fault proxy: {why}; closing both connections");
     io::Error::new(io::ErrorKind::ConnectionAborted, why.to_string())
+}
+
+/// Whether a server frame ends the reply to a command: PostgreSQL's
+/// `ReadyForQuery`, MySQL's first `OK` or `ERR` packet (sequence id 1).
+fn is_reply_end(protocol: Protocol, frame: &Frame<'_>) -> bool {
+    match protocol {
+        Protocol::Postgres => frame.tag == b'Z',
+        Protocol::MySql => frame.tag == 1 && matches!(frame.body.first(), Some(0x00) | Some(0xFF)),
+    }
 }
 
 /// Whether a server frame is the end of the reply to a `COMMIT`.
@@ -638,10 +696,47 @@ struct ClientInspector {
     /// MySQL: the previous packet had the maximum length, so this one
     /// continues it.
     continuation: bool,
-    /// PostgreSQL: prepared statement name -> its query is COMMIT.
-    statements: HashMap<Vec<u8>, bool>,
-    /// PostgreSQL: portal name -> bound to a COMMIT statement.
-    portals: HashMap<Vec<u8>, bool>,
+    /// PostgreSQL: prepared statement name -> what its query is.
+    statements: HashMap<Vec<u8>, Kind>,
+    /// PostgreSQL: portal name -> what its statement is.
+    portals: HashMap<Vec<u8>, Kind>,
+}
+
+/// What a statement is, as far as the proxy cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Commit,
+    Begin,
+    Other,
+}
+
+impl Kind {
+    fn of_sql(sql: &[u8]) -> Kind {
+        if is_commit_sql(sql) {
+            Kind::Commit
+        } else if is_begin_sql(sql) {
+            Kind::Begin
+        } else {
+            Kind::Other
+        }
+    }
+}
+
+/// The statements of interest completed in a chunk of the client's stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Seen {
+    commits: u64,
+    begins: u64,
+}
+
+impl Seen {
+    fn add(&mut self, kind: Kind) {
+        match kind {
+            Kind::Commit => self.commits += 1,
+            Kind::Begin => self.begins += 1,
+            Kind::Other => {}
+        }
+    }
 }
 
 impl ClientInspector {
@@ -658,25 +753,21 @@ impl ClientInspector {
     }
 
     /// Inspects a chunk of the client's stream; returns how many `COMMIT`s
-    /// were completed in it.
-    fn feed(&mut self, chunk: &[u8]) -> u64 {
+    /// and `BEGIN`s were completed in it.
+    fn feed(&mut self, chunk: &[u8]) -> Seen {
+        let mut seen = Seen::default();
         if self.passthrough {
-            return 0;
+            return seen;
         }
         let mut frames = std::mem::replace(&mut self.framer, Framer::new(self.protocol, 0));
-        let mut commits = 0;
-        frames.feed(chunk, |frame| {
-            if self.on_frame(frame) {
-                commits += 1;
-            }
-        });
+        frames.feed(chunk, |frame| seen.add(self.on_frame(frame)));
         self.framer = frames;
-        commits
+        seen
     }
 
-    fn on_frame(&mut self, frame: &Frame<'_>) -> bool {
+    fn on_frame(&mut self, frame: &Frame<'_>) -> Kind {
         if self.passthrough {
-            return false;
+            return Kind::Other;
         }
         match self.protocol {
             Protocol::Postgres => self.on_pg_message(frame),
@@ -684,7 +775,7 @@ impl ClientInspector {
         }
     }
 
-    fn on_mysql_packet(&mut self, frame: &Frame<'_>) -> bool {
+    fn on_mysql_packet(&mut self, frame: &Frame<'_>) -> Kind {
         const CLIENT_SSL: u32 = 0x0800;
         const COM_QUERY: u8 = 0x03;
         let continuation = std::mem::replace(&mut self.continuation, frame.len == 0xFF_FFFF);
@@ -697,18 +788,22 @@ impl ClientInspector {
                     self.passthrough = true;
                 }
             }
-            return false;
+            return Kind::Other;
         }
         // Commands start a new sequence (id 0); handshake and
         // authentication packets never have sequence id 0.
-        !continuation
+        if !continuation
             && frame.tag == 0
             && frame.len == frame.body.len()
             && frame.body.first() == Some(&COM_QUERY)
-            && is_commit_sql(&frame.body[1..])
+        {
+            Kind::of_sql(&frame.body[1..])
+        } else {
+            Kind::Other
+        }
     }
 
-    fn on_pg_message(&mut self, frame: &Frame<'_>) -> bool {
+    fn on_pg_message(&mut self, frame: &Frame<'_>) -> Kind {
         let complete = frame.len == frame.body.len();
         let mut fields = frame.body.split(|&b| b == 0);
         match frame.tag {
@@ -716,28 +811,41 @@ impl ClientInspector {
             b'Q' => {
                 // A simple query also destroys the unnamed portal.
                 self.portals.remove(&b""[..]);
-                complete && is_commit_sql(fields.next().unwrap_or_default())
+                if complete {
+                    Kind::of_sql(fields.next().unwrap_or_default())
+                } else {
+                    Kind::Other
+                }
             }
             // Parse: statement name, query, parameter types.
             b'P' => {
                 let name = fields.next().unwrap_or_default().to_vec();
-                // A query cut off by the capture limit is too long to be COMMIT.
-                let commit = complete && is_commit_sql(fields.next().unwrap_or_default());
-                self.statements.insert(name, commit);
-                false
+                // A query cut off by the capture limit is too long to be
+                // COMMIT; a BEGIN that long is not worth holding.
+                let kind = if complete {
+                    Kind::of_sql(fields.next().unwrap_or_default())
+                } else {
+                    Kind::Other
+                };
+                self.statements.insert(name, kind);
+                Kind::Other
             }
             // Bind: portal name, statement name, ...
             b'B' => {
                 let portal = fields.next().unwrap_or_default().to_vec();
                 let statement = fields.next().unwrap_or_default();
-                let commit = self.statements.get(statement).copied().unwrap_or(false);
-                self.portals.insert(portal, commit);
-                false
+                let kind = self
+                    .statements
+                    .get(statement)
+                    .copied()
+                    .unwrap_or(Kind::Other);
+                self.portals.insert(portal, kind);
+                Kind::Other
             }
             // Execute: portal name, row limit.
             b'E' => {
                 let portal = fields.next().unwrap_or_default();
-                self.portals.get(portal).copied().unwrap_or(false)
+                self.portals.get(portal).copied().unwrap_or(Kind::Other)
             }
             // Close: 'S' statement / 'P' portal, then the name.
             b'C' => {
@@ -753,9 +861,9 @@ impl ClientInspector {
                         _ => {}
                     }
                 }
-                false
+                Kind::Other
             }
-            _ => false,
+            _ => Kind::Other,
         }
     }
 }
@@ -780,5 +888,58 @@ fn is_commit_sql(sql: &[u8]) -> bool {
             w.eq_ignore_ascii_case("WORK") || w.eq_ignore_ascii_case("TRANSACTION")
         }
         _ => false,
+    }
+}
+
+/// Whether SQL text opens a transaction: `BEGIN` or `START TRANSACTION`,
+/// with any modifiers (`BEGIN IMMEDIATE`, `BEGIN ISOLATION LEVEL …`,
+/// `START TRANSACTION READ ONLY`), case-insensitive, one trailing `;`.
+fn is_begin_sql(sql: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(sql) else {
+        return false;
+    };
+    let text = text.trim();
+    let text = text.strip_suffix(';').unwrap_or(text).trim_end();
+    if text.contains(';') {
+        return false;
+    }
+    let mut words = text.split_ascii_whitespace();
+    match words.next() {
+        Some(w) if w.eq_ignore_ascii_case("BEGIN") => true,
+        Some(w) if w.eq_ignore_ascii_case("START") => words
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("TRANSACTION")),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn begin_statements() {
+        for sql in [
+            "BEGIN",
+            "begin;",
+            " BEGIN IMMEDIATE ",
+            "BEGIN ISOLATION LEVEL SERIALIZABLE",
+            "START TRANSACTION",
+            "start transaction read only;",
+        ] {
+            assert!(is_begin_sql(sql.as_bytes()), "{sql}");
+            assert_eq!(Kind::of_sql(sql.as_bytes()), Kind::Begin, "{sql}");
+        }
+        for sql in [
+            "COMMIT",
+            "BEGINS",
+            "START",
+            "SELECT 1",
+            "BEGIN; COMMIT",
+            "DO $$ BEGIN END $$",
+        ] {
+            assert!(!is_begin_sql(sql.as_bytes()), "{sql}");
+        }
+        assert_eq!(Kind::of_sql(b"COMMIT"), Kind::Commit);
     }
 }
