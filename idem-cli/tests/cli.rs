@@ -325,16 +325,16 @@ async fn record_show_finds_online_then_archived_records() {
         let key = format!("cli-show:{}", ids(1));
         let insert = match d {
             Dialect::Postgres => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', now() - interval '1 hour')"
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', now() - interval '2 hours', now() - interval '1 hour')"
             }
             Dialect::MySql => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', NOW(6) - INTERVAL 1 HOUR)"
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', NOW(6) - INTERVAL 2 HOUR, NOW(6) - INTERVAL 1 HOUR)"
             }
             Dialect::Sqlite => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour'))"
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour'))"
             }
         };
         sqlx::query(sql(d, insert))

@@ -143,6 +143,8 @@ pub struct Call<DB: Backend> {
     outbox_id: Option<i64>,
     span: Span,
     strategy: &'static str,
+    /// The record strategy's business type (set by the guard).
+    biz_type: &'static str,
     #[cfg(feature = "redis")]
     cache: Option<crate::cache::RedisCache>,
 }
@@ -199,6 +201,7 @@ impl<DB: Backend> Call<DB> {
             outbox_id: source.outbox_id,
             span,
             strategy,
+            biz_type: "",
             #[cfg(feature = "redis")]
             cache: source.cache,
         })
@@ -377,6 +380,7 @@ impl<DB: Backend> Call<DB> {
                 reason: "biz_type must be at most 64 bytes and biz_no at most 128".into(),
             }));
         }
+        self.biz_type = rec.biz_type;
         let row = NewRecord {
             key: &self.key,
             biz_type: rec.biz_type,
@@ -390,7 +394,7 @@ impl<DB: Backend> Call<DB> {
             Ok(false) => {}
             Err(e) => return Err(self.fail(Error::Database(e))),
         }
-        let stored = match DB::fetch_record(&mut self.tx, &self.key).await {
+        let stored = match DB::fetch_record(&mut self.tx, rec.biz_type, &self.key).await {
             Ok(Some(s)) => s,
             // Claim lost but no row: the other writer's row vanished between
             // the two statements (archived). Transient.
@@ -425,7 +429,7 @@ impl<DB: Backend> Call<DB> {
             Err(e) => return Err(self.abort(Error::Serialization(e)).await),
         };
         let key = self.key.clone();
-        if let Err(e) = DB::store_result(&mut self.tx, &key, &text).await {
+        if let Err(e) = DB::store_result(&mut self.tx, self.biz_type, &key, &text).await {
             return Err(self.abort(Error::Database(e)).await);
         }
         self.commit("executed", Some(text)).await?;

@@ -97,6 +97,13 @@ macro_rules! scoping_tests {
                     .await
                     .expect("records");
                 assert_eq!(records, 2);
+                // The operator's look-up: one record per biz_type, or the one asked for.
+                let found = idem_runtime::archive::find_record(&pool, &key, None).await.expect("find");
+                let types: Vec<&str> = found.iter().map(|r| r.biz_type.as_str()).collect();
+                assert_eq!(types, ["award_points", "send_email"]);
+                let one = idem_runtime::archive::find_record(&pool, &key, Some("send_email")).await.expect("find one");
+                assert_eq!(one.len(), 1);
+                assert_eq!(one[0].result.as_deref(), Some(format!("\"mailed {}\"", m.order_id).as_str()));
             }
 
             #[tokio::test]

@@ -282,6 +282,45 @@ async fn drop_sqlite(path: &str) {
     let _ = std::fs::remove_file(path);
 }
 
+/// The same through `sqlx::Any`: a URL to a fresh schema or database.
+async fn fresh_any(url: String) -> Pool<sqlx::Any> {
+    sqlx::any::install_default_drivers();
+    sqlx::any::AnyPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("any pool")
+}
+
+async fn fresh_any_postgres() -> Option<(Pool<sqlx::Any>, String)> {
+    let (pool, schema) = fresh_postgres().await?;
+    pool.close().await;
+    let base = idem_tests::postgres_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+    let pool = fresh_any(url).await;
+    let current: String = sqlx::query_scalar("SELECT CAST(current_schema() AS TEXT)")
+        .fetch_one(&pool)
+        .await
+        .expect("schema");
+    assert_eq!(current, schema);
+    Some((pool, schema))
+}
+
+async fn fresh_any_mysql() -> Option<(Pool<sqlx::Any>, String)> {
+    let (pool, db) = fresh_mysql().await?;
+    pool.close().await;
+    let base = idem_tests::mysql_url();
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    let pool = fresh_any(format!("{server}/{db}")).await;
+    let current: String = sqlx::query_scalar("SELECT CAST(DATABASE() AS CHAR)")
+        .fetch_one(&pool)
+        .await
+        .expect("database");
+    assert_eq!(current, db);
+    Some((pool, db))
+}
+
 macro_rules! upgrade_tests {
     ($module:ident, $db:ty, $dialect:expr, $old:expr, $fresh:ident, $drop:ident) => {
         mod $module {
@@ -399,3 +438,5 @@ macro_rules! upgrade_tests {
 upgrade_tests!(postgres, sqlx::Postgres, Dialect::Postgres, OLD_PG, fresh_postgres, drop_postgres);
 upgrade_tests!(mysql, sqlx::MySql, Dialect::MySql, OLD_MY, fresh_mysql, drop_mysql);
 upgrade_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, OLD_LITE, fresh_sqlite, drop_sqlite);
+upgrade_tests!(any_postgres, sqlx::Any, Dialect::Postgres, OLD_PG, fresh_any_postgres, drop_postgres);
+upgrade_tests!(any_mysql, sqlx::Any, Dialect::MySql, OLD_MY, fresh_any_mysql, drop_mysql);
