@@ -382,17 +382,18 @@ fn dialect_name(d: Dialect) -> &'static str {
     }
 }
 
-/// SQL for "now" in `d`, in the format its timestamp columns use.
+/// SQL for "now" in `d`, in the format its timestamp columns use (MariaDB:
+/// UTC, whatever the session's time zone).
 fn now_sql(d: Dialect) -> &'static str {
     match d {
         Dialect::Postgres => "now()",
-        Dialect::MySql => "NOW(6)",
+        Dialect::MySql => "UTC_TIMESTAMP(6)",
         Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
     }
 }
 
 /// A timestamp column as text, `YYYY-MM-DD HH:MM:SS.ffffff` (UTC on
-/// PostgreSQL; the stored value elsewhere).
+/// PostgreSQL; the stored value elsewhere, which idem writes in UTC).
 fn ts_text(d: Dialect, col: &str) -> String {
     match d {
         Dialect::Postgres => {
@@ -519,7 +520,7 @@ async fn outbox_stats(
         Dialect::Postgres => {
             "CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) AS DOUBLE PRECISION)"
         }
-        Dialect::MySql => "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6",
+        Dialect::MySql => "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6",
         Dialect::Sqlite => {
             "CAST((julianday('now') - julianday(MIN(created_at))) * 86400.0 AS REAL)"
         }

@@ -330,7 +330,7 @@ async fn record_show_finds_online_then_archived_records() {
             }
             Dialect::MySql => {
                 "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', NOW(6) - INTERVAL 2 HOUR, NOW(6) - INTERVAL 1 HOUR)"
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"
             }
             Dialect::Sqlite => {
                 "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \

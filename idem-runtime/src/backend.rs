@@ -328,8 +328,8 @@ impl Dialect {
             ),
             Dialect::MySql => format!(
                 "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
-                 WHERE status = 'pending' AND topic IN ({}) AND next_attempt_at <= NOW(6) \
-                 AND (locked_until IS NULL OR locked_until < NOW(6)) \
+                 WHERE status = 'pending' AND topic IN ({}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
                  ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
                 list(1)
             ),
@@ -603,8 +603,8 @@ macro_rules! common_methods {
                     let marks = vec!["?"; rows.len()].join(", ");
                     let sql = format!(
                         "UPDATE idem_outbox SET lease_owner = ?, \
-                         locked_until = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), \
-                         attempts = attempts + 1, updated_at = NOW(6) WHERE id IN ({marks})"
+                         locked_until = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), \
+                         attempts = attempts + 1, updated_at = UTC_TIMESTAMP(6) WHERE id IN ({marks})"
                     );
                     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
                         .bind(owner)
@@ -1144,42 +1144,43 @@ const MY: SqlSet = SqlSet {
     // a zero date) fails `ck_idem_record_expire`, which IGNORE does not
     // turn into a warning. (`ON DUPLICATE KEY UPDATE id = id` cannot tell a
     // claim from a duplicate: sqlx connects with CLIENT_FOUND_ROWS, and
-    // both report one row.)
+    // both report one row.) Every time is UTC, whatever the session's
+    // time zone.
     claim_record: "INSERT IGNORE INTO idem_record \
         (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
-        VALUES (?, ?, ?, ?, NOW(6), DATE_ADD(NOW(6), INTERVAL ? SECOND))",
+        VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND))",
     outbox_insert: "INSERT INTO idem_outbox \
         (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
-        VALUES (?, ?, ?, NOW(6), NOW(6), NOW(6))",
+        VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
-        updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
+        updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
         WHERE id = ? AND status = 'pending'",
     outbox_settle: "UPDATE idem_outbox SET status = ?, \
-        next_attempt_at = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), last_error = ?, \
-        lease_owner = NULL, locked_until = NULL, updated_at = NOW(6) \
+        next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
+        lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'pending' AND lease_owner = ?",
     archive_record: ArchiveSql {
-        select: "SELECT id FROM idem_record WHERE expire_time < NOW(6) \
+        select: "SELECT id FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6) \
             ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
-            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, NOW(6) \
-            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < NOW(6) AND id IN (",
-        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < NOW(6) AND id IN (",
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, UTC_TIMESTAMP(6) \
+            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
+        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
     },
     archive_outbox: ArchiveSql {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) \
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) \
             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
             locked_until, last_error, created_at, updated_at, archived_at) \
             SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, NOW(6) FROM idem_outbox \
+            locked_until, last_error, created_at, updated_at, UTC_TIMESTAMP(6) FROM idem_outbox \
             WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) AND id IN (",
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
         delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) AND id IN (",
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
     },
     find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
         DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \

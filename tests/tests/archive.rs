@@ -223,7 +223,7 @@ macro_rules! archive_tests {
                 // Written two hours ago, expired one hour ago.
                 let past = match D {
                     Dialect::Postgres => "now() - interval '2 hours', now() - interval '1 hour'",
-                    Dialect::MySql => "DATE_SUB(NOW(6), INTERVAL 2 HOUR), DATE_SUB(NOW(6), INTERVAL 1 HOUR)",
+                    Dialect::MySql => "DATE_SUB(UTC_TIMESTAMP(6), INTERVAL 2 HOUR), DATE_SUB(UTC_TIMESTAMP(6), INTERVAL 1 HOUR)",
                     Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), \
                         strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hours')",
                 };
