@@ -115,11 +115,15 @@ pub struct Record {
     pub biz_type: &'static str,
     /// The business document number (defaults to the key).
     pub biz_no: Option<String>,
-    /// Seconds until the record may be archived.
+    /// Seconds until the record may be archived: 1 ..= [`MAX_TTL_SECS`].
     pub ttl_secs: i64,
     /// Hex SHA-256 of the canonical JSON of the payload.
     pub fingerprint: String,
 }
+
+/// The longest record ttl: 3650 days. Longer would reach past what the
+/// databases store (MariaDB's year 9999) for no benefit.
+pub const MAX_TTL_SECS: i64 = 3650 * 86_400;
 
 /// The fingerprint of a payload: hex SHA-256 of its canonical JSON (object
 /// keys sorted), so field order and map order do not matter.
@@ -378,6 +382,14 @@ impl<DB: Backend> Call<DB> {
             return Err(self.fail(Error::InvalidKey {
                 key: self.key.clone(),
                 reason: "biz_type must be at most 64 bytes and biz_no at most 128".into(),
+            }));
+        }
+        if !(1..=MAX_TTL_SECS).contains(&rec.ttl_secs) {
+            return Err(self.fail(Error::Config {
+                reason: format!(
+                    "record ttl of {} s is out of bounds: 1 s ..= {MAX_TTL_SECS} s (3650 days)",
+                    rec.ttl_secs
+                ),
             }));
         }
         self.biz_type = rec.biz_type;

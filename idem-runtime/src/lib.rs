@@ -78,7 +78,7 @@ mod state;
 pub mod testing;
 
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
-pub use call::{Call, Outcome, Record, Source, StateMachine, fingerprint};
+pub use call::{Call, MAX_TTL_SECS, Outcome, Record, Source, StateMachine, fingerprint};
 pub use error::{BoxError, Error, is_transient};
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key};
 pub use schema::{SCHEMA_VERSION, migrate};
