@@ -72,7 +72,8 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
                 ))));
             }
             let result = upgrade::<DB>(&mut conn, dialect).await;
-            let release = format!("SELECT CAST(COALESCE(RELEASE_LOCK('{MYSQL_LOCK}'), 0) AS SIGNED)");
+            let release =
+                format!("SELECT CAST(COALESCE(RELEASE_LOCK('{MYSQL_LOCK}'), 0) AS SIGNED)");
             let released = DB::fetch_i64(&mut conn, &release).await;
             let _ = conn.close().await;
             result?;
@@ -89,8 +90,11 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
             if dialect == Dialect::Postgres {
                 // Concurrent migrations wait for each other instead of
                 // racing on the catalog.
-                DB::execute_on(&mut *tx, &format!("SELECT pg_advisory_xact_lock({PG_LOCK})"))
-                    .await?;
+                DB::execute_on(
+                    &mut *tx,
+                    &format!("SELECT pg_advisory_xact_lock({PG_LOCK})"),
+                )
+                .await?;
             }
             upgrade::<DB>(&mut *tx, dialect).await?;
             tx.commit().await?;
@@ -106,8 +110,11 @@ async fn upgrade<DB: Backend>(conn: &mut DB::Connection, dialect: Dialect) -> Re
         "CREATE TABLE IF NOT EXISTS idem_schema_version (version BIGINT NOT NULL PRIMARY KEY)",
     )
     .await?;
-    let current =
-        DB::fetch_i64(conn, "SELECT COALESCE(MAX(version), 0) FROM idem_schema_version").await?;
+    let current = DB::fetch_i64(
+        conn,
+        "SELECT COALESCE(MAX(version), 0) FROM idem_schema_version",
+    )
+    .await?;
     if current > SCHEMA_VERSION {
         return Err(Error::Config {
             reason: format!(

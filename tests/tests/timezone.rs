@@ -107,11 +107,26 @@ async fn archivers_in_other_zones_keep_live_records_and_move_expired_ones() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     archive(&east).await;
     archive(&utc).await;
-    assert_eq!(where_is(&utc, &format!("tz-long:utc-{tag}")).await, (1, 0), "a +08:00 archiver archived a live record written in UTC");
-    assert_eq!(where_is(&utc, &format!("tz-long:west-{tag}")).await, (1, 0), "a UTC archiver archived a live record written at -05:00");
-    assert_eq!(where_is(&utc, &format!("tz-short:east-{tag}")).await, (0, 1), "an expired record written at +08:00 was not archived");
+    assert_eq!(
+        where_is(&utc, &format!("tz-long:utc-{tag}")).await,
+        (1, 0),
+        "a +08:00 archiver archived a live record written in UTC"
+    );
+    assert_eq!(
+        where_is(&utc, &format!("tz-long:west-{tag}")).await,
+        (1, 0),
+        "a UTC archiver archived a live record written at -05:00"
+    );
+    assert_eq!(
+        where_is(&utc, &format!("tz-short:east-{tag}")).await,
+        (0, 1),
+        "an expired record written at +08:00 was not archived"
+    );
     // The duplicate of a live record is still stopped.
-    assert_eq!(long(&east, &n("utc")).await.expect("replay"), Outcome::Duplicate(Some(format!("utc-{tag}"))));
+    assert_eq!(
+        long(&east, &n("utc")).await.expect("replay"),
+        Outcome::Duplicate(Some(format!("utc-{tag}")))
+    );
 }
 
 #[tokio::test]
@@ -141,7 +156,9 @@ async fn a_relay_in_another_zone_never_takes_a_live_lease() {
             })
     };
     let mut tx = utc.begin().await.expect("begin");
-    enqueue(&mut tx, &topic, "m-1", &serde_json::json!({})).await.expect("enqueue");
+    enqueue(&mut tx, &topic, "m-1", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
     tx.commit().await.expect("commit");
     let first = relay(&utc, "tz-relay-utc");
     let running = tokio::spawn(async move { first.run_once().await });
@@ -150,13 +167,18 @@ async fn a_relay_in_another_zone_never_takes_a_live_lease() {
     let stolen = second.run_once().await.expect("second relay");
     release.notify_one();
     assert_eq!(running.await.expect("join").expect("first relay"), 1);
-    assert_eq!(stolen, 0, "a +08:00 relay claimed a message under a live 10-minute lease");
+    assert_eq!(
+        stolen, 0,
+        "a +08:00 relay claimed a message under a live 10-minute lease"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 async fn enqueue_one(pool: &MySqlPool, topic: &str) {
     let mut tx = pool.begin().await.expect("begin");
-    enqueue(&mut tx, topic, "m-1", &serde_json::json!({})).await.expect("enqueue");
+    enqueue(&mut tx, topic, "m-1", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
     tx.commit().await.expect("commit");
 }
 

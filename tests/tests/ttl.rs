@@ -32,14 +32,18 @@ macro_rules! ttl_tests {
                 let key = format!("ttl:{}", ids(1));
                 let span = tracing::Span::none();
                 let mut call = Call::begin(Source::from(pool), key, "record", span).await?;
-                call.record_guard::<String>(&record(ttl_secs)).await.map(|_| ())
+                call.record_guard::<String>(&record(ttl_secs))
+                    .await
+                    .map(|_| ())
             }
 
             #[tokio::test]
             async fn the_call_rejects_a_ttl_out_of_bounds_before_any_sql() {
                 let Some(pool) = pool().await else { return };
                 for ttl in [3_000_000 * 86_400, MAX_TTL_SECS + 1, 0, -5] {
-                    let err = guard(&pool, ttl).await.expect_err(&format!("ttl {ttl} accepted"));
+                    let err = guard(&pool, ttl)
+                        .await
+                        .expect_err(&format!("ttl {ttl} accepted"));
                     assert!(matches!(err, Error::Config { .. }), "ttl {ttl}: {err}");
                     assert!(err.to_string().contains("ttl"), "{err}");
                     assert!(!err.is_retryable());
@@ -60,11 +64,18 @@ macro_rules! ttl_tests {
                 let mut tx = <Db as Backend>::begin(pool).await?;
                 let claimed = <Db as Backend>::claim_record(&mut tx, &rec).await?;
                 // What was stored, if anything (read in the same transaction).
-                let n: i64 = sqlx::query_scalar(sql(D, "SELECT COUNT(*) FROM idem_record WHERE idempotency_key = ?"))
-                    .bind(key.clone())
-                    .fetch_one(&mut *tx)
-                    .await?;
-                assert_eq!(n, i64::from(claimed), "claim said {claimed} but {n} rows are stored");
+                let n: i64 = sqlx::query_scalar(sql(
+                    D,
+                    "SELECT COUNT(*) FROM idem_record WHERE idempotency_key = ?",
+                ))
+                .bind(key.clone())
+                .fetch_one(&mut *tx)
+                .await?;
+                assert_eq!(
+                    n,
+                    i64::from(claimed),
+                    "claim said {claimed} but {n} rows are stored"
+                );
                 tx.rollback().await?;
                 Ok(claimed)
             }
@@ -74,7 +85,9 @@ macro_rules! ttl_tests {
                 let Some(pool) = pool().await else { return };
                 // Far beyond every backend's range: an error, not an
                 // ignored row.
-                let err = claim(&pool, 1_000_000_000_000_000).await.expect_err("absurd expiry accepted");
+                let err = claim(&pool, 1_000_000_000_000_000)
+                    .await
+                    .expect_err("absurd expiry accepted");
                 eprintln!("absurd ttl: {err}");
                 // 3 000 000 days: past MariaDB's year 9999 and SQLite's
                 // strftime range; PostgreSQL stores it (year 10226).
@@ -87,7 +100,9 @@ macro_rules! ttl_tests {
                 }
                 // expire_time must be after create_time.
                 for ttl in [0, -60] {
-                    let err = claim(&pool, ttl).await.expect_err(&format!("ttl {ttl} stored"));
+                    let err = claim(&pool, ttl)
+                        .await
+                        .expect_err(&format!("ttl {ttl} stored"));
                     eprintln!("ttl {ttl}: {err}");
                 }
                 assert!(claim(&pool, MAX_TTL_SECS).await.expect("the longest ttl"));
@@ -96,9 +111,24 @@ macro_rules! ttl_tests {
     };
 }
 
-ttl_tests!(postgres, sqlx::Postgres, Dialect::Postgres, idem_tests::postgres(2).await);
-ttl_tests!(mysql, sqlx::MySql, Dialect::MySql, idem_tests::mysql(2).await);
-ttl_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, Some(idem_tests::sqlite(1).await));
+ttl_tests!(
+    postgres,
+    sqlx::Postgres,
+    Dialect::Postgres,
+    idem_tests::postgres(2).await
+);
+ttl_tests!(
+    mysql,
+    sqlx::MySql,
+    Dialect::MySql,
+    idem_tests::mysql(2).await
+);
+ttl_tests!(
+    sqlite,
+    sqlx::Sqlite,
+    Dialect::Sqlite,
+    Some(idem_tests::sqlite(1).await)
+);
 
 /// The finding behind MariaDB's `INSERT IGNORE`: sqlx connects with
 /// `CLIENT_FOUND_ROWS`, so `INSERT … ON DUPLICATE KEY UPDATE id = id`
@@ -113,15 +143,27 @@ async fn mariadb_on_duplicate_key_update_counts_a_duplicate_like_an_insert() {
     let create = format!(
         "CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(16) NOT NULL, UNIQUE KEY (k))"
     );
-    sqlx::query(sqlx::AssertSqlSafe(create)).execute(&pool).await.expect("create");
+    sqlx::query(sqlx::AssertSqlSafe(create))
+        .execute(&pool)
+        .await
+        .expect("create");
     let insert = format!("INSERT INTO {table} (k) VALUES ('a') ON DUPLICATE KEY UPDATE id = id");
-    let first = sqlx::query(sqlx::AssertSqlSafe(insert.clone())).execute(&pool).await.expect("insert");
-    let second = sqlx::query(sqlx::AssertSqlSafe(insert)).execute(&pool).await.expect("duplicate");
+    let first = sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+        .execute(&pool)
+        .await
+        .expect("insert");
+    let second = sqlx::query(sqlx::AssertSqlSafe(insert))
+        .execute(&pool)
+        .await
+        .expect("duplicate");
     eprintln!(
         "ON DUPLICATE KEY UPDATE id = id: inserted -> {} rows, existing -> {} rows",
         first.rows_affected(),
         second.rows_affected()
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))).execute(&pool).await.expect("drop");
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(&pool)
+        .await
+        .expect("drop");
     assert_eq!((first.rows_affected(), second.rows_affected()), (1, 1));
 }

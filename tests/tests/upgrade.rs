@@ -14,10 +14,10 @@ use sqlx::Pool;
 // ---- The previous release's DDL (idem-runtime/src/backend.rs at 838c97b), verbatim.
 
 const OLD_PG: &[&str] = &[
-        // Concurrent migrations wait for each other instead of racing on
-        // the catalog.
-        "SELECT pg_advisory_xact_lock(4242424242)",
-        "CREATE TABLE IF NOT EXISTS idem_record (
+    // Concurrent migrations wait for each other instead of racing on
+    // the catalog.
+    "SELECT pg_advisory_xact_lock(4242424242)",
+    "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGSERIAL PRIMARY KEY,
             idempotency_key VARCHAR(128) NOT NULL,
             biz_type VARCHAR(64) NOT NULL,
@@ -28,8 +28,8 @@ const OLD_PG: &[&str] = &[
             expire_time TIMESTAMPTZ NOT NULL,
             CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-        "CREATE TABLE IF NOT EXISTS idem_outbox (
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
             id BIGSERIAL PRIMARY KEY,
             topic VARCHAR(128) NOT NULL,
             msg_id VARCHAR(128) NOT NULL,
@@ -45,13 +45,13 @@ const OLD_PG: &[&str] = &[
             CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id),
             CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
-        // The relay's claim: pending rows of its topics, oldest first.
-        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
-        // History: the same columns plus archived_at; `id` is the online
-        // row's id. A key may be archived, reused once expired, and
-        // archived again: indexed, not unique.
-        "CREATE TABLE IF NOT EXISTS idem_record_history (
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+    // The relay's claim: pending rows of its topics, oldest first.
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
+    // History: the same columns plus archived_at; `id` is the online
+    // row's id. A key may be archived, reused once expired, and
+    // archived again: indexed, not unique.
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
             id BIGINT PRIMARY KEY,
             idempotency_key VARCHAR(128) NOT NULL,
             biz_type VARCHAR(64) NOT NULL,
@@ -62,8 +62,8 @@ const OLD_PG: &[&str] = &[
             expire_time TIMESTAMPTZ NOT NULL,
             archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
-        "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
             id BIGINT PRIMARY KEY,
             topic VARCHAR(128) NOT NULL,
             msg_id VARCHAR(128) NOT NULL,
@@ -78,11 +78,11 @@ const OLD_PG: &[&str] = &[
             updated_at TIMESTAMPTZ NOT NULL,
             archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
 ];
 
 const OLD_MY: &[&str] = &[
-        "CREATE TABLE IF NOT EXISTS idem_record (
+    "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGINT AUTO_INCREMENT PRIMARY KEY,
             idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
             biz_type VARCHAR(64) NOT NULL,
@@ -94,7 +94,7 @@ const OLD_MY: &[&str] = &[
             UNIQUE KEY uk_idem_record_key (idempotency_key),
             KEY idx_idem_record_expire (expire_time)
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-        "CREATE TABLE IF NOT EXISTS idem_outbox (
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
             id BIGINT AUTO_INCREMENT PRIMARY KEY,
             topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
             msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -111,7 +111,7 @@ const OLD_MY: &[&str] = &[
             KEY idx_idem_outbox_due (status, next_attempt_at),
             CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-        "CREATE TABLE IF NOT EXISTS idem_record_history (
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
             id BIGINT PRIMARY KEY,
             idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
             biz_type VARCHAR(64) NOT NULL,
@@ -123,7 +123,7 @@ const OLD_MY: &[&str] = &[
             archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
             KEY idx_idem_record_history_key (idempotency_key)
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-        "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
             id BIGINT PRIMARY KEY,
             topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
             msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -142,7 +142,7 @@ const OLD_MY: &[&str] = &[
 ];
 
 const OLD_LITE: &[&str] = &[
-        "CREATE TABLE IF NOT EXISTS idem_record (
+    "CREATE TABLE IF NOT EXISTS idem_record (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
             biz_type TEXT NOT NULL,
@@ -153,8 +153,8 @@ const OLD_LITE: &[&str] = &[
             expire_time TEXT NOT NULL,
             CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-        "CREATE TABLE IF NOT EXISTS idem_outbox (
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             topic TEXT NOT NULL,
             msg_id TEXT NOT NULL,
@@ -170,10 +170,10 @@ const OLD_LITE: &[&str] = &[
             updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
             CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
-        // The relay's claim: pending rows of its topics, oldest first.
-        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
-        "CREATE TABLE IF NOT EXISTS idem_record_history (
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+    // The relay's claim: pending rows of its topics, oldest first.
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
             id INTEGER PRIMARY KEY,
             idempotency_key TEXT NOT NULL,
             biz_type TEXT NOT NULL,
@@ -184,8 +184,8 @@ const OLD_LITE: &[&str] = &[
             expire_time TEXT NOT NULL,
             archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
-        "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
             id INTEGER PRIMARY KEY,
             topic TEXT NOT NULL,
             msg_id TEXT NOT NULL,
@@ -200,7 +200,7 @@ const OLD_LITE: &[&str] = &[
             updated_at TEXT NOT NULL,
             archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
         )",
-        "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
 ];
 
 /// A fresh PostgreSQL schema, and a pool whose search path is it.
@@ -435,8 +435,43 @@ macro_rules! upgrade_tests {
     };
 }
 
-upgrade_tests!(postgres, sqlx::Postgres, Dialect::Postgres, OLD_PG, fresh_postgres, drop_postgres);
-upgrade_tests!(mysql, sqlx::MySql, Dialect::MySql, OLD_MY, fresh_mysql, drop_mysql);
-upgrade_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, OLD_LITE, fresh_sqlite, drop_sqlite);
-upgrade_tests!(any_postgres, sqlx::Any, Dialect::Postgres, OLD_PG, fresh_any_postgres, drop_postgres);
-upgrade_tests!(any_mysql, sqlx::Any, Dialect::MySql, OLD_MY, fresh_any_mysql, drop_mysql);
+upgrade_tests!(
+    postgres,
+    sqlx::Postgres,
+    Dialect::Postgres,
+    OLD_PG,
+    fresh_postgres,
+    drop_postgres
+);
+upgrade_tests!(
+    mysql,
+    sqlx::MySql,
+    Dialect::MySql,
+    OLD_MY,
+    fresh_mysql,
+    drop_mysql
+);
+upgrade_tests!(
+    sqlite,
+    sqlx::Sqlite,
+    Dialect::Sqlite,
+    OLD_LITE,
+    fresh_sqlite,
+    drop_sqlite
+);
+upgrade_tests!(
+    any_postgres,
+    sqlx::Any,
+    Dialect::Postgres,
+    OLD_PG,
+    fresh_any_postgres,
+    drop_postgres
+);
+upgrade_tests!(
+    any_mysql,
+    sqlx::Any,
+    Dialect::MySql,
+    OLD_MY,
+    fresh_any_mysql,
+    drop_mysql
+);
