@@ -475,3 +475,83 @@ upgrade_tests!(
     fresh_any_mysql,
     drop_mysql
 );
+
+/// MariaDB's DDL is not transactional: a migration that died after its
+/// first `ALTER TABLE`, before recording the version, runs again cleanly.
+#[tokio::test]
+async fn mariadb_resumes_an_upgrade_that_died_half_way() {
+    let Some((pool, db)) = fresh_mysql().await else {
+        return;
+    };
+    for stmt in OLD_MY {
+        sqlx::query(*stmt).execute(&pool).await.expect(stmt);
+    }
+    sqlx::query(
+        "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
+         VALUES ('k1', 'a', 'n', 'f', '2099-01-01 00:00:00')",
+    )
+    .execute(&pool)
+    .await
+    .expect("old record");
+    // What the first statements of version 2 did before the crash.
+    sqlx::query("CREATE TABLE idem_schema_version (version BIGINT NOT NULL PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .expect("version table");
+    sqlx::query("INSERT INTO idem_schema_version (version) VALUES (1)")
+        .execute(&pool)
+        .await
+        .expect("version 1");
+    sqlx::query(
+        "ALTER TABLE idem_record \
+         MODIFY idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL, \
+         DROP INDEX uk_idem_record_key, \
+         ADD UNIQUE KEY uk_idem_record_key_type (idempotency_key, biz_type), \
+         ADD CONSTRAINT ck_idem_record_expire CHECK (expire_time > create_time)",
+    )
+    .execute(&pool)
+    .await
+    .expect("half the upgrade");
+    idem_runtime::migrate(&pool).await.expect("resume");
+    let version: i64 = sqlx::query_scalar("SELECT MAX(version) FROM idem_schema_version")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT CAST(INDEX_NAME AS CHAR) FROM information_schema.STATISTICS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_record' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("indexes");
+    assert_eq!(
+        indexes,
+        [
+            "idx_idem_record_expire",
+            "PRIMARY",
+            "uk_idem_record_key_type"
+        ]
+    );
+    let collations: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(COLLATION_NAME AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME IN \
+         ('idempotency_key', 'biz_type', 'biz_no', 'topic', 'msg_id')",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("collations");
+    assert_eq!(collations.len(), 10);
+    assert!(
+        collations.iter().all(|c| c == "utf8mb4_nopad_bin"),
+        "{collations:?}"
+    );
+    let n: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_record WHERE idempotency_key = 'k1'")
+            .fetch_one(&pool)
+            .await
+            .expect("rows");
+    assert_eq!(n, 1);
+    pool.close().await;
+    drop_mysql(&db).await;
+}
