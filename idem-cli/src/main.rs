@@ -64,11 +64,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create idem's tables and indexes if missing (safe to run twice, and concurrently).
+    /// Create idem's tables and indexes if missing, upgrade older ones (safe to run twice, and concurrently).
     #[command(
         long_about = "Create idem's tables (idem_record, idem_outbox, idem_record_history, \
-            idem_outbox_history) and their indexes if they do not exist. Existing tables are left \
-            unchanged; safe to run twice, and concurrently with itself."
+            idem_outbox_history) and their indexes if they do not exist, and upgrade tables an \
+            earlier release created to the current schema version (kept in idem_schema_version), \
+            keeping their rows. Safe to run twice, and concurrently with itself."
     )]
     Migrate,
     /// Inspect and repair the outbox (idem_outbox).
@@ -157,15 +158,21 @@ struct ArchiveArgs {
 
 #[derive(Subcommand, Debug)]
 enum RecordCommand {
-    /// Show the record of an idempotency key: the online one, else the latest archived one.
+    /// Show the records of an idempotency key: the online one, else the latest archived one.
     #[command(
-        long_about = "Show the idempotency record of KEY: the online one (idem_record) if the key \
-            is live, else the latest archived one (idem_record_history). Exits with code 1 if \
+        long_about = "Show the idempotency records of KEY, one per biz_type (records are unique per \
+            (biz_type, key): handlers sharing a key template each have their own): the online one \
+            (idem_record) if the key is live, else the latest archived one (idem_record_history). \
+            --biz-type shows only that business type's record. With --json: one object when one \
+            record matches, an array (ordered by biz_type) when several do. Exits with code 1 if \
             there is none."
     )]
     Show {
         /// The idempotency key, e.g. pay-callback:SN-123.
         key: String,
+        /// Only the record of this business type (the handler's biz_type).
+        #[arg(long)]
+        biz_type: Option<String>,
     },
 }
 
@@ -273,7 +280,9 @@ async fn run(cli: Cli) -> Result<(), Fail> {
             outbox_requeue(&pool, dialect, args, out).await
         }
         Command::Archive(args) => archive(&pool, args, out).await,
-        Command::Record(RecordCommand::Show { key }) => record_show(&pool, &key, out).await,
+        Command::Record(RecordCommand::Show { key, biz_type }) => {
+            record_show(&pool, &key, biz_type.as_deref(), out).await
+        }
     };
     pool.close().await;
     result
@@ -373,17 +382,18 @@ fn dialect_name(d: Dialect) -> &'static str {
     }
 }
 
-/// SQL for "now" in `d`, in the format its timestamp columns use.
+/// SQL for "now" in `d`, in the format its timestamp columns use (MariaDB:
+/// UTC, whatever the session's time zone).
 fn now_sql(d: Dialect) -> &'static str {
     match d {
         Dialect::Postgres => "now()",
-        Dialect::MySql => "NOW(6)",
+        Dialect::MySql => "UTC_TIMESTAMP(6)",
         Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
     }
 }
 
 /// A timestamp column as text, `YYYY-MM-DD HH:MM:SS.ffffff` (UTC on
-/// PostgreSQL; the stored value elsewhere).
+/// PostgreSQL; the stored value elsewhere, which idem writes in UTC).
 fn ts_text(d: Dialect, col: &str) -> String {
     match d {
         Dialect::Postgres => {
@@ -402,6 +412,8 @@ struct MigrateReport {
     database: String,
     created: Vec<&'static str>,
     already_present: Vec<&'static str>,
+    /// The schema version the tables are at now.
+    schema_version: i64,
 }
 
 async fn table_exists(pool: &AnyPool, table: &str) -> bool {
@@ -423,6 +435,7 @@ async fn migrate(pool: &AnyPool, dialect: Dialect, url: &str, out: Out) -> Resul
         database: redact(url),
         created: Vec::new(),
         already_present: Vec::new(),
+        schema_version: idem_runtime::SCHEMA_VERSION,
     };
     for (t, existed) in TABLES.into_iter().zip(before) {
         if existed {
@@ -442,7 +455,10 @@ async fn migrate(pool: &AnyPool, dialect: Dialect, url: &str, out: Out) -> Resul
         };
         s += &format!("  created:         {}\n", list(&report.created));
         s += &format!("  already present: {}\n", list(&report.already_present));
-        s += "  (missing indexes were created too; existing tables were left unchanged)\n";
+        s += &format!(
+            "  schema version:  {}\n  (missing indexes were created too; older tables were upgraded in place)\n",
+            report.schema_version
+        );
         s
     })
 }
@@ -504,7 +520,7 @@ async fn outbox_stats(
         Dialect::Postgres => {
             "CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) AS DOUBLE PRECISION)"
         }
-        Dialect::MySql => "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6",
+        Dialect::MySql => "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6",
         Dialect::Sqlite => {
             "CAST((julianday('now') - julianday(MIN(created_at))) * 86400.0 AS REAL)"
         }
@@ -846,33 +862,65 @@ async fn archive(pool: &AnyPool, args: ArchiveArgs, out: Out) -> Result<(), Fail
 
 // ---------------------------------------------------------------- record show
 
-async fn record_show(pool: &AnyPool, key: &str, out: Out) -> Result<(), Fail> {
-    let Some(r): Option<RecordInfo> = find_record(pool, key).await? else {
+async fn record_show(
+    pool: &AnyPool,
+    key: &str,
+    biz_type: Option<&str>,
+    out: Out,
+) -> Result<(), Fail> {
+    let found: Vec<RecordInfo> = find_record(pool, key, biz_type).await?;
+    if found.is_empty() {
+        let of_type = biz_type
+            .map(|t| format!(" and biz_type {t:?}"))
+            .unwrap_or_default();
         return Err(Fail {
             code: 1,
-            msg: format!("no idempotency record with key {key:?} (neither online nor archived)"),
+            msg: format!(
+                "no idempotency record with key {key:?}{of_type} (neither online nor archived)"
+            ),
         });
+    }
+    let text = || {
+        let mut s = String::new();
+        if found.len() > 1 {
+            s += &format!(
+                "{} records of this key, one per biz_type (choose one with --biz-type):\n",
+                found.len()
+            );
+        }
+        for (i, r) in found.iter().enumerate() {
+            if i > 0 {
+                s += "\n";
+            }
+            s += &record_text(r);
+        }
+        s
     };
-    out.emit(&r, || {
-        let rows = [
-            ("key", r.key.clone()),
-            ("biz_type", r.biz_type.clone()),
-            ("biz_no", r.biz_no.clone()),
-            ("fingerprint", r.fingerprint.clone()),
-            ("result", r.result.clone().unwrap_or_else(|| "-".into())),
-            ("create_time", r.create_time.clone()),
-            ("expire_time", r.expire_time.clone()),
-            (
-                "archived",
-                if r.archived { "yes" } else { "no (online)" }.into(),
-            ),
-            (
-                "archived_at",
-                r.archived_at.clone().unwrap_or_else(|| "-".into()),
-            ),
-        ];
-        rows.iter().map(|(k, v)| format!("{k:<12} {v}\n")).collect()
-    })
+    match found.as_slice() {
+        [one] => out.emit(one, text),
+        several => out.emit(&several, text),
+    }
+}
+
+fn record_text(r: &RecordInfo) -> String {
+    let rows = [
+        ("key", r.key.clone()),
+        ("biz_type", r.biz_type.clone()),
+        ("biz_no", r.biz_no.clone()),
+        ("fingerprint", r.fingerprint.clone()),
+        ("result", r.result.clone().unwrap_or_else(|| "-".into())),
+        ("create_time", r.create_time.clone()),
+        ("expire_time", r.expire_time.clone()),
+        (
+            "archived",
+            if r.archived { "yes" } else { "no (online)" }.into(),
+        ),
+        (
+            "archived_at",
+            r.archived_at.clone().unwrap_or_else(|| "-".into()),
+        ),
+    ];
+    rows.iter().map(|(k, v)| format!("{k:<12} {v}\n")).collect()
 }
 
 // ---------------------------------------------------------------- helpers

@@ -325,16 +325,16 @@ async fn record_show_finds_online_then_archived_records() {
         let key = format!("cli-show:{}", ids(1));
         let insert = match d {
             Dialect::Postgres => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', now() - interval '1 hour')"
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', now() - interval '2 hours', now() - interval '1 hour')"
             }
             Dialect::MySql => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', NOW(6) - INTERVAL 1 HOUR)"
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"
             }
             Dialect::Sqlite => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour'))"
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour'))"
             }
         };
         sqlx::query(sql(d, insert))
@@ -460,4 +460,47 @@ fn errors_are_clear_and_non_zero() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_show_lists_one_record_per_biz_type_and_filters_by_biz_type() {
+    for (url, pool) in databases().await {
+        let d = dialect(&pool);
+        let key = format!("cli-types:{}", ids(1));
+        let later = match d {
+            Dialect::Postgres => "now() + interval '1 hour'",
+            Dialect::MySql => "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
+            Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 hour')",
+        };
+        for biz_type in ["send_email", "award_points"] {
+            let mark = if d == Dialect::Postgres { "$1" } else { "?" };
+            let insert = format!(
+                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
+                 VALUES ({mark}, '{biz_type}', 'no-1', 'abc', '\"{biz_type}\"', {later})"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(insert))
+                .bind(&key)
+                .execute(&pool)
+                .await
+                .expect("insert record");
+        }
+        // Several: an array ordered by biz_type, and a note in the table.
+        let all = json(&url, &["record", "show", &key]);
+        let types: Vec<&str> = all
+            .as_array()
+            .unwrap_or_else(|| panic!("{d:?}: not an array: {all}"))
+            .iter()
+            .map(|r| r["biz_type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["award_points", "send_email"], "{d:?}");
+        let table = ok(&url, &["record", "show", &key]);
+        assert!(table.contains("2 records of this key"), "{table}");
+        // One business type: one object.
+        let one = json(&url, &["record", "show", &key, "--biz-type", "send_email"]);
+        assert_eq!(one["biz_type"], "send_email", "{d:?}: {one}");
+        assert_eq!(one["result"], "\"send_email\"");
+        let none = idem(&url, &["record", "show", &key, "--biz-type", "nope"]);
+        assert_eq!(none.status.code(), Some(1), "{d:?}");
+        assert!(String::from_utf8_lossy(&none.stderr).contains("biz_type \"nope\""));
+    }
 }

@@ -320,8 +320,9 @@ pub struct RecordInfo {
     /// The handler's serialized result (JSON).
     pub result: Option<String>,
     /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
-    /// (SQLite: milliseconds; MariaDB: the session's time zone, UTC under
-    /// sqlx).
+    /// (SQLite: milliseconds; MariaDB: as stored, UTC since schema
+    /// version 2 — rows an earlier release wrote from a session in another
+    /// time zone keep that zone's local time).
     pub create_time: String,
     /// When it may be archived, in the same format.
     pub expire_time: String,
@@ -331,14 +332,32 @@ pub struct RecordInfo {
     pub archived_at: Option<String>,
 }
 
-/// The record of `key`: the online one if the key is live, else the latest
-/// archived one (a key can be archived, reused once expired, and archived
-/// again), else `None`.
+/// The records of `key`, one per business type, ordered by `biz_type`:
+/// records are unique per `(biz_type, key)`, so handlers sharing a key
+/// template (`send_email` and `award_points` both keyed
+/// `"order-paid:{order_id}"`) each have their own. For each business type,
+/// the online record if the key is live, else the latest archived one (a
+/// key can be archived, reused once expired, and archived again). With
+/// `biz_type`, only that business type's record: at most one. Empty when
+/// neither online nor archived.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::Error> {
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// use idem_runtime::archive::find_record;
+/// let all = find_record(&pool, "order-paid:42", None).await?;
+/// let mail = find_record(&pool, "order-paid:42", Some("send_email")).await?;
+/// assert!(all.is_empty() && mail.is_empty());
+/// # Ok(()) }
+/// ```
 pub async fn find_record<DB: Backend>(
     pool: &Pool<DB>,
     key: &str,
-) -> Result<Option<RecordInfo>, Error> {
-    Ok(DB::lookup_record(pool, key).await?)
+    biz_type: Option<&str>,
+) -> Result<Vec<RecordInfo>, Error> {
+    Ok(DB::lookup_record(pool, key, biz_type).await?)
 }
 
 /// Whether records live long enough: a record must outlast every

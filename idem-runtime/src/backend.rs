@@ -104,22 +104,27 @@ pub trait Backend: Database + sealed::Sealed {
         key: Option<&'a str>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
-    /// Inserts a record unless its key exists, waiting on the unique index
-    /// for a concurrent insert of the same key. True if inserted.
+    /// Inserts a record unless `(biz_type, key)` exists, waiting on the
+    /// unique index for a concurrent insert of the same pair. True if
+    /// inserted. Only the duplicate is ignored: any other failure (an
+    /// expiry out of range, `expire_time` not after `create_time`) is an
+    /// error.
     fn claim_record<'a>(
         tx: &'a mut Transaction<'static, Self>,
         rec: &'a NewRecord<'a>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
-    /// Reads the record of `key` (the latest committed version).
+    /// Reads the record of `(biz_type, key)` (the latest committed version).
     fn fetch_record<'a>(
         tx: &'a mut Transaction<'static, Self>,
+        biz_type: &'a str,
         key: &'a str,
     ) -> impl Future<Output = Result<Option<StoredRecord>, sqlx::Error>> + Send + 'a;
 
-    /// Stores the serialized result in the record of `key`.
+    /// Stores the serialized result in the record of `(biz_type, key)`.
     fn store_result<'a>(
         tx: &'a mut Transaction<'static, Self>,
+        biz_type: &'a str,
         key: &'a str,
         result: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
@@ -227,11 +232,27 @@ pub trait Backend: Database + sealed::Sealed {
         retention_secs: f64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
-    /// The record of `key`: the online one, else the latest archived one.
+    /// The records of `key`, one per business type (only `biz_type`'s
+    /// when given), ordered by business type: the online one, else the
+    /// latest archived one.
     fn lookup_record<'a>(
         pool: &'a Pool<Self>,
         key: &'a str,
-    ) -> impl Future<Output = Result<Option<RecordInfo>, sqlx::Error>> + Send + 'a;
+        biz_type: Option<&'a str>,
+    ) -> impl Future<Output = Result<Vec<RecordInfo>, sqlx::Error>> + Send + 'a;
+
+    /// Runs one statement on a connection (the migration); returns the
+    /// rows it changed.
+    fn execute_on<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Runs a query answering one integer on a connection (the migration).
+    fn fetch_i64<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
 }
 
 /// A table the archiver moves rows out of.
@@ -318,8 +339,10 @@ impl Dialect {
         }
     }
 
-    /// The statements creating idem's tables, in order; each is safe to
-    /// run twice.
+    /// The statements creating idem's tables as the first release did
+    /// (schema version 1), in order; each is safe to run twice.
+    /// [`migrate`](crate::migrate) runs them, then upgrades the tables
+    /// to the current version.
     pub fn schema(self) -> &'static [&'static str] {
         self.sql().schema
     }
@@ -387,8 +410,8 @@ impl Dialect {
             ),
             Dialect::MySql => format!(
                 "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
-                 WHERE status = 'pending' AND topic IN ({}) AND next_attempt_at <= NOW(6) \
-                 AND (locked_until IS NULL OR locked_until < NOW(6)) \
+                 WHERE status = 'pending' AND topic IN ({}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
                  ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
                 list(1)
             ),
@@ -420,11 +443,14 @@ pub(crate) struct SqlSet {
     outbox_settle: &'static str,
     archive_record: ArchiveSql,
     archive_outbox: ArchiveSql,
-    /// The online record of a key: key, biz_type, biz_no, fingerprint,
-    /// result, create_time and expire_time as text.
+    /// The online records of a key: key, biz_type, biz_no, fingerprint,
+    /// result, create_time and expire_time as text. Ends with the key's
+    /// condition (`AND biz_type = …` may follow).
     find_online: &'static str,
-    /// The latest archived record of a key: the same, and archived_at.
+    /// The archived records of a key: the same, and archived_at; the same
+    /// ending (`ORDER BY` follows).
     find_history: &'static str,
+    /// The tables as the first release created them (schema version 1).
     schema: &'static [&'static str],
 }
 
@@ -595,11 +621,13 @@ macro_rules! common_methods {
 
         async fn fetch_record<'a>(
             tx: &'a mut Transaction<'static, Self>,
+            biz_type: &'a str,
             key: &'a str,
         ) -> Result<Option<StoredRecord>, sqlx::Error> {
             let row: Option<(String, Option<String>)> =
                 sqlx::query_as(Self::dialect(tx).sql().fetch_record)
                     .bind(key)
+                    .bind(biz_type)
                     .fetch_optional(&mut **tx)
                     .await?;
             Ok(row.map(|(fingerprint, result)| StoredRecord {
@@ -610,12 +638,14 @@ macro_rules! common_methods {
 
         async fn store_result<'a>(
             tx: &'a mut Transaction<'static, Self>,
+            biz_type: &'a str,
             key: &'a str,
             result: &'a str,
         ) -> Result<(), sqlx::Error> {
             sqlx::query(Self::dialect(tx).sql().store_result)
                 .bind(result)
                 .bind(key)
+                .bind(biz_type)
                 .execute(&mut **tx)
                 .await?;
             Ok(())
@@ -753,8 +783,8 @@ macro_rules! common_methods {
                     let marks = vec!["?"; rows.len()].join(", ");
                     let sql = format!(
                         "UPDATE idem_outbox SET lease_owner = ?, \
-                         locked_until = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), \
-                         attempts = attempts + 1, updated_at = NOW(6) WHERE id IN ({marks})"
+                         locked_until = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), \
+                         attempts = attempts + 1, updated_at = UTC_TIMESTAMP(6) WHERE id IN ({marks})"
                     );
                     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
                         .bind(owner)
@@ -949,22 +979,59 @@ macro_rules! common_methods {
         async fn lookup_record<'a>(
             pool: &'a Pool<Self>,
             key: &'a str,
-        ) -> Result<Option<RecordInfo>, sqlx::Error> {
-            let sql = Self::pool_dialect(pool).sql();
-            let online: Option<OnlineRow> = sqlx::query_as(sql.find_online)
-                .bind(key)
-                .fetch_optional(pool)
-                .await?;
-            if let Some(row) = online {
-                return Ok(Some(record_info(row, None)));
+            biz_type: Option<&'a str>,
+        ) -> Result<Vec<RecordInfo>, sqlx::Error> {
+            let dialect = Self::pool_dialect(pool);
+            let sql = dialect.sql();
+            let typed = if biz_type.is_some() {
+                format!(" AND biz_type = {}", placeholders(dialect, 2, 1))
+            } else {
+                String::new()
+            };
+            let text = format!("{}{typed}", sql.find_online);
+            let mut q = sqlx::query_as::<_, OnlineRow>(sqlx::AssertSqlSafe(text)).bind(key);
+            if let Some(t) = biz_type {
+                q = q.bind(t);
             }
-            let archived: Option<HistoryRow> = sqlx::query_as(sql.find_history)
-                .bind(key)
-                .fetch_optional(pool)
-                .await?;
-            Ok(archived.map(|(k, t, n, f, r, c, e, at)| {
-                record_info((k, t, n, f, r, c, e), Some(at))
-            }))
+            let mut found: Vec<RecordInfo> = q
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .map(|row| record_info(row, None))
+                .collect();
+            // The history, newest first: the first row of each business
+            // type without an online record is its latest archived one.
+            let text = format!("{}{typed} ORDER BY archived_at DESC, id DESC", sql.find_history);
+            let mut q = sqlx::query_as::<_, HistoryRow>(sqlx::AssertSqlSafe(text)).bind(key);
+            if let Some(t) = biz_type {
+                q = q.bind(t);
+            }
+            for (k, t, n, f, r, c, e, at) in q.fetch_all(pool).await? {
+                if !found.iter().any(|i| i.biz_type == t) {
+                    found.push(record_info((k, t, n, f, r, c, e), Some(at)));
+                }
+            }
+            found.sort_by(|a, b| a.biz_type.cmp(&b.biz_type));
+            Ok(found)
+        }
+
+        async fn execute_on<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a str,
+        ) -> Result<u64, sqlx::Error> {
+            Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(conn)
+                .await?
+                .rows_affected())
+        }
+
+        async fn fetch_i64<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a str,
+        ) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(conn)
+                .await
         }
     };
 }
@@ -1160,13 +1227,16 @@ mod any {
 
 /// The PostgreSQL statements.
 const PG: SqlSet = SqlSet {
-    fetch_record: "SELECT fingerprint::text, result FROM idem_record WHERE idempotency_key = $1",
-    store_result: "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2",
+    fetch_record: "SELECT fingerprint::text, result FROM idem_record \
+        WHERE idempotency_key = $1 AND biz_type = $2",
+    store_result: "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2 AND biz_type = $3",
     claim_record: "INSERT INTO idem_record \
-        (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
-        VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::float8)) \
-        ON CONFLICT (idempotency_key) DO NOTHING",
-    outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES ($1, $2, $3) RETURNING id",
+        (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+        VALUES ($1, $2, $3, $4, now(), now() + make_interval(secs => $5::float8)) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    outbox_insert: "INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES ($1, $2, $3, now(), now(), now()) RETURNING id",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = now(), lease_owner = NULL, locked_until = NULL \
         WHERE id = $1 AND topic = $2 AND status = 'pending' AND lease_owner = $3 AND attempts = $4",
@@ -1209,12 +1279,8 @@ const PG: SqlSet = SqlSet {
         to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
         to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
         to_char(archived_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
-        FROM idem_record_history WHERE idempotency_key = $1 \
-        ORDER BY archived_at DESC, id DESC LIMIT 1",
+        FROM idem_record_history WHERE idempotency_key = $1",
     schema: &[
-        // Concurrent migrations wait for each other instead of racing on
-        // the catalog.
-        "SELECT pg_advisory_xact_lock(4242424242)",
         "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGSERIAL PRIMARY KEY,
             idempotency_key VARCHAR(128) NOT NULL,
@@ -1283,45 +1349,52 @@ const PG: SqlSet = SqlSet {
 /// The MariaDB / MySQL statements.
 const MY: SqlSet = SqlSet {
     fetch_record: "SELECT fingerprint, result FROM idem_record \
-        WHERE idempotency_key = ? LOCK IN SHARE MODE",
-    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ?",
+        WHERE idempotency_key = ? AND biz_type = ? LOCK IN SHARE MODE",
+    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ? AND biz_type = ?",
     // INSERT IGNORE waits on the unique index for a concurrent insert of
-    // the same key; the values are length-checked before, so it can only
-    // ignore the duplicate.
+    // the same key. It can only ignore the duplicate: the values are
+    // length-checked before, and an expiry out of range (IGNORE would store
+    // a zero date) fails `ck_idem_record_expire`, which IGNORE does not
+    // turn into a warning. (`ON DUPLICATE KEY UPDATE id = id` cannot tell a
+    // claim from a duplicate: sqlx connects with CLIENT_FOUND_ROWS, and
+    // both report one row.) Every time is UTC, whatever the session's
+    // time zone.
     claim_record: "INSERT IGNORE INTO idem_record \
-        (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
-        VALUES (?, ?, ?, ?, DATE_ADD(NOW(6), INTERVAL ? SECOND))",
-    outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?)",
+        (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+        VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND))",
+    outbox_insert: "INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
-        updated_at = NOW(6), lease_owner = NULL, locked_until = NULL \
+        updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
         WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
     outbox_settle: "UPDATE idem_outbox SET status = ?, \
-        next_attempt_at = DATE_ADD(NOW(6), INTERVAL ? MICROSECOND), last_error = ?, \
-        lease_owner = NULL, locked_until = NULL, updated_at = NOW(6) \
+        next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
+        lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     archive_record: ArchiveSql {
-        select: "SELECT id FROM idem_record WHERE expire_time < NOW(6) \
+        select: "SELECT id FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6) \
             ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
-            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, NOW(6) \
-            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < NOW(6) AND id IN (",
-        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < NOW(6) AND id IN (",
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, UTC_TIMESTAMP(6) \
+            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
+        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
     },
     archive_outbox: ArchiveSql {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) \
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) \
             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
             locked_until, last_error, created_at, updated_at, archived_at) \
             SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, NOW(6) FROM idem_outbox \
+            locked_until, last_error, created_at, updated_at, UTC_TIMESTAMP(6) FROM idem_outbox \
             WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) AND id IN (",
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
         delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(NOW(6), INTERVAL ? MICROSECOND) AND id IN (",
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
     },
     find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
         DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
@@ -1331,8 +1404,7 @@ const MY: SqlSet = SqlSet {
         DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
         DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f'), \
         DATE_FORMAT(archived_at, '%Y-%m-%d %H:%i:%s.%f') \
-        FROM idem_record_history WHERE idempotency_key = ? \
-        ORDER BY archived_at DESC, id DESC LIMIT 1",
+        FROM idem_record_history WHERE idempotency_key = ?",
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGINT AUTO_INCREMENT PRIMARY KEY,
@@ -1396,12 +1468,21 @@ const MY: SqlSet = SqlSet {
 
 /// The SQLite statements.
 const LITE: SqlSet = SqlSet {
-    fetch_record: "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = ?",
-    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ?",
-    claim_record: "INSERT OR IGNORE INTO idem_record \
-        (idempotency_key, biz_type, biz_no, fingerprint, expire_time) \
-        VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'))",
-    outbox_insert: "INSERT INTO idem_outbox (topic, msg_id, payload) VALUES (?, ?, ?) RETURNING id",
+    fetch_record: "SELECT fingerprint, result FROM idem_record \
+        WHERE idempotency_key = ? AND biz_type = ?",
+    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ? AND biz_type = ?",
+    // Not `INSERT OR IGNORE`, which also drops the row on a NOT NULL or
+    // CHECK violation (an expiry past strftime's range is NULL): only the
+    // duplicate is ignored.
+    claim_record: "INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+        VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+        strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds')) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    outbox_insert: "INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+        strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING id",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
         locked_until = NULL \
@@ -1441,8 +1522,7 @@ const LITE: SqlSet = SqlSet {
         FROM idem_record WHERE idempotency_key = ?",
     find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
         CAST(create_time AS TEXT), CAST(expire_time AS TEXT), CAST(archived_at AS TEXT) \
-        FROM idem_record_history WHERE idempotency_key = ? \
-        ORDER BY archived_at DESC, id DESC LIMIT 1",
+        FROM idem_record_history WHERE idempotency_key = ?",
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_record (
             id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -175,11 +175,15 @@ pub struct Record {
     pub biz_type: &'static str,
     /// The business document number (defaults to the key).
     pub biz_no: Option<String>,
-    /// Seconds until the record may be archived.
+    /// Seconds until the record may be archived: 1 ..= [`MAX_TTL_SECS`].
     pub ttl_secs: i64,
     /// Hex SHA-256 of the canonical JSON of the payload.
     pub fingerprint: String,
 }
+
+/// The longest record ttl: 3650 days. Longer would reach past what the
+/// databases store (MariaDB's year 9999) for no benefit.
+pub const MAX_TTL_SECS: i64 = 3650 * 86_400;
 
 pub use crate::fingerprint::fingerprint;
 
@@ -195,6 +199,8 @@ pub struct Call<DB: Backend> {
     key: String,
     span: Span,
     strategy: &'static str,
+    /// The record strategy's business type (set by the guard).
+    biz_type: &'static str,
     #[cfg(feature = "redis")]
     scope: &'static str,
     #[cfg(feature = "redis")]
@@ -285,6 +291,7 @@ impl<DB: Backend> Call<DB> {
             key,
             span,
             strategy,
+            biz_type: "",
             #[cfg(feature = "redis")]
             scope,
             #[cfg(feature = "redis")]
@@ -524,6 +531,15 @@ impl<DB: Backend> Call<DB> {
                 reason: "biz_type must be at most 64 bytes and biz_no at most 128".into(),
             }));
         }
+        if !(1..=MAX_TTL_SECS).contains(&rec.ttl_secs) {
+            return Err(self.fail(Error::Config {
+                reason: format!(
+                    "record ttl of {} s is out of bounds: 1 s ..= {MAX_TTL_SECS} s (3650 days)",
+                    rec.ttl_secs
+                ),
+            }));
+        }
+        self.biz_type = rec.biz_type;
         let row = NewRecord {
             key: &self.key,
             biz_type: rec.biz_type,
@@ -537,7 +553,7 @@ impl<DB: Backend> Call<DB> {
             Ok(false) => {}
             Err(e) => return Err(self.fail(Error::Database(e))),
         }
-        let stored = match DB::fetch_record(&mut self.tx, &self.key).await {
+        let stored = match DB::fetch_record(&mut self.tx, rec.biz_type, &self.key).await {
             Ok(Some(s)) => s,
             // Claim lost but no row: the other writer's row vanished between
             // the two statements (archived). Transient.
@@ -577,7 +593,7 @@ impl<DB: Backend> Call<DB> {
             Err(e) => return Err(self.abort(Error::Serialization(e)).await),
         };
         let key = self.key.clone();
-        if let Err(e) = DB::store_result(&mut self.tx, &key, &text).await {
+        if let Err(e) = DB::store_result(&mut self.tx, self.biz_type, &key, &text).await {
             return Err(self.abort(Error::Database(e)).await);
         }
         let marker = replay_marker(&rec.fingerprint, &text);

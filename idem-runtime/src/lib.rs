@@ -81,10 +81,10 @@ mod tx;
 mod unique;
 
 pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
-pub use call::{Call, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint};
+pub use call::{Call, MAX_TTL_SECS, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint};
 pub use error::{BoxError, Error, is_transient};
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
-pub use schema::migrate;
+pub use schema::{SCHEMA_VERSION, migrate};
 pub use state::{EntityId, EntityIdValue, State};
 
 /// Makes an async handler idempotent.
@@ -188,14 +188,16 @@ pub use state::{EntityId, EntityIdValue, State};
 ///
 /// ```text
 /// BEGIN
-/// INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, expire_time)
-///   VALUES (?, ?, ?, ?, now + ttl) ON CONFLICT DO NOTHING   // MariaDB: INSERT IGNORE; SQLite: INSERT OR IGNORE
-///   -- a concurrent insert of the same key waits here on the unique index
+/// INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time)
+///   VALUES (?, ?, ?, ?, now, now + ttl)
+///   ON CONFLICT (idempotency_key, biz_type) DO NOTHING   // MariaDB: INSERT IGNORE
+///   -- unique per (biz_type, key): handlers sharing a key template keep a record each;
+///   -- a concurrent insert of the same pair waits here on the unique index
 ///   0 rows → SELECT fingerprint, result … (MariaDB: LOCK IN SHARE MODE)
 ///            same fingerprint → COMMIT, Duplicate(stored)
 ///            other           → ROLLBACK, KeyConflict
 /// <your body>
-/// UPDATE idem_record SET result = <json> WHERE idempotency_key = ?
+/// UPDATE idem_record SET result = <json> WHERE idempotency_key = ? AND biz_type = ?
 /// COMMIT
 /// ```
 ///

@@ -192,7 +192,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The archiver: expire `archive` records of the large table, move them.
     sqlx::query(
-        "UPDATE idem_record SET expire_time = now() - interval '1 second' \
+        // create_time moves back too: expire_time must stay after it.
+        "UPDATE idem_record SET expire_time = now() - interval '1 second', \
+         create_time = LEAST(create_time, now() - interval '2 seconds') \
          WHERE id IN (SELECT id FROM idem_record ORDER BY id LIMIT $1)",
     )
     .bind(archive)
