@@ -402,3 +402,66 @@ async fn a_cached_record_with_another_payload_is_still_a_key_conflict() {
     ));
     assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 2);
 }
+
+#[idempotent(key = "order-paid:{n.order_id}", strategy = record, biz_type = "cache_email")]
+async fn mail_receipt(
+    tx: &mut Transaction<'_, Sqlite>,
+    n: &Notice,
+) -> Result<Receipt, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(n.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Receipt {
+        ledger_row: done.last_insert_rowid(),
+    })
+}
+
+#[idempotent(key = "order-paid:{n.order_id}", strategy = record, biz_type = "cache_points")]
+async fn award_receipt_points(
+    tx: &mut Transaction<'_, Sqlite>,
+    n: &Notice,
+) -> Result<Receipt, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO deduction (coupon_id) VALUES (?)")
+        .bind(n.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Receipt {
+        ledger_row: done.last_insert_rowid(),
+    })
+}
+
+#[tokio::test]
+async fn two_record_handlers_with_one_key_template_each_replay_their_own_result() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let n = Notice {
+        order_id: ids(1),
+        text: "paid".into(),
+    };
+    let src = || Source::from(&pool).cache(&cache);
+    let Outcome::Executed(mail) = mail_receipt(src(), &n).await.unwrap() else {
+        panic!("the first handler must execute")
+    };
+    let Outcome::Executed(points) = award_receipt_points(src(), &n).await.unwrap() else {
+        panic!("the second handler must execute, not replay the first one's marker")
+    };
+    assert_ne!(mail, points);
+    assert_eq!(
+        deductions(&pool, n.order_id).await,
+        2,
+        "both effects happened"
+    );
+    assert_eq!(
+        mail_receipt(src(), &n).await.unwrap(),
+        Outcome::Duplicate(Some(mail))
+    );
+    assert_eq!(
+        award_receipt_points(src(), &n).await.unwrap(),
+        Outcome::Duplicate(Some(points))
+    );
+    assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 2);
+}

@@ -31,7 +31,8 @@ macro_rules! ttl_tests {
             async fn guard(pool: &Pool<Db>, ttl_secs: i64) -> Result<(), Error> {
                 let key = format!("ttl:{}", ids(1));
                 let span = tracing::Span::none();
-                let mut call = Call::begin(Source::from(pool), key, "record", "ttl_test", span).await?;
+                let mut call =
+                    Call::begin(Source::from(pool), key, "record", "ttl_test", span).await?;
                 call.record_guard::<String>(&record(ttl_secs))
                     .await
                     .map(|_| ())
