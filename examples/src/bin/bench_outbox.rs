@@ -558,7 +558,10 @@ async fn pgbench_run(
         )))
         .fetch_one(admin)
         .await?;
-    if used != messages || ledger != messages || success != messages || twice != 0 {
+    // A client's transaction in flight when `-T` runs out may commit without
+    // pgbench counting it: at most one per client beyond the count.
+    let consistent = used == ledger && ledger == success && twice == 0;
+    if !consistent || used < messages || used > messages + c as i64 {
         let hint = if messages > rows - c as i64 {
             format!(" (it ran out of the {rows} rows created for it)")
         } else {
