@@ -9,7 +9,7 @@
 
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, Dialect, idempotent};
-use idem_tests::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
+use idem_testkit::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
 use serde_json::Value;
 use sqlx::{Any, AnyPool, Row, Transaction};
 use std::process::Output;

@@ -11,7 +11,7 @@ use idem_runtime::amqp::{
 };
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Error, Outcome, State, idempotent};
-use idem_tests::{ids, unique};
+use idem_testkit::{ids, unique};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -34,7 +34,7 @@ async fn broker() -> Option<Arc<Connection>> {
     match amqp::connect(&amqp_url()).await {
         Ok(c) => Some(c),
         Err(e) => {
-            idem_tests::unreachable(&format!("RabbitMQ at {}", amqp_url()), e);
+            idem_testkit::unreachable(&format!("RabbitMQ at {}", amqp_url()), e);
             None
         }
     }
@@ -42,7 +42,7 @@ async fn broker() -> Option<Arc<Connection>> {
 
 /// PostgreSQL with this file's tables.
 async fn database() -> Option<PgPool> {
-    let pool = idem_tests::postgres(8).await?;
+    let pool = idem_testkit::postgres(8).await?;
     let mut tx = pool.begin().await.expect("begin");
     sqlx::query("SELECT pg_advisory_xact_lock(77011)")
         .execute(&mut *tx)

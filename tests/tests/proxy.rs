@@ -1,4 +1,4 @@
-//! The fault-injection proxy (`idem_tests::proxy`): the article's "lost
+//! The fault-injection proxy (`idem_testkit::proxy`): the article's "lost
 //! commit acknowledgement", for real.
 //!
 //! Against the real servers: through the proxy, a `COMMIT` whose reply is
@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use idem_runtime::Dialect;
-use idem_tests::proxy::{FaultProxy, Protocol, upstream_of};
-use idem_tests::{sql, unique, unreachable};
+use idem_testkit::proxy::{FaultProxy, Protocol, upstream_of};
+use idem_testkit::{sql, unique, unreachable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -291,7 +291,7 @@ backend_tests!(
     sqlx::Postgres,
     sqlx::PgConnection,
     Dialect::Postgres,
-    idem_tests::postgres_url(),
+    idem_testkit::postgres_url(),
     "PostgreSQL"
 );
 backend_tests!(
@@ -299,7 +299,7 @@ backend_tests!(
     sqlx::MySql,
     sqlx::MySqlConnection,
     Dialect::MySql,
-    idem_tests::mysql_url(),
+    idem_testkit::mysql_url(),
     "MariaDB"
 );
 
@@ -309,7 +309,7 @@ backend_tests!(
 async fn postgres_commit_through_extended_protocol() {
     use sqlx::{AssertSqlSafe, Connection, PgConnection};
     tokio::time::timeout(LIMIT, async {
-        let base = idem_tests::postgres_url();
+        let base = idem_testkit::postgres_url();
         let mut direct = match PgConnection::connect(&base).await {
             Ok(c) => c,
             Err(e) => {

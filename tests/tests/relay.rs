@@ -8,7 +8,7 @@
 
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Dialect, Error, Outcome, State, idempotent};
-use idem_tests::{ids, sql};
+use idem_testkit::{ids, sql};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -489,17 +489,17 @@ relay_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(16).await
+    idem_testkit::postgres(16).await
 );
 relay_tests!(
     mariadb,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(16).await
+    idem_testkit::mysql(16).await
 );
 relay_tests!(
     sqlite,
     sqlx::Sqlite,
     Dialect::Sqlite,
-    Some(idem_tests::sqlite(8).await)
+    Some(idem_testkit::sqlite(8).await)
 );

@@ -6,7 +6,7 @@
 //! Effects are counted in the database, never taken from return values.
 
 use idem_runtime::{Dialect, Error, OutboxLease, Outcome, Source, State, idempotent};
-use idem_tests::{concurrently, ids, sql};
+use idem_testkit::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
@@ -602,19 +602,19 @@ backend_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(16).await
+    idem_testkit::postgres(16).await
 );
 backend_tests!(
     mariadb,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(16).await
+    idem_testkit::mysql(16).await
 );
 backend_tests!(
     sqlite,
     sqlx::Sqlite,
     Dialect::Sqlite,
-    Some(idem_tests::sqlite(8).await)
+    Some(idem_testkit::sqlite(8).await)
 );
 
 // The same suite through `sqlx::Any`: one handler, the dialect chosen by URL.
@@ -622,17 +622,17 @@ backend_tests!(
     any_postgres,
     sqlx::Any,
     Dialect::Postgres,
-    idem_tests::any(&idem_tests::postgres_url(), 16).await
+    idem_testkit::any(&idem_testkit::postgres_url(), 16).await
 );
 backend_tests!(
     any_mariadb,
     sqlx::Any,
     Dialect::MySql,
-    idem_tests::any(&idem_tests::mysql_url(), 16).await
+    idem_testkit::any(&idem_testkit::mysql_url(), 16).await
 );
 backend_tests!(
     any_sqlite,
     sqlx::Any,
     Dialect::Sqlite,
-    idem_tests::any(&idem_tests::sqlite_url(), 8).await
+    idem_testkit::any(&idem_testkit::sqlite_url(), 8).await
 );

@@ -8,7 +8,7 @@
 //! (SQLite) of its own.
 
 use idem_runtime::{Backend, Dialect, NewRecord, SCHEMA_VERSION};
-use idem_tests::sql;
+use idem_testkit::sql;
 use sqlx::Pool;
 
 // ---- The previous release's DDL (idem-runtime/src/backend.rs at 838c97b), verbatim.
@@ -207,13 +207,13 @@ const OLD_LITE: &[&str] = &[
 async fn fresh_postgres() -> Option<(Pool<sqlx::Postgres>, String)> {
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use std::str::FromStr;
-    let admin = idem_tests::postgres(1).await?;
-    let schema = idem_tests::unique("idem_up");
+    let admin = idem_testkit::postgres(1).await?;
+    let schema = idem_testkit::unique("idem_up");
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
         .execute(&admin)
         .await
         .expect("create schema");
-    let opts = PgConnectOptions::from_str(&idem_tests::postgres_url())
+    let opts = PgConnectOptions::from_str(&idem_testkit::postgres_url())
         .expect("url")
         .options([("search_path", schema.as_str())]);
     let pool = PgPoolOptions::new()
@@ -225,7 +225,7 @@ async fn fresh_postgres() -> Option<(Pool<sqlx::Postgres>, String)> {
 }
 
 async fn drop_postgres(schema: &str) {
-    let admin = idem_tests::postgres(1).await.expect("admin");
+    let admin = idem_testkit::postgres(1).await.expect("admin");
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&admin)
         .await
@@ -236,13 +236,13 @@ async fn drop_postgres(schema: &str) {
 async fn fresh_mysql() -> Option<(Pool<sqlx::MySql>, String)> {
     use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
     use std::str::FromStr;
-    let admin = idem_tests::mysql(1).await?;
-    let db = idem_tests::unique("idem_up");
+    let admin = idem_testkit::mysql(1).await?;
+    let db = idem_testkit::unique("idem_up");
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
         .execute(&admin)
         .await
         .expect("create database");
-    let opts = MySqlConnectOptions::from_str(&idem_tests::mysql_url())
+    let opts = MySqlConnectOptions::from_str(&idem_testkit::mysql_url())
         .expect("url")
         .database(&db);
     let pool = MySqlPoolOptions::new()
@@ -254,7 +254,7 @@ async fn fresh_mysql() -> Option<(Pool<sqlx::MySql>, String)> {
 }
 
 async fn drop_mysql(db: &str) {
-    let admin = idem_tests::mysql(1).await.expect("admin");
+    let admin = idem_testkit::mysql(1).await.expect("admin");
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {db}")))
         .execute(&admin)
         .await
@@ -264,7 +264,7 @@ async fn drop_mysql(db: &str) {
 /// A fresh SQLite file.
 async fn fresh_sqlite() -> Option<(Pool<sqlx::Sqlite>, String)> {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    let path = std::env::temp_dir().join(format!("idem-test-{}.db", idem_tests::unique("up")));
+    let path = std::env::temp_dir().join(format!("idem-test-{}.db", idem_testkit::unique("up")));
     let opts = SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
@@ -295,7 +295,7 @@ async fn fresh_any(url: String) -> Pool<sqlx::Any> {
 async fn fresh_any_postgres() -> Option<(Pool<sqlx::Any>, String)> {
     let (pool, schema) = fresh_postgres().await?;
     pool.close().await;
-    let base = idem_tests::postgres_url();
+    let base = idem_testkit::postgres_url();
     let sep = if base.contains('?') { '&' } else { '?' };
     let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
     let pool = fresh_any(url).await;
@@ -310,7 +310,7 @@ async fn fresh_any_postgres() -> Option<(Pool<sqlx::Any>, String)> {
 async fn fresh_any_mysql() -> Option<(Pool<sqlx::Any>, String)> {
     let (pool, db) = fresh_mysql().await?;
     pool.close().await;
-    let base = idem_tests::mysql_url();
+    let base = idem_testkit::mysql_url();
     let (server, _) = base.rsplit_once('/').expect("a database in the URL");
     let pool = fresh_any(format!("{server}/{db}")).await;
     let current: String = sqlx::query_scalar("SELECT CAST(DATABASE() AS CHAR)")

@@ -7,7 +7,7 @@
 
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, Dialect, State, idempotent};
-use idem_tests::sql;
+use idem_testkit::sql;
 use serde::Deserialize;
 use sqlx::{Any, AnyPool, Transaction};
 use std::sync::atomic::Ordering;
