@@ -1,8 +1,10 @@
 //! The `record` strategy on every backend, against the real servers: 64
-//! concurrent calls give one effect and one stored result; a replay returns
-//! the stored result, a conflicting payload is refused, an error rolls
-//! back, an expired record lets the call run again. Effects are counted in
-//! the database, never taken from return values.
+//! concurrent calls give one effect and one stored result; an error in the
+//! body writes nothing, not even the record, and the retry executes; a
+//! replay gets the stored result; the same key with another payload is a
+//! conflict; the record carries its business columns and expires after its
+//! ttl. Effects are counted in the database, never taken from return
+//! values.
 
 #[macro_use]
 #[path = "common/strategies.rs"]
