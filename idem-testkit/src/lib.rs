@@ -4,7 +4,7 @@
 //! - [Servers](servers): pools on the real PostgreSQL, MariaDB and SQLite
 //!   of this machine ([`postgres`], [`mysql`], [`sqlite`], [`any`]), with
 //!   idem's tables migrated, and the **skip rule**: a server that is down
-//!   skips the test locally ([`unreachable`] prints `SKIPPED: …` and the
+//!   skips the test locally ([`unreachable()`] prints `SKIPPED: …` and the
 //!   helper returns `None`) but fails it when `CI=true`.
 //! - [Names and ids](names): [`unique`] table names and [`ids`] ranges that
 //!   never collide with another test or an earlier run on a shared server.
