@@ -1,6 +1,6 @@
 //! Controls: the article's broken designs, written by hand, run through the
 //! same concurrent test as the `#[idempotent]` handlers — and caught. They
-//! prove that the concurrency tests in `strategies.rs` can fail.
+//! prove that the concurrency tests in `strategies_*.rs` can fail.
 //!
 //! 1. The "fault version" of section 03: the coupon's state is read outside
 //!    the transaction, so concurrent retries both read UNUSED and both
