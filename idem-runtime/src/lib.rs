@@ -65,6 +65,7 @@
 pub mod amqp;
 pub mod archive;
 mod backend;
+pub mod backoff;
 #[cfg(feature = "redis")]
 pub mod cache;
 mod call;
@@ -75,6 +76,7 @@ mod metrics;
 pub mod outbox;
 mod schema;
 mod state;
+pub mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tx;
