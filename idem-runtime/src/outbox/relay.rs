@@ -12,20 +12,21 @@
 
 use crate::archive::RetentionPolicy;
 use crate::backend::{Backend, ClaimSql, OutboxRow};
+use crate::backoff::Backoff;
+use crate::task::{BoxFuture, TaskHandle};
 use crate::{Error, OutboxLease, Outcome, Source};
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type Route<DB> = Arc<
     dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
 >;
@@ -126,9 +127,20 @@ struct Inner<DB: Backend> {
     lease: Duration,
     poll_interval: Duration,
     max_attempts: i32,
-    backoff_base: Duration,
-    backoff_max: Duration,
+    backoff: Backoff,
     stats: RelayStats,
+}
+
+impl<DB: Backend> fmt::Debug for Relay<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("backend", &<DB as Backend>::NAME)
+            .field("owner", &self.inner.owner)
+            .field("topics", &self.inner.topics)
+            .field("settings", &self.settings())
+            .field("stats", &self.inner.stats)
+            .finish()
+    }
 }
 
 impl<DB: Backend> Relay<DB> {
@@ -154,8 +166,7 @@ impl<DB: Backend> Relay<DB> {
                 lease: Duration::from_secs(30),
                 poll_interval: Duration::from_millis(100),
                 max_attempts: 10,
-                backoff_base: Duration::from_millis(200),
-                backoff_max: Duration::from_secs(60),
+                backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
                 stats: RelayStats::default(),
             }),
         }
@@ -239,10 +250,7 @@ impl<DB: Backend> Relay<DB> {
 
     /// Back-off after the first failed attempt, doubling up to `max`.
     pub fn backoff(self, base: Duration, max: Duration) -> Self {
-        self.edit(|i| {
-            i.backoff_base = base;
-            i.backoff_max = max.max(base);
-        })
+        self.edit(|i| i.backoff = Backoff::new(base, max))
     }
 
     /// The lease owner name (default `relay-<pid>-<random>`); unique per
@@ -266,8 +274,8 @@ impl<DB: Backend> Relay<DB> {
             lease: i.lease,
             poll_interval: i.poll_interval,
             max_attempts: u32::try_from(i.max_attempts).unwrap_or(1),
-            backoff_base: i.backoff_base,
-            backoff_max: i.backoff_max,
+            backoff_base: i.backoff.base,
+            backoff_max: i.backoff.max,
         }
     }
 
@@ -327,11 +335,8 @@ impl<DB: Backend> Relay<DB> {
 
     /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
     pub fn spawn(self) -> RelayHandle {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(self.clone().run(stop_rx));
         RelayHandle {
-            stop: stop_tx,
-            task,
+            task: TaskHandle::spawn(|stop| self.clone().run(stop)),
             relay: self.inner.stats_owner(),
         }
     }
@@ -456,7 +461,8 @@ impl<DB: Backend> Relay<DB> {
                 } else {
                     reason
                 };
-                let delay = backoff(i.backoff_base, i.backoff_max, attempts, id);
+                let attempt = u32::try_from(attempts).unwrap_or(0);
+                let delay = i.backoff.jittered(attempt, id);
                 let reason: String = reason.chars().take(2000).collect();
                 match DB::outbox_settle_failure(
                     &i.pool,
@@ -533,50 +539,31 @@ impl<DB: Backend> StatsView for Inner<DB> {
     }
 }
 
-/// A running relay.
+/// A running relay. Dropping it stops the relay as
+/// [`shutdown`](Self::shutdown) does, without waiting.
+#[must_use = "dropping the handle stops the relay"]
 pub struct RelayHandle {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: TaskHandle<()>,
     relay: Arc<dyn StatsView>,
+}
+
+impl fmt::Debug for RelayHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayHandle")
+            .field("task", &self.task)
+            .field("stats", self.relay.stats())
+            .finish()
+    }
 }
 
 impl RelayHandle {
     /// Stops claiming, waits for the messages in flight, and returns.
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
+        let _ = self.task.shutdown().await;
     }
 
     /// The relay's counters.
     pub fn stats(&self) -> &RelayStats {
         self.relay.stats()
-    }
-}
-
-/// Exponential back-off with jitter: the n-th failure waits between half
-/// and all of `base * 2^(n-1)`, capped at `max`.
-fn backoff(base: Duration, max: Duration, attempts: i32, salt: i64) -> Duration {
-    let exp = u32::try_from(attempts.saturating_sub(1))
-        .unwrap_or(0)
-        .min(30);
-    let full = base.saturating_mul(1u32 << exp).min(max);
-    let noise = std::collections::hash_map::RandomState::new().hash_one((salt, attempts));
-    let frac = (noise % 1_000) as f64 / 1_000.0;
-    full.mul_f64(0.5 + 0.5 * frac)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::backoff;
-    use std::time::Duration;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        let (b, m) = (Duration::from_millis(100), Duration::from_secs(2));
-        for attempts in 1..20 {
-            let d = backoff(b, m, attempts, 7);
-            let full = (b * 2u32.pow((attempts - 1).min(20) as u32)).min(m);
-            assert!(d >= full / 2 && d <= full, "{attempts}: {d:?} vs {full:?}");
-        }
     }
 }
