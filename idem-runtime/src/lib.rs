@@ -69,6 +69,7 @@ pub mod backoff;
 #[cfg(feature = "redis")]
 pub mod cache;
 mod call;
+pub mod duration;
 mod error;
 mod fingerprint;
 mod key;
