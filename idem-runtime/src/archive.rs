@@ -47,6 +47,7 @@
 use crate::Error;
 pub use crate::backend::ArchiveTable;
 use crate::backend::Backend;
+use crate::duration::human;
 use crate::task::TaskHandle;
 use serde::Serialize;
 use sqlx::Pool;
@@ -476,28 +477,6 @@ impl RetentionPolicy {
                 human(self.broker_redelivery_allowance),
             ),
         })
-    }
-}
-
-/// A duration for people: `2h 5m`, `6m 42s 200ms`, `0s`.
-fn human(d: Duration) -> String {
-    let secs = d.as_secs();
-    let parts = [
-        (secs / 86_400, "d"),
-        (secs / 3_600 % 24, "h"),
-        (secs / 60 % 60, "m"),
-        (secs % 60, "s"),
-        (u64::from(d.subsec_millis()), "ms"),
-    ];
-    let out: Vec<String> = parts
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, unit)| format!("{n}{unit}"))
-        .collect();
-    if out.is_empty() {
-        "0s".into()
-    } else {
-        out.join(" ")
     }
 }
 
