@@ -49,7 +49,10 @@ mod tests {
         assert_eq!(human(Duration::from_secs(45)), "45s");
         assert_eq!(human(Duration::from_secs(3600)), "1h");
         assert_eq!(human(Duration::from_secs(7 * 86_400)), "7d");
-        assert_eq!(human(Duration::from_millis(86_400_000 + 61_001)), "1d 1m 1s 1ms");
+        assert_eq!(
+            human(Duration::from_millis(86_400_000 + 61_001)),
+            "1d 1m 1s 1ms"
+        );
         // Close durations stay apart.
         assert_ne!(
             human(Duration::from_secs(360)),
