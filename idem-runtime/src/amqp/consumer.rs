@@ -45,7 +45,7 @@ impl ConsumerStats {
 }
 
 /// Consumes a queue and runs an `#[idempotent]` handler for each delivery;
-/// see the [module documentation](self) for the settlement rules.
+/// see the [module documentation](super) for the settlement rules.
 ///
 /// The payload is parsed from the body as JSON into the handler's payload
 /// type. Settings: prefetch (in-flight deliveries, default 16), attempts
@@ -158,7 +158,7 @@ impl Consumer {
         self
     }
 
-    /// The retry queue (default `{queue}.retry`, as [`Topology`] declares).
+    /// The retry queue (default `{queue}.retry`, as [`Topology`](super::Topology) declares).
     pub fn retry_queue(mut self, name: impl Into<String>) -> Self {
         self.retry_queue = name.into();
         self
