@@ -1,6 +1,6 @@
 //! Reusable pieces of idem's examples (not published).
 //!
-//! - [`bench`]: the benchmarks' PostgreSQL set-up.
+//! - [`bench`](mod@bench): the benchmarks' PostgreSQL set-up.
 //! - [`coupon`]: the coupon double-deduction incident replayed at peak, the
 //!   article's fault version against an `#[idempotent]` handler. Run it
 //!   with `cargo run -p idem-examples --bin coupon`.

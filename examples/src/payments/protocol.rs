@@ -88,7 +88,7 @@ pub fn check_serial(serial: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The `validate` function of [`apply_callback`]: it receives the whole
+/// The `validate` function of [`apply_callback`](super::apply_callback): it receives the whole
 /// derived key (`pay-callback:<serial>`), not the serial alone.
 pub fn validate_serial(key: &str) -> Result<(), String> {
     match key.strip_prefix(KEY_PREFIX) {
@@ -102,7 +102,7 @@ pub fn serial(n: u64) -> String {
     format!("{SERIAL_PREFIX}{n:0width$}", width = SERIAL_DIGITS)
 }
 
-/// `hex(hmac_sha256(secret, body))`: the value of [`SIGNATURE_HEADER`].
+/// `hex(hmac_sha256(secret, body))`: the value of [`SIGNATURE_HEADER`](super::SIGNATURE_HEADER).
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
     let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(body);

@@ -66,7 +66,7 @@ impl Rejection {
 /// The endpoint's checks before anything touches the database, in order:
 /// the signature over the raw `body` ([`verify_signature`]), the JSON
 /// ([`Callback`]), and the status (`SUCCESS`). The serial's format is
-/// checked next, by [`apply_callback`]'s `validate` ([`validate_serial`]).
+/// checked next, by [`apply_callback`]'s `validate` ([`validate_serial`](super::validate_serial)).
 pub fn parse_callback(
     secret: &[u8],
     body: &[u8],

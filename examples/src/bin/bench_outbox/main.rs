@@ -3,7 +3,7 @@
 //! **idem side.** N coupons are created, each in its own transaction that
 //! also enqueues its "deduct this coupon" message with
 //! [`idem_runtime::outbox::enqueue`] (timed, but apart). Then a
-//! [`Relay`] is started on the run's own topic, routed to an
+//! [`Relay`](idem_runtime::outbox::Relay) is started on the run's own topic, routed to an
 //! `#[idempotent(strategy = state_machine)]` handler whose body inserts the
 //! ledger row; the clock runs from the relay's start until its counters
 //! show N messages handled (read every millisecond, no query), then the
