@@ -47,6 +47,8 @@
 use crate::Error;
 pub use crate::backend::ArchiveTable;
 use crate::backend::Backend;
+use crate::duration::human;
+use crate::task::TaskHandle;
 use serde::Serialize;
 use sqlx::Pool;
 use std::sync::Arc;
@@ -215,14 +217,10 @@ impl<DB: Backend> Archiver<DB> {
     /// [`ArchiverHandle::shutdown`] or the handle is dropped. A failed
     /// batch is logged and counted, and the next round tries again.
     pub fn spawn(self, every: Duration) -> ArchiverHandle {
-        let (stop_tx, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
-        let task = tokio::spawn(self.run(every, stop_rx, counters.clone()));
-        ArchiverHandle {
-            stop: stop_tx,
-            task,
-            counters,
-        }
+        let c = counters.clone();
+        let task = TaskHandle::spawn(move |stop| self.run(every, stop, c));
+        ArchiverHandle { task, counters }
     }
 
     async fn run(self, every: Duration, mut stop: watch::Receiver<bool>, c: Arc<Counters>) {
@@ -274,29 +272,34 @@ impl Counters {
     }
 }
 
-/// A running archiver (see [`Archiver::spawn`]).
+/// A running archiver (see [`Archiver::spawn`]). Dropping it stops the
+/// archiver as [`shutdown`](Self::shutdown) does, without waiting.
 #[derive(Debug)]
+#[must_use = "dropping the handle stops the archiver"]
 pub struct ArchiverHandle {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: TaskHandle<()>,
     counters: Arc<Counters>,
 }
 
 impl ArchiverHandle {
     /// Stops after the batch in flight (which commits or rolls back as a
     /// whole) and returns the totals.
-    pub async fn shutdown(mut self) -> ArchiveReport {
-        let _ = self.stop.send(true);
-        let _ = (&mut self.task).await;
-        self.stats()
+    pub async fn shutdown(self) -> ArchiveReport {
+        let ArchiverHandle { task, counters } = self;
+        let _ = task.shutdown().await;
+        ArchiverHandle::report(&counters)
     }
 
     /// Rows moved and batches run since it started.
     pub fn stats(&self) -> ArchiveReport {
+        ArchiverHandle::report(&self.counters)
+    }
+
+    fn report(c: &Counters) -> ArchiveReport {
         ArchiveReport {
-            records: self.counters.records.load(Ordering::Relaxed),
-            outbox: self.counters.outbox.load(Ordering::Relaxed),
-            batches: self.counters.batches.load(Ordering::Relaxed),
+            records: c.records.load(Ordering::Relaxed),
+            outbox: c.outbox.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
         }
     }
 
@@ -474,28 +477,6 @@ impl RetentionPolicy {
                 human(self.broker_redelivery_allowance),
             ),
         })
-    }
-}
-
-/// A duration for people: `2h 5m`, `6m 42s 200ms`, `0s`.
-fn human(d: Duration) -> String {
-    let secs = d.as_secs();
-    let parts = [
-        (secs / 86_400, "d"),
-        (secs / 3_600 % 24, "h"),
-        (secs / 60 % 60, "m"),
-        (secs % 60, "s"),
-        (u64::from(d.subsec_millis()), "ms"),
-    ];
-    let out: Vec<String> = parts
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, unit)| format!("{n}{unit}"))
-        .collect();
-    if out.is_empty() {
-        "0s".into()
-    } else {
-        out.join(" ")
     }
 }
 

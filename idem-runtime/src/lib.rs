@@ -65,9 +65,11 @@
 pub mod amqp;
 pub mod archive;
 mod backend;
+pub mod backoff;
 #[cfg(feature = "redis")]
 pub mod cache;
 mod call;
+pub mod duration;
 mod error;
 mod fingerprint;
 mod key;
@@ -75,6 +77,7 @@ mod metrics;
 pub mod outbox;
 mod schema;
 mod state;
+pub mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tx;
