@@ -149,7 +149,7 @@ async fn run() -> Result<bool, BoxError> {
 
     // Orders: ids unique across runs on a shared server. One extra order
     // stays unpaid: the hostile callbacks aim at it.
-    let first = idem_tests::ids(opts.orders as i64 + 1);
+    let first = idem_testkit::ids(opts.orders as i64 + 1);
     let orders: Vec<(i64, i64)> = (0..opts.orders as i64)
         .map(|i| (first + i, 1_000 + (i * 37) % 9_000))
         .collect();

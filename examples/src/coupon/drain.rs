@@ -8,7 +8,7 @@ use super::run::connect;
 use super::sql::{sql, table_sql};
 use idem_runtime::outbox::{Relay, RelayHandle};
 use idem_runtime::{Dialect, Error, Outcome};
-use idem_tests::proxy::FaultProxy;
+use idem_testkit::proxy::FaultProxy;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sqlx::{Any, AnyPool};
