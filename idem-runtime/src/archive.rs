@@ -45,8 +45,8 @@
 //! ```
 
 use crate::Error;
-pub use crate::backend::ArchiveTable;
 use crate::backend::Backend;
+pub use crate::backend::{ArchiveTable, RecordInfo};
 use serde::Serialize;
 use sqlx::Pool;
 use std::sync::Arc;
@@ -304,32 +304,6 @@ impl ArchiverHandle {
     pub fn errors(&self) -> u64 {
         self.counters.errors.load(Ordering::Relaxed)
     }
-}
-
-/// An idempotency record, online or archived.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RecordInfo {
-    /// The idempotency key.
-    pub key: String,
-    /// The business type.
-    pub biz_type: String,
-    /// The business document number.
-    pub biz_no: String,
-    /// Hex SHA-256 of the payload of the call that wrote it.
-    pub fingerprint: String,
-    /// The handler's serialized result (JSON).
-    pub result: Option<String>,
-    /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
-    /// (SQLite: milliseconds; MariaDB: as stored, UTC since schema
-    /// version 2 — rows an earlier release wrote from a session in another
-    /// time zone keep that zone's local time).
-    pub create_time: String,
-    /// When it may be archived, in the same format.
-    pub expire_time: String,
-    /// Whether it was found in `idem_record_history`.
-    pub archived: bool,
-    /// When it was archived, in the same format.
-    pub archived_at: Option<String>,
 }
 
 /// The records of `key`, one per business type, ordered by `biz_type`:
