@@ -4,6 +4,7 @@
 use super::super::sql::{SqlSet, marks};
 use super::super::types::{OutboxMessage, RequeueTarget};
 use super::super::{AdminStore, sealed::Sealed};
+use super::stmt;
 use idem_core::is_identifier;
 use sqlx::{Database, Pool};
 

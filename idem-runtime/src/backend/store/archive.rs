@@ -3,6 +3,7 @@
 use super::super::sql::SqlSet;
 use super::super::types::{ArchiveTable, RecordInfo};
 use super::super::{ArchiveStore, sealed::Sealed};
+use super::stmt;
 use sqlx::{Database, Pool};
 
 /// The connection of an archiving batch: closed instead of going back to
@@ -86,13 +87,13 @@ impl ArchiveStore for DB {
         };
         let conn: &mut Self::Connection = &mut guard.conn;
         if let Some(prelude) = sql.archive_prelude {
-            sqlx::query(prelude).execute(&mut *conn).await?;
+            sqlx::query(stmt(prelude)).execute(&mut *conn).await?;
         }
         let mut tx = match sql.archive_begin {
             Some(begin) => conn.begin_with(begin).await?,
             None => conn.begin().await?,
         };
-        let mut q = sqlx::query_scalar::<_, i64>(stmts.select);
+        let mut q = sqlx::query_scalar::<_, i64>(stmt(stmts.select));
         if let Some(r) = retention {
             q = bind_secs!(q, sql, r);
         }

@@ -41,6 +41,13 @@ pub(crate) fn begin<DB: Sealed>(
     crate::tx::begin(pool, DB::dialect_of_pool(pool).sql().begin)
 }
 
+/// A fixed statement. (Passing the `&'static str` through this function
+/// keeps its lifetime visible to the `Send` check of the generic futures,
+/// which otherwise asks for `SqlSafeStr` on every `&str`.)
+pub(crate) fn stmt(s: &'static str) -> sqlx::SqlStr {
+    sqlx::SqlSafeStr::into_sql_str(s)
+}
+
 /// The SQL of the transaction's dialect.
 fn sql_of<DB: Sealed>(tx: &Transaction<'static, DB>) -> &'static SqlSet {
     DB::dialect_of_tx(tx).sql()
@@ -93,7 +100,7 @@ where
     for<'q> &'q str: sqlx::Encode<'q, DB>,
     i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB>,
 {
-    let done = sqlx::query(sql_of(tx).claim_record)
+    let done = sqlx::query(stmt(sql_of(tx).claim_record))
         .bind(rec.key)
         .bind(rec.biz_type)
         .bind(rec.biz_no)
@@ -136,7 +143,7 @@ impl CallStore for DB {
         biz_type: &'a str,
         key: &'a str,
     ) -> Result<Option<StoredRecord>, sqlx::Error> {
-        let row: Option<(String, Option<String>)> = sqlx::query_as(sql_of(tx).fetch_record)
+        let row: Option<(String, Option<String>)> = sqlx::query_as(stmt(sql_of(tx).fetch_record))
             .bind(key)
             .bind(biz_type)
             .fetch_optional(&mut **tx)
@@ -153,7 +160,7 @@ impl CallStore for DB {
         key: &'a str,
         result: &'a str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sql_of(tx).store_result)
+        sqlx::query(stmt(sql_of(tx).store_result))
             .bind(result)
             .bind(key)
             .bind(biz_type)
@@ -169,7 +176,7 @@ impl CallStore for DB {
         let Some(sql) = sql_of(tx).index_columns else {
             return Ok(Vec::new());
         };
-        let rows: Vec<(String, Option<String>)> = sqlx::query_as(sql)
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(stmt(sql))
             .bind(name)
             .fetch_all(&mut **tx)
             .await?;
@@ -183,7 +190,7 @@ impl CallStore for DB {
         tx: &'a mut Transaction<'static, Self>,
         sql: &'static str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sql).execute(&mut **tx).await?;
+        sqlx::query(stmt(sql)).execute(&mut **tx).await?;
         Ok(())
     }
 }
@@ -200,7 +207,7 @@ impl OutboxStore for DB {
         let sql = DB::dialect_of_conn(conn).sql();
         match sql.insert_id {
             InsertId::Returning => {
-                sqlx::query_scalar(sql.outbox_insert)
+                sqlx::query_scalar(stmt(sql.outbox_insert))
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
@@ -208,7 +215,7 @@ impl OutboxStore for DB {
                     .await
             }
             InsertId::LastInsertId => {
-                let done = sqlx::query(sql.outbox_insert)
+                let done = sqlx::query(stmt(sql.outbox_insert))
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
@@ -223,7 +230,7 @@ impl OutboxStore for DB {
         tx: &'a mut Transaction<'static, Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
-        Ok(DB::rows_affected(&sqlx::query(sql_of(tx).outbox_success)
+        Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success))
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
@@ -236,7 +243,7 @@ impl OutboxStore for DB {
         pool: &'a Pool<Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
-        Ok(DB::rows_affected(&sqlx::query(DB::dialect_of_pool(pool).sql().outbox_success)
+        Ok(DB::rows_affected(&sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
@@ -250,7 +257,7 @@ impl OutboxStore for DB {
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
         let row: Option<(String, String, Option<String>, i32)> =
-            sqlx::query_as(sql_of(tx).outbox_state)
+            sqlx::query_as(stmt(sql_of(tx).outbox_state))
                 .bind(id)
                 .fetch_optional(&mut **tx)
                 .await?;
@@ -302,7 +309,7 @@ impl OutboxStore for DB {
             }
             Claim::Returning { prelude, .. } => {
                 if let Some(prelude) = prelude {
-                    sqlx::query(*prelude).execute(&mut *tx).await?;
+                    sqlx::query(stmt(*prelude)).execute(&mut *tx).await?;
                 }
                 let mut q =
                     sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
@@ -378,7 +385,7 @@ impl OutboxStore for DB {
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).sql();
-        let q = sqlx::query(sql.outbox_settle).bind(if dead { "failed" } else { "pending" });
+        let q = sqlx::query(stmt(sql.outbox_settle)).bind(if dead { "failed" } else { "pending" });
         let done = bind_secs!(q, sql, delay_secs)
             .bind(error)
             .bind(id)
