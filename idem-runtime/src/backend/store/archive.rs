@@ -90,7 +90,7 @@ impl ArchiveStore for DB {
             sqlx::query(stmt(prelude)).execute(&mut *conn).await?;
         }
         let mut tx = match sql.archive_begin {
-            Some(begin) => conn.begin_with(begin).await?,
+            Some(begin) => conn.begin_with(stmt(begin)).await?,
             None => conn.begin().await?,
         };
         let mut q = sqlx::query_scalar::<_, i64>(stmt(stmts.select));
