@@ -4,7 +4,6 @@
 use super::super::sql::{SqlSet, marks};
 use super::super::types::{OutboxMessage, RequeueTarget};
 use super::super::{AdminStore, sealed::Sealed};
-use super::stmt;
 use idem_core::is_identifier;
 use sqlx::{Database, Pool};
 
@@ -147,8 +146,8 @@ impl AdminStore for DB {
         Ok((messages, requeued))
     }
 
-    async fn outbox_status<'a>(
-        pool: &'a Pool<Self>,
+    async fn outbox_status(
+        pool: &Pool<Self>,
         id: i64,
     ) -> Result<Option<String>, sqlx::Error> {
         let text = sql_of_pool(pool).render("SELECT status FROM idem_outbox WHERE id = ?");

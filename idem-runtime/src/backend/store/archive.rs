@@ -66,8 +66,8 @@ fn sql_of_pool<DB: Sealed>(pool: &Pool<DB>) -> &'static SqlSet {
 
 for_every_backend! {
 impl ArchiveStore for DB {
-    async fn archive_batch<'a>(
-        pool: &'a Pool<Self>,
+    async fn archive_batch(
+        pool: &Pool<Self>,
         table: ArchiveTable,
         limit: i64,
         retention_secs: f64,

@@ -186,8 +186,8 @@ impl CallStore for DB {
             .collect())
     }
 
-    async fn exec<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+    async fn exec(
+        tx: &mut Transaction<'static, Self>,
         sql: &'static str,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(stmt(sql)).execute(&mut **tx).await?;
@@ -252,8 +252,8 @@ impl OutboxStore for DB {
             .await?))
     }
 
-    async fn outbox_state<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+    async fn outbox_state(
+        tx: &mut Transaction<'static, Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
         let row: Option<(String, String, Option<String>, i32)> =
@@ -309,7 +309,7 @@ impl OutboxStore for DB {
             }
             Claim::Returning { prelude, .. } => {
                 if let Some(prelude) = prelude {
-                    sqlx::query(stmt(*prelude)).execute(&mut *tx).await?;
+                    sqlx::query(stmt(prelude)).execute(&mut *tx).await?;
                 }
                 let mut q =
                     sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
