@@ -83,13 +83,16 @@ pub mod testing;
 mod tx;
 mod unique;
 
-pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
+pub use backend::{
+    AdminStore, ArchiveStore, Backend, CallStore, Dialect, Migrate, NewRecord, OutboxStore,
+    StateSql, StoredRecord, is_identifier,
+};
 pub use call::{
     Call, MAX_TTL_SECS, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint,
 };
 pub use error::{BoxError, Error, is_transient};
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
-pub use schema::{SCHEMA_VERSION, migrate};
+pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
 pub use state::{EntityId, EntityIdValue, State};
 
 /// Makes an async handler idempotent.
