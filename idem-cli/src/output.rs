@@ -3,7 +3,6 @@
 use crate::Fail;
 use idem_runtime::outbox::admin::OutboxMessage;
 use serde::Serialize;
-use std::time::Duration;
 
 /// How results are printed.
 #[derive(Clone, Copy)]
@@ -94,23 +93,5 @@ pub(crate) fn shorten(s: &str, max: usize) -> String {
     }
 }
 
-/// A duration for people: `1d 2h`, `6m 42s`, `0s`.
-pub(crate) fn human(d: Duration) -> String {
-    let secs = d.as_secs();
-    let parts = [
-        (secs / 86_400, "d"),
-        (secs / 3_600 % 24, "h"),
-        (secs / 60 % 60, "m"),
-        (secs % 60, "s"),
-    ];
-    let out: Vec<String> = parts
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, unit)| format!("{n}{unit}"))
-        .collect();
-    if out.is_empty() {
-        format!("{}ms", d.subsec_millis())
-    } else {
-        out.join(" ")
-    }
-}
+/// A duration for people (`1d 2h`, `6m 42s 200ms`, `0s`): the runtime's printer.
+pub(crate) use idem_runtime::duration::human;
