@@ -9,7 +9,7 @@
 //! configuration error, 3 database error.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use idem_runtime::Dialect;
+use idem_runtime::__private::Dialect;
 use idem_runtime::archive::{ArchiveReport, Archiver, RecordInfo, find_record};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;

@@ -7,8 +7,9 @@
 //! (`--all-failed` would touch other suites' rows); the SQLite file is the
 //! test's own, so `--all-failed` is exercised there.
 
+use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::Relay;
-use idem_runtime::{Backend, Dialect, idempotent};
+use idem_runtime::{Backend, idempotent};
 use idem_tests::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
 use serde_json::Value;
 use sqlx::{Any, AnyPool, Row, Transaction};

@@ -75,19 +75,20 @@ mod metrics;
 pub mod outbox;
 mod schema;
 mod state;
+mod strategy;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tx;
 mod unique;
 
-pub use backend::{Backend, Dialect, NewRecord, StateSql, StoredRecord, is_identifier};
-pub use call::{
-    Call, MAX_TTL_SECS, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint,
-};
+pub use backend::Backend;
+pub use call::{OutboxLease, Outcome, Source};
 pub use error::{BoxError, Error, is_transient};
+pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
 pub use schema::{SCHEMA_VERSION, migrate};
 pub use state::{EntityId, EntityIdValue, State};
+pub use strategy::MAX_TTL_SECS;
 
 /// Makes an async handler idempotent.
 ///
@@ -269,9 +270,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Used by the generated code. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::call::{Call, OutboxLease, Record, Source, StateMachine, fingerprint};
+    pub use crate::backend::{Dialect, NewRecord, StateSql, StoredRecord};
+    pub use crate::call::{Call, Open, OutboxLease, Outcome, Source};
     pub use crate::key::KeyBuilder;
-    pub use crate::{EntityId, Error, KeyPart, Outcome, State};
+    pub use crate::strategy::{Record, StateMachine, Strategy, UniqueInsert};
+    pub use crate::{EntityId, Error, KeyPart, State, fingerprint};
+    pub use ::idem_core::is_identifier;
     pub use ::sqlx;
     pub use ::tracing::Instrument;
 

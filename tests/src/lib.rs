@@ -120,8 +120,11 @@ pub fn unique(prefix: &str) -> String {
 
 /// A statement written with `?` placeholders, in the given dialect
 /// (PostgreSQL gets `$1, $2, …`).
-pub fn sql(dialect: idem_runtime::Dialect, text: &'static str) -> sqlx::AssertSqlSafe<String> {
-    if dialect != idem_runtime::Dialect::Postgres {
+pub fn sql(
+    dialect: idem_runtime::__private::Dialect,
+    text: &'static str,
+) -> sqlx::AssertSqlSafe<String> {
+    if dialect != idem_runtime::__private::Dialect::Postgres {
         return sqlx::AssertSqlSafe(text.to_string());
     }
     let mut out = String::with_capacity(text.len() + 8);

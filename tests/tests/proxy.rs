@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use idem_runtime::Dialect;
+use idem_runtime::__private::Dialect;
 use idem_tests::proxy::{FaultProxy, Protocol, upstream_of};
 use idem_tests::{sql, unique, unreachable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -61,8 +61,9 @@
 //! handlers, so a larger batch changes nothing on the idem side and would
 //! only flatter pgbench's amortization.
 
+use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::{Relay, enqueue};
-use idem_runtime::{Dialect, State, idempotent};
+use idem_runtime::{State, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};

@@ -86,8 +86,9 @@
 //! The process exits with status 1 if the `#[idempotent]` handler deducts a
 //! coupon twice or loses a deduction, and with status 2 on a setup error.
 
+use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::{Delivery, Relay, RelayHandle};
-use idem_runtime::{Backend, Dialect, Error, Outcome, State, idempotent};
+use idem_runtime::{Backend, Error, Outcome, State, idempotent};
 use idem_tests::proxy::FaultProxy;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};

@@ -2,6 +2,10 @@
 //! keyword's span. Unknown, repeated and misplaced arguments are rejected
 //! with the list of valid ones.
 
+mod strategy;
+mod ttl;
+
+use idem_core::is_identifier;
 use proc_macro2::{Span, TokenStream};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
@@ -98,13 +102,6 @@ pub struct Args {
     /// The strategy and its options.
     pub strategy: Strategy,
 }
-
-/// Default record time-to-live: seven days.
-pub const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
-/// The longest record time-to-live: 3650 days (ten years). Longer is a
-/// mistake (a unit typo such as `3000000d`), and far past what the
-/// database's date arithmetic handles everywhere.
-pub const MAX_TTL_SECS: u64 = 3650 * 24 * 3600;
 
 fn list(names: &[&str]) -> String {
     names
@@ -280,136 +277,9 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
     }
 
     let strategy = match strategy_name.as_deref() {
-        Some("state_machine") => {
-            let mut required = |name: &str, example: &str| {
-                let got = take(name);
-                if got.is_none() {
-                    errors.at(
-                        Span::call_site(),
-                        format!("`strategy = state_machine` needs `{name} = {example}`"),
-                    );
-                }
-                got
-            };
-            let table = required("table", "\"coupon\"");
-            let id = required("id", "msg.coupon_id");
-            let from = required("from", "CouponState::Unused");
-            let to = required("to", "CouponState::Used");
-            let table = table.and_then(|(_, e)| ident_str(&e, "table", &mut errors));
-            let id = id.and_then(|(_, e)| field_path(&e, "id", &mut errors));
-            let id_column =
-                take("id_column").and_then(|(_, e)| ident_str(&e, "id_column", &mut errors));
-            let state_column =
-                take("state_column").and_then(|(_, e)| ident_str(&e, "state_column", &mut errors));
-            let key_column =
-                take("key_column").and_then(|(_, e)| ident_str(&e, "key_column", &mut errors));
-            let from = from.and_then(|(_, e)| state_path(&e, "from", &mut errors));
-            let to = to.and_then(|(_, e)| state_path(&e, "to", &mut errors));
-            if let (Some(f), Some(t)) = (&from, &to)
-                && quote::quote!(#f).to_string() == quote::quote!(#t).to_string()
-            {
-                errors.spanned(
-                    t,
-                    "`from` and `to` are the same state: the transition would never change anything",
-                );
-            }
-            match (table, id, from, to) {
-                (Some(table), Some(id), Some(from), Some(to)) => Some(Strategy::StateMachine {
-                    table,
-                    id,
-                    id_column,
-                    state_column,
-                    key_column,
-                    from,
-                    to,
-                }),
-                _ => None,
-            }
-        }
-        Some("record") => {
-            let biz_type = match take("biz_type") {
-                Some((_, e)) => lit_str(&e, "biz_type", &mut errors).and_then(|s| {
-                    let v = s.value();
-                    if v.is_empty() || v.len() > 64 {
-                        errors.at(
-                            s.span(),
-                            format!("`biz_type` must be 1 to 64 bytes, `{v}` is {}", v.len()),
-                        );
-                        None
-                    } else if let Some(c) = v
-                        .chars()
-                        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
-                    {
-                        errors.at(
-                            s.span(),
-                            format!(
-                                "`biz_type = \"{v}\"` contains {c:?}: use letters, digits, \
-                                 `_`, `.` and `-`, e.g. `biz_type = \"notice.sms\"`"
-                            ),
-                        );
-                        None
-                    } else {
-                        Some(s)
-                    }
-                }),
-                None => {
-                    errors.at(
-                        Span::call_site(),
-                        "`strategy = record` needs `biz_type = \"...\"`, e.g. \
-                         `biz_type = \"notice\"`: the record table is unique on \
-                         (biz_type, key), so it names the scope in which keys are \
-                         deduplicated. It has no default: the function's name would change \
-                         when the function is renamed, and messages already processed would \
-                         then run again",
-                    );
-                    None
-                }
-            };
-            let biz_no = take("biz_no").and_then(|(_, e)| field_path(&e, "biz_no", &mut errors));
-            let ttl_secs = match take("ttl") {
-                Some((_, e)) => lit_str(&e, "ttl", &mut errors)
-                    .and_then(|s| match parse_ttl(&s.value()) {
-                        Ok(secs) => Some(secs),
-                        Err(msg) => {
-                            errors.at(s.span(), msg);
-                            None
-                        }
-                    })
-                    .unwrap_or(DEFAULT_TTL_SECS),
-                None => DEFAULT_TTL_SECS,
-            };
-            let fingerprint = take("fingerprint").map(|(_, e)| {
-                let items: Vec<Expr> = match e {
-                    Expr::Array(a) => a.elems.into_iter().collect(),
-                    other => vec![other],
-                };
-                items
-                    .iter()
-                    .filter_map(|e| field_path(e, "fingerprint", &mut errors))
-                    .collect()
-            });
-            biz_type.map(|biz_type| Strategy::Record {
-                biz_type,
-                biz_no,
-                ttl_secs,
-                fingerprint,
-            })
-        }
-        Some(_) => match take("constraint") {
-            Some((_, e)) => ident_str(&e, "constraint", &mut errors)
-                .map(|constraint| Strategy::UniqueInsert { constraint }),
-            None => {
-                errors.at(
-                    Span::call_site(),
-                    "`strategy = unique_insert` needs `constraint = \"...\"`, the name of the \
-                     unique constraint or index whose violation means the action was already \
-                     done, e.g. `constraint = \"payment_serial_key\"` (on SQLite, whose inline \
-                     constraints have no name, `table.column`, e.g. `\"payment.serial\"`): a \
-                     violation of any other unique constraint is an error, not a duplicate",
-                );
-                None
-            }
-        },
+        Some("state_machine") => strategy::state_machine(&take, &mut errors),
+        Some("record") => strategy::record(&take, &mut errors),
+        Some(_) => strategy::unique_insert(&take, &mut errors),
         None => None,
     };
 
@@ -421,7 +291,7 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
     })
 }
 
-fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
+pub(crate) fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     match e {
         Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(s),
@@ -435,7 +305,7 @@ fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
 }
 
 /// A string literal that must be a plain SQL identifier (or `schema.table`).
-fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
+pub(crate) fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     let s = lit_str(e, name, errors)?;
     if is_identifier(&s.value()) {
         Some(s)
@@ -457,21 +327,7 @@ fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     }
 }
 
-/// Whether `s` is `[A-Za-z_][A-Za-z0-9_]*` (≤ 63 bytes), optionally qualified once.
-pub fn is_identifier(s: &str) -> bool {
-    let plain = |p: &str| {
-        let mut b = p.bytes();
-        matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-            && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
-            && p.len() <= 63
-    };
-    match s.split_once('.') {
-        Some((a, b)) => plain(a) && plain(b),
-        None => plain(s),
-    }
-}
-
-fn state_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<Path> {
+pub(crate) fn state_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<Path> {
     match e {
         Expr::Path(p) if p.qself.is_none() && p.path.segments.len() >= 2 => Some(p.path.clone()),
         other => {
@@ -509,55 +365,6 @@ pub fn field_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<FieldPath
             None
         }
     }
-}
-
-/// `30s`, `15m`, `24h`, `7d`, `1d12h` → seconds, between 1 second and
-/// [`MAX_TTL_SECS`]; the error says what is wrong.
-pub fn parse_ttl(s: &str) -> Result<u64, String> {
-    let syntax = || {
-        format!(
-            "invalid ttl `{s}`: expected a positive duration such as `30s`, `15m`, `24h`, `7d` \
-             or `1d12h`"
-        )
-    };
-    let too_long = || {
-        format!(
-            "ttl `{s}` is too long: at most 3650 days (`3650d`, ten years); records are kept \
-             for as long as a duplicate can still arrive"
-        )
-    };
-    let mut total: u64 = 0;
-    let mut num: Option<u64> = None;
-    for c in s.chars() {
-        if let Some(d) = c.to_digit(10) {
-            num = Some(
-                num.unwrap_or(0)
-                    .checked_mul(10)
-                    .and_then(|n| n.checked_add(u64::from(d)))
-                    .ok_or_else(too_long)?,
-            );
-        } else {
-            let unit = match c {
-                's' => 1,
-                'm' => 60,
-                'h' => 3600,
-                'd' => 86400,
-                _ => return Err(syntax()),
-            };
-            let n = num.take().ok_or_else(syntax)?;
-            total = n
-                .checked_mul(unit)
-                .and_then(|n| total.checked_add(n))
-                .ok_or_else(too_long)?;
-        }
-    }
-    if num.is_some() || total == 0 {
-        return Err(syntax());
-    }
-    if total > MAX_TTL_SECS {
-        return Err(too_long());
-    }
-    Ok(total)
 }
 
 #[cfg(test)]
@@ -712,71 +519,5 @@ mod tests {
         assert!(!is_identifier("coupon; DROP TABLE x"));
         assert!(!is_identifier("1coupon"));
         assert!(!is_identifier(""));
-    }
-
-    #[test]
-    fn parses_ttls() {
-        assert_eq!(parse_ttl("30s"), Ok(30));
-        assert_eq!(parse_ttl("1d12h"), Ok(129600));
-        assert_eq!(parse_ttl("1s"), Ok(1));
-        assert_eq!(parse_ttl("3650d"), Ok(MAX_TTL_SECS));
-        for bad in ["7", "0s", "3w", "", "d", "7 days"] {
-            assert!(parse_ttl(bad).unwrap_err().contains("invalid ttl"), "{bad}");
-        }
-        for long in [
-            "3651d",
-            "3650d1s",
-            "3000000d",
-            "99999999999999999999s",
-            "18446744073709551615d",
-            "213503982334601d",
-        ] {
-            assert!(parse_ttl(long).unwrap_err().contains("too long"), "{long}");
-        }
-    }
-
-    mod fuzz {
-        use super::super::*;
-        use proptest::prelude::*;
-
-        fn check(s: &str) {
-            match parse_ttl(s) {
-                Ok(secs) => assert!((1..=MAX_TTL_SECS).contains(&secs), "{s:?} → {secs}"),
-                Err(msg) => assert!(!msg.is_empty(), "{s:?}"),
-            }
-        }
-
-        proptest! {
-            #![proptest_config(ProptestConfig::with_cases(20_000))]
-
-            /// Any string: no panic, a bounded value or a message.
-            #[test]
-            fn ttl_parser_never_panics(s in any::<String>()) {
-                check(&s);
-            }
-
-            /// Strings of the ttl alphabet, long digit runs included (overflow).
-            #[test]
-            fn ttl_like_strings_never_panic(s in "[0-9smhdw ]{0,40}") {
-                check(&s);
-            }
-
-            /// Well-formed durations parse to their value, or are too long.
-            #[test]
-            fn durations_parse_to_their_value(
-                parts in proptest::collection::vec((0u64..100_000, 0usize..4), 1..4)
-            ) {
-                const UNITS: [(char, u64); 4] = [('s', 1), ('m', 60), ('h', 3600), ('d', 86400)];
-                let text: String = parts.iter().map(|&(n, u)| format!("{n}{}", UNITS[u].0)).collect();
-                let secs: u64 = parts.iter().map(|&(n, u)| n * UNITS[u].1).sum();
-                match parse_ttl(&text) {
-                    Ok(v) => prop_assert_eq!(v, secs),
-                    Err(msg) => prop_assert!(
-                        (secs == 0 && msg.contains("invalid")) || (secs > MAX_TTL_SECS && msg.contains("too long")),
-                        "{} ({} s): {}", text, secs, msg
-                    ),
-                }
-            }
-        }
     }
 }
