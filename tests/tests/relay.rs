@@ -6,8 +6,9 @@
 //! expire and its messages are taken over; shutdown finishes in-flight work
 //! and stops claiming. Every assertion counts rows in the database.
 
+use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::Relay;
-use idem_runtime::{Dialect, Error, Outcome, State, idempotent};
+use idem_runtime::{Error, Outcome, State, idempotent};
 use idem_tests::{ids, sql};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

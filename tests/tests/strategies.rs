@@ -5,7 +5,8 @@
 //! nothing; the driving outbox message is marked in the same transaction.
 //! Effects are counted in the database, never taken from return values.
 
-use idem_runtime::{Dialect, Error, OutboxLease, Outcome, Source, State, idempotent};
+use idem_runtime::__private::Dialect;
+use idem_runtime::{Error, OutboxLease, Outcome, Source, State, idempotent};
 use idem_tests::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 
