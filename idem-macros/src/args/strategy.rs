@@ -1,7 +1,8 @@
 //! Each strategy's options: required ones, defaults, and checks.
 
+use super::Strategy;
 use super::ttl::{DEFAULT_TTL_SECS, parse_ttl};
-use super::{Errors, Strategy, field_path, ident_str, lit_str, state_path};
+use super::value::{Errors, field_path, ident_str, lit_str, state_path};
 use proc_macro2::Span;
 use syn::Expr;
 
