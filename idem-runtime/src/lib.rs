@@ -50,6 +50,25 @@
 //! See the README for every strategy, every attribute option and the same
 //! code written by hand.
 //!
+//! ## What the crate root holds
+//! - The attribute and what handlers name: [`idempotent`](macro@idempotent),
+//!   [`State`], [`EntityId`] (with [`EntityIdValue`], for your own id
+//!   newtypes), [`KeyPart`], [`Outcome`], [`Source`], [`OutboxLease`],
+//!   [`Error`], [`BoxError`], [`Result`], [`is_transient`], and [`Backend`]
+//!   (sealed) for handlers generic over the database.
+//! - Keys built by hand, for code that needs a handler's key outside the
+//!   handler (to look its record up, to enqueue the message that will carry
+//!   it): [`KeyBuilder`] applies the encoding and the checks the attribute's
+//!   templates get, [`check_key`] and [`Validator`] check a finished key,
+//!   [`escape_part`] encodes one part, [`MAX_KEY_LEN`] bounds the result.
+//! - The database side: [`migrate`], [`SCHEMA_VERSION`], [`MAX_TTL_SECS`],
+//!   [`fingerprint`] (the record strategy's payload hash), and the modules
+//!   [`outbox`], [`archive`], `cache` (feature `redis`), `amqp` (feature
+//!   `amqp`), `testing` (feature `testing`).
+//!
+//! What only the generated code calls (the call protocol, the strategies'
+//! specs, SQL dialects) is in a hidden `__private` module and is not API.
+//!
 //! ## Cargo features
 //! - `sqlite` (default): the embedded backend, no server needed.
 //! - `postgres`, `mysql` (MariaDB and MySQL): the server backends.
