@@ -88,12 +88,11 @@ fn expand(attr: TokenStream, func: &ItemFn) -> Result<TokenStream, syn::Error> {
     Ok(generate(&args, &handler, key))
 }
 
-/// The one skeleton every strategy expands to: the spec, [`Call::open`]
-/// (cache, begin, outbox, guard), the body inline, [`Call::finish`]
-/// (bookkeeping, commit, cache marker).
-///
-/// [`Call::open`]: https://docs.rs/idem-runtime
-/// [`Call::finish`]: https://docs.rs/idem-runtime
+/// The one skeleton every strategy expands to: the key, the strategy's
+/// spec, `Call::open` (front cache, begin, outbox update, guard; a
+/// duplicate returns here), the body inline on `call.tx()`, then
+/// `call.finish` (bookkeeping, commit, cache marker). The order lives in
+/// `idem_runtime`'s `call` module, not here.
 fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
     let ItemFn {
         attrs, vis, sig, ..
