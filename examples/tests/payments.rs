@@ -1,6 +1,6 @@
 //! The payment-callback service over real HTTP (an ephemeral loopback port)
 //! on the local PostgreSQL. A test whose server is down prints SKIPPED, or
-//! fails when CI=true (`idem_tests::postgres`).
+//! fails when CI=true (`idem_testkit::postgres`).
 
 use idem_examples::payments::{
     self, Attempt, Callback, ErrorBody, Fault, Faults, Platform, Receipt, SIGNATURE_HEADER,
@@ -17,7 +17,7 @@ struct Service {
 
 /// The service on 127.0.0.1:0, optionally behind a fault injector.
 async fn start(faults: Option<&Faults>) -> Option<Service> {
-    let pool = idem_tests::postgres(32).await?;
+    let pool = idem_testkit::postgres(32).await?;
     payments::migrate(&pool).await.expect("migrate");
     let mut app = payments::app(pool.clone(), SECRET);
     if let Some(f) = faults {
@@ -47,7 +47,7 @@ impl Service {
 
     /// A fresh order awaiting `amount` cents, and a fresh serial for it.
     async fn order(&self, amount: i64) -> (i64, String) {
-        let id = idem_tests::ids(1);
+        let id = idem_testkit::ids(1);
         payments::create_order(&self.pool, id, amount)
             .await
             .expect("create order");
@@ -164,7 +164,7 @@ async fn twenty_concurrent_duplicates_book_one_payment() {
     let cb = Callback::success(&serial, order, 4200);
     let platform = svc.platform(0);
 
-    let results = idem_tests::concurrently(20, || {
+    let results = idem_testkit::concurrently(20, || {
         let (p, cb) = (platform.clone(), cb.clone());
         async move { p.deliver(&cb).await }
     })
@@ -361,7 +361,7 @@ async fn the_order_state_is_verified_in_the_same_transaction() {
     assert_eq!((ok.status, ok.replayed), (200, false));
 
     // Another serial for the paid order: a second payment, refused.
-    let other = payments::serial(idem_tests::ids(1) as u64);
+    let other = payments::serial(idem_testkit::ids(1) as u64);
     let gave_up = platform
         .deliver(&Callback::success(&other, order, 800))
         .await
@@ -375,7 +375,7 @@ async fn the_order_state_is_verified_in_the_same_transaction() {
     assert_eq!(svc.records(order).await, 1);
 
     // No such order; a cancelled order; a non-success status.
-    let ghost = idem_tests::ids(1);
+    let ghost = idem_testkit::ids(1);
     let gave_up = platform
         .deliver(&Callback::success(
             payments::serial(ghost as u64),

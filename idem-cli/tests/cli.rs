@@ -6,122 +6,15 @@
 //! works on its own topics and keys, and requeues by `--topic` there
 //! (`--all-failed` would touch other suites' rows); the SQLite file is the
 //! test's own, so `--all-failed` is exercised there.
+//!
+//! `record show`: `cli_record.rs`.
 
-use idem_runtime::__private::Dialect;
+mod common;
+use common::*;
+use idem_runtime::idempotent;
 use idem_runtime::outbox::Relay;
-use idem_runtime::{Backend, idempotent};
-use idem_tests::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
-use serde_json::Value;
-use sqlx::{Any, AnyPool, Row, Transaction};
-use std::process::Output;
+use sqlx::Transaction;
 use std::sync::Mutex;
-
-/// Runs `idem --database-url URL ARGS…`.
-fn idem(url: &str, args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .env_remove("DATABASE_URL")
-        .arg("--database-url")
-        .arg(url)
-        .args(args)
-        .output()
-        .expect("run idem")
-}
-
-/// Runs it, asserts success, returns stdout.
-fn ok(url: &str, args: &[&str]) -> String {
-    let out = idem(url, args);
-    assert!(
-        out.status.success(),
-        "idem {args:?} failed ({:?}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-/// Runs it with `--json`, asserts success, parses stdout.
-fn json(url: &str, args: &[&str]) -> Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let text = ok(url, &all);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
-fn dialect(pool: &AnyPool) -> Dialect {
-    <Any as Backend>::pool_dialect(pool)
-}
-
-/// The databases to run on: SQLite always, the servers when reachable.
-async fn databases() -> Vec<(String, AnyPool)> {
-    let mut out = Vec::new();
-    let lite = sqlite_url();
-    let pool = any(&lite, 2).await.expect("sqlite never skips");
-    out.push((lite, pool));
-    for url in [postgres_url(), mysql_url()] {
-        if let Some(pool) = any(&url, 2).await {
-            out.push((url, pool));
-        }
-    }
-    out
-}
-
-async fn insert_message(
-    pool: &AnyPool,
-    topic: &str,
-    msg_id: &str,
-    payload: &str,
-    status: &str,
-    attempts: i64,
-    last_error: Option<&str>,
-) -> i64 {
-    let d = dialect(pool);
-    sqlx::query(sql(
-        d,
-        "INSERT INTO idem_outbox (topic, msg_id, payload, status, attempts, last_error) \
-         VALUES (?, ?, ?, ?, ?, ?)",
-    ))
-    .bind(topic)
-    .bind(msg_id)
-    .bind(payload)
-    .bind(status)
-    .bind(attempts)
-    .bind(last_error)
-    .execute(pool)
-    .await
-    .expect("insert outbox row");
-    sqlx::query_scalar(sql(
-        d,
-        "SELECT id FROM idem_outbox WHERE topic = ? AND msg_id = ?",
-    ))
-    .bind(topic)
-    .bind(msg_id)
-    .fetch_one(pool)
-    .await
-    .expect("its id")
-}
-
-/// `(id, status, attempts, last_error)` of a topic's messages, by id.
-async fn rows_of(pool: &AnyPool, topic: &str) -> Vec<(i64, String, i64, Option<String>)> {
-    sqlx::query(sql(
-        dialect(pool),
-        "SELECT id, status, attempts, last_error FROM idem_outbox WHERE topic = ? ORDER BY id",
-    ))
-    .bind(topic)
-    .fetch_all(pool)
-    .await
-    .expect("read outbox")
-    .iter()
-    .map(|r| {
-        (
-            r.get::<i64, _>(0),
-            r.get::<String, _>(1),
-            r.get::<i64, _>(2),
-            r.get::<Option<String>, _>(3),
-        )
-    })
-    .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_twice_is_fine() {
@@ -319,67 +212,6 @@ async fn a_requeued_message_is_delivered_once_and_its_record_shows() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn record_show_finds_online_then_archived_records() {
-    for (url, pool) in databases().await {
-        let d = dialect(&pool);
-        let key = format!("cli-show:{}", ids(1));
-        let insert = match d {
-            Dialect::Postgres => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', now() - interval '2 hours', now() - interval '1 hour')"
-            }
-            Dialect::MySql => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"
-            }
-            Dialect::Sqlite => {
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-                 VALUES (?, 'cli', 'no-1', 'abc', '{\"ok\":true}', strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour'))"
-            }
-        };
-        sqlx::query(sql(d, insert))
-            .bind(&key)
-            .execute(&pool)
-            .await
-            .expect("insert record");
-
-        let online = json(&url, &["record", "show", &key]);
-        assert_eq!(online["key"], key.as_str(), "{d:?}: {online}");
-        assert_eq!(online["archived"], false);
-        assert_eq!(online["result"], "{\"ok\":true}");
-        let table = ok(&url, &["record", "show", &key]);
-        assert!(table.contains("no (online)"), "{table}");
-
-        // The record expired an hour ago: the archiver moves it.
-        let report = json(&url, &["archive", "--batch", "50"]);
-        assert!(report["records"].as_u64().unwrap() >= 1, "{d:?}: {report}");
-        assert!(report["batches"].as_u64().unwrap() >= 1);
-        let left: i64 = sqlx::query_scalar(sql(
-            d,
-            "SELECT COUNT(*) FROM idem_record WHERE idempotency_key = ?",
-        ))
-        .bind(&key)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        assert_eq!(left, 0, "{d:?}: not archived");
-
-        let archived = json(&url, &["record", "show", &key]);
-        assert_eq!(archived["archived"], true, "{d:?}: {archived}");
-        assert_eq!(archived["biz_no"], "no-1");
-        assert!(archived["archived_at"].as_str().unwrap().starts_with("20"));
-        let text = ok(&url, &["archive"]);
-        assert!(text.starts_with("archived "), "{text}");
-
-        // Unknown key: exit code 1 and a clear message.
-        let missing = idem(&url, &["record", "show", "cli-show:no-such-key"]);
-        assert_eq!(missing.status.code(), Some(1), "{d:?}");
-        let err = String::from_utf8_lossy(&missing.stderr);
-        assert!(err.contains("no idempotency record with key"), "{err}");
-    }
-}
-
 #[test]
 fn help_works_for_every_command() {
     for args in [
@@ -461,47 +293,4 @@ fn errors_are_clear_and_non_zero() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn record_show_lists_one_record_per_biz_type_and_filters_by_biz_type() {
-    for (url, pool) in databases().await {
-        let d = dialect(&pool);
-        let key = format!("cli-types:{}", ids(1));
-        let later = match d {
-            Dialect::Postgres => "now() + interval '1 hour'",
-            Dialect::MySql => "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
-            Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 hour')",
-        };
-        for biz_type in ["send_email", "award_points"] {
-            let mark = if d == Dialect::Postgres { "$1" } else { "?" };
-            let insert = format!(
-                "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-                 VALUES ({mark}, '{biz_type}', 'no-1', 'abc', '\"{biz_type}\"', {later})"
-            );
-            sqlx::query(sqlx::AssertSqlSafe(insert))
-                .bind(&key)
-                .execute(&pool)
-                .await
-                .expect("insert record");
-        }
-        // Several: an array ordered by biz_type, and a note in the table.
-        let all = json(&url, &["record", "show", &key]);
-        let types: Vec<&str> = all
-            .as_array()
-            .unwrap_or_else(|| panic!("{d:?}: not an array: {all}"))
-            .iter()
-            .map(|r| r["biz_type"].as_str().unwrap())
-            .collect();
-        assert_eq!(types, ["award_points", "send_email"], "{d:?}");
-        let table = ok(&url, &["record", "show", &key]);
-        assert!(table.contains("2 records of this key"), "{table}");
-        // One business type: one object.
-        let one = json(&url, &["record", "show", &key, "--biz-type", "send_email"]);
-        assert_eq!(one["biz_type"], "send_email", "{d:?}: {one}");
-        assert_eq!(one["result"], "\"send_email\"");
-        let none = idem(&url, &["record", "show", &key, "--biz-type", "nope"]);
-        assert_eq!(none.status.code(), Some(1), "{d:?}");
-        assert!(String::from_utf8_lossy(&none.stderr).contains("biz_type \"nope\""));
-    }
 }

@@ -183,7 +183,7 @@ pub(crate) fn find_sqlx<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a sql
 /// answered ([`sqlx::Error::Database`]) is classified by the code of the
 /// database that raised it, read from the driver's own error type
 /// (PostgreSQL: the SQLSTATE; MariaDB/MySQL: the error number; SQLite: the
-/// primary result code), never by applying one database's numbering to
+/// primary result code; each database's rules live in its backend file), never by applying one database's numbering to
 /// another's:
 ///
 /// | database | transient codes | everything else |
@@ -213,11 +213,11 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
 fn database_is_transient(db: &dyn sqlx::error::DatabaseError) -> bool {
     #[cfg(feature = "postgres")]
     if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-        return pg_sqlstate_is_transient(pg.code());
+        return crate::backend::postgres::sqlstate_is_transient(pg.code());
     }
     #[cfg(feature = "mysql")]
     if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return mysql_error_is_transient(my.number(), my.message());
+        return crate::backend::mysql::error_is_transient(my.number(), my.message());
     }
     #[cfg(feature = "sqlite")]
     if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
@@ -225,80 +225,12 @@ fn database_is_transient(db: &dyn sqlx::error::DatabaseError) -> bool {
         return db
             .code()
             .and_then(|c| c.parse::<i32>().ok())
-            .is_some_and(sqlite_code_is_transient);
+            .is_some_and(crate::backend::sqlite::code_is_transient);
     }
     // A driver idem does not know (or one whose idem feature is off):
     // its SQLSTATE, if it reports one.
     db.code()
-        .is_some_and(|code| pg_sqlstate_is_transient(&code))
-}
-
-/// PostgreSQL (and standard SQL) SQLSTATEs a retry of the transaction can
-/// heal.
-pub(crate) fn pg_sqlstate_is_transient(code: &str) -> bool {
-    matches!(
-        code,
-        // serialization_failure, deadlock_detected: the transaction was
-        // rolled back so that another could go on.
-        "40001" | "40P01"
-        // lock_not_available: NOWAIT or lock_timeout hit a held lock.
-        | "55P03"
-        // admin_shutdown, crash_shutdown, cannot_connect_now (starting up
-        // or in recovery), idle_session_timeout: the session ended, a new
-        // connection works.
-        | "57P01" | "57P02" | "57P03" | "57P05"
-        // too_many_connections: a slot frees up.
-        | "53300"
-    ) || code.starts_with("08") // connection_exception and its subclasses
-}
-
-/// MariaDB/MySQL error numbers a retry of the transaction can heal. `4031`
-/// is not here: its meaning depends on the server (see
-/// [`mysql_error_is_transient`]).
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) fn mysql_number_is_transient(number: u16) -> bool {
-    matches!(
-        number,
-        // ER_LOCK_WAIT_TIMEOUT: a lock held longer than
-        // innodb_lock_wait_timeout; ER_LOCK_DEADLOCK: the transaction was
-        // rolled back; both say "try restarting transaction".
-        1205 | 1213
-        // ER_CHECKREAD "Record has changed since last read": a write
-        // conflict under repeatable read with innodb_snapshot_isolation
-        // (on by default from MariaDB 11.6); "try restarting transaction".
-        | 1020
-        // ER_XA_RBDEADLOCK: the XA branch was rolled back on a deadlock.
-        | 1614
-        // ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS,
-        // ER_TOO_MANY_CONCURRENT_TRXS: a slot frees up.
-        | 1040 | 1203 | 1637
-        // ER_SERVER_SHUTDOWN: a restarted (or failed-over) server answers.
-        | 1053
-        // ER_CONNECTION_KILLED (MariaDB): the session was killed, a new
-        // connection works.
-        | 1927
-        // ER_NET_READ_ERROR, ER_NET_READ_INTERRUPTED, ER_NET_ERROR_ON_WRITE,
-        // ER_NET_WRITE_INTERRUPTED: the network between client and server.
-        | 1158..=1161
-    )
-}
-
-/// [`mysql_number_is_transient`], and `4031` when it is MySQL 8's
-/// ER_CLIENT_INTERACTION_TIMEOUT (disconnected for inactivity), told apart
-/// from MariaDB's ER_REFERENCED_TRG_DOES_NOT_EXIST by its message.
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) fn mysql_error_is_transient(number: u16, message: &str) -> bool {
-    mysql_number_is_transient(number)
-        || (number == 4031 && message.contains("because of inactivity"))
-}
-
-/// SQLite result codes (primary or extended) a retry can heal: the primary
-/// code `SQLITE_BUSY` (5: another connection holds the lock) or
-/// `SQLITE_LOCKED` (6: a conflict inside a shared cache), whatever the
-/// extended code (`SQLITE_BUSY_SNAPSHOT` 517, `SQLITE_BUSY_RECOVERY` 261…).
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) fn sqlite_code_is_transient(code: i32) -> bool {
-    matches!(code & 0xff, 5 | 6)
+        .is_some_and(|code| crate::backend::postgres::sqlstate_is_transient(&code))
 }
 
 impl fmt::Display for Error {
@@ -371,65 +303,6 @@ impl From<sqlx::Error> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn postgres_codes() {
-        for code in [
-            "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "57P05", "53300", "08000",
-            "08003", "08006", "08001", "08004", "08P01",
-        ] {
-            assert!(pg_sqlstate_is_transient(code), "{code} should be transient");
-        }
-        for code in [
-            "22021", "22022", "42501", "23505", "23503", "42P01", "42601", "22P02", "40002",
-            "57014", "53100", "00000", "", "5", "261", "1205", "1213",
-        ] {
-            assert!(
-                !pg_sqlstate_is_transient(code),
-                "{code} should be permanent"
-            );
-        }
-    }
-
-    #[test]
-    fn mysql_numbers() {
-        for n in [
-            1205, 1213, 1020, 1614, 1040, 1203, 1637, 1053, 1927, 1158, 1159, 1160, 1161,
-        ] {
-            assert!(mysql_number_is_transient(n), "{n} should be transient");
-            assert!(mysql_error_is_transient(n, ""), "{n} should be transient");
-        }
-        for n in [
-            1062, 1146, 1064, 1048, 1406, 1452, 1366, 1317, 1969, 1180, 1290, 1836, 4031, 5, 6,
-            517, 2006, 2013,
-        ] {
-            assert!(!mysql_number_is_transient(n), "{n} should be permanent");
-        }
-        assert!(mysql_error_is_transient(
-            4031,
-            "The client was disconnected by the server because of inactivity."
-        ));
-        assert!(!mysql_error_is_transient(
-            4031,
-            "Referenced trigger 't1' for the given action time and event type does not exist"
-        ));
-    }
-
-    #[test]
-    fn sqlite_codes() {
-        // SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
-        for code in [5, 6, 261, 517, 773, 262, 518] {
-            assert!(sqlite_code_is_transient(code), "{code} should be transient");
-        }
-        // SQLITE_ERROR, CONSTRAINT (and UNIQUE 2067, PRIMARYKEY 1555),
-        // READONLY, FULL, CORRUPT, MISMATCH.
-        for code in [0, 1, 19, 2067, 1555, 8, 13, 11, 20] {
-            assert!(
-                !sqlite_code_is_transient(code),
-                "{code} should be permanent"
-            );
-        }
-    }
 
     #[test]
     fn connection_level_errors_are_transient() {

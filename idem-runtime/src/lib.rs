@@ -84,9 +84,11 @@
 pub mod amqp;
 pub mod archive;
 mod backend;
+pub mod backoff;
 #[cfg(feature = "redis")]
 pub mod cache;
 mod call;
+pub mod duration;
 mod error;
 mod fingerprint;
 mod key;
@@ -95,6 +97,7 @@ pub mod outbox;
 mod schema;
 mod state;
 mod strategy;
+pub mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tx;
@@ -105,7 +108,7 @@ pub use call::{OutboxLease, Outcome, Source};
 pub use error::{BoxError, Error, is_transient};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
-pub use schema::{SCHEMA_VERSION, migrate};
+pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
 pub use state::{EntityId, EntityIdValue, State};
 pub use strategy::MAX_TTL_SECS;
 
@@ -289,7 +292,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Used by the generated code. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::backend::{Dialect, NewRecord, StateSql, StoredRecord};
+    pub use crate::backend::{
+        AdminStore, ArchiveStore, CallStore, Dialect, Migrate, NewRecord, OutboxStore, StateSql,
+        StoredRecord,
+    };
     pub use crate::call::{Call, Open, OutboxLease, Outcome, Source};
     pub use crate::key::KeyBuilder;
     pub use crate::strategy::{Record, StateMachine, Strategy, UniqueInsert};

@@ -9,7 +9,7 @@
 use idem_runtime::__private::Dialect;
 use idem_runtime::archive::{Archiver, RecordInfo, find_record};
 use idem_runtime::{Error, Outcome, idempotent};
-use idem_tests::{ids, sql};
+use idem_testkit::{ids, sql};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -424,19 +424,19 @@ archive_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(16).await
+    idem_testkit::postgres(16).await
 );
 archive_tests!(
     mariadb,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(16).await
+    idem_testkit::mysql(16).await
 );
 archive_tests!(
     sqlite,
     sqlx::Sqlite,
     Dialect::Sqlite,
-    Some(idem_tests::sqlite(8).await)
+    Some(idem_testkit::sqlite(8).await)
 );
 
 // The same through `sqlx::Any`: the dialect chosen by URL.
@@ -444,17 +444,17 @@ archive_tests!(
     any_postgres,
     sqlx::Any,
     Dialect::Postgres,
-    idem_tests::any(&idem_tests::postgres_url(), 16).await
+    idem_testkit::any(&idem_testkit::postgres_url(), 16).await
 );
 archive_tests!(
     any_mariadb,
     sqlx::Any,
     Dialect::MySql,
-    idem_tests::any(&idem_tests::mysql_url(), 16).await
+    idem_testkit::any(&idem_testkit::mysql_url(), 16).await
 );
 archive_tests!(
     any_sqlite,
     sqlx::Any,
     Dialect::Sqlite,
-    idem_tests::any(&idem_tests::sqlite_url(), 8).await
+    idem_testkit::any(&idem_testkit::sqlite_url(), 8).await
 );

@@ -7,7 +7,7 @@
 use idem_runtime::cache::RedisCache;
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Error, Outcome, Source, State, idempotent};
-use idem_tests::{ids, redis_get, redis_up};
+use idem_testkit::{ids, redis_get, redis_up};
 use serde::{Deserialize, Serialize};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 use std::sync::atomic::Ordering;
@@ -64,7 +64,7 @@ async fn notify(tx: &mut Transaction<'_, Sqlite>, msg: &Deduct) -> Result<Receip
 }
 
 async fn setup() -> SqlitePool {
-    let pool = idem_tests::sqlite(4).await;
+    let pool = idem_testkit::sqlite(4).await;
     for stmt in [
         "CREATE TABLE coupon (id INTEGER PRIMARY KEY, status TEXT NOT NULL)",
         "CREATE TABLE deduction (coupon_id INTEGER NOT NULL)",
@@ -93,7 +93,7 @@ async fn deductions(pool: &SqlitePool, id: i64) -> i64 {
 }
 
 fn cache() -> RedisCache {
-    RedisCache::new(&idem_tests::redis_url())
+    RedisCache::new(&idem_testkit::redis_url())
         .unwrap()
         .prefix(format!("idem-test:{}:", ids(1)))
         .ttl(Duration::from_secs(300))

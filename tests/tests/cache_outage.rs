@@ -4,7 +4,7 @@
 
 use idem_runtime::cache::RedisCache;
 use idem_runtime::{Outcome, Source, State, idempotent};
-use idem_tests::{concurrently, ids, redis_up};
+use idem_testkit::{concurrently, ids, redis_up};
 use sqlx::{Postgres, Sqlite, SqlitePool, Transaction};
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -81,7 +81,7 @@ async fn redis_stopped_mid_run_and_restarted_no_double_no_lost() {
     if !redis_up().await {
         return;
     }
-    let Some(pool) = idem_tests::postgres(16).await else {
+    let Some(pool) = idem_testkit::postgres(16).await else {
         return;
     };
     let mut tx = pool.begin().await.unwrap();
@@ -105,7 +105,7 @@ async fn redis_stopped_mid_run_and_restarted_no_double_no_lost() {
             .await
             .unwrap();
     }
-    let cache = RedisCache::new(&idem_tests::redis_url())
+    let cache = RedisCache::new(&idem_testkit::redis_url())
         .unwrap()
         .prefix(format!("idem-outage:{}:", ids(1)));
     let _restart = RestartRedis;
@@ -227,14 +227,14 @@ fn start_cluster() -> Option<Cluster> {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            idem_tests::unreachable("redis-server (to start a cluster)", "could not start");
+            idem_testkit::unreachable("redis-server (to start a cluster)", "could not start");
             return None;
         }
     }
     let start = Instant::now();
     while !ports.iter().all(|p| redis_ping(*p)) {
         if start.elapsed() > Duration::from_secs(10) {
-            idem_tests::unreachable("the Redis cluster nodes", "did not start");
+            idem_testkit::unreachable("the Redis cluster nodes", "did not start");
             return None;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -285,7 +285,7 @@ async fn works_on_a_redis_cluster() {
     let cache = RedisCache::cluster(&node_refs)
         .unwrap()
         .timeout(Duration::from_millis(500));
-    let pool: SqlitePool = idem_tests::sqlite(2).await;
+    let pool: SqlitePool = idem_testkit::sqlite(2).await;
     sqlx::query("CREATE TABLE ping (id INTEGER PRIMARY KEY)")
         .execute(&pool)
         .await

@@ -24,8 +24,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_runtime::idempotent;
-use idem_tests::proxy::FaultProxy;
-use idem_tests::{unique, unreachable};
+use idem_testkit::proxy::FaultProxy;
+use idem_testkit::{unique, unreachable};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -77,7 +77,7 @@ mod postgres {
     }
 
     async fn run(call: Cancelled) {
-        let url = idem_tests::postgres_url();
+        let url = idem_testkit::postgres_url();
         let mut direct = match PgConnection::connect(&url).await {
             Ok(c) => c,
             Err(e) => {
@@ -86,7 +86,7 @@ mod postgres {
             }
         };
         // idem's tables.
-        idem_tests::postgres(1).await.expect("pool").close().await;
+        idem_testkit::postgres(1).await.expect("pool").close().await;
         let table = unique("cancel");
         sqlx::query(AssertSqlSafe(format!(
             "CREATE TABLE {table} (id BIGINT PRIMARY KEY)"
@@ -112,7 +112,7 @@ mod postgres {
             .expect("warm up");
 
         proxy.set_begin_hold(HOLD);
-        let id = idem_tests::id_base() + if call == Cancelled::Handler { 1 } else { 11 };
+        let id = idem_testkit::id_base() + if call == Cancelled::Handler { 1 } else { 11 };
         let cancelled = match call {
             Cancelled::Handler => tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id }))
                 .await
@@ -213,7 +213,7 @@ mod mariadb {
     }
 
     async fn run(call: Cancelled) {
-        let url = idem_tests::mysql_url();
+        let url = idem_testkit::mysql_url();
         let mut direct = match MySqlConnection::connect(&url).await {
             Ok(c) => c,
             Err(e) => {
@@ -221,7 +221,7 @@ mod mariadb {
                 return;
             }
         };
-        idem_tests::mysql(1).await.expect("pool").close().await;
+        idem_testkit::mysql(1).await.expect("pool").close().await;
         let table = unique("cancel");
         sqlx::query(AssertSqlSafe(format!(
             "CREATE TABLE {table} (id BIGINT PRIMARY KEY) ENGINE=InnoDB"
@@ -243,7 +243,7 @@ mod mariadb {
             .expect("connection id");
 
         proxy.set_begin_hold(HOLD);
-        let id = idem_tests::id_base() + if call == Cancelled::Handler { 1 } else { 11 };
+        let id = idem_testkit::id_base() + if call == Cancelled::Handler { 1 } else { 11 };
         let cancelled = match call {
             Cancelled::Handler => tokio::time::timeout(CANCEL_AFTER, touch(&pool, &Touch { id }))
                 .await

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idem_runtime::is_transient;
-use idem_tests::{unique, unreachable};
+use idem_testkit::{unique, unreachable};
 use sqlx::{AssertSqlSafe, Connection};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -24,7 +24,7 @@ mod postgres {
     use sqlx::PgConnection;
 
     async fn connect() -> Option<PgConnection> {
-        let url = idem_tests::postgres_url();
+        let url = idem_testkit::postgres_url();
         match PgConnection::connect(&url).await {
             Ok(c) => Some(c),
             Err(e) => {
@@ -55,7 +55,7 @@ mod postgres {
     #[tokio::test]
     async fn nul_byte_through_any_is_permanent() {
         sqlx::any::install_default_drivers();
-        let url = idem_tests::postgres_url();
+        let url = idem_testkit::postgres_url();
         let Ok(mut conn) = sqlx::AnyConnection::connect(&url).await else {
             unreachable(&format!("PostgreSQL at {url}"), "connect failed");
             return;
@@ -143,7 +143,7 @@ mod mariadb {
     use sqlx::MySqlConnection;
 
     async fn connect() -> Option<MySqlConnection> {
-        let url = idem_tests::mysql_url();
+        let url = idem_testkit::mysql_url();
         match MySqlConnection::connect(&url).await {
             Ok(c) => Some(c),
             Err(e) => {

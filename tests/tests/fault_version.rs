@@ -1,6 +1,6 @@
 //! Controls: the article's broken designs, written by hand, run through the
 //! same concurrent test as the `#[idempotent]` handlers — and caught. They
-//! prove that the concurrency tests in `strategies.rs` can fail.
+//! prove that the concurrency tests in `strategies_*.rs` can fail.
 //!
 //! 1. The "fault version" of section 03: the coupon's state is read outside
 //!    the transaction, so concurrent retries both read UNUSED and both
@@ -9,7 +9,7 @@
 //!    the business logic and write the record — without a unique index.
 
 use idem_runtime::__private::Dialect;
-use idem_tests::{concurrently, ids, sql};
+use idem_testkit::{concurrently, ids, sql};
 
 const CONCURRENCY: usize = 64;
 const ROUNDS: usize = 5;
@@ -131,11 +131,11 @@ fault_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(16).await
+    idem_testkit::postgres(16).await
 );
 fault_tests!(
     mariadb,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(16).await
+    idem_testkit::mysql(16).await
 );

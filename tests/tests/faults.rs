@@ -13,8 +13,8 @@
 use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, Error, State, idempotent};
-use idem_tests::proxy::FaultProxy;
-use idem_tests::{ids, sql};
+use idem_testkit::proxy::FaultProxy;
+use idem_testkit::{ids, sql};
 use serde::Deserialize;
 use sqlx::{Any, AnyPool, Transaction};
 use std::time::{Duration, Instant};
@@ -130,10 +130,10 @@ impl Faults {
 
 /// A direct pool (for setup and counting) and a lossy one (for the relays).
 async fn pools(url: &str, lossy_server: bool) -> Option<(AnyPool, AnyPool, Faults)> {
-    let direct = idem_tests::any(url, 4).await?;
+    let direct = idem_testkit::any(url, 4).await?;
     let (lossy, proxy) = if lossy_server {
         let proxy = FaultProxy::for_url(url, 0.0).await.expect("start proxy");
-        (idem_tests::any(&proxy.url(url), 8).await?, Some(proxy))
+        (idem_testkit::any(&proxy.url(url), 8).await?, Some(proxy))
     } else {
         (direct.clone(), None)
     };
@@ -307,22 +307,22 @@ async fn control_catches_the_incident(url: &str, server: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lost_acks_and_redeliveries_no_double_no_lost() {
-    idempotent_under_faults(&idem_tests::postgres_url(), true).await;
+    idempotent_under_faults(&idem_testkit::postgres_url(), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_control_incident_handler_double_deducts() {
-    control_catches_the_incident(&idem_tests::postgres_url(), true).await;
+    control_catches_the_incident(&idem_testkit::postgres_url(), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_lost_acks_and_redeliveries_no_double_no_lost() {
-    idempotent_under_faults(&idem_tests::mysql_url(), true).await;
+    idempotent_under_faults(&idem_testkit::mysql_url(), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_control_incident_handler_double_deducts() {
-    control_catches_the_incident(&idem_tests::mysql_url(), true).await;
+    control_catches_the_incident(&idem_testkit::mysql_url(), true).await;
 }
 
 /// SQLite has no network to lose an acknowledgement on: the `testing`
@@ -330,7 +330,7 @@ async fn mariadb_control_incident_handler_double_deducts() {
 /// hook is process-wide.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_lost_acks_and_redeliveries_no_double_no_lost_and_control() {
-    let url = idem_tests::sqlite_url();
+    let url = idem_testkit::sqlite_url();
     idempotent_under_faults(&url, false).await;
     control_catches_the_incident(&url, false).await;
 }

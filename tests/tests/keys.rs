@@ -9,7 +9,7 @@
 
 use idem_runtime::__private::Dialect;
 use idem_runtime::{Outcome, idempotent};
-use idem_tests::{sql, unique};
+use idem_testkit::{sql, unique};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
@@ -94,17 +94,17 @@ backend_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(4).await
+    idem_testkit::postgres(4).await
 );
 backend_tests!(
     mariadb,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(4).await
+    idem_testkit::mysql(4).await
 );
 backend_tests!(
     sqlite,
     sqlx::Sqlite,
     Dialect::Sqlite,
-    Some(idem_tests::sqlite(4).await)
+    Some(idem_testkit::sqlite(4).await)
 );

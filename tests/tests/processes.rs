@@ -6,7 +6,7 @@
 
 use idem_runtime::__private::Dialect;
 use idem_runtime::Backend;
-use idem_tests::{ids, sql};
+use idem_testkit::{ids, sql};
 use sqlx::{Any, AnyPool};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -142,7 +142,7 @@ async fn three_relays(
     lease_ms: u64,
     sleep_ms: u64,
 ) -> Option<(usize, usize, usize, i64)> {
-    let pool = idem_tests::any(url, 4).await?;
+    let pool = idem_testkit::any(url, 4).await?;
     let d = setup(&pool).await;
     let topic = format!("proc.three.{}", ids(1));
     let coupons = produce(&pool, d, &topic, 240).await;
@@ -184,7 +184,7 @@ async fn three_relays(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_relay_processes_never_run_a_message_twice_at_once() {
     let Some((overlaps, double, lost, owners)) =
-        three_relays(&idem_tests::postgres_url(), 30_000, 5).await
+        three_relays(&idem_testkit::postgres_url(), 30_000, 5).await
     else {
         return;
     };
@@ -202,7 +202,8 @@ async fn three_relay_processes_never_run_a_message_twice_at_once() {
 /// single: the handlers are idempotent.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_expired_leases_let_processes_overlap_and_the_log_shows_it() {
-    let Some((overlaps, double, lost, _)) = three_relays(&idem_tests::postgres_url(), 1, 40).await
+    let Some((overlaps, double, lost, _)) =
+        three_relays(&idem_testkit::postgres_url(), 1, 40).await
     else {
         return;
     };
@@ -218,7 +219,7 @@ async fn control_expired_leases_let_processes_overlap_and_the_log_shows_it() {
 }
 
 async fn kill_mid_run_then_restart(url: &str) {
-    let Some(pool) = idem_tests::any(url, 4).await else {
+    let Some(pool) = idem_testkit::any(url, 4).await else {
         return;
     };
     let d = setup(&pool).await;
@@ -261,15 +262,15 @@ async fn kill_mid_run_then_restart(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_relay_killed_mid_run_loses_nothing() {
-    kill_mid_run_then_restart(&idem_tests::postgres_url()).await;
+    kill_mid_run_then_restart(&idem_testkit::postgres_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_relay_killed_mid_run_loses_nothing() {
-    kill_mid_run_then_restart(&idem_tests::mysql_url()).await;
+    kill_mid_run_then_restart(&idem_testkit::mysql_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_relay_killed_mid_run_loses_nothing() {
-    kill_mid_run_then_restart(&idem_tests::sqlite_url()).await;
+    kill_mid_run_then_restart(&idem_testkit::sqlite_url()).await;
 }

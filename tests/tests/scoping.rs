@@ -8,7 +8,7 @@
 use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::enqueue;
 use idem_runtime::{Outcome, idempotent};
-use idem_tests::{ids, sql};
+use idem_testkit::{ids, sql};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -149,17 +149,17 @@ scoping_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(4).await
+    idem_testkit::postgres(4).await
 );
 scoping_tests!(
     mysql,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(4).await
+    idem_testkit::mysql(4).await
 );
 scoping_tests!(
     sqlite,
     sqlx::Sqlite,
     Dialect::Sqlite,
-    Some(idem_tests::sqlite(2).await)
+    Some(idem_testkit::sqlite(2).await)
 );

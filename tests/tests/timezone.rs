@@ -9,7 +9,7 @@
 use idem_runtime::archive::Archiver;
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Outcome, idempotent};
-use idem_tests::ids;
+use idem_testkit::ids;
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{MySql, MySqlPool, Transaction};
@@ -29,8 +29,8 @@ const NEVER: Duration = Duration::from_secs(3650 * 86_400);
 /// A pool whose every connection runs in `zone` (UTC: sqlx's default).
 async fn zoned(zone: &'static str) -> Option<MySqlPool> {
     // Reachable (or skipped), with idem's tables.
-    idem_tests::mysql(1).await?;
-    let opts = MySqlConnectOptions::from_str(&idem_tests::mysql_url()).expect("valid URL");
+    idem_testkit::mysql(1).await?;
+    let opts = MySqlConnectOptions::from_str(&idem_testkit::mysql_url()).expect("valid URL");
     let pool = MySqlPoolOptions::new()
         .max_connections(4)
         .after_connect(move |conn, _| {

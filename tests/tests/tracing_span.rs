@@ -51,7 +51,7 @@ async fn span_carries_key_and_outcome() {
     let capture = Capture::default();
     let _guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
-    let pool = idem_tests::sqlite(2).await;
+    let pool = idem_testkit::sqlite(2).await;
     sqlx::query("CREATE TABLE ping (id TEXT PRIMARY KEY)")
         .execute(&pool)
         .await

@@ -6,7 +6,7 @@
 
 use idem_runtime::__private::{Call, Dialect, NewRecord, Record};
 use idem_runtime::{Backend, Error, MAX_TTL_SECS, Source};
-use idem_tests::{ids, sql};
+use idem_testkit::{ids, sql};
 
 macro_rules! ttl_tests {
     ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
@@ -115,19 +115,19 @@ ttl_tests!(
     postgres,
     sqlx::Postgres,
     Dialect::Postgres,
-    idem_tests::postgres(2).await
+    idem_testkit::postgres(2).await
 );
 ttl_tests!(
     mysql,
     sqlx::MySql,
     Dialect::MySql,
-    idem_tests::mysql(2).await
+    idem_testkit::mysql(2).await
 );
 ttl_tests!(
     sqlite,
     sqlx::Sqlite,
     Dialect::Sqlite,
-    Some(idem_tests::sqlite(1).await)
+    Some(idem_testkit::sqlite(1).await)
 );
 
 /// The finding behind MariaDB's `INSERT IGNORE`: sqlx connects with
@@ -136,10 +136,10 @@ ttl_tests!(
 /// existed: it cannot tell a claim from a duplicate.
 #[tokio::test]
 async fn mariadb_on_duplicate_key_update_counts_a_duplicate_like_an_insert() {
-    let Some(pool) = idem_tests::mysql(1).await else {
+    let Some(pool) = idem_testkit::mysql(1).await else {
         return;
     };
-    let table = idem_tests::unique("idem_t_odku");
+    let table = idem_testkit::unique("idem_t_odku");
     let create = format!(
         "CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(16) NOT NULL, UNIQUE KEY (k))"
     );

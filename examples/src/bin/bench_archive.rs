@@ -14,6 +14,7 @@
 //!
 //! `cargo run --release -p idem-examples --bin bench_archive [-- --large N --small N --calls N --rounds R --archive N]`
 
+use clap::Parser;
 use idem_runtime::archive::Archiver;
 use idem_runtime::{Outcome, idempotent};
 use serde::{Deserialize, Serialize};
@@ -36,13 +37,26 @@ async fn notify(_tx: &mut Transaction<'_, Postgres>, n: &Notice) -> Result<Recei
     Ok(Receipt { ok: true })
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Record lifecycle on PostgreSQL: the duplicate check against a small and
+/// a large record table, and the archiver's rate.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bench_archive", args_override_self = true)]
+struct Args {
+    /// Records in the large table.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    large: u64,
+    /// Records in the small table.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    small: u64,
+    /// Duplicate checks per table and round.
+    #[arg(long, value_name = "N", default_value_t = 3000)]
+    calls: u64,
+    /// Rounds.
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    rounds: u64,
+    /// Expired records the archiver moves.
+    #[arg(long, value_name = "N", default_value_t = 200_000)]
+    archive: u64,
 }
 
 async fn schema_pool(url: &str, schema: &'static str) -> Result<PgPool, sqlx::Error> {
@@ -133,11 +147,10 @@ async fn duplicates(pool: &PgPool, rows: i64, calls: u64, seed: u64) -> Lat {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let large = arg("--large", 1_000_000) as i64;
-    let small = arg("--small", 10_000) as i64;
-    let calls = arg("--calls", 3000);
-    let rounds = arg("--rounds", 3);
-    let archive = arg("--archive", 200_000) as i64;
+    let args = Args::parse();
+    let (large, small) = (args.large as i64, args.small as i64);
+    let (calls, rounds) = (args.calls, args.rounds);
+    let archive = args.archive as i64;
     let url = idem_examples::bench::postgres_url();
     let admin = match PgPool::connect(&url).await {
         Ok(p) => p,

@@ -15,6 +15,7 @@
 //!
 //! `cargo run --release -p idem-examples --bin bench_cache [-- --coupons N --concurrency C --seconds S --rounds R]`
 
+use clap::Parser;
 use idem_runtime::cache::RedisCache;
 use idem_runtime::{Outcome, Source, State, idempotent};
 use sqlx::postgres::PgPoolOptions;
@@ -50,13 +51,23 @@ async fn deduct(tx: &mut Transaction<'_, Postgres>, msg: &Deduct) -> Result<(), 
     Ok(())
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Duplicate rejection through the Redis front cache against the database
+/// path.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bench_cache", args_override_self = true)]
+struct Args {
+    /// Coupons, each deducted once before the duplicates.
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    coupons: u64,
+    /// Concurrent workers.
+    #[arg(long, value_name = "C", default_value_t = 8)]
+    concurrency: u64,
+    /// Seconds per path and round.
+    #[arg(long, value_name = "S", default_value_t = 3)]
+    seconds: u64,
+    /// Rounds.
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    rounds: u64,
 }
 
 #[derive(Default)]
@@ -128,10 +139,9 @@ async fn measure(
 
 #[tokio::main]
 async fn main() {
-    let coupons = arg("--coupons", 2000) as i64;
-    let concurrency = arg("--concurrency", 8);
-    let seconds = arg("--seconds", 3);
-    let rounds = arg("--rounds", 3);
+    let args = Args::parse();
+    let coupons = args.coupons as i64;
+    let (concurrency, seconds, rounds) = (args.concurrency, args.seconds, args.rounds);
     let url = idem_examples::bench::postgres_url();
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let pool = match PgPoolOptions::new()

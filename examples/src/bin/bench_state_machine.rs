@@ -28,6 +28,7 @@
 //! Other options: `--slice S` (coupons per turn, default 500),
 //! `--no-duplicates` (skip the duplicate passes).
 
+use clap::Parser;
 use idem_runtime::{Outcome, State, idempotent};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -139,12 +140,43 @@ impl Variant {
     }
 }
 
+/// `#[idempotent(strategy = state_machine)]` against the same code by hand.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "bench_state_machine",
+    args_override_self = true,
+    after_help = "DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/test"
+)]
 struct Options {
+    /// Deductions per handler and round.
+    #[arg(long, value_name = "M", default_value_t = 5000)]
     ops: i64,
+    /// Concurrent workers.
+    #[arg(long, value_name = "C", default_value_t = 8)]
     concurrency: usize,
+    /// Measured rounds.
+    #[arg(long, value_name = "R", default_value_t = 3)]
     rounds: usize,
+    /// Coupons per turn of one handler.
+    #[arg(long, value_name = "S", default_value_t = 500)]
     slice: i64,
-    duplicates: bool,
+    /// Skip the duplicate passes.
+    #[arg(long)]
+    no_duplicates: bool,
+}
+
+impl Options {
+    /// Whether each slice is followed by a duplicate pass.
+    fn duplicates(&self) -> bool {
+        !self.no_duplicates
+    }
+
+    fn check(self) -> Result<Self, BoxError> {
+        if self.ops < 1 || self.concurrency < 1 || self.rounds < 1 || self.slice < 1 {
+            return Err("--ops, --concurrency, --rounds and --slice must be at least 1".into());
+        }
+        Ok(self)
+    }
 }
 
 /// Time and outcomes of one pass over a batch of messages.
@@ -227,7 +259,7 @@ async fn run_slice(
         );
         return Err(e.into());
     }
-    if !opts.duplicates {
+    if !opts.duplicates() {
         return Ok((first.elapsed, None));
     }
     let again = run_pass(pool, variant, &batch, opts.concurrency).await?;
@@ -289,7 +321,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<ExitCode, BoxError> {
-    let opts = parse_args()?;
+    let opts = Options::parse().check()?;
     idem_examples::bench::warn_if_debug("bench_state_machine");
     let Some(url) = idem_examples::bench::reachable_postgres().await else {
         return Ok(ExitCode::FAILURE);
@@ -338,7 +370,7 @@ async fn run() -> Result<ExitCode, BoxError> {
         opts.ops,
         opts.concurrency,
         opts.rounds,
-        if opts.duplicates {
+        if opts.duplicates() {
             ", each slice followed by a duplicate pass"
         } else {
             ""
@@ -441,7 +473,7 @@ async fn run() -> Result<ExitCode, BoxError> {
         hand.rate(),
         idem.rate()
     );
-    if opts.duplicates {
+    if opts.duplicates() {
         let [dh, di] = dup;
         println!(
             "duplicate  hand-written {:>7.0} ops/s   #[idempotent] {:>7.0} ops/s   ratio {:.2}",
@@ -457,41 +489,4 @@ async fn run() -> Result<ExitCode, BoxError> {
     );
     println!("ratio idem/hand-written: {:.2}", idem.rate() / hand.rate());
     Ok(ExitCode::SUCCESS)
-}
-
-fn parse_args() -> Result<Options, BoxError> {
-    let mut opts = Options {
-        ops: 5000,
-        concurrency: 8,
-        rounds: 3,
-        slice: 500,
-        duplicates: true,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || -> Result<String, BoxError> {
-            args.next()
-                .ok_or_else(|| format!("{arg} needs a value").into())
-        };
-        match arg.as_str() {
-            "--ops" => opts.ops = value()?.parse()?,
-            "--concurrency" => opts.concurrency = value()?.parse()?,
-            "--rounds" => opts.rounds = value()?.parse()?,
-            "--slice" => opts.slice = value()?.parse()?,
-            "--no-duplicates" => opts.duplicates = false,
-            "-h" | "--help" => {
-                println!(
-                    "usage: bench_state_machine [--ops M] [--concurrency C] [--rounds R] \
-                     [--slice S] [--no-duplicates]\n\
-                     DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/test"
-                );
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument `{other}` (try --help)").into()),
-        }
-    }
-    if opts.ops < 1 || opts.concurrency < 1 || opts.rounds < 1 || opts.slice < 1 {
-        return Err("--ops, --concurrency, --rounds and --slice must be at least 1".into());
-    }
-    Ok(opts)
 }

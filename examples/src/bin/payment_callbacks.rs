@@ -36,6 +36,7 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p idem-examples --bin payment_callbacks
 //! ```
 
+use clap::Parser;
 use idem_examples::payments::{self, Attempt, Callback, Faults, Platform};
 use sqlx::postgres::PgPoolOptions;
 use std::collections::BTreeMap;
@@ -46,13 +47,49 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const SECRET: &[u8] = b"merchant-and-platform-shared-secret";
 
+/// Third-party payment callbacks, retried by the platform, against the
+/// merchant's idempotent endpoint.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "payment_callbacks",
+    args_override_self = true,
+    after_help = "DATABASE_URL selects the PostgreSQL database (default\n\
+                  postgres://postgres@127.0.0.1:5432/test)."
+)]
 struct Options {
+    /// The service's port on 127.0.0.1 (0: ephemeral).
+    #[arg(long, value_name = "P", default_value_t = 0)]
     port: u16,
+    /// Orders to pay.
+    #[arg(long, value_name = "N", default_value_t = 100)]
     orders: usize,
+    /// Concurrent pushes of each callback.
+    #[arg(long, value_name = "D", default_value_t = 3)]
     duplicates: usize,
+    /// Deliveries in flight at once.
+    #[arg(long, value_name = "W", default_value_t = 32)]
     workers: usize,
+    /// Fraction of answers lost after the commit.
+    #[arg(long, value_name = "F", default_value_t = 0.1)]
     lose_rate: f64,
+    /// Fraction of answers replaced by 503 after the commit.
+    #[arg(long, value_name = "F", default_value_t = 0.1)]
     unavailable_rate: f64,
+}
+
+impl Options {
+    fn check(self) -> Result<Self, BoxError> {
+        if self.orders < 1 || self.duplicates < 1 || self.workers < 1 {
+            return Err("--orders, --duplicates and --workers must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.lose_rate)
+            || !(0.0..=1.0).contains(&self.unavailable_rate)
+            || self.lose_rate + self.unavailable_rate > 0.9
+        {
+            return Err("the rates must be between 0 and 1, and add up to at most 0.9".into());
+        }
+        Ok(self)
+    }
 }
 
 #[tokio::main]
@@ -76,7 +113,7 @@ struct Hostile {
 }
 
 async fn run() -> Result<bool, BoxError> {
-    let opts = parse_args()?;
+    let opts = Options::parse().check()?;
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let pool = PgPoolOptions::new()
@@ -112,7 +149,7 @@ async fn run() -> Result<bool, BoxError> {
 
     // Orders: ids unique across runs on a shared server. One extra order
     // stays unpaid: the hostile callbacks aim at it.
-    let first = idem_tests::ids(opts.orders as i64 + 1);
+    let first = idem_testkit::ids(opts.orders as i64 + 1);
     let orders: Vec<(i64, i64)> = (0..opts.orders as i64)
         .map(|i| (first + i, 1_000 + (i * 37) % 9_000))
         .collect();
@@ -362,59 +399,4 @@ async fn run() -> Result<bool, BoxError> {
         println!("FAILED: see above");
     }
     Ok(ok)
-}
-
-const USAGE: &str = "usage: payment_callbacks [--port P] [--orders N] [--duplicates D] \
-[--workers W] [--lose-rate F] [--unavailable-rate F]
-
-  --port P              the service's port on 127.0.0.1 (default 0: ephemeral)
-  --orders N            orders to pay (default 100)
-  --duplicates D        concurrent pushes of each callback (default 3)
-  --workers W           deliveries in flight at once (default 32)
-  --lose-rate F         fraction of answers lost after the commit (default 0.1)
-  --unavailable-rate F  fraction of answers replaced by 503 after the commit
-                        (default 0.1)
-
-DATABASE_URL selects the PostgreSQL database (default
-postgres://postgres@127.0.0.1:5432/test).";
-
-fn parse_args() -> Result<Options, BoxError> {
-    let mut opts = Options {
-        port: 0,
-        orders: 100,
-        duplicates: 3,
-        workers: 32,
-        lose_rate: 0.1,
-        unavailable_rate: 0.1,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || -> Result<String, BoxError> {
-            args.next()
-                .ok_or_else(|| format!("{arg} needs a value").into())
-        };
-        match arg.as_str() {
-            "--port" => opts.port = value()?.parse()?,
-            "--orders" => opts.orders = value()?.parse()?,
-            "--duplicates" => opts.duplicates = value()?.parse()?,
-            "--workers" => opts.workers = value()?.parse()?,
-            "--lose-rate" => opts.lose_rate = value()?.parse()?,
-            "--unavailable-rate" => opts.unavailable_rate = value()?.parse()?,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument `{other}` (try --help)").into()),
-        }
-    }
-    if opts.orders < 1 || opts.duplicates < 1 || opts.workers < 1 {
-        return Err("--orders, --duplicates and --workers must be at least 1".into());
-    }
-    if !(0.0..=1.0).contains(&opts.lose_rate)
-        || !(0.0..=1.0).contains(&opts.unavailable_rate)
-        || opts.lose_rate + opts.unavailable_rate > 0.9
-    {
-        return Err("the rates must be between 0 and 1, and add up to at most 0.9".into());
-    }
-    Ok(opts)
 }

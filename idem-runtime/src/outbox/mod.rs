@@ -79,6 +79,7 @@ pub async fn enqueue<DB: Backend>(
     Ok(DB::outbox_insert(&mut **tx, topic, msg_id, &payload).await?)
 }
 
+pub mod admin;
 mod relay;
 pub use crate::backend::OutboxRow;
 pub use relay::{Delivery, Relay, RelayHandle, RelaySettings, RelayStats};

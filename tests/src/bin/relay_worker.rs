@@ -8,7 +8,7 @@
 use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, State, idempotent};
-use idem_tests::sql;
+use idem_testkit::sql;
 use serde::Deserialize;
 use sqlx::{Any, AnyPool, Transaction};
 use std::sync::atomic::Ordering;

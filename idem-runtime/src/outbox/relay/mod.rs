@@ -10,60 +10,33 @@
 //! not even after a commit whose acknowledgement was lost. A crashed
 //! relay's messages come back when their lease expires.
 
+mod attempt;
+mod delivery;
+mod handle;
+
+pub use delivery::Delivery;
+pub use handle::{RelayHandle, RelayStats};
+
 use crate::archive::RetentionPolicy;
 use crate::backend::{Backend, ClaimSql, OutboxRow};
-use crate::{Error, OutboxLease, Outcome, Source};
+use crate::backoff::Backoff;
+use crate::task::{BoxFuture, TaskHandle};
+use crate::{Error, Outcome};
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type Route<DB> = Arc<
     dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
 >;
-
-/// One delivery of an outbox message to its handler.
-#[derive(Debug, Clone)]
-pub struct Delivery<DB: Backend> {
-    pool: Pool<DB>,
-    message: OutboxRow,
-    lease: OutboxLease,
-    /// Set when the handler took its outbox source: a successful handler
-    /// then marked the message itself, and the relay need not.
-    marked: Arc<AtomicBool>,
-}
-
-impl<DB: Backend> Delivery<DB> {
-    /// Pass this to the handler: its transaction then marks the message,
-    /// fenced by this delivery's lease (see [`OutboxLease`]).
-    pub fn source(&self) -> Source<'_, DB> {
-        self.marked.store(true, Ordering::Relaxed);
-        Source::outbox(&self.pool, self.lease.clone())
-    }
-
-    /// This delivery's hold on its message.
-    pub fn lease(&self) -> &OutboxLease {
-        &self.lease
-    }
-
-    /// The message being delivered.
-    pub fn message(&self) -> &OutboxRow {
-        &self.message
-    }
-
-    /// The relay's pool.
-    pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
-    }
-}
 
 /// A relay's settings (see [`Relay::settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,24 +55,6 @@ pub struct RelaySettings {
     pub backoff_base: Duration,
     /// The longest back-off.
     pub backoff_max: Duration,
-}
-
-/// Counters of one relay, since it started.
-#[derive(Debug, Default)]
-pub struct RelayStats {
-    /// Messages claimed (each claim is one attempt).
-    pub claimed: AtomicU64,
-    /// Attempts whose handler executed the action.
-    pub executed: AtomicU64,
-    /// Attempts answered `Duplicate`: the action had already happened.
-    pub duplicates: AtomicU64,
-    /// Failed attempts put back for a retry.
-    pub retried: AtomicU64,
-    /// Messages dead-lettered (`failed`).
-    pub dead_lettered: AtomicU64,
-    /// Failed attempts whose bookkeeping found the message no longer
-    /// pending under this relay's lease (already a success, or re-leased).
-    pub stale: AtomicU64,
 }
 
 /// A relay for the topics routed on it. Cheap to clone.
@@ -126,9 +81,20 @@ struct Inner<DB: Backend> {
     lease: Duration,
     poll_interval: Duration,
     max_attempts: i32,
-    backoff_base: Duration,
-    backoff_max: Duration,
+    backoff: Backoff,
     stats: RelayStats,
+}
+
+impl<DB: Backend> fmt::Debug for Relay<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("backend", &<DB as Backend>::NAME)
+            .field("owner", &self.inner.owner)
+            .field("topics", &self.inner.topics)
+            .field("settings", &self.settings())
+            .field("stats", &self.inner.stats)
+            .finish()
+    }
 }
 
 impl<DB: Backend> Relay<DB> {
@@ -154,8 +120,7 @@ impl<DB: Backend> Relay<DB> {
                 lease: Duration::from_secs(30),
                 poll_interval: Duration::from_millis(100),
                 max_attempts: 10,
-                backoff_base: Duration::from_millis(200),
-                backoff_max: Duration::from_secs(60),
+                backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
                 stats: RelayStats::default(),
             }),
         }
@@ -239,10 +204,7 @@ impl<DB: Backend> Relay<DB> {
 
     /// Back-off after the first failed attempt, doubling up to `max`.
     pub fn backoff(self, base: Duration, max: Duration) -> Self {
-        self.edit(|i| {
-            i.backoff_base = base;
-            i.backoff_max = max.max(base);
-        })
+        self.edit(|i| i.backoff = Backoff::new(base, max))
     }
 
     /// The lease owner name (default `relay-<pid>-<random>`); unique per
@@ -266,8 +228,8 @@ impl<DB: Backend> Relay<DB> {
             lease: i.lease,
             poll_interval: i.poll_interval,
             max_attempts: u32::try_from(i.max_attempts).unwrap_or(1),
-            backoff_base: i.backoff_base,
-            backoff_max: i.backoff_max,
+            backoff_base: i.backoff.base,
+            backoff_max: i.backoff.max,
         }
     }
 
@@ -327,11 +289,8 @@ impl<DB: Backend> Relay<DB> {
 
     /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
     pub fn spawn(self) -> RelayHandle {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(self.clone().run(stop_rx));
         RelayHandle {
-            stop: stop_tx,
-            task,
+            task: TaskHandle::spawn(|stop| self.clone().run(stop)),
             relay: self.inner.stats_owner(),
         }
     }
@@ -398,185 +357,5 @@ impl<DB: Backend> Relay<DB> {
             .claimed
             .fetch_add(rows.len() as u64, Ordering::Relaxed);
         Ok(rows)
-    }
-
-    /// One attempt of one message, and its bookkeeping.
-    async fn deliver(&self, row: OutboxRow) {
-        let i = &self.inner;
-        let (id, attempts) = (row.id, row.attempts);
-        let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
-        let Some(route) = i.routes.get(&row.topic).cloned() else {
-            // Not claimable: claims filter on the routed topics.
-            return;
-        };
-        let marked = Arc::new(AtomicBool::new(false));
-        let lease = OutboxLease::new(id, row.topic.clone(), i.owner.clone(), attempts);
-        let delivery = Delivery {
-            pool: i.pool.clone(),
-            message: row,
-            lease: lease.clone(),
-            marked: marked.clone(),
-        };
-        let result = match route(delivery) {
-            Err(e) => Err((false, format!("unparsable payload: {e}"))),
-            // A panicking handler is a failed attempt, not a dead relay.
-            Ok(fut) => match self.heartbeat(id, tokio::spawn(fut), &span).await {
-                Ok(Ok(executed)) => Ok(executed),
-                Ok(Err(e)) => Err((e.is_retryable(), format!("{}: {e}", e.kind()))),
-                Err(join) => Err((true, format!("handler panicked: {join}"))),
-            },
-        };
-        match result {
-            Ok(executed) => {
-                let counter = if executed {
-                    &i.stats.executed
-                } else {
-                    &i.stats.duplicates
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                // A handler given its outbox source marked the message in
-                // its own transaction; for any other, the relay marks it.
-                if !marked.load(Ordering::Relaxed) {
-                    match DB::outbox_success_pool(&i.pool, &lease).await {
-                        Ok(1) => {}
-                        Ok(_) => {
-                            i.stats.stale.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(parent: &span, "outbox message no longer held by this delivery; its current holder settles it");
-                        }
-                        Err(e) => {
-                            tracing::warn!(parent: &span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
-                        }
-                    }
-                }
-            }
-            Err((retryable, reason)) => {
-                let dead = !retryable || attempts >= i.max_attempts;
-                let reason = if dead && retryable {
-                    format!("gave up after {attempts} attempts: {reason}")
-                } else {
-                    reason
-                };
-                let delay = backoff(i.backoff_base, i.backoff_max, attempts, id);
-                let reason: String = reason.chars().take(2000).collect();
-                match DB::outbox_settle_failure(
-                    &i.pool,
-                    id,
-                    &i.owner,
-                    attempts,
-                    dead,
-                    delay.as_secs_f64(),
-                    &reason,
-                )
-                .await
-                {
-                    Ok(true) if dead => {
-                        i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                        crate::metrics::outbox_dead_letter();
-                        tracing::warn!(parent: &span, %reason, "outbox message dead-lettered");
-                    }
-                    Ok(true) => {
-                        i.stats.retried.fetch_add(1, Ordering::Relaxed);
-                        crate::metrics::outbox_retry();
-                        tracing::info!(parent: &span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
-                    }
-                    Ok(false) => {
-                        i.stats.stale.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        // The lease expires and the message is retried.
-                        tracing::warn!(parent: &span, error = %e, "could not record the failed attempt");
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl<DB: Backend> Relay<DB> {
-    /// Waits for a running handler, renewing its message's lease every
-    /// third of the lease meanwhile.
-    async fn heartbeat<T>(
-        &self,
-        id: i64,
-        mut handler: tokio::task::JoinHandle<T>,
-        span: &tracing::Span,
-    ) -> Result<T, tokio::task::JoinError> {
-        let i = &self.inner;
-        let every = (i.lease / 3).max(Duration::from_millis(10));
-        loop {
-            tokio::select! {
-                done = &mut handler => return done,
-                _ = tokio::time::sleep(every) => {
-                    match DB::renew_leases(&i.pool, &i.owner, &[id], i.lease.as_secs_f64()).await {
-                        Ok(n) => crate::metrics::lease_renewals(n),
-                        Err(e) => tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler"),
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl<DB: Backend> Inner<DB> {
-    fn stats_owner(self: &Arc<Self>) -> Arc<dyn StatsView> {
-        self.clone()
-    }
-}
-
-trait StatsView: Send + Sync {
-    fn stats(&self) -> &RelayStats;
-}
-
-impl<DB: Backend> StatsView for Inner<DB> {
-    fn stats(&self) -> &RelayStats {
-        &self.stats
-    }
-}
-
-/// A running relay.
-pub struct RelayHandle {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-    relay: Arc<dyn StatsView>,
-}
-
-impl RelayHandle {
-    /// Stops claiming, waits for the messages in flight, and returns.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-
-    /// The relay's counters.
-    pub fn stats(&self) -> &RelayStats {
-        self.relay.stats()
-    }
-}
-
-/// Exponential back-off with jitter: the n-th failure waits between half
-/// and all of `base * 2^(n-1)`, capped at `max`.
-fn backoff(base: Duration, max: Duration, attempts: i32, salt: i64) -> Duration {
-    let exp = u32::try_from(attempts.saturating_sub(1))
-        .unwrap_or(0)
-        .min(30);
-    let full = base.saturating_mul(1u32 << exp).min(max);
-    let noise = std::collections::hash_map::RandomState::new().hash_one((salt, attempts));
-    let frac = (noise % 1_000) as f64 / 1_000.0;
-    full.mul_f64(0.5 + 0.5 * frac)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::backoff;
-    use std::time::Duration;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        let (b, m) = (Duration::from_millis(100), Duration::from_secs(2));
-        for attempts in 1..20 {
-            let d = backoff(b, m, attempts, 7);
-            let full = (b * 2u32.pow((attempts - 1).min(20) as u32)).min(m);
-            assert!(d >= full / 2 && d <= full, "{attempts}: {d:?} vs {full:?}");
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! Compile-fail and compile-pass tests of `#[idempotent]` and
 //! `#[derive(State)]`. Regenerate the expected errors with
-//! `TRYBUILD=overwrite cargo test -p idem-tests --test ui`, then read them.
+//! `TRYBUILD=overwrite cargo test -p idem-tests-build --test ui`, then read them.
 
 #[test]
 fn ui() {

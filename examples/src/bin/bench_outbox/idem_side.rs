@@ -1,0 +1,261 @@
+//! The idem side: enqueue, then drain through a [`Relay`] into an
+//! `#[idempotent]` handler, and check the database.
+
+use super::args::Args;
+use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET};
+use idem_runtime::outbox::{Relay, enqueue};
+use idem_runtime::{State, idempotent};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgPool, Postgres, Transaction};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
+enum CouponState {
+    Unused,
+    Used,
+}
+
+/// The message: "deduct this coupon for this order".
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DeductCoupon {
+    msg_id: String,
+    coupon_id: i64,
+    order_id: i64,
+}
+
+/// The handler the relay drives: lock the coupon, a duplicate if `USED`,
+/// the body (one ledger row), `UNUSED` → `USED`, the outbox message marked
+/// `success`, commit — one transaction.
+#[idempotent(
+    key = "bench-outbox:{msg.msg_id}",
+    strategy = state_machine,
+    table = "bench_outbox_coupon", id = msg.coupon_id,
+    from = CouponState::Unused, to = CouponState::Used,
+)]
+async fn deduct(tx: &mut Transaction<'_, Postgres>, msg: &DeductCoupon) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO bench_outbox_ledger (coupon_id, order_id, msg_id) VALUES ($1, $2, $3)",
+    )
+    .bind(msg.coupon_id)
+    .bind(msg.order_id)
+    .bind(msg.msg_id.as_str())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+// ---- the idem side -------------------------------------------------------------------
+
+/// One idem run.
+pub(super) struct IdemRun {
+    pub(super) enqueue: Duration,
+    pub(super) drain: Duration,
+    /// Messages per second through the relay.
+    pub(super) rate: f64,
+    /// Claim statements per message (the due index's scans; approximate if
+    /// something else uses `idem_outbox` at the same time).
+    pub(super) claims_per_msg: f64,
+    /// Committed transactions per message, the database's count.
+    pub(super) commits_per_msg: f64,
+    /// Mean time of one handler call (begin to commit).
+    pub(super) handler_avg: Duration,
+    /// Mean time between two claims of the relay's loop (it claims, hands
+    /// the batch out, claims again): in effect the time of one claim.
+    pub(super) claim_period: Duration,
+    /// Share of the handler slots' time spent in handler calls.
+    pub(super) utilization: f64,
+}
+
+/// Counters read from the statistics views.
+#[derive(Debug, Clone, Copy)]
+struct PgCounters {
+    commits: i64,
+    due_index_scans: i64,
+}
+
+async fn counters(pool: &PgPool) -> Result<PgCounters, BoxError> {
+    // Backends flush their statistics when they go idle (at most once a
+    // second) and when they exit: wait for that first.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (commits, due_index_scans): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), \
+                COALESCE((SELECT idx_scan FROM pg_stat_user_indexes \
+                          WHERE indexrelname = 'idx_idem_outbox_pending'), 0)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(PgCounters {
+        commits,
+        due_index_scans,
+    })
+}
+
+pub(super) async fn idem_run(
+    admin: &PgPool,
+    url: &str,
+    opts: &Args,
+    n: i64,
+    run: &str,
+) -> Result<IdemRun, BoxError> {
+    let c = opts.concurrency;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("TRUNCATE {LEDGER}, {COUPON}")))
+        .execute(admin)
+        .await?;
+    let topic = format!(
+        "bench-outbox.{}.{run}.{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+    );
+
+    // Produce: each coupon and its message in one transaction, C at once.
+    let pool = PgPoolOptions::new()
+        .max_connections(c as u32 + 1)
+        .min_connections(c as u32 + 1)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(url)
+        .await?;
+    let next = Arc::new(AtomicU64::new(1));
+    let started = Instant::now();
+    let mut producers = Vec::new();
+    for _ in 0..c {
+        let (pool, next, topic) = (pool.clone(), next.clone(), topic.clone());
+        producers.push(tokio::spawn(async move {
+            loop {
+                let id = next.fetch_add(1, Ordering::Relaxed) as i64;
+                if id > n {
+                    return Ok::<_, BoxError>(());
+                }
+                let msg = DeductCoupon {
+                    msg_id: id.to_string(),
+                    coupon_id: id,
+                    order_id: ORDER_OFFSET + id,
+                };
+                let mut tx = pool.begin().await?;
+                sqlx::query("INSERT INTO bench_outbox_coupon (id, status) VALUES ($1, 'UNUSED')")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                enqueue(&mut tx, &topic, &msg.msg_id, &serde_json::to_value(&msg)?).await?;
+                tx.commit().await?;
+            }
+        }));
+    }
+    for p in producers {
+        p.await??;
+    }
+    let enqueue_time = started.elapsed();
+    pool.close().await;
+    // Fresh statistics, as pgbench's side gets them. (Without them the
+    // planner may take a topic it has no statistics for as rare, and read
+    // and sort all of its rows on every claim.)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "VACUUM ANALYZE {COUPON}, {LEDGER}, idem_outbox"
+    )))
+    .execute(admin)
+    .await?;
+
+    // Drain: the relay's own pool, C handlers plus the claiming loop.
+    let pool = PgPoolOptions::new()
+        .max_connections(c as u32 + 1)
+        .min_connections(c as u32 + 1)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(url)
+        .await?;
+    // Every connection open before the statistics snapshot.
+    let mut held = Vec::new();
+    for _ in 0..=c {
+        held.push(pool.acquire().await?);
+    }
+    drop(held);
+    let before = counters(admin).await?;
+    let handler_nanos = Arc::new(AtomicU64::new(0));
+    let hn = handler_nanos.clone();
+    let started = Instant::now();
+    let relay = Relay::new(pool.clone())
+        .route(topic.clone(), move |d, m: DeductCoupon| {
+            let hn = hn.clone();
+            async move {
+                let t = Instant::now();
+                let r = deduct(d.source(), &m).await;
+                hn.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                r
+            }
+        })
+        .batch_size(opts.batch)
+        .concurrency(c)
+        .poll_interval(Duration::from_millis(5))
+        .lease(Duration::from_secs(LEASE_SECS))
+        .spawn();
+    let mut last = (0u64, Instant::now());
+    let drain = loop {
+        let s = relay.stats();
+        let done = s.executed.load(Ordering::Relaxed)
+            + s.duplicates.load(Ordering::Relaxed)
+            + s.dead_lettered.load(Ordering::Relaxed);
+        if done >= n as u64 {
+            break started.elapsed();
+        }
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(60) {
+            return Err(format!("relay stalled at {done} of {n} messages for 60 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let (executed, duplicates, retried, dead, claimed) = {
+        let s = relay.stats();
+        (
+            s.executed.load(Ordering::Relaxed),
+            s.duplicates.load(Ordering::Relaxed),
+            s.retried.load(Ordering::Relaxed),
+            s.dead_lettered.load(Ordering::Relaxed),
+            s.claimed.load(Ordering::Relaxed),
+        )
+    };
+    relay.shutdown().await;
+    pool.close().await;
+    let after = counters(admin).await?;
+
+    // Verify in the database.
+    let (success, other, wrong, ledger): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT \
+           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'success'), \
+           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status <> 'success'), \
+           (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
+              OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
+           (SELECT COUNT(*) FROM bench_outbox_ledger)",
+    )
+    .bind(&topic)
+    .fetch_one(admin)
+    .await?;
+    if success != n || other != 0 || wrong != 0 || ledger != n || executed != n as u64 {
+        return Err(format!(
+            "idem run {run}: VERIFY FAILED: {success} of {n} messages success, {other} not, \
+             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows; \
+             relay: {executed} executed, {duplicates} duplicates, {retried} retried, \
+             {dead} dead-lettered, {claimed} claimed"
+        )
+        .into());
+    }
+    // Leave idem_outbox as it was: every run starts on the same table.
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .execute(admin)
+        .await?;
+    let handler_total = Duration::from_nanos(handler_nanos.load(Ordering::Relaxed));
+    let claims = (after.due_index_scans - before.due_index_scans).max(1);
+    Ok(IdemRun {
+        enqueue: enqueue_time,
+        drain,
+        rate: n as f64 / drain.as_secs_f64(),
+        claims_per_msg: claims as f64 / n as f64,
+        claim_period: drain / claims as u32,
+        commits_per_msg: (after.commits - before.commits) as f64 / n as f64,
+        handler_avg: handler_total / n as u32,
+        utilization: handler_total.as_secs_f64() / (drain.as_secs_f64() * c as f64),
+    })
+}

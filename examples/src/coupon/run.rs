@@ -1,0 +1,150 @@
+//! A whole run: the database, the workload, both handlers drained at
+//! once under the same faults, the summary.
+
+use super::BoxError;
+use super::args::Args;
+use super::drain::Drain;
+use super::handlers::Handler;
+use super::report::{Summary, print_summary};
+use super::workload::{PRODUCERS, place_orders};
+use idem_runtime::__private::Dialect;
+use idem_runtime::Backend;
+use indicatif::{MultiProgress, ProgressDrawTarget};
+use sqlx::any::AnyPoolOptions;
+use sqlx::{Any, AnyConnection, AnyPool};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// Runs the example with `opts`: `Ok(true)` when the `#[idempotent]`
+/// handler neither double-deducted nor lost a deduction.
+pub async fn run(opts: Args) -> Result<bool, BoxError> {
+    opts.check()?;
+    sqlx::any::install_default_drivers();
+    let (url, location) = match std::env::var("DATABASE_URL") {
+        Ok(url) => (url.clone(), url),
+        Err(_) => {
+            // A fresh file each run.
+            let path = std::env::temp_dir().join("idem-coupon-example.db");
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            let path = path.display().to_string();
+            (format!("sqlite://{path}?mode=rwc"), path)
+        }
+    };
+    let direct = connect(&url, 2 * PRODUCERS as u32 + 2)
+        .await
+        .map_err(|e| format!("cannot open {location}: {e}"))?;
+    let dialect = <Any as Backend>::pool_dialect(&direct);
+    let database = match dialect {
+        Dialect::Postgres => "PostgreSQL",
+        Dialect::MySql => "MariaDB/MySQL",
+        _ => "SQLite",
+    };
+    idem_runtime::migrate(&direct).await?;
+
+    // The same workload for both handlers, on their own tables and topics.
+    if !opts.json {
+        println!(
+            "{database}: placing {} orders per handler, each committed with its deduction message",
+            opts.orders
+        );
+    }
+    let placing = Instant::now();
+    let (fault_messages, idem_messages) = tokio::try_join!(
+        place_orders(&direct, dialect, Handler::FaultVersion, &opts),
+        place_orders(&direct, dialect, Handler::Idempotent, &opts),
+    )?;
+    if !opts.json {
+        println!(
+            "placed in {:.1} s; draining both handlers at once, {} relays each",
+            placing.elapsed().as_secs_f64(),
+            opts.relays
+        );
+    }
+
+    // The peak: both handlers drained at once, under the same faults.
+    let bars = MultiProgress::with_draw_target(if opts.json || !std::io::stderr().is_terminal() {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    });
+    if dialect == Dialect::Sqlite {
+        idem_runtime::testing::set_lost_ack_rate(opts.lost_ack_rate);
+    }
+    let started = Instant::now();
+    let mut fault = Drain::start(
+        &url,
+        dialect,
+        Handler::FaultVersion,
+        fault_messages,
+        &opts,
+        &bars,
+    )
+    .await?;
+    let mut idem = Drain::start(
+        &url,
+        dialect,
+        Handler::Idempotent,
+        idem_messages,
+        &opts,
+        &bars,
+    )
+    .await?;
+    loop {
+        let fault_done = fault.poll(&direct, dialect).await?;
+        let idem_done = idem.poll(&direct, dialect).await?;
+        if (fault_done && idem_done) || started.elapsed() >= opts.timeout() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    idem_runtime::testing::set_lost_ack_rate(0.0);
+    let (fault_version, idempotent) = tokio::try_join!(
+        fault.finish(&direct, dialect, opts.orders),
+        idem.finish(&direct, dialect, opts.orders),
+    )?;
+
+    let ok = idempotent.double_deductions == 0 && idempotent.lost_deductions == 0;
+    let summary = Summary {
+        database: database.to_owned(),
+        orders: opts.orders,
+        relays: opts.relays,
+        handlers_per_relay: opts.concurrency,
+        lost_ack_rate: opts.lost_ack_rate,
+        redelivery_rate: opts.redelivery_rate,
+        fault_version,
+        idempotent,
+        ok,
+    };
+    if opts.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print_summary(&summary, &location);
+    }
+    Ok(ok)
+}
+
+/// A pool on `url` (SQLite: write-ahead logging, so readers do not block
+/// the writer, and a generous busy timeout, so writers wait their turn).
+pub(super) async fn connect(url: &str, max: u32) -> Result<AnyPool, sqlx::Error> {
+    AnyPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .after_connect(|conn, _| Box::pin(sqlite_settings(conn)))
+        .connect(url)
+        .await
+}
+
+async fn sqlite_settings(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
+    if conn.backend_name() == "SQLite" {
+        for pragma in [
+            "PRAGMA journal_mode = WAL",
+            "PRAGMA synchronous = NORMAL",
+            "PRAGMA busy_timeout = 30000",
+        ] {
+            sqlx::query(pragma).execute(&mut *conn).await?;
+        }
+    }
+    Ok(())
+}

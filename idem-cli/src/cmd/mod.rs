@@ -1,0 +1,6 @@
+//! One file per command; all database work goes through idem-runtime.
+
+pub(crate) mod archive;
+pub(crate) mod migrate;
+pub(crate) mod outbox;
+pub(crate) mod record;

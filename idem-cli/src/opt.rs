@@ -1,0 +1,230 @@
+//! The command line: clap definitions only.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idem_runtime::outbox::Status;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "idem",
+    version,
+    about = "Operate idem's tables: migrate, inspect and repair the outbox, archive, look up records",
+    long_about = "Operate idem's tables: create them, inspect the outbox (local message table) and \
+        requeue dead-lettered messages, move expired records and finished messages to the history \
+        tables, and look up an idempotency record by key, online or archived.\n\n\
+        One binary serves PostgreSQL (postgres://…), MariaDB / MySQL (mysql://…) and SQLite \
+        (sqlite://path?mode=rwc).\n\n\
+        Exit codes: 0 success, 1 not found (record show), 2 usage or configuration error, \
+        3 database error.",
+    propagate_version = true
+)]
+pub(crate) struct Cli {
+    /// Database URL: postgres://user:pass@host/db, mysql://user:pass@host/db or
+    /// sqlite://path.db (add ?mode=rwc to create the file).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+
+    /// Print JSON (one document on stdout) instead of a table.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    /// Give up connecting after this long (e.g. 10s).
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) connect_timeout: Duration,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Create idem's tables and indexes if missing, upgrade older ones (safe to run twice, and concurrently).
+    #[command(
+        long_about = "Create idem's tables (idem_record, idem_outbox, idem_record_history, \
+            idem_outbox_history) and their indexes if they do not exist, and upgrade tables an \
+            earlier release created to the current schema version (kept in idem_schema_version), \
+            keeping their rows. Safe to run twice, and concurrently with itself."
+    )]
+    Migrate,
+    /// Inspect and repair the outbox (idem_outbox).
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// Move expired records and finished outbox messages to the history tables.
+    #[command(
+        long_about = "Move expired idempotency records (expire_time passed) to idem_record_history \
+            and finished outbox messages (success / failed, last updated longer ago than \
+            --outbox-retention) to idem_outbox_history, in short bounded batches, until nothing is \
+            left to move. Pending messages never move. Safe under live traffic; an interrupted run \
+            loses nothing and can simply be re-run."
+    )]
+    Archive(ArchiveArgs),
+    /// Look up idempotency records.
+    #[command(subcommand)]
+    Record(RecordCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum OutboxCommand {
+    /// Messages per topic and status, and the age of each topic's oldest pending message.
+    Stats {
+        /// Only this topic.
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// List messages of one status (default: failed, i.e. dead-lettered), oldest first.
+    List {
+        /// Which messages.
+        #[arg(long, value_enum, default_value_t = StatusArg::Failed)]
+        status: StatusArg,
+        /// Only this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Send dead-lettered (failed) messages back to pending, for the relay to deliver again.
+    #[command(
+        long_about = "Send dead-lettered (status = failed) messages back to pending: attempts reset \
+            to 0, due now, lease cleared, last_error kept and prefixed with \"requeued: \". Only \
+            failed messages change; pending and successful ones are never touched. Choose exactly \
+            one of --id, --topic, --all-failed. With --dry-run, prints what would change and \
+            changes nothing."
+    )]
+    Requeue(RequeueArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RequeueArgs {
+    #[command(flatten)]
+    pub(crate) target: RequeueTarget,
+    /// Print the messages that would be requeued; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub(crate) struct RequeueTarget {
+    /// The failed message with this id.
+    #[arg(long)]
+    pub(crate) id: Option<i64>,
+    /// Every failed message of this topic.
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// Every failed message.
+    #[arg(long)]
+    pub(crate) all_failed: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ArchiveArgs {
+    /// Rows per batch and table (1–10000); smaller batches hold locks for less time.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) batch: u32,
+    /// Finished outbox messages last updated longer ago than this move (e.g. 7d, 12h, 30m, 0s).
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub(crate) outbox_retention: Duration,
+    /// Sleep between batches, to stay gentle on a busy database (e.g. 50ms).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub(crate) pause: Duration,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum RecordCommand {
+    /// Show the records of an idempotency key: the online one, else the latest archived one.
+    #[command(
+        long_about = "Show the idempotency records of KEY, one per biz_type (records are unique per \
+            (biz_type, key): handlers sharing a key template each have their own): the online one \
+            (idem_record) if the key is live, else the latest archived one (idem_record_history). \
+            --biz-type shows only that business type's record. With --json: one object when one \
+            record matches, an array (ordered by biz_type) when several do. Exits with code 1 if \
+            there is none."
+    )]
+    Show {
+        /// The idempotency key, e.g. pay-callback:SN-123.
+        key: String,
+        /// Only the record of this business type (the handler's biz_type).
+        #[arg(long)]
+        biz_type: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StatusArg {
+    Pending,
+    Success,
+    Failed,
+}
+
+impl StatusArg {
+    /// The runtime's status.
+    pub(crate) fn status(self) -> Status {
+        match self {
+            StatusArg::Pending => Status::Pending,
+            StatusArg::Success => Status::Success,
+            StatusArg::Failed => Status::Failed,
+        }
+    }
+}
+
+/// `7d`, `12h`, `30m`, `45s`, `500ms`, combinations like `1d12h`, or a plain
+/// number of seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(n));
+    }
+    let bad = || format!("invalid duration {s:?}: use e.g. 7d, 12h, 30m, 45s, 500ms or 1d12h");
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3_600)),
+            "d" => Duration::from_secs(n.saturating_mul(86_400)),
+            _ => return Err(bad()),
+        };
+        total = total.saturating_add(part);
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("1d12h"), Ok(Duration::from_secs(36 * 3_600)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("7x").is_err());
+        assert!(parse_duration("d").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

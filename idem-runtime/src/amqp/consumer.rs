@@ -1,0 +1,266 @@
+//! The [`Consumer`] builder, its counters and its running handle.
+
+use super::channel::ConfirmChannel;
+use super::error::from_lapin;
+use super::fields::short;
+use super::message::Message;
+use super::worker::{Handler, Shared, run};
+use crate::backoff::Backoff;
+use crate::task::{BoxFuture, TaskHandle};
+use crate::{Error, Outcome};
+use lapin::Connection;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use serde::de::DeserializeOwned;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Counters of one consumer, since it started.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    /// Deliveries received.
+    pub received: AtomicU64,
+    /// Acknowledged after the handler executed the action.
+    pub executed: AtomicU64,
+    /// Acknowledged after the handler answered `Duplicate`.
+    pub duplicates: AtomicU64,
+    /// Failed attempts requeued for a retry (through the retry queue, or
+    /// requeued in place when the retry queue could not take them).
+    pub retried: AtomicU64,
+    /// Rejected to the dead-letter exchange: non-retryable, unparsable,
+    /// without `message_id`, or out of attempts.
+    pub dead_lettered: AtomicU64,
+    /// Deliveries whose ack/nack/reject could not be sent (channel or
+    /// connection gone): the broker redelivers them.
+    pub settle_failed: AtomicU64,
+}
+
+impl ConsumerStats {
+    pub(super) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Consumes a queue and runs an `#[idempotent]` handler for each delivery;
+/// see the [module documentation](super) for the settlement rules.
+///
+/// The payload is parsed from the body as JSON into the handler's payload
+/// type. Settings: prefetch (in-flight deliveries, default 16), attempts
+/// (default 5), back-off (default 1 s doubling to 60 s).
+///
+/// ```no_run
+/// use idem_runtime::amqp::{self, Consumer, Message};
+/// use idem_runtime::{idempotent, Outcome};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// #[derive(serde::Deserialize, serde::Serialize)]
+/// struct Notice { user_id: i64 }
+///
+/// #[idempotent(key = "mq:{m.queue}:{m.message_id}", strategy = record, biz_type = "notice", fingerprint = [n])]
+/// async fn notify(tx: &mut Transaction<'_, Sqlite>, m: &Message, n: &Notice) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO sent (user_id) VALUES (?)").bind(n.user_id).execute(&mut **tx).await?;
+///     Ok(())
+/// }
+///
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), idem_runtime::Error> {
+/// let conn = amqp::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// amqp::Topology::new("notices").declare(&conn).await?;
+/// let consumer = Consumer::new(conn, "notices", move |m: Message, n: Notice| {
+///     let pool = pool.clone();
+///     async move { notify(&pool, &m, &n).await }
+/// })
+/// .prefetch(8)
+/// .max_attempts(4)
+/// .backoff(std::time::Duration::from_millis(500), std::time::Duration::from_secs(30))
+/// .spawn()
+/// .await?;
+/// // … on SIGTERM: stop consuming, finish in-flight deliveries, close.
+/// consumer.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct Consumer {
+    connection: Arc<Connection>,
+    queue: String,
+    retry_queue: String,
+    consumer_tag: String,
+    handler: Handler,
+    prefetch: u16,
+    max_attempts: u32,
+    backoff: Backoff,
+}
+
+impl fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("queue", &self.queue)
+            .field("retry_queue", &self.retry_queue)
+            .field("consumer_tag", &self.consumer_tag)
+            .field("prefetch", &self.prefetch)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// A consumer of `queue` running `handler(message, payload)` for each
+    /// delivery. The handler returns what an `#[idempotent]` function
+    /// returns; clone what it needs (the pool) into each call.
+    pub fn new<P, F, Fut, T>(
+        connection: Arc<Connection>,
+        queue: impl Into<String>,
+        handler: F,
+    ) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Message, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let queue = queue.into();
+        let handler: Handler = Arc::new(move |m: Message| {
+            let payload: P = serde_json::from_slice(&m.body)?;
+            let fut = handler(m, payload);
+            Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
+        });
+        Consumer {
+            connection,
+            retry_queue: format!("{queue}.retry"),
+            queue,
+            consumer_tag: String::new(),
+            handler,
+            prefetch: 16,
+            max_attempts: 5,
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+        }
+    }
+
+    /// Unacknowledged deliveries at once (`basic.qos`, default 16): the
+    /// bound on handlers running concurrently.
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n.max(1);
+        self
+    }
+
+    /// Attempts before a retryable failure is dead-lettered (default 5).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Delay after the first failed attempt, doubling up to `max` (default
+    /// 1 s to 60 s).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = Backoff::new(base, max);
+        self
+    }
+
+    /// The retry queue (default `{queue}.retry`, as [`Topology`](super::Topology) declares).
+    pub fn retry_queue(mut self, name: impl Into<String>) -> Self {
+        self.retry_queue = name.into();
+        self
+    }
+
+    /// The consumer tag (default: generated by the broker).
+    pub fn consumer_tag(mut self, tag: impl Into<String>) -> Self {
+        self.consumer_tag = tag.into();
+        self
+    }
+
+    /// Opens the channel, sets the prefetch, starts consuming and runs the
+    /// consumer as a tokio task. Errors when the queue does not exist or the
+    /// broker refuses the consumer.
+    pub async fn spawn(self) -> Result<ConsumerHandle, Error> {
+        let queue = short("queue", &self.queue)?;
+        short("queue", &self.retry_queue)?;
+        let tag = short("consumer tag", &self.consumer_tag)?;
+        let channel = self
+            .connection
+            .create_channel()
+            .await
+            .map_err(|e| from_lapin("channel.open", e))?;
+        let started = async {
+            channel
+                .basic_qos(self.prefetch, BasicQosOptions::default())
+                .await
+                .map_err(|e| from_lapin("basic.qos", e))?;
+            channel
+                .basic_consume(
+                    queue,
+                    tag,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| from_lapin("basic.consume", e))
+        }
+        .await;
+        let consumer = match started {
+            Ok(c) => c,
+            Err(e) => {
+                if channel.status().connected() {
+                    let _ = channel.close(200, "OK".into()).await;
+                }
+                return Err(e);
+            }
+        };
+        let shared = Arc::new(Shared {
+            retry: ConfirmChannel::new(self.connection.clone()),
+            queue: self.queue,
+            retry_queue: self.retry_queue,
+            handler: self.handler,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            stats: Arc::default(),
+        });
+        let s = shared.clone();
+        let task = TaskHandle::spawn(move |stop| run(s, channel, consumer, stop));
+        Ok(ConsumerHandle { task, shared })
+    }
+}
+
+/// A running [`Consumer`]. Dropping it stops the consumer as
+/// [`ConsumerHandle::shutdown`] does, without waiting.
+#[must_use = "dropping the handle stops the consumer"]
+pub struct ConsumerHandle {
+    task: TaskHandle<Result<(), Error>>,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for ConsumerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerHandle")
+            .field("queue", &self.shared.queue)
+            .field("task", &self.task)
+            .field("stats", &self.shared.stats)
+            .finish()
+    }
+}
+
+impl ConsumerHandle {
+    /// The consumer's counters (still readable after
+    /// [`shutdown`](ConsumerHandle::shutdown), where they are final).
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Whether the consumer stopped (shut down, or its channel failed).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Graceful shutdown: cancels the subscription (no new deliveries),
+    /// waits for the handlers in flight and their acknowledgements, then
+    /// closes the consumer's channels (the broker requeues anything
+    /// prefetched but not started). The connection stays open. An error if
+    /// the consumer had stopped because its channel or connection failed.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        match self.task.shutdown().await {
+            Ok(r) => r,
+            Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The running consumer: one task per delivery, each settled by the rules
+//! of the [module documentation](super).
+
+use super::channel::ConfirmChannel;
+use super::consumer::ConsumerStats;
+use super::error::from_lapin;
+use super::fields::{header_str, header_u32};
+use super::message::Message;
+use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
+use crate::Error;
+use crate::backoff::Backoff;
+use crate::task::BoxFuture;
+use futures_util::StreamExt;
+use lapin::Channel;
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicRejectOptions};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+/// The handler as stored: parses the payload, then runs the call
+/// (`Ok(true)`: executed, `Ok(false)`: duplicate).
+pub(super) type Handler =
+    Arc<dyn Fn(Message) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync>;
+
+/// What every delivery task of one consumer shares.
+pub(super) struct Shared {
+    pub(super) queue: String,
+    pub(super) retry_queue: String,
+    pub(super) handler: Handler,
+    pub(super) retry: ConfirmChannel,
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Backoff,
+    pub(super) stats: Arc<ConsumerStats>,
+}
+
+/// The consumer's task: a delivery task per delivery, until stopped.
+pub(super) async fn run(
+    shared: Arc<Shared>,
+    channel: Channel,
+    mut consumer: lapin::Consumer,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let mut tasks = JoinSet::new();
+    let mut failure = None;
+    loop {
+        tokio::select! {
+            biased;
+            // A stop request, or the handle was dropped.
+            _ = stop.changed() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    let s = shared.clone();
+                    tasks.spawn(async move { s.process(delivery).await });
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %shared.queue, error = %e, "AMQP consumer failed; stopping");
+                    failure = Some(from_lapin("basic.consume", e));
+                    break;
+                }
+                // Cancelled by the broker (the queue was deleted).
+                None => break,
+            },
+        }
+    }
+    if channel.status().connected() {
+        let _ = channel
+            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+            .await;
+    }
+    // In-flight handlers finish and settle their deliveries.
+    while tasks.join_next().await.is_some() {}
+    if channel.status().connected() {
+        let _ = channel.close(200, "OK".into()).await;
+    }
+    shared.retry.close().await;
+    failure.map_or(Ok(()), Err)
+}
+
+enum Verdict {
+    Done { executed: bool },
+    Retry(String),
+    Dead(String),
+}
+
+impl Shared {
+    async fn process(&self, d: AmqpDelivery) {
+        ConsumerStats::bump(&self.stats.received);
+        let failed_before = header_u32(&d.properties, ATTEMPTS_HEADER).unwrap_or(0);
+        let attempt = failed_before.saturating_add(1);
+        let message_id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .filter(|s| !s.is_empty());
+        let span = tracing::info_span!(
+            "amqp_delivery",
+            queue = %self.queue,
+            message_id = message_id.as_deref().unwrap_or(""),
+            attempt,
+            redelivered = d.redelivered,
+        );
+        async move {
+            let verdict = match message_id {
+                None => Verdict::Dead(
+                    "no message_id property: the delivery cannot be made idempotent".into(),
+                ),
+                Some(message_id) => self.handle(&d, message_id, attempt).await,
+            };
+            self.settle(d, verdict, attempt).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn handle(&self, d: &AmqpDelivery, message_id: String, attempt: u32) -> Verdict {
+        let message = Message {
+            queue: self.queue.clone(),
+            message_id,
+            routing_key: header_str(&d.properties, ROUTING_KEY_HEADER)
+                .unwrap_or_else(|| d.routing_key.to_string()),
+            exchange: header_str(&d.properties, EXCHANGE_HEADER)
+                .unwrap_or_else(|| d.exchange.to_string()),
+            redelivered: d.redelivered,
+            attempt,
+            body: d.data.clone(),
+            properties: d.properties.clone(),
+        };
+        let fut = match (self.handler)(message) {
+            Ok(fut) => fut,
+            Err(e) => return Verdict::Dead(format!("unparsable payload: {e}")),
+        };
+        // A panicking handler is a failed attempt, not a dead consumer.
+        match tokio::spawn(fut).await {
+            Ok(Ok(executed)) => Verdict::Done { executed },
+            Ok(Err(e)) if e.is_retryable() => Verdict::Retry(format!("{}: {e}", e.kind())),
+            Ok(Err(e)) => Verdict::Dead(format!("{}: {e}", e.kind())),
+            Err(join) => Verdict::Retry(format!("handler panicked: {join}")),
+        }
+    }
+
+    async fn settle(&self, d: AmqpDelivery, verdict: Verdict, attempt: u32) {
+        let stats = &self.stats;
+        match verdict {
+            Verdict::Done { executed } => match d.acker.ack(BasicAckOptions::default()).await {
+                Ok(true) => ConsumerStats::bump(if executed {
+                    &stats.executed
+                } else {
+                    &stats.duplicates
+                }),
+                other => self.settle_failed("ack", other),
+            },
+            Verdict::Retry(reason) if attempt >= self.max_attempts => {
+                let reason = format!("gave up after {attempt} attempts: {reason}");
+                self.dead_letter(&d, &reason).await;
+            }
+            Verdict::Retry(reason) => self.retry(d, attempt, &reason).await,
+            Verdict::Dead(reason) => self.dead_letter(&d, &reason).await,
+        }
+    }
+
+    async fn dead_letter(&self, d: &AmqpDelivery, reason: &str) {
+        match d.acker.reject(BasicRejectOptions { requeue: false }).await {
+            Ok(true) => {
+                ConsumerStats::bump(&self.stats.dead_lettered);
+                crate::metrics::mq_dead_letter();
+                tracing::warn!(%reason, "AMQP delivery dead-lettered");
+            }
+            other => self.settle_failed("reject", other),
+        }
+    }
+
+    pub(super) fn settle_failed(&self, op: &str, result: lapin::Result<bool>) {
+        ConsumerStats::bump(&self.stats.settle_failed);
+        match result {
+            Err(e) => {
+                tracing::warn!(op, error = %e, "could not settle the delivery; the broker will redeliver it")
+            }
+            Ok(_) => {
+                tracing::warn!(
+                    op,
+                    "channel closed before settling; the broker will redeliver it"
+                )
+            }
+        }
+    }
+}

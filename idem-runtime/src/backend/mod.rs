@@ -1,0 +1,404 @@
+//! The supported databases, and the few statements idem runs on each.
+//!
+//! One room per concept:
+//!
+//! - [`sql`]: the shape of a dialect's statements ([`SqlSet`](sql::SqlSet))
+//!   and the renderers shared by every dialect (quoting, placeholders,
+//!   the state machine's and the relay's statements);
+//! - `postgres.rs`, `mysql.rs`, `sqlite.rs`: each database's statements,
+//!   schema and upgrade steps, and error-code classification — adding a
+//!   database never edits another's file; `any.rs`: `sqlx::Any`, which
+//!   picks one of them at run time;
+//! - `store.rs`: the code that runs those statements, written once for
+//!   every backend, behind one small trait per concept ([`CallStore`],
+//!   [`OutboxStore`], [`ArchiveStore`], [`AdminStore`], [`Migrate`]).
+//!
+//! Every statement that touches user tables is built from identifiers that
+//! the macro validated at compile time (and that are checked again here),
+//! quoted for the dialect; every value is a bind parameter.
+
+use crate::call::OutboxLease;
+use crate::state::EntityIdValue;
+use sqlx::{Database, Pool, Transaction};
+use std::future::Future;
+
+#[cfg(feature = "any")]
+mod any;
+// Always compiled: the statements are plain data (`sqlx::Any` may need
+// any of them), and the error codes classify errors of any driver; only
+// each `impl Backend` needs its driver's feature.
+pub(crate) mod mysql;
+pub(crate) mod postgres;
+pub(crate) mod sql;
+pub(crate) mod sqlite;
+mod store;
+mod types;
+
+pub use sql::{ClaimSql, StateSql};
+pub use types::{
+    ArchiveTable, NewRecord, OutboxMessage, OutboxRow, OutboxState, RecordInfo, RequeueTarget,
+    StoredRecord,
+};
+
+pub(crate) mod sealed {
+    /// Implemented by the four backends only; also holds the one thing
+    /// their drivers expose differently.
+    use super::Dialect;
+    use sqlx::{Pool, Transaction};
+
+    /// Implemented by the four backends only: what their drivers do
+    /// differently. The stores' code (`store/`) is written over this
+    /// trait, not over `Backend`, which is their union.
+    pub trait Sealed: sqlx::Database {
+        /// The dialect of a transaction.
+        fn dialect_of_tx(tx: &Transaction<'static, Self>) -> Dialect;
+        /// The dialect of a pool.
+        fn dialect_of_pool(pool: &Pool<Self>) -> Dialect;
+        /// The dialect of a connection.
+        fn dialect_of_conn(conn: &Self::Connection) -> Dialect;
+
+        /// The rows a statement changed.
+        fn rows_affected(done: &Self::QueryResult) -> u64;
+
+        /// The id the driver reports for the row an `INSERT` created
+        /// (only asked where the dialect has no `RETURNING`).
+        fn last_insert_id(_done: &Self::QueryResult) -> Result<i64, sqlx::Error> {
+            Err(sqlx::Error::Protocol("no insert id returned".into()))
+        }
+    }
+}
+
+/// A database idem runs on: PostgreSQL, MariaDB/MySQL or SQLite (or
+/// `sqlx::Any`, one of them chosen at run time).
+///
+/// Sealed; enabled by the cargo features `postgres`, `mysql`, `sqlite` and
+/// `any`. The union of the concept traits ([`CallStore`], [`OutboxStore`],
+/// [`ArchiveStore`], [`AdminStore`], [`Migrate`]), whose code is written
+/// once in `store.rs`; what is left here is what each database does its
+/// own way (how to begin, which dialect it speaks). `claim_record` is here
+/// rather than in [`CallStore`] because callers name it
+/// `<DB as Backend>::claim_record` (a qualified path does not look into
+/// supertraits); its code too is the shared one.
+pub trait Backend:
+    Database + sealed::Sealed + CallStore + OutboxStore + ArchiveStore + AdminStore + Migrate
+{
+    /// A short name, for traces.
+    const NAME: &'static str;
+
+    /// The SQL dialect the transaction speaks.
+    fn dialect(tx: &Transaction<'static, Self>) -> Dialect {
+        <Self as sealed::Sealed>::dialect_of_tx(tx)
+    }
+
+    /// The SQL dialect of a pool.
+    fn pool_dialect(pool: &Pool<Self>) -> Dialect {
+        <Self as sealed::Sealed>::dialect_of_pool(pool)
+    }
+
+    /// The SQL dialect of a connection.
+    fn conn_dialect(conn: &Self::Connection) -> Dialect {
+        <Self as sealed::Sealed>::dialect_of_conn(conn)
+    }
+
+    /// Begins the call's transaction (SQLite: `BEGIN IMMEDIATE`, taking
+    /// the write lock up front so concurrent calls serialize instead of
+    /// failing on lock upgrade).
+    ///
+    /// Cancellation-safe, unlike `Pool::begin`: a future dropped while
+    /// `BEGIN` is in flight leaves no transaction open on the pooled
+    /// connection (the `BEGIN` finishes in a task of its own and the
+    /// transaction is rolled back before the connection returns to the
+    /// pool).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
+        store::begin(pool)
+    }
+
+    /// Inserts a record unless `(biz_type, key)` exists, waiting on the
+    /// unique index for a concurrent insert of the same pair. True if
+    /// inserted. Only the duplicate is ignored: any other failure (an
+    /// expiry out of range, `expire_time` not after `create_time`) is an
+    /// error.
+    fn claim_record<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        rec: &'a NewRecord<'a>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+}
+
+/// The statements of the `#[idempotent]` strategies, inside the call's
+/// transaction.
+pub trait CallStore: Database {
+    /// Runs the state machine's row-locking read: the state, and the key
+    /// column's value (`None` without a key column).
+    fn lock_state<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'a StateSql,
+        id: &'a EntityIdValue,
+    ) -> impl Future<Output = Result<Option<(String, Option<String>)>, sqlx::Error>> + Send + 'a;
+
+    /// Runs the guarded transition (writing `key` into the key column when
+    /// the spec has one); returns the rows it changed.
+    fn transition<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'a StateSql,
+        id: &'a EntityIdValue,
+        from: &'static str,
+        to: &'static str,
+        key: Option<&'a str>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Reads the record of `(biz_type, key)` (the latest committed version).
+    fn fetch_record<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        biz_type: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Option<StoredRecord>, sqlx::Error>> + Send + 'a;
+
+    /// Stores the serialized result in the record of `(biz_type, key)`.
+    fn store_result<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        biz_type: &'a str,
+        key: &'a str,
+        result: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// SQLite: the columns (`table.column`) of the index named `name`, in
+    /// order; empty when there is no such index, and on other databases.
+    fn sqlite_index_columns<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        name: &'a str,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
+
+    /// Runs a fixed statement (savepoints).
+    fn exec<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
+
+/// The outbox's statements: enqueue, claim, renew, settle.
+pub trait OutboxStore: Database {
+    /// Inserts a pending outbox message; returns its id.
+    fn outbox_insert<'a>(
+        conn: &'a mut Self::Connection,
+        topic: &'a str,
+        msg_id: &'a str,
+        payload: &'a str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
+    /// Marks the outbox message `lease` holds as delivered, fenced by the
+    /// lease (pending, same topic, same owner and attempt); returns rows
+    /// changed (1, or 0 when the lease does not hold).
+    fn outbox_success<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        lease: &'a OutboxLease,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Marks a message `success` outside a handler transaction (the relay's
+    /// fallback when a handler was not given its outbox source), fenced by
+    /// its lease like [`OutboxStore::outbox_success`].
+    fn outbox_success_pool<'a>(
+        pool: &'a Pool<Self>,
+        lease: &'a OutboxLease,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// The status and lease of outbox message `id`, if it exists.
+    fn outbox_state<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
+
+    /// Claims up to `limit` due pending messages of `topics` under a lease
+    /// of `lease_secs` for `owner` (attempts + 1 each). Concurrent claimers
+    /// never get the same message while its lease runs.
+    fn claim_outbox<'a>(
+        pool: &'a Pool<Self>,
+        claim: &'a ClaimSql,
+        owner: &'a str,
+        topics: &'a [String],
+        limit: i64,
+        lease_secs: f64,
+    ) -> impl Future<Output = Result<Vec<OutboxRow>, sqlx::Error>> + Send + 'a;
+
+    /// Extends the leases of `owner`'s in-flight messages `ids` (still
+    /// pending, not locked by a running handler transaction) by
+    /// `lease_secs` from now; returns how many were extended.
+    fn renew_leases<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Records a failed attempt: back to `pending` after `delay_secs`, or
+    /// `failed` when `dead`. Only while the message is still pending and
+    /// leased by `owner` as attempt `attempt`: it never overwrites a
+    /// success, nor lands on a message another claim took over. True if
+    /// applied.
+    #[allow(clippy::too_many_arguments)]
+    fn outbox_settle_failure<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+}
+
+/// The archiver's statements, and the look-up of a record online or
+/// archived.
+pub trait ArchiveStore: Database {
+    /// One archiving batch of `table`, in one short transaction of its
+    /// own: locks up to `limit` rows that may move (PostgreSQL, MariaDB:
+    /// `FOR UPDATE SKIP LOCKED` under read committed, so it never waits on
+    /// live traffic; SQLite: `BEGIN IMMEDIATE`), copies them to the
+    /// history table and deletes them from the online table, both
+    /// re-checking the condition; rolls back unless both moved the same
+    /// rows. Returns the rows moved. `retention_secs` is the outbox's
+    /// retention (unused for records, which move once `expire_time` has
+    /// passed).
+    fn archive_batch<'a>(
+        pool: &'a Pool<Self>,
+        table: ArchiveTable,
+        limit: i64,
+        retention_secs: f64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// The records of `key`, one per business type (only `biz_type`'s
+    /// when given), ordered by business type: the online one, else the
+    /// latest archived one.
+    fn lookup_record<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: Option<&'a str>,
+    ) -> impl Future<Output = Result<Vec<RecordInfo>, sqlx::Error>> + Send + 'a;
+}
+
+/// The operator's queries on the outbox (see
+/// [`outbox::admin`](crate::outbox::admin), which guards and documents
+/// them).
+pub trait AdminStore: Database {
+    /// Messages per `(topic, status)`, of `topic` only when given.
+    fn outbox_counts<'a>(
+        pool: &'a Pool<Self>,
+        topic: Option<&'a str>,
+    ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send + 'a;
+
+    /// Per topic with pending messages, the age in seconds of its oldest
+    /// pending message.
+    fn outbox_pending_age<'a>(
+        pool: &'a Pool<Self>,
+        topic: Option<&'a str>,
+    ) -> impl Future<Output = Result<Vec<(String, Option<f64>)>, sqlx::Error>> + Send + 'a;
+
+    /// Messages of `status` (and `topic`), oldest first, at most `limit`.
+    fn outbox_list<'a>(
+        pool: &'a Pool<Self>,
+        status: &'a str,
+        topic: Option<&'a str>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
+
+    /// The failed messages `target` selects, locked; unless `dry_run`, set
+    /// back to pending (attempts 0, due now, lease cleared, `last_error`
+    /// prefixed with `requeued: `). Returns them (as they were) and how
+    /// many changed (dry run: would change).
+    fn outbox_requeue<'a>(
+        pool: &'a Pool<Self>,
+        target: &'a RequeueTarget,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<(Vec<OutboxMessage>, u64), sqlx::Error>> + Send + 'a;
+
+    /// The status of outbox message `id`, if it exists.
+    fn outbox_status<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
+
+    /// Whether `table` (a plain identifier) exists and can be read.
+    fn table_exists<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+}
+
+/// The migration's two primitives, on the connection that holds the
+/// migration's lock (see [`migrate`](crate::migrate)).
+pub trait Migrate: Database {
+    /// Runs one statement on a connection; returns the rows it changed.
+    fn execute_on<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Runs a query answering one integer on a connection.
+    fn fetch_i64<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+}
+
+/// The SQL dialects idem speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB and MySQL.
+    MySql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Dialect {
+    /// The dialect's statements: data, one table per database, read by
+    /// the code of `store.rs`.
+    pub(crate) fn sql(self) -> &'static sql::SqlSet {
+        match self {
+            Dialect::Postgres => &postgres::SQL,
+            Dialect::MySql => &mysql::SQL,
+            Dialect::Sqlite => &sqlite::SQL,
+        }
+    }
+
+    /// A short name: `postgres`, `mysql` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+
+    /// Renders the state machine's statements; `key_column`, when given,
+    /// is read under the lock and written by the transition.
+    ///
+    /// # Panics
+    /// If a name is not a plain identifier (see [`is_identifier`]); the
+    /// generated code checks them before calling this.
+    pub fn state_sql(
+        self,
+        table: &str,
+        id_column: &str,
+        state_column: &str,
+        key_column: Option<&str>,
+    ) -> StateSql {
+        self.sql()
+            .state_sql(table, id_column, state_column, key_column)
+    }
+
+    /// Renders the claim statement for `topics` topics.
+    pub fn claim_sql(self, topics: usize) -> ClaimSql {
+        self.sql().claim_sql(topics)
+    }
+
+    /// The statements creating idem's tables as the first release did
+    /// (schema version 1), in order; each is safe to run twice.
+    /// [`migrate`](crate::migrate) runs them, then upgrades the tables
+    /// to the current version.
+    pub fn schema(self) -> &'static [&'static str] {
+        self.sql().schema
+    }
+}

@@ -1,0 +1,360 @@
+//! MariaDB and MySQL: their statements, schema and upgrade steps, and
+//! which of their error numbers a retry can heal.
+
+use super::Dialect;
+use super::sql::{AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, SqlSet};
+
+#[cfg(feature = "mysql")]
+mod driver {
+    use super::super::{Backend, Dialect, NewRecord, sealed};
+    use sqlx::{MySql, Pool, Transaction};
+
+    impl sealed::Sealed for MySql {
+        fn dialect_of_tx(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::MySql
+        }
+
+        fn dialect_of_pool(_: &Pool<Self>) -> Dialect {
+            Dialect::MySql
+        }
+
+        fn dialect_of_conn(_: &Self::Connection) -> Dialect {
+            Dialect::MySql
+        }
+
+        fn rows_affected(done: &Self::QueryResult) -> u64 {
+            done.rows_affected()
+        }
+
+        fn last_insert_id(done: &Self::QueryResult) -> Result<i64, sqlx::Error> {
+            i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+        }
+    }
+
+    impl Backend for MySql {
+        const NAME: &'static str = "mysql";
+
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            super::super::store::claim_record(tx, rec).await
+        }
+    }
+}
+
+/// The MariaDB / MySQL statements.
+pub(crate) const SQL: SqlSet = SqlSet {
+    dialect: Dialect::MySql,
+    quote: '`',
+    numbered: false,
+    text: |e| format!("CAST({e} AS CHAR)"),
+    row_lock: " FOR UPDATE",
+    begin: None,
+    micros: true,
+    fetch_record: "SELECT fingerprint, result FROM idem_record \
+        WHERE idempotency_key = ? AND biz_type = ? LOCK IN SHARE MODE",
+    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ? AND biz_type = ?",
+    // INSERT IGNORE waits on the unique index for a concurrent insert of
+    // the same key. It can only ignore the duplicate: the values are
+    // length-checked before, and an expiry out of range (IGNORE would store
+    // a zero date) fails `ck_idem_record_expire`, which IGNORE does not
+    // turn into a warning. (`ON DUPLICATE KEY UPDATE id = id` cannot tell a
+    // claim from a duplicate: sqlx connects with CLIENT_FOUND_ROWS, and
+    // both report one row.) Every time is UTC, whatever the session's
+    // time zone.
+    claim_record: "INSERT IGNORE INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+        VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND))",
+    outbox_insert: "INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    outbox_success: "UPDATE idem_outbox SET status = 'success', \
+        updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
+        WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
+    outbox_settle: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
+        lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    archive_record: ArchiveSql {
+        select: "SELECT id FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6) \
+            ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_record_history \
+            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, UTC_TIMESTAMP(6) \
+            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
+        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
+    },
+    archive_outbox: ArchiveSql {
+        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) \
+            ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_outbox_history \
+            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, archived_at) \
+            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, UTC_TIMESTAMP(6) FROM idem_outbox \
+            WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
+        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
+    },
+    find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
+        DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f') \
+        FROM idem_record WHERE idempotency_key = ?",
+    find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
+        DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f'), \
+        DATE_FORMAT(archived_at, '%Y-%m-%d %H:%i:%s.%f') \
+        FROM idem_record_history WHERE idempotency_key = ?",
+    insert_id: InsertId::LastInsertId,
+    // No UPDATE … RETURNING: lock the due rows (skipping rows other
+    // relays hold), then lease them, in one transaction.
+    claim: Claim::LockThenLease {
+        render: |topics| {
+            format!(
+                "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+                 WHERE status = 'pending' AND topic IN ({topics}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
+                 ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
+        },
+        lease: |ids| {
+            format!(
+                "UPDATE idem_outbox SET lease_owner = ?, \
+                 locked_until = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), \
+                 attempts = attempts + 1, updated_at = UTC_TIMESTAMP(6) WHERE id IN ({ids})"
+            )
+        },
+    },
+    // Rows a running handler transaction holds are skipped: no claim can
+    // take them while it runs.
+    renew: Renew::LockThenUpdate {
+        lock: |ids| {
+            format!(
+                "SELECT id FROM idem_outbox WHERE lease_owner = ? AND status = 'pending' \
+                 AND id IN ({ids}) FOR UPDATE SKIP LOCKED"
+            )
+        },
+        update: |ids| {
+            format!(
+                "UPDATE idem_outbox SET locked_until = \
+                 DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) WHERE id IN ({ids})"
+            )
+        },
+    },
+    archive_begin: None,
+    // Read committed for this transaction only: no gap locks, so handlers
+    // inserting records never wait on the scan.
+    archive_prelude: Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+    index_columns: None,
+    schema: SCHEMA,
+    migrate: MigrateSql {
+        // DDL is not transactional: `GET_LOCK` on a connection of its own
+        // (if anything fails it is closed, and the server releases the
+        // lock with the session); each version is recorded as soon as its
+        // statements are done.
+        lock: MigrateLock::Session {
+            acquire: "SELECT CAST(COALESCE(GET_LOCK('idem_migrate', 600), 0) AS SIGNED)",
+            release: "SELECT CAST(COALESCE(RELEASE_LOCK('idem_migrate'), 0) AS SIGNED)",
+            busy: "migrate: another migration held the `idem_migrate` lock for 600 s",
+        },
+        flavor_probe: Some(
+            "SELECT COUNT(*) FROM information_schema.COLLATIONS \
+             WHERE COLLATION_NAME = 'utf8mb4_nopad_bin'",
+        ),
+        upgrades: |mariadb| {
+            let flavor = if mariadb > 0 {
+                MySqlFlavor::MariaDb
+            } else {
+                MySqlFlavor::MySql8
+            };
+            vec![mysql_v2(flavor)]
+        },
+    },
+    admin: AdminSql {
+        ts_text: |col| format!("DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s.%f')"),
+        now: "UTC_TIMESTAMP(6)",
+        pending_age: "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6",
+        requeued_error: "CONCAT('requeued: ', COALESCE(last_error, ''))",
+    },
+};
+
+/// The tables as the first release created them (schema version 1).
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_record (
+            id BIGINT AUTO_INCREMENT PRIMARY KEY,
+            idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result MEDIUMTEXT NULL,
+            create_time DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            expire_time DATETIME(6) NOT NULL,
+            UNIQUE KEY uk_idem_record_key (idempotency_key),
+            KEY idx_idem_record_expire (expire_time)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id BIGINT AUTO_INCREMENT PRIMARY KEY,
+            topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            payload MEDIUMTEXT NOT NULL,
+            status VARCHAR(16) NOT NULL DEFAULT 'pending',
+            attempts INT NOT NULL DEFAULT 0,
+            next_attempt_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            lease_owner VARCHAR(64) NULL,
+            locked_until DATETIME(6) NULL,
+            last_error TEXT NULL,
+            created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            UNIQUE KEY uk_idem_outbox_msg (topic, msg_id),
+            KEY idx_idem_outbox_due (status, next_attempt_at),
+            CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id BIGINT PRIMARY KEY,
+            idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result MEDIUMTEXT NULL,
+            create_time DATETIME(6) NOT NULL,
+            expire_time DATETIME(6) NOT NULL,
+            archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            KEY idx_idem_record_history_key (idempotency_key)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id BIGINT PRIMARY KEY,
+            topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            payload MEDIUMTEXT NOT NULL,
+            status VARCHAR(16) NOT NULL,
+            attempts INT NOT NULL,
+            next_attempt_at DATETIME(6) NOT NULL,
+            lease_owner VARCHAR(64) NULL,
+            locked_until DATETIME(6) NULL,
+            last_error TEXT NULL,
+            created_at DATETIME(6) NOT NULL,
+            updated_at DATETIME(6) NOT NULL,
+            archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            KEY idx_idem_outbox_history_msg (topic, msg_id)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+];
+
+/// Which MariaDB-protocol server: the collations and the DDL differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MySqlFlavor {
+    /// MariaDB: `utf8mb4_nopad_bin`, `IF [NOT] EXISTS` on indexes and
+    /// constraints.
+    MariaDb,
+    /// MySQL 8: `utf8mb4_0900_bin` (NO PAD); no `IF [NOT] EXISTS` there.
+    MySql8,
+}
+
+/// Version 2 on MariaDB / MySQL: one `ALTER TABLE` per table (each atomic;
+/// on MariaDB each can run again after a crash before the version was
+/// recorded).
+fn mysql_v2(flavor: MySqlFlavor) -> Vec<String> {
+    let (c, if_exists, if_not_exists) = match flavor {
+        MySqlFlavor::MariaDb => ("utf8mb4_nopad_bin", "IF EXISTS ", "IF NOT EXISTS "),
+        MySqlFlavor::MySql8 => ("utf8mb4_0900_bin", "", ""),
+    };
+    let col = |name: &str, len: u32| {
+        format!("MODIFY {name} VARCHAR({len}) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL")
+    };
+    let record_keys = [
+        col("idempotency_key", 128),
+        col("biz_type", 64),
+        col("biz_no", 128),
+    ]
+    .join(", ");
+    let outbox_keys = [col("topic", 128), col("msg_id", 128)].join(", ");
+    vec![
+        "UPDATE idem_record SET expire_time = DATE_ADD(create_time, INTERVAL 3650 DAY) \
+         WHERE expire_time <= create_time"
+            .to_string(),
+        format!(
+            "ALTER TABLE idem_record {record_keys}, \
+             DROP INDEX {if_exists}uk_idem_record_key, \
+             ADD UNIQUE KEY {if_not_exists}uk_idem_record_key_type (idempotency_key, biz_type), \
+             ADD CONSTRAINT {if_not_exists}ck_idem_record_expire CHECK (expire_time > create_time)"
+        ),
+        format!("ALTER TABLE idem_outbox {outbox_keys}"),
+        format!(
+            "ALTER TABLE idem_record_history {record_keys}, \
+             DROP INDEX {if_exists}idx_idem_record_history_key, \
+             ADD KEY {if_not_exists}idx_idem_record_history_key_type (idempotency_key, biz_type)"
+        ),
+        format!("ALTER TABLE idem_outbox_history {outbox_keys}"),
+    ]
+}
+
+/// MariaDB/MySQL error numbers a retry of the transaction can heal. `4031`
+/// is not here: its meaning depends on the server (see
+/// [`error_is_transient`]).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn number_is_transient(number: u16) -> bool {
+    matches!(
+        number,
+        // ER_LOCK_WAIT_TIMEOUT: a lock held longer than
+        // innodb_lock_wait_timeout; ER_LOCK_DEADLOCK: the transaction was
+        // rolled back; both say "try restarting transaction".
+        1205 | 1213
+        // ER_CHECKREAD "Record has changed since last read": a write
+        // conflict under repeatable read with innodb_snapshot_isolation
+        // (on by default from MariaDB 11.6); "try restarting transaction".
+        | 1020
+        // ER_XA_RBDEADLOCK: the XA branch was rolled back on a deadlock.
+        | 1614
+        // ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS,
+        // ER_TOO_MANY_CONCURRENT_TRXS: a slot frees up.
+        | 1040 | 1203 | 1637
+        // ER_SERVER_SHUTDOWN: a restarted (or failed-over) server answers.
+        | 1053
+        // ER_CONNECTION_KILLED (MariaDB): the session was killed, a new
+        // connection works.
+        | 1927
+        // ER_NET_READ_ERROR, ER_NET_READ_INTERRUPTED, ER_NET_ERROR_ON_WRITE,
+        // ER_NET_WRITE_INTERRUPTED: the network between client and server.
+        | 1158..=1161
+    )
+}
+
+/// [`number_is_transient`], and `4031` when it is MySQL 8's
+/// ER_CLIENT_INTERACTION_TIMEOUT (disconnected for inactivity), told apart
+/// from MariaDB's ER_REFERENCED_TRG_DOES_NOT_EXIST by its message.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn error_is_transient(number: u16, message: &str) -> bool {
+    number_is_transient(number) || (number == 4031 && message.contains("because of inactivity"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_numbers() {
+        for n in [
+            1205, 1213, 1020, 1614, 1040, 1203, 1637, 1053, 1927, 1158, 1159, 1160, 1161,
+        ] {
+            assert!(number_is_transient(n), "{n} should be transient");
+            assert!(error_is_transient(n, ""), "{n} should be transient");
+        }
+        for n in [
+            1062, 1146, 1064, 1048, 1406, 1452, 1366, 1317, 1969, 1180, 1290, 1836, 4031, 5, 6,
+            517, 2006, 2013,
+        ] {
+            assert!(!number_is_transient(n), "{n} should be permanent");
+        }
+        assert!(error_is_transient(
+            4031,
+            "The client was disconnected by the server because of inactivity."
+        ));
+        assert!(!error_is_transient(
+            4031,
+            "Referenced trigger 't1' for the given action time and event type does not exist"
+        ));
+    }
+}

@@ -1,0 +1,269 @@
+//! PostgreSQL: its statements, its schema and upgrade steps, and which of
+//! its SQLSTATEs a retry can heal.
+
+use super::Dialect;
+use super::sql::{AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, SqlSet};
+
+#[cfg(feature = "postgres")]
+mod driver {
+    use super::super::{Backend, Dialect, NewRecord, sealed};
+    use sqlx::{Pool, Postgres, Transaction};
+
+    impl sealed::Sealed for Postgres {
+        fn dialect_of_tx(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::Postgres
+        }
+
+        fn dialect_of_pool(_: &Pool<Self>) -> Dialect {
+            Dialect::Postgres
+        }
+
+        fn dialect_of_conn(_: &Self::Connection) -> Dialect {
+            Dialect::Postgres
+        }
+
+        fn rows_affected(done: &Self::QueryResult) -> u64 {
+            done.rows_affected()
+        }
+    }
+
+    impl Backend for Postgres {
+        const NAME: &'static str = "postgres";
+
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            super::super::store::claim_record(tx, rec).await
+        }
+    }
+}
+
+/// The PostgreSQL statements.
+pub(crate) const SQL: SqlSet = SqlSet {
+    dialect: Dialect::Postgres,
+    quote: '"',
+    numbered: true,
+    text: |e| format!("{e}::text"),
+    row_lock: " FOR UPDATE",
+    begin: None,
+    micros: false,
+    fetch_record: "SELECT fingerprint::text, result FROM idem_record \
+        WHERE idempotency_key = $1 AND biz_type = $2",
+    store_result: "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2 AND biz_type = $3",
+    claim_record: "INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+        VALUES ($1, $2, $3, $4, now(), now() + make_interval(secs => $5::float8)) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    outbox_insert: "INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES ($1, $2, $3, now(), now(), now()) RETURNING id",
+    outbox_success: "UPDATE idem_outbox SET status = 'success', \
+        updated_at = now(), lease_owner = NULL, locked_until = NULL \
+        WHERE id = $1 AND topic = $2 AND status = 'pending' AND lease_owner = $3 AND attempts = $4",
+    outbox_state: "SELECT topic::text, status::text, lease_owner::text, attempts \
+        FROM idem_outbox WHERE id = $1",
+    outbox_settle: "UPDATE idem_outbox SET status = $1, \
+        next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
+        lease_owner = NULL, locked_until = NULL, updated_at = now() \
+        WHERE id = $4 AND status = 'pending' AND lease_owner = $5 AND attempts = $6",
+    archive_record: ArchiveSql {
+        select: "SELECT id FROM idem_record WHERE expire_time < now() \
+            ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_record_history \
+            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, now() \
+            FROM idem_record WHERE expire_time + interval '0 seconds' < now() AND id IN (",
+        // The re-check is written so that it cannot use the expire_time
+        // index: the locked ids are few, the expired rows may be millions.
+        delete: "DELETE FROM idem_record WHERE expire_time + interval '0 seconds' < now() AND id IN (",
+    },
+    archive_outbox: ArchiveSql {
+        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8) \
+            ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        copy: "INSERT INTO idem_outbox_history \
+            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, archived_at) \
+            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, now() FROM idem_outbox \
+            WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
+        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
+    },
+    find_online: "SELECT idempotency_key::text, biz_type::text, biz_no::text, fingerprint::text, result, \
+        to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+        to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
+        FROM idem_record WHERE idempotency_key = $1",
+    find_history: "SELECT idempotency_key::text, biz_type::text, biz_no::text, fingerprint::text, result, \
+        to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+        to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+        to_char(archived_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
+        FROM idem_record_history WHERE idempotency_key = $1",
+    insert_id: InsertId::Returning,
+    claim: Claim::Returning {
+        render: |topics| {
+            format!(
+                "UPDATE idem_outbox o SET lease_owner = ?, \
+                 locked_until = now() + make_interval(secs => ?::float8), \
+                 attempts = o.attempts + 1, updated_at = now() \
+                 FROM (SELECT id FROM idem_outbox WHERE status = 'pending' AND topic IN ({topics}) \
+                   AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
+                   ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED) c \
+                 WHERE o.id = c.id \
+                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts"
+            )
+        },
+        // A lost claim only means the message is claimed again: no need
+        // to wait for its WAL flush.
+        prelude: Some("SET LOCAL synchronous_commit = off"),
+    },
+    renew: Renew::Update(|ids| {
+        format!(
+            "UPDATE idem_outbox o SET locked_until = now() + make_interval(secs => ?::float8) \
+             FROM (SELECT id FROM idem_outbox WHERE lease_owner = ? AND status = 'pending' \
+             AND id IN ({ids}) FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id"
+        )
+    }),
+    archive_begin: None,
+    archive_prelude: None,
+    index_columns: None,
+    schema: SCHEMA,
+    migrate: MigrateSql {
+        // Concurrent migrations wait for each other instead of racing on
+        // the catalog.
+        lock: MigrateLock::Transaction {
+            begin: None,
+            lock: Some("SELECT pg_advisory_xact_lock(4242424242)"),
+        },
+        flavor_probe: None,
+        upgrades: |_| vec![PG_V2.iter().map(|s| s.to_string()).collect()],
+    },
+    admin: AdminSql {
+        ts_text: |col| format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"),
+        now: "now()",
+        pending_age: "CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) AS DOUBLE PRECISION)",
+        requeued_error: "'requeued: ' || COALESCE(last_error, '')",
+    },
+};
+
+/// The tables as the first release created them (schema version 1).
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_record (
+            id BIGSERIAL PRIMARY KEY,
+            idempotency_key VARCHAR(128) NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result TEXT,
+            create_time TIMESTAMPTZ NOT NULL DEFAULT now(),
+            expire_time TIMESTAMPTZ NOT NULL,
+            CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id BIGSERIAL PRIMARY KEY,
+            topic VARCHAR(128) NOT NULL,
+            msg_id VARCHAR(128) NOT NULL,
+            payload TEXT NOT NULL,
+            status VARCHAR(16) NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            lease_owner VARCHAR(64),
+            locked_until TIMESTAMPTZ,
+            last_error TEXT,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id),
+            CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+    // The relay's claim: pending rows of its topics, oldest first.
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
+    // History: the same columns plus archived_at; `id` is the online
+    // row's id. A key may be archived, reused once expired, and
+    // archived again: indexed, not unique.
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id BIGINT PRIMARY KEY,
+            idempotency_key VARCHAR(128) NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result TEXT,
+            create_time TIMESTAMPTZ NOT NULL,
+            expire_time TIMESTAMPTZ NOT NULL,
+            archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id BIGINT PRIMARY KEY,
+            topic VARCHAR(128) NOT NULL,
+            msg_id VARCHAR(128) NOT NULL,
+            payload TEXT NOT NULL,
+            status VARCHAR(16) NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_attempt_at TIMESTAMPTZ NOT NULL,
+            lease_owner VARCHAR(64),
+            locked_until TIMESTAMPTZ,
+            last_error TEXT,
+            created_at TIMESTAMPTZ NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
+];
+
+/// Version 2 on PostgreSQL (one transaction).
+const PG_V2: &[&str] = &[
+    "UPDATE idem_record SET expire_time = create_time + interval '3650 days' \
+     WHERE expire_time <= create_time",
+    "ALTER TABLE idem_record DROP CONSTRAINT IF EXISTS uk_idem_record_key",
+    // (key, biz_type): the same uniqueness as (biz_type, key), and the
+    // index also serves the operator's look-up by key alone.
+    "ALTER TABLE idem_record ADD CONSTRAINT uk_idem_record_key_type UNIQUE (idempotency_key, biz_type)",
+    "ALTER TABLE idem_record ADD CONSTRAINT ck_idem_record_expire CHECK (expire_time > create_time)",
+    "DROP INDEX IF EXISTS idx_idem_record_history_key",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
+     ON idem_record_history (idempotency_key, biz_type)",
+];
+
+/// PostgreSQL (and standard SQL) SQLSTATEs a retry of the transaction can
+/// heal.
+pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
+    matches!(
+        code,
+        // serialization_failure, deadlock_detected: the transaction was
+        // rolled back so that another could go on.
+        "40001" | "40P01"
+        // lock_not_available: NOWAIT or lock_timeout hit a held lock.
+        | "55P03"
+        // admin_shutdown, crash_shutdown, cannot_connect_now (starting up
+        // or in recovery), idle_session_timeout: the session ended, a new
+        // connection works.
+        | "57P01" | "57P02" | "57P03" | "57P05"
+        // too_many_connections: a slot frees up.
+        | "53300"
+    ) || code.starts_with("08") // connection_exception and its subclasses
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_codes() {
+        for code in [
+            "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "57P05", "53300", "08000",
+            "08003", "08006", "08001", "08004", "08P01",
+        ] {
+            assert!(sqlstate_is_transient(code), "{code} should be transient");
+        }
+        for code in [
+            "22021", "22022", "42501", "23505", "23503", "42P01", "42601", "22P02", "40002",
+            "57014", "53100", "00000", "", "5", "261", "1205", "1213",
+        ] {
+            assert!(!sqlstate_is_transient(code), "{code} should be permanent");
+        }
+    }
+}

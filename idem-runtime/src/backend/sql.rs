@@ -1,0 +1,304 @@
+//! The shape of one dialect's statements ([`SqlSet`]: each database file
+//! fills one in), and the renderers every dialect shares.
+
+use super::Dialect;
+use idem_core::{is_identifier, numbered_placeholders};
+
+/// The statements of a state machine spec, rendered for one dialect.
+#[derive(Debug)]
+pub struct StateSql {
+    /// Reads the state and the key column (or NULL) under a row lock.
+    pub lock: String,
+    /// The guarded transition `from` → `to` (binds: to, [key], id, from).
+    pub transition: String,
+    /// Whether the transition writes the key column.
+    pub with_key: bool,
+}
+
+/// The claim statements of a relay, rendered once for its topics.
+#[derive(Debug, Clone)]
+pub struct ClaimSql {
+    /// PostgreSQL / SQLite: one `UPDATE … RETURNING`. MariaDB: the
+    /// `SELECT … FOR UPDATE SKIP LOCKED`.
+    pub claim: String,
+}
+
+/// A statement rendered for a number of ids or topics: given the list of
+/// `?` placeholders (`?, ?, ?`), the statement written with `?`.
+pub(crate) type Render = fn(&str) -> String;
+
+/// Every statement of one dialect, and the few ways it runs them
+/// differently. Statements are written with `?` placeholders unless their
+/// field says otherwise; [`SqlSet::render`] numbers them for PostgreSQL.
+#[derive(Debug)]
+pub(crate) struct SqlSet {
+    /// Which dialect this is.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub dialect: Dialect,
+    /// The identifier quote (`"` or `` ` ``).
+    pub quote: char,
+    /// PostgreSQL: placeholders are `$1, $2, …`.
+    pub numbered: bool,
+    /// An expression cast to text.
+    pub text: fn(&str) -> String,
+    /// The row lock a read of rows about to change takes (`" FOR
+    /// UPDATE"`, or empty where the transaction already holds the write
+    /// lock).
+    pub row_lock: &'static str,
+    /// The statement beginning a call's transaction (`None`: `BEGIN`).
+    pub begin: Option<&'static str>,
+    /// Intervals are bound as whole microseconds (MariaDB's `INTERVAL ?
+    /// MICROSECOND`), not as fractional seconds.
+    pub micros: bool,
+
+    /// Binds: key, biz_type. Native placeholders.
+    pub fetch_record: &'static str,
+    /// Binds: result, key, biz_type. Native placeholders.
+    pub store_result: &'static str,
+    /// Binds: key, biz_type, biz_no, fingerprint, ttl seconds. Native.
+    pub claim_record: &'static str,
+    /// Binds: topic, msg_id, payload. Native placeholders.
+    pub outbox_insert: &'static str,
+    /// How `outbox_insert` tells the new id.
+    pub insert_id: InsertId,
+    /// Binds: id, topic, owner, attempt. Native placeholders.
+    pub outbox_success: &'static str,
+    /// Binds: id. Native placeholders.
+    pub outbox_state: &'static str,
+    /// Binds: status, delay, error, id, owner, attempt. Native.
+    pub outbox_settle: &'static str,
+    /// The relay's claim.
+    pub claim: Claim,
+    /// The relay's lease renewal.
+    pub renew: Renew,
+
+    /// The archiver's statements for `idem_record`.
+    pub archive_record: ArchiveSql,
+    /// The archiver's statements for `idem_outbox`.
+    pub archive_outbox: ArchiveSql,
+    /// The statement beginning an archiving batch (`None`: `BEGIN`).
+    pub archive_begin: Option<&'static str>,
+    /// Run on the connection before the batch's `BEGIN`.
+    pub archive_prelude: Option<&'static str>,
+    /// The online records of a key: key, biz_type, biz_no, fingerprint,
+    /// result, create_time and expire_time as text. Ends with the key's
+    /// condition (`AND biz_type = …` may follow). Native placeholders.
+    pub find_online: &'static str,
+    /// The archived records of a key: the same, and archived_at; the same
+    /// ending (`ORDER BY` follows). Native placeholders.
+    pub find_history: &'static str,
+    /// SQLite: the columns of a named index (binds: name).
+    pub index_columns: Option<&'static str>,
+
+    /// The tables as the first release created them (schema version 1).
+    pub schema: &'static [&'static str],
+    /// How the migration locks and upgrades.
+    pub migrate: MigrateSql,
+    /// The operator's expressions.
+    pub admin: AdminSql,
+}
+
+/// How an insert tells the id it gave the new row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InsertId {
+    /// `INSERT … RETURNING id`.
+    Returning,
+    /// The driver's last insert id (MariaDB).
+    LastInsertId,
+}
+
+/// How the relay claims due messages.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// One `UPDATE … RETURNING` (binds: owner, lease seconds, topics…,
+    /// limit), after `prelude` in the same transaction.
+    Returning {
+        /// The claim, for the topics' list.
+        render: Render,
+        /// Run first in the claim's transaction.
+        prelude: Option<&'static str>,
+    },
+    /// No `UPDATE … RETURNING` (MariaDB): lock the due rows (binds:
+    /// topics…, limit), then lease them (binds: owner, lease
+    /// microseconds, ids…), in one transaction.
+    LockThenLease {
+        /// The `SELECT … FOR UPDATE SKIP LOCKED`, for the topics' list.
+        render: Render,
+        /// The `UPDATE`, for the ids' list.
+        lease: Render,
+    },
+}
+
+/// How the relay extends its leases.
+#[derive(Debug)]
+pub(crate) enum Renew {
+    /// One statement skipping rows a handler holds (binds: lease, owner,
+    /// ids…).
+    Update(Render),
+    /// Lock the free rows (binds: owner, ids…), then extend those (binds:
+    /// lease microseconds, ids…).
+    LockThenUpdate {
+        /// The `SELECT id … FOR UPDATE SKIP LOCKED`.
+        lock: Render,
+        /// The `UPDATE`.
+        update: Render,
+    },
+}
+
+/// The statements of one archiving batch of one table (native
+/// placeholders).
+#[derive(Debug)]
+pub(crate) struct ArchiveSql {
+    /// Locks the candidates' ids: `[retention,] limit`.
+    pub select: &'static str,
+    /// `INSERT INTO …_history … SELECT … WHERE <condition> AND id IN (`:
+    /// `[retention,] ids…`; the id list and `)` are appended.
+    pub copy: &'static str,
+    /// `DELETE … WHERE <condition> AND id IN (`: the same binds.
+    pub delete: &'static str,
+}
+
+/// How the migration serializes with itself, and upgrades.
+#[derive(Debug)]
+pub(crate) struct MigrateSql {
+    /// The lock concurrent migrations wait on.
+    pub lock: MigrateLock,
+    /// A query answering a number that tells server flavours apart
+    /// (MariaDB / MySQL 8), passed to `upgrades`.
+    pub flavor_probe: Option<&'static str>,
+    /// The statements of versions 2, 3, …: `upgrades(probe)[v - 2]`
+    /// brings version `v - 1` to `v`.
+    pub upgrades: fn(i64) -> Vec<Vec<String>>,
+}
+
+/// The migration's lock.
+#[derive(Debug)]
+pub(crate) enum MigrateLock {
+    /// One transaction, begun with `begin` (`None`: `BEGIN`), then `lock`.
+    Transaction {
+        /// The `BEGIN` statement.
+        begin: Option<&'static str>,
+        /// A lock taken first in the transaction.
+        lock: Option<&'static str>,
+    },
+    /// DDL is not transactional: a session lock on a dedicated
+    /// connection (`acquire` answers 1 when taken).
+    Session {
+        /// Answers 1 once the lock is held.
+        acquire: &'static str,
+        /// Releases it.
+        release: &'static str,
+        /// The error when `acquire` gave up.
+        busy: &'static str,
+    },
+}
+
+/// The dialect's pieces of the operator's queries.
+#[derive(Debug)]
+pub(crate) struct AdminSql {
+    /// A timestamp column as text, `YYYY-MM-DD HH:MM:SS.ffffff`.
+    pub ts_text: fn(&str) -> String,
+    /// "Now", in the format of the timestamp columns.
+    pub now: &'static str,
+    /// Seconds since `MIN(created_at)` (an aggregate), as a float.
+    pub pending_age: &'static str,
+    /// `last_error` prefixed with `requeued: `.
+    pub requeued_error: &'static str,
+}
+
+impl SqlSet {
+    /// `sql`, written with `?`, in the dialect's placeholders.
+    pub(crate) fn render(&self, sql: &str) -> String {
+        if self.numbered {
+            numbered_placeholders(sql)
+        } else {
+            sql.to_string()
+        }
+    }
+
+    /// `n` placeholders, the first numbered `first` on PostgreSQL.
+    pub(crate) fn placeholders(&self, first: usize, n: usize) -> String {
+        (0..n)
+            .map(|i| {
+                if self.numbered {
+                    format!("${}", first + i)
+                } else {
+                    "?".to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The archiving statements of `table`.
+    pub(crate) fn archive(&self, table: super::ArchiveTable) -> &ArchiveSql {
+        match table {
+            super::ArchiveTable::Records => &self.archive_record,
+            super::ArchiveTable::Outbox => &self.archive_outbox,
+        }
+    }
+
+    /// See [`Dialect::state_sql`].
+    pub(crate) fn state_sql(
+        &self,
+        table: &str,
+        id_column: &str,
+        state_column: &str,
+        key_column: Option<&str>,
+    ) -> StateSql {
+        let q = self.quote;
+        let (t, i, s) = (quote(table, q), quote(id_column, q), quote(state_column, q));
+        let k = key_column.map(|k| quote(k, q));
+        let key_read = (self.text)(k.as_deref().unwrap_or("NULL"));
+        let lock = self.render(&format!(
+            "SELECT {}, {key_read} FROM {t} WHERE {i} = ?{}",
+            (self.text)(&s),
+            self.row_lock
+        ));
+        let transition = self.render(&match &k {
+            Some(k) => format!("UPDATE {t} SET {s} = ?, {k} = ? WHERE {i} = ? AND {s} = ?"),
+            None => format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
+        });
+        StateSql {
+            lock,
+            transition,
+            with_key: k.is_some(),
+        }
+    }
+
+    /// See [`Dialect::claim_sql`].
+    pub(crate) fn claim_sql(&self, topics: usize) -> ClaimSql {
+        let list = vec!["?"; topics.max(1)].join(", ");
+        let render = match self.claim {
+            Claim::Returning { render, .. } | Claim::LockThenLease { render, .. } => render,
+        };
+        ClaimSql {
+            claim: self.render(&render(&list)),
+        }
+    }
+}
+
+/// `ident` quoted with `q`, each part of a qualified name on its own.
+///
+/// # Panics
+/// If `ident` is not a plain identifier (see [`is_identifier`]).
+pub(crate) fn quote(ident: &str, q: char) -> String {
+    assert!(
+        is_identifier(ident),
+        "idem: `{ident}` is not a valid SQL identifier"
+    );
+    ident
+        .split('.')
+        .map(|p| format!("{q}{p}{q}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// `?, ?, …`: `n` unnumbered placeholders.
+pub(crate) fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+#[cfg(test)]
+#[path = "sql_tests.rs"]
+mod tests;

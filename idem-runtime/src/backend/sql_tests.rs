@@ -1,0 +1,131 @@
+//! The renderers, on every dialect.
+
+use super::*;
+use crate::backend::Dialect;
+
+#[test]
+fn state_sql_binds_the_key_column_when_asked() {
+    let pg = Dialect::Postgres.state_sql("coupon", "id", "status", Some("used_by"));
+    assert_eq!(
+        pg.lock,
+        r#"SELECT "status"::text, "used_by"::text FROM "coupon" WHERE "id" = $1 FOR UPDATE"#
+    );
+    assert_eq!(
+        pg.transition,
+        r#"UPDATE "coupon" SET "status" = $1, "used_by" = $2 WHERE "id" = $3 AND "status" = $4"#
+    );
+    assert!(pg.with_key);
+    let my = Dialect::MySql.state_sql("shop.coupon", "id", "status", None);
+    assert_eq!(
+        my.lock,
+        "SELECT CAST(`status` AS CHAR), CAST(NULL AS CHAR) FROM `shop`.`coupon` WHERE `id` = ? FOR UPDATE"
+    );
+    assert_eq!(
+        my.transition,
+        "UPDATE `shop`.`coupon` SET `status` = ? WHERE `id` = ? AND `status` = ?"
+    );
+    let lite = Dialect::Sqlite.state_sql("coupon", "id", "status", None);
+    assert!(!lite.lock.contains("FOR UPDATE"), "{}", lite.lock);
+    assert!(!lite.with_key);
+    assert_eq!(
+        lite.lock,
+        r#"SELECT CAST("status" AS TEXT), CAST(NULL AS TEXT) FROM "coupon" WHERE "id" = ?"#
+    );
+    let lite = Dialect::Sqlite.state_sql("coupon", "id", "status", Some("k"));
+    assert_eq!(
+        lite.transition,
+        r#"UPDATE "coupon" SET "status" = ?, "k" = ? WHERE "id" = ? AND "status" = ?"#
+    );
+}
+
+#[test]
+#[should_panic(expected = "is not a valid SQL identifier")]
+fn state_sql_refuses_a_bad_identifier() {
+    Dialect::Postgres.state_sql("coupon; DROP TABLE x", "id", "status", None);
+}
+
+#[test]
+fn quote_quotes_each_part() {
+    assert_eq!(quote("coupon", '"'), r#""coupon""#);
+    assert_eq!(quote("shop.coupon", '`'), "`shop`.`coupon`");
+    assert!(std::panic::catch_unwind(|| quote("a.b.c", '"')).is_err());
+    assert!(std::panic::catch_unwind(|| quote("", '"')).is_err());
+}
+
+#[test]
+fn identifiers_are_idem_cores() {
+    assert!(idem_core::is_identifier("shop.coupon"));
+    assert!(!idem_core::is_identifier("a-b"));
+    assert!(!idem_core::is_identifier(&"x".repeat(64)));
+}
+
+#[test]
+fn placeholder_lists() {
+    let (pg, my, lite) = (
+        Dialect::Postgres.sql(),
+        Dialect::MySql.sql(),
+        Dialect::Sqlite.sql(),
+    );
+    assert_eq!(pg.placeholders(3, 3), "$3, $4, $5");
+    assert_eq!(my.placeholders(3, 3), "?, ?, ?");
+    assert_eq!(lite.placeholders(1, 1), "?");
+    assert_eq!(pg.placeholders(1, 0), "");
+    assert_eq!(marks(2), "?, ?");
+    assert_eq!(
+        pg.render("a = ? AND b IN (?, ?)"),
+        "a = $1 AND b IN ($2, $3)"
+    );
+    assert_eq!(my.render("a = ?"), "a = ?");
+}
+
+#[test]
+fn claim_sql_numbers_topics_after_owner_and_lease() {
+    let pg = Dialect::Postgres.claim_sql(2).claim;
+    assert!(pg.contains("SET lease_owner = $1"), "{pg}");
+    assert!(pg.contains("make_interval(secs => $2::float8)"), "{pg}");
+    assert!(pg.contains("topic IN ($3, $4)"), "{pg}");
+    assert!(pg.contains("LIMIT $5 FOR UPDATE SKIP LOCKED"), "{pg}");
+    assert!(pg.contains("RETURNING o.id"), "{pg}");
+    // No topics yet: one placeholder, so the statement still parses.
+    assert!(
+        Dialect::Postgres
+            .claim_sql(0)
+            .claim
+            .contains("topic IN ($3)")
+    );
+    let my = Dialect::MySql.claim_sql(3).claim;
+    assert!(my.starts_with("SELECT id, topic"), "{my}");
+    assert!(my.contains("topic IN (?, ?, ?)"), "{my}");
+    assert!(my.ends_with("LIMIT ? FOR UPDATE SKIP LOCKED"), "{my}");
+    let lite = Dialect::Sqlite.claim_sql(1).claim;
+    assert!(lite.contains("topic IN (?)"), "{lite}");
+    assert!(lite.contains("RETURNING id"), "{lite}");
+}
+
+#[test]
+fn only_mariadb_claims_in_two_steps() {
+    for d in [Dialect::Postgres, Dialect::Sqlite] {
+        assert!(matches!(d.sql().claim, Claim::Returning { .. }), "{d:?}");
+        assert!(matches!(d.sql().renew, Renew::Update(_)), "{d:?}");
+    }
+    let my = Dialect::MySql.sql();
+    let Claim::LockThenLease { lease, .. } = my.claim else {
+        panic!("MariaDB has no UPDATE … RETURNING");
+    };
+    assert!(lease("?, ?").ends_with("WHERE id IN (?, ?)"));
+    assert!(my.micros && my.insert_id == InsertId::LastInsertId);
+}
+
+#[test]
+fn every_dialect_knows_its_name_and_schema() {
+    for (d, name) in [
+        (Dialect::Postgres, "postgres"),
+        (Dialect::MySql, "mysql"),
+        (Dialect::Sqlite, "sqlite"),
+    ] {
+        assert_eq!(d.name(), name);
+        assert_eq!(d.sql().dialect, d);
+        assert!(d.schema()[0].contains("CREATE TABLE IF NOT EXISTS idem_record"));
+        assert!((d.sql().admin.ts_text)("c").contains('c'));
+    }
+}

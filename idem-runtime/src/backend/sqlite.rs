@@ -1,0 +1,278 @@
+//! SQLite: its statements, schema and upgrade steps, and which of its
+//! result codes a retry can heal.
+
+use super::Dialect;
+use super::sql::{AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, SqlSet};
+
+#[cfg(feature = "sqlite")]
+mod driver {
+    use super::super::{Backend, Dialect, NewRecord, sealed};
+    use sqlx::{Pool, Sqlite, Transaction};
+
+    impl sealed::Sealed for Sqlite {
+        fn dialect_of_tx(_: &Transaction<'static, Self>) -> Dialect {
+            Dialect::Sqlite
+        }
+
+        fn dialect_of_pool(_: &Pool<Self>) -> Dialect {
+            Dialect::Sqlite
+        }
+
+        fn dialect_of_conn(_: &Self::Connection) -> Dialect {
+            Dialect::Sqlite
+        }
+
+        fn rows_affected(done: &Self::QueryResult) -> u64 {
+            done.rows_affected()
+        }
+    }
+
+    impl Backend for Sqlite {
+        const NAME: &'static str = "sqlite";
+
+        async fn claim_record<'a>(
+            tx: &'a mut Transaction<'static, Self>,
+            rec: &'a NewRecord<'a>,
+        ) -> Result<bool, sqlx::Error> {
+            super::super::store::claim_record(tx, rec).await
+        }
+    }
+}
+
+/// The SQLite statements.
+pub(crate) const SQL: SqlSet = SqlSet {
+    dialect: Dialect::Sqlite,
+    quote: '"',
+    numbered: false,
+    text: |e| format!("CAST({e} AS TEXT)"),
+    // No FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
+    row_lock: "",
+    begin: Some("BEGIN IMMEDIATE"),
+    micros: false,
+    fetch_record: "SELECT fingerprint, result FROM idem_record \
+        WHERE idempotency_key = ? AND biz_type = ?",
+    store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ? AND biz_type = ?",
+    // Not `INSERT OR IGNORE`, which also drops the row on a NOT NULL or
+    // CHECK violation (an expiry past strftime's range is NULL): only the
+    // duplicate is ignored.
+    claim_record: "INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+        VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+        strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds')) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    outbox_insert: "INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+        strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING id",
+    outbox_success: "UPDATE idem_outbox SET status = 'success', \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
+        locked_until = NULL \
+        WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
+    outbox_settle: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+        last_error = ?, lease_owner = NULL, locked_until = NULL, \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    archive_record: ArchiveSql {
+        select: "SELECT id FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') \
+            ORDER BY expire_time LIMIT ?",
+        copy: "INSERT INTO idem_record_history \
+            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
+            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, \
+            strftime('%Y-%m-%d %H:%M:%f', 'now') FROM idem_record \
+            WHERE +expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
+        delete: "DELETE FROM idem_record WHERE +expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
+    },
+    archive_outbox: ArchiveSql {
+        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') \
+            ORDER BY id LIMIT ?",
+        copy: "INSERT INTO idem_outbox_history \
+            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, archived_at) \
+            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
+            locked_until, last_error, created_at, updated_at, strftime('%Y-%m-%d %H:%M:%f', 'now') \
+            FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
+        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
+    },
+    find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        CAST(create_time AS TEXT), CAST(expire_time AS TEXT) \
+        FROM idem_record WHERE idempotency_key = ?",
+    find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
+        CAST(create_time AS TEXT), CAST(expire_time AS TEXT), CAST(archived_at AS TEXT) \
+        FROM idem_record_history WHERE idempotency_key = ?",
+    insert_id: InsertId::Returning,
+    claim: Claim::Returning {
+        render: |topics| {
+            format!(
+                "UPDATE idem_outbox SET lease_owner = ?, \
+                 locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+                 attempts = attempts + 1, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 WHERE id IN (SELECT id FROM idem_outbox WHERE status = 'pending' \
+                   AND topic IN ({topics}) AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                   AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                   ORDER BY next_attempt_at, id LIMIT ?) \
+                 RETURNING id, topic, msg_id, payload, attempts"
+            )
+        },
+        prelude: None,
+    },
+    // BEGIN IMMEDIATE: no handler transaction runs meanwhile.
+    renew: Renew::Update(|ids| {
+        format!(
+            "UPDATE idem_outbox SET locked_until = \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
+             WHERE lease_owner = ? AND status = 'pending' AND id IN ({ids})"
+        )
+    }),
+    // The write lock up front: serialized with every handler.
+    archive_begin: Some("BEGIN IMMEDIATE"),
+    archive_prelude: None,
+    index_columns: Some(
+        "SELECT m.tbl_name, i.name FROM sqlite_master m, pragma_index_info(m.name) i \
+         WHERE m.type = 'index' AND m.name = ? ORDER BY i.seqno",
+    ),
+    schema: SCHEMA,
+    migrate: MigrateSql {
+        // One `BEGIN IMMEDIATE` transaction: concurrent runs wait.
+        lock: MigrateLock::Transaction {
+            begin: Some("BEGIN IMMEDIATE"),
+            lock: None,
+        },
+        flavor_probe: None,
+        upgrades: |_| vec![LITE_V2.iter().map(|s| s.to_string()).collect()],
+    },
+    admin: AdminSql {
+        ts_text: |col| format!("CAST({col} AS TEXT)"),
+        now: "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        pending_age: "CAST((julianday('now') - julianday(MIN(created_at))) * 86400.0 AS REAL)",
+        requeued_error: "'requeued: ' || COALESCE(last_error, '')",
+    },
+};
+
+/// The tables as the first release created them (schema version 1).
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_record (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
+            biz_type TEXT NOT NULL,
+            biz_no TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            result TEXT,
+            create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            expire_time TEXT NOT NULL,
+            CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            topic TEXT NOT NULL,
+            msg_id TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'success', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            lease_owner TEXT,
+            locked_until TEXT,
+            last_error TEXT,
+            created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
+    // The relay's claim: pending rows of its topics, oldest first.
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id INTEGER PRIMARY KEY,
+            idempotency_key TEXT NOT NULL,
+            biz_type TEXT NOT NULL,
+            biz_no TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            result TEXT,
+            create_time TEXT NOT NULL,
+            expire_time TEXT NOT NULL,
+            archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id INTEGER PRIMARY KEY,
+            topic TEXT NOT NULL,
+            msg_id TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_attempt_at TEXT NOT NULL,
+            lease_owner TEXT,
+            locked_until TEXT,
+            last_error TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
+];
+
+/// Version 2 on SQLite (one `BEGIN IMMEDIATE` transaction): a constraint
+/// cannot be changed in place, so `idem_record` is rebuilt, keeping its
+/// ids and its AUTOINCREMENT sequence (an archived record's id is never
+/// handed out again: the history's primary key is that id).
+const LITE_V2: &[&str] = &[
+    "UPDATE idem_record SET expire_time = strftime('%Y-%m-%d %H:%M:%f', create_time, '+3650 days') \
+     WHERE expire_time <= create_time",
+    "CREATE TABLE idem_record_v2 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
+        biz_type TEXT NOT NULL,
+        biz_no TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        result TEXT,
+        create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+        expire_time TEXT NOT NULL,
+        CONSTRAINT uk_idem_record_key_type UNIQUE (idempotency_key, biz_type),
+        CONSTRAINT ck_idem_record_expire CHECK (expire_time > create_time)
+    )",
+    "INSERT INTO idem_record_v2 \
+     (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+     SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time \
+     FROM idem_record",
+    "DELETE FROM sqlite_sequence WHERE name = 'idem_record_v2'",
+    "INSERT INTO sqlite_sequence (name, seq) \
+     SELECT 'idem_record_v2', seq FROM sqlite_sequence WHERE name = 'idem_record'",
+    "DROP TABLE idem_record",
+    "ALTER TABLE idem_record_v2 RENAME TO idem_record",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
+    "DROP INDEX IF EXISTS idx_idem_record_history_key",
+    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
+     ON idem_record_history (idempotency_key, biz_type)",
+];
+
+/// SQLite result codes (primary or extended) a retry can heal: the primary
+/// code `SQLITE_BUSY` (5: another connection holds the lock) or
+/// `SQLITE_LOCKED` (6: a conflict inside a shared cache), whatever the
+/// extended code (`SQLITE_BUSY_SNAPSHOT` 517, `SQLITE_BUSY_RECOVERY` 261…).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) fn code_is_transient(code: i32) -> bool {
+    matches!(code & 0xff, 5 | 6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_codes() {
+        // SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
+        for code in [5, 6, 261, 517, 773, 262, 518] {
+            assert!(code_is_transient(code), "{code} should be transient");
+        }
+        // SQLITE_ERROR, CONSTRAINT (and UNIQUE 2067, PRIMARYKEY 1555),
+        // READONLY, FULL, CORRUPT, MISMATCH.
+        for code in [0, 1, 19, 2067, 1555, 8, 13, 11, 20] {
+            assert!(!code_is_transient(code), "{code} should be permanent");
+        }
+    }
+}

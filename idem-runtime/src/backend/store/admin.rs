@@ -1,0 +1,171 @@
+//! [`AdminStore`] for every backend: the operator's queries, composed from
+//! the dialect's [`AdminSql`](super::super::sql::AdminSql) pieces.
+
+use super::super::sql::{SqlSet, marks};
+use super::super::types::{OutboxMessage, RequeueTarget};
+use super::super::{AdminStore, sealed::Sealed};
+use idem_core::is_identifier;
+use sqlx::{Database, Pool};
+
+/// Ids per `UPDATE … WHERE id IN (…)` statement.
+const CHUNK: usize = 500;
+
+type MessageRow = (i64, String, String, String, i32, Option<String>, String);
+
+fn message(
+    (id, topic, msg_id, status, attempts, last_error, updated_at): MessageRow,
+) -> OutboxMessage {
+    OutboxMessage {
+        id,
+        topic,
+        msg_id,
+        status,
+        attempts: i64::from(attempts),
+        last_error,
+        updated_at,
+    }
+}
+
+/// The columns of an [`OutboxMessage`].
+fn message_columns(sql: &SqlSet) -> String {
+    format!(
+        "id, topic, msg_id, status, attempts, last_error, {}",
+        (sql.admin.ts_text)("updated_at")
+    )
+}
+
+fn sql_of_pool<DB: Sealed>(pool: &Pool<DB>) -> &'static SqlSet {
+    DB::dialect_of_pool(pool).sql()
+}
+
+for_every_backend! {
+impl AdminStore for DB {
+    async fn outbox_counts<'a>(
+        pool: &'a Pool<Self>,
+        topic: Option<&'a str>,
+    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        let filter = if topic.is_some() { " WHERE topic = ?" } else { "" };
+        let text = sql_of_pool(pool).render(&format!(
+            "SELECT topic, status, COUNT(*) FROM idem_outbox{filter} GROUP BY topic, status"
+        ));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text));
+        if let Some(t) = topic {
+            q = q.bind(t);
+        }
+        q.fetch_all(pool).await
+    }
+
+    async fn outbox_pending_age<'a>(
+        pool: &'a Pool<Self>,
+        topic: Option<&'a str>,
+    ) -> Result<Vec<(String, Option<f64>)>, sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let and = if topic.is_some() { " AND topic = ?" } else { "" };
+        let text = sql.render(&format!(
+            "SELECT topic, {} FROM idem_outbox WHERE status = 'pending'{and} GROUP BY topic",
+            sql.admin.pending_age
+        ));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text));
+        if let Some(t) = topic {
+            q = q.bind(t);
+        }
+        q.fetch_all(pool).await
+    }
+
+    async fn outbox_list<'a>(
+        pool: &'a Pool<Self>,
+        status: &'a str,
+        topic: Option<&'a str>,
+        limit: i64,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let and = if topic.is_some() { " AND topic = ?" } else { "" };
+        let text = sql.render(&format!(
+            "SELECT {} FROM idem_outbox WHERE status = ?{and} ORDER BY id LIMIT ?",
+            message_columns(sql)
+        ));
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text)).bind(status);
+        if let Some(t) = topic {
+            q = q.bind(t);
+        }
+        let rows = q.bind(limit).fetch_all(pool).await?;
+        Ok(rows.into_iter().map(message).collect())
+    }
+
+    async fn outbox_requeue<'a>(
+        pool: &'a Pool<Self>,
+        target: &'a RequeueTarget,
+        dry_run: bool,
+    ) -> Result<(Vec<OutboxMessage>, u64), sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let filter = match target {
+            RequeueTarget::Id(_) => " AND id = ?",
+            RequeueTarget::Topic(_) => " AND topic = ?",
+            RequeueTarget::AllFailed => "",
+        };
+        let text = sql.render(&format!(
+            "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter} ORDER BY id{}",
+            message_columns(sql),
+            sql.row_lock
+        ));
+        // SQLite: the write lock up front (`Backend::begin` runs `BEGIN
+        // IMMEDIATE` there), so the rows read are the rows changed;
+        // elsewhere the SELECT … FOR UPDATE locks them. `Backend::begin`
+        // also leaves no transaction open on the pool if this future is
+        // dropped mid-BEGIN.
+        let mut tx = super::begin(pool).await?;
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text));
+        match target {
+            RequeueTarget::Id(id) => q = q.bind(*id),
+            RequeueTarget::Topic(topic) => q = q.bind(topic.as_str()),
+            RequeueTarget::AllFailed => {}
+        }
+        let messages: Vec<OutboxMessage> =
+            q.fetch_all(&mut *tx).await?.into_iter().map(message).collect();
+        if dry_run {
+            tx.rollback().await?;
+            let n = messages.len() as u64;
+            return Ok((messages, n));
+        }
+        let (now, prefixed) = (sql.admin.now, sql.admin.requeued_error);
+        let mut requeued = 0u64;
+        for chunk in messages.chunks(CHUNK) {
+            let text = sql.render(&format!(
+                "UPDATE idem_outbox SET status = 'pending', attempts = 0, next_attempt_at = {now}, \
+                 lease_owner = NULL, locked_until = NULL, last_error = {prefixed}, updated_at = {now} \
+                 WHERE status = 'failed' AND id IN ({})",
+                marks(chunk.len())
+            ));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+            for m in chunk {
+                q = q.bind(m.id);
+            }
+            requeued += DB::rows_affected(&q.execute(&mut *tx).await?);
+        }
+        tx.commit().await?;
+        Ok((messages, requeued))
+    }
+
+    async fn outbox_status(
+        pool: &Pool<Self>,
+        id: i64,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let text = sql_of_pool(pool).render("SELECT status FROM idem_outbox WHERE id = ?");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(text))
+            .bind(id)
+            .fetch_optional(pool)
+            .await
+    }
+
+    async fn table_exists<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        if !is_identifier(table) {
+            return Err(sqlx::Error::Protocol(format!("`{table}` is not a table name")));
+        }
+        let text = format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0");
+        Ok(sqlx::query(sqlx::AssertSqlSafe(text)).execute(pool).await.is_ok())
+    }
+}
+}

@@ -1,0 +1,172 @@
+//! [`ArchiveStore`] for every backend.
+
+use super::super::sql::SqlSet;
+use super::super::types::{ArchiveTable, RecordInfo};
+use super::super::{ArchiveStore, sealed::Sealed};
+use super::stmt;
+use sqlx::{Database, Pool};
+
+/// The connection of an archiving batch: closed instead of going back to
+/// the pool unless the batch finished. A batch cancelled halfway (its task
+/// aborted, its future dropped) can leave the server inside a transaction
+/// that sqlx does not know about (cancelled during `BEGIN`), holding row
+/// locks (or SQLite's write lock) for whoever gets the connection next;
+/// closing the connection makes the server roll it back.
+struct CloseUnlessDone<DB: Database> {
+    conn: sqlx::pool::PoolConnection<DB>,
+    done: bool,
+}
+
+impl<DB: Database> Drop for CloseUnlessDone<DB> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+type OnlineRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+);
+type HistoryRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+);
+
+fn record_info(row: OnlineRow, archived_at: Option<String>) -> RecordInfo {
+    let (key, biz_type, biz_no, fingerprint, result, create_time, expire_time) = row;
+    RecordInfo {
+        key,
+        biz_type,
+        biz_no,
+        fingerprint,
+        result,
+        create_time,
+        expire_time,
+        archived: archived_at.is_some(),
+        archived_at,
+    }
+}
+
+fn sql_of_pool<DB: Sealed>(pool: &Pool<DB>) -> &'static SqlSet {
+    DB::dialect_of_pool(pool).sql()
+}
+
+for_every_backend! {
+impl ArchiveStore for DB {
+    async fn archive_batch(
+        pool: &Pool<Self>,
+        table: ArchiveTable,
+        limit: i64,
+        retention_secs: f64,
+    ) -> Result<u64, sqlx::Error> {
+        use sqlx::Connection as _;
+        let sql = sql_of_pool(pool);
+        let stmts = sql.archive(table);
+        // The outbox's condition has one bind, the retention: seconds,
+        // or whole microseconds on MariaDB (DATE_SUB … MICROSECOND).
+        let retention = match table {
+            ArchiveTable::Records => None,
+            ArchiveTable::Outbox => Some(retention_secs),
+        };
+        let mut guard = CloseUnlessDone {
+            conn: pool.acquire().await?,
+            done: false,
+        };
+        let conn: &mut Self::Connection = &mut guard.conn;
+        if let Some(prelude) = sql.archive_prelude {
+            sqlx::query(stmt(prelude)).execute(&mut *conn).await?;
+        }
+        let mut tx = match sql.archive_begin {
+            Some(begin) => conn.begin_with(stmt(begin)).await?,
+            None => conn.begin().await?,
+        };
+        let mut q = sqlx::query_scalar::<_, i64>(stmt(stmts.select));
+        if let Some(r) = retention {
+            q = bind_secs!(q, sql, r);
+        }
+        let ids: Vec<i64> = q.bind(limit).fetch_all(&mut *tx).await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            guard.done = true;
+            return Ok(0);
+        }
+        let first = 1 + usize::from(retention.is_some());
+        let list = sql.placeholders(first, ids.len());
+        let mut moved = [0u64; 2];
+        for (n, prefix) in [stmts.copy, stmts.delete].into_iter().enumerate() {
+            let text = format!("{prefix}{list})");
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+            if let Some(r) = retention {
+                q = bind_secs!(q, sql, r);
+            }
+            for id in &ids {
+                q = q.bind(*id);
+            }
+            moved[n] = DB::rows_affected(&q.execute(&mut *tx).await?);
+        }
+        let [copied, deleted] = moved;
+        if copied != deleted {
+            // Impossible while the rows are locked and the clock moves
+            // forward; never commit a half-moved batch.
+            tx.rollback().await?;
+            return Err(sqlx::Error::Protocol(format!(
+                "archive batch rolled back: {copied} rows copied to history but {deleted} deleted"
+            )));
+        }
+        tx.commit().await?;
+        guard.done = true;
+        Ok(deleted)
+    }
+
+    async fn lookup_record<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: Option<&'a str>,
+    ) -> Result<Vec<RecordInfo>, sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let typed = if biz_type.is_some() {
+            format!(" AND biz_type = {}", sql.placeholders(2, 1))
+        } else {
+            String::new()
+        };
+        let text = format!("{}{typed}", sql.find_online);
+        let mut q = sqlx::query_as::<_, OnlineRow>(sqlx::AssertSqlSafe(text)).bind(key);
+        if let Some(t) = biz_type {
+            q = q.bind(t);
+        }
+        let mut found: Vec<RecordInfo> = q
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|row| record_info(row, None))
+            .collect();
+        // The history, newest first: the first row of each business
+        // type without an online record is its latest archived one.
+        let text = format!("{}{typed} ORDER BY archived_at DESC, id DESC", sql.find_history);
+        let mut q = sqlx::query_as::<_, HistoryRow>(sqlx::AssertSqlSafe(text)).bind(key);
+        if let Some(t) = biz_type {
+            q = q.bind(t);
+        }
+        for (k, t, n, f, r, c, e, at) in q.fetch_all(pool).await? {
+            if !found.iter().any(|i| i.biz_type == t) {
+                found.push(record_info((k, t, n, f, r, c, e), Some(at)));
+            }
+        }
+        found.sort_by(|a, b| a.biz_type.cmp(&b.biz_type));
+        Ok(found)
+    }
+}
+}

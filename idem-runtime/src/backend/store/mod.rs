@@ -1,0 +1,424 @@
+//! The code that runs each dialect's statements, written once for every
+//! backend: each concept trait has one blanket implementation here, over
+//! the four sealed backends, reading the dialect's [`SqlSet`] (data) for
+//! what differs.
+
+use super::sql::{Claim, InsertId, Renew, SqlSet, marks};
+use super::types::{NewRecord, OutboxRow, OutboxState, StoredRecord};
+use super::{CallStore, ClaimSql, Migrate, OutboxStore, StateSql, sealed::Sealed};
+
+use crate::call::OutboxLease;
+use crate::state::EntityIdValue;
+use sqlx::{Database, Pool, Transaction};
+
+/// `impl<DB> $trait for DB` for every sealed backend whose driver runs
+/// and binds what idem needs (the four of them): the bounds are written
+/// once, here.
+macro_rules! for_every_backend {
+    (impl $tr:ident for DB { $($body:tt)* }) => {
+        impl<DB> $tr for DB
+        where
+            DB: Sealed,
+            for<'c> &'c mut <DB as Database>::Connection: sqlx::Executor<'c, Database = DB>,
+            <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+            usize: sqlx::ColumnIndex<<DB as Database>::Row>,
+            str: sqlx::Type<DB>,
+            for<'q> &'q str: sqlx::Encode<'q, DB>,
+            String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+            i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+            i32: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+            f64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+        {
+            $($body)*
+        }
+    };
+}
+
+/// Begins a call's transaction: [`Backend::begin`](super::Backend::begin).
+pub(crate) fn begin<DB: Sealed>(
+    pool: &Pool<DB>,
+) -> impl std::future::Future<Output = Result<Transaction<'static, DB>, sqlx::Error>> + Send + '_ {
+    crate::tx::begin(pool, DB::dialect_of_pool(pool).sql().begin)
+}
+
+/// A fixed statement. (Passing the `&'static str` through this function
+/// keeps its lifetime visible to the `Send` check of the generic futures,
+/// which otherwise asks for `SqlSafeStr` on every `&str`.)
+pub(crate) fn stmt(s: &'static str) -> sqlx::SqlStr {
+    sqlx::SqlSafeStr::into_sql_str(s)
+}
+
+/// The SQL of the transaction's dialect.
+fn sql_of<DB: Sealed>(tx: &Transaction<'static, DB>) -> &'static SqlSet {
+    DB::dialect_of_tx(tx).sql()
+}
+
+/// Binds an entity id.
+macro_rules! bind_id {
+    ($q:expr, $id:expr) => {
+        match $id {
+            EntityIdValue::Int(i) => $q.bind(*i),
+            EntityIdValue::Text(s) => $q.bind(s.as_str()),
+        }
+    };
+}
+
+/// Binds an interval of `secs` seconds the dialect's way: fractional
+/// seconds, or whole microseconds.
+macro_rules! bind_secs {
+    ($q:expr, $sql:expr, $secs:expr) => {
+        if $sql.micros {
+            $q.bind(($secs * 1e6) as i64)
+        } else {
+            $q.bind($secs)
+        }
+    };
+}
+
+type RowTuple = (i64, String, String, String, i32);
+
+fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
+    OutboxRow {
+        id,
+        topic,
+        msg_id,
+        payload,
+        attempts,
+    }
+}
+
+/// [`Backend::claim_record`], for every backend.
+pub(crate) async fn claim_record<DB>(
+    tx: &mut Transaction<'static, DB>,
+    rec: &NewRecord<'_>,
+) -> Result<bool, sqlx::Error>
+where
+    DB: Sealed,
+    for<'c> &'c mut <DB as Database>::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    str: sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB>,
+    i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB>,
+{
+    let done = sqlx::query(stmt(sql_of(tx).claim_record))
+        .bind(rec.key)
+        .bind(rec.biz_type)
+        .bind(rec.biz_no)
+        .bind(rec.fingerprint)
+        .bind(rec.ttl_secs)
+        .execute(&mut **tx)
+        .await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+for_every_backend! {
+impl CallStore for DB {
+    async fn lock_state<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'a StateSql,
+        id: &'a EntityIdValue,
+    ) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql.lock.as_str()));
+        bind_id!(q, id).fetch_optional(&mut **tx).await
+    }
+
+    async fn transition<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        sql: &'a StateSql,
+        id: &'a EntityIdValue,
+        from: &'static str,
+        to: &'static str,
+        key: Option<&'a str>,
+    ) -> Result<u64, sqlx::Error> {
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str())).bind(to);
+        if sql.with_key {
+            q = q.bind(key.unwrap_or_default());
+        }
+        let q = bind_id!(q, id).bind(from);
+        Ok(DB::rows_affected(&q.execute(&mut **tx).await?))
+    }
+
+    async fn fetch_record<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        biz_type: &'a str,
+        key: &'a str,
+    ) -> Result<Option<StoredRecord>, sqlx::Error> {
+        let row: Option<(String, Option<String>)> = sqlx::query_as(stmt(sql_of(tx).fetch_record))
+            .bind(key)
+            .bind(biz_type)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(row.map(|(fingerprint, result)| StoredRecord {
+            fingerprint,
+            result,
+        }))
+    }
+
+    async fn store_result<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        biz_type: &'a str,
+        key: &'a str,
+        result: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(stmt(sql_of(tx).store_result))
+            .bind(result)
+            .bind(key)
+            .bind(biz_type)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn sqlite_index_columns<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        name: &'a str,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let Some(sql) = sql_of(tx).index_columns else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(stmt(sql))
+            .bind(name)
+            .fetch_all(&mut **tx)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(t, c)| format!("{t}.{}", c.unwrap_or_default()))
+            .collect())
+    }
+
+    async fn exec(
+        tx: &mut Transaction<'static, Self>,
+        sql: &'static str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(stmt(sql)).execute(&mut **tx).await?;
+        Ok(())
+    }
+}
+}
+
+for_every_backend! {
+impl OutboxStore for DB {
+    async fn outbox_insert<'a>(
+        conn: &'a mut Self::Connection,
+        topic: &'a str,
+        msg_id: &'a str,
+        payload: &'a str,
+    ) -> Result<i64, sqlx::Error> {
+        let sql = DB::dialect_of_conn(conn).sql();
+        match sql.insert_id {
+            InsertId::Returning => {
+                sqlx::query_scalar(stmt(sql.outbox_insert))
+                    .bind(topic)
+                    .bind(msg_id)
+                    .bind(payload)
+                    .fetch_one(conn)
+                    .await
+            }
+            InsertId::LastInsertId => {
+                let done = sqlx::query(stmt(sql.outbox_insert))
+                    .bind(topic)
+                    .bind(msg_id)
+                    .bind(payload)
+                    .execute(conn)
+                    .await?;
+                DB::last_insert_id(&done)
+            }
+        }
+    }
+
+    async fn outbox_success<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        lease: &'a OutboxLease,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success))
+            .bind(lease.id)
+            .bind(lease.topic.as_str())
+            .bind(lease.owner.as_str())
+            .bind(lease.attempt)
+            .execute(&mut **tx)
+            .await?))
+    }
+
+    async fn outbox_success_pool<'a>(
+        pool: &'a Pool<Self>,
+        lease: &'a OutboxLease,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(DB::rows_affected(&sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
+            .bind(lease.id)
+            .bind(lease.topic.as_str())
+            .bind(lease.owner.as_str())
+            .bind(lease.attempt)
+            .execute(pool)
+            .await?))
+    }
+
+    async fn outbox_state(
+        tx: &mut Transaction<'static, Self>,
+        id: i64,
+    ) -> Result<Option<OutboxState>, sqlx::Error> {
+        let row: Option<(String, String, Option<String>, i32)> =
+            sqlx::query_as(stmt(sql_of(tx).outbox_state))
+                .bind(id)
+                .fetch_optional(&mut **tx)
+                .await?;
+        Ok(row.map(|(topic, status, lease_owner, attempts)| OutboxState {
+            topic,
+            status,
+            lease_owner,
+            attempts,
+        }))
+    }
+
+    async fn claim_outbox<'a>(
+        pool: &'a Pool<Self>,
+        claim: &'a ClaimSql,
+        owner: &'a str,
+        topics: &'a [String],
+        limit: i64,
+        lease_secs: f64,
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        let mut tx = begin(pool).await?;
+        let sql = sql_of(&tx);
+        let rows = match &sql.claim {
+            Claim::LockThenLease { lease, .. } => {
+                let mut q =
+                    sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()));
+                for t in topics {
+                    q = q.bind(t.as_str());
+                }
+                let mut rows: Vec<OutboxRow> = q
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .map(to_row)
+                    .collect();
+                if !rows.is_empty() {
+                    let text = sql.render(&lease(&marks(rows.len())));
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text)).bind(owner);
+                    let mut q = bind_secs!(q, sql, lease_secs);
+                    for r in &rows {
+                        q = q.bind(r.id);
+                    }
+                    q.execute(&mut *tx).await?;
+                    for r in &mut rows {
+                        r.attempts += 1;
+                    }
+                }
+                rows
+            }
+            Claim::Returning { prelude, .. } => {
+                if let Some(prelude) = prelude {
+                    sqlx::query(stmt(prelude)).execute(&mut *tx).await?;
+                }
+                let mut q =
+                    sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .bind(owner)
+                        .bind(lease_secs);
+                for t in topics {
+                    q = q.bind(t.as_str());
+                }
+                q.bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .map(to_row)
+                    .collect()
+            }
+        };
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn renew_leases<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = begin(pool).await?;
+        let sql = sql_of(&tx);
+        let renewed = match &sql.renew {
+            Renew::LockThenUpdate { lock, update } => {
+                let text = sql.render(&lock(&marks(ids.len())));
+                let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(text)).bind(owner);
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                let free: Vec<i64> = q.fetch_all(&mut *tx).await?;
+                if free.is_empty() {
+                    0
+                } else {
+                    let text = sql.render(&update(&marks(free.len())));
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text));
+                    let mut q = bind_secs!(q, sql, lease_secs);
+                    for id in &free {
+                        q = q.bind(*id);
+                    }
+                    DB::rows_affected(&q.execute(&mut *tx).await?)
+                }
+            }
+            Renew::Update(update) => {
+                let text = sql.render(&update(&marks(ids.len())));
+                let q = sqlx::query(sqlx::AssertSqlSafe(text));
+                let mut q = bind_secs!(q, sql, lease_secs).bind(owner);
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                DB::rows_affected(&q.execute(&mut *tx).await?)
+            }
+        };
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
+    async fn outbox_settle_failure<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = DB::dialect_of_pool(pool).sql();
+        let q = sqlx::query(stmt(sql.outbox_settle)).bind(if dead { "failed" } else { "pending" });
+        let done = bind_secs!(q, sql, delay_secs)
+            .bind(error)
+            .bind(id)
+            .bind(owner)
+            .bind(attempt)
+            .execute(pool)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+}
+}
+
+mod admin;
+mod archive;
+
+for_every_backend! {
+impl Migrate for DB {
+    async fn execute_on<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(DB::rows_affected(&sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await?))
+    }
+
+    async fn fetch_i64<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(conn)
+            .await
+    }
+}
+}

@@ -1,0 +1,125 @@
+//! The rows and arguments the stores exchange with the rest of the
+//! runtime. They live here, below every concept, so that the dependency
+//! goes one way: `archive`, `outbox` and `call` use `backend`, never the
+//! reverse (except `call::OutboxLease`, see the note in `mod.rs`).
+
+use serde::Serialize;
+
+/// An outbox message's status and lease, as the fenced update found it.
+#[derive(Debug, Clone)]
+pub struct OutboxState {
+    /// The message's topic.
+    pub topic: String,
+    /// `pending`, `success` or `failed`.
+    pub status: String,
+    /// The relay holding its lease, if any.
+    pub lease_owner: Option<String>,
+    /// Attempts so far (the lease token of the latest claim).
+    pub attempts: i32,
+}
+
+/// A new idempotency record.
+#[derive(Debug)]
+pub struct NewRecord<'a> {
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The business type.
+    pub biz_type: &'a str,
+    /// The business document number.
+    pub biz_no: &'a str,
+    /// Hex SHA-256 of the canonical payload.
+    pub fingerprint: &'a str,
+    /// Seconds until the record may be archived.
+    pub ttl_secs: i64,
+}
+
+/// A stored idempotency record.
+#[derive(Debug, Clone)]
+pub struct StoredRecord {
+    /// Hex SHA-256 of the payload of the call that wrote it.
+    pub fingerprint: String,
+    /// The serialized result, once the call committed.
+    pub result: Option<String>,
+}
+
+/// A claimed outbox row.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Primary key.
+    pub id: i64,
+    /// Topic (selects the handler).
+    pub topic: String,
+    /// The producer's message id; `(topic, msg_id)` is unique.
+    pub msg_id: String,
+    /// The JSON payload, as stored.
+    pub payload: String,
+    /// Attempts so far, this one included.
+    pub attempts: i32,
+}
+
+/// A table the archiver moves rows out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveTable {
+    /// `idem_record` → `idem_record_history`: records whose `expire_time`
+    /// has passed.
+    Records,
+    /// `idem_outbox` → `idem_outbox_history`: finished (`success`,
+    /// `failed`) messages last updated before the retention.
+    Outbox,
+}
+
+/// An idempotency record, online or archived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecordInfo {
+    /// The idempotency key.
+    pub key: String,
+    /// The business type.
+    pub biz_type: String,
+    /// The business document number.
+    pub biz_no: String,
+    /// Hex SHA-256 of the payload of the call that wrote it.
+    pub fingerprint: String,
+    /// The handler's serialized result (JSON).
+    pub result: Option<String>,
+    /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
+    /// (SQLite: milliseconds; MariaDB: as stored, UTC since schema
+    /// version 2 — rows an earlier release wrote from a session in another
+    /// time zone keep that zone's local time).
+    pub create_time: String,
+    /// When it may be archived, in the same format.
+    pub expire_time: String,
+    /// Whether it was found in `idem_record_history`.
+    pub archived: bool,
+    /// When it was archived, in the same format.
+    pub archived_at: Option<String>,
+}
+
+/// An outbox message as the operator sees it (no payload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutboxMessage {
+    /// Primary key.
+    pub id: i64,
+    /// Topic.
+    pub topic: String,
+    /// The producer's message id.
+    pub msg_id: String,
+    /// `pending`, `success` or `failed`.
+    pub status: String,
+    /// Attempts so far.
+    pub attempts: i64,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+    /// Last change: `YYYY-MM-DD HH:MM:SS.ffffff` (UTC).
+    pub updated_at: String,
+}
+
+/// Which failed messages a requeue takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequeueTarget {
+    /// The failed message with this id.
+    Id(i64),
+    /// Every failed message of this topic.
+    Topic(String),
+    /// Every failed message.
+    AllFailed,
+}

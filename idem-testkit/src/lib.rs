@@ -1,0 +1,55 @@
+//! The test kit of idem: what the integration tests, the CLI's tests and the
+//! examples share.
+//!
+//! - [Servers](servers): pools on the real PostgreSQL, MariaDB and SQLite
+//!   of this machine ([`postgres`], [`mysql`], [`sqlite`], [`any`]), with
+//!   idem's tables migrated, and the **skip rule**: a server that is down
+//!   skips the test locally ([`unreachable()`] prints `SKIPPED: …` and the
+//!   helper returns `None`) but fails it when `CI=true`.
+//! - [Names and ids](names): [`unique`] table names and [`ids`] ranges that
+//!   never collide with another test or an earlier run on a shared server.
+//! - [`concurrently`]: a burst of calls released together by one barrier,
+//!   the way redeliveries arrive.
+//! - [`sql`]: a statement written once with `?` placeholders, renumbered to
+//!   `$1, $2, …` for PostgreSQL.
+//! - [`proxy::FaultProxy`]: a TCP proxy that loses `COMMIT`
+//!   acknowledgements (and can hold `BEGIN` replies) on the way back from
+//!   PostgreSQL or MariaDB.
+//! - With the `redis` feature: [`redis_url`], [`redis_up`], [`redis_get`].
+//!
+//! The servers are found through `IDEM_TEST_POSTGRES_URL`,
+//! `IDEM_TEST_MYSQL_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local
+//! servers.
+//!
+//! ```no_run
+//! # async fn run() {
+//! let Some(pool) = idem_testkit::postgres(4).await else {
+//!     return; // skipped: PostgreSQL is down (a failure when CI=true)
+//! };
+//! let table = idem_testkit::unique("coupon");
+//! let id = idem_testkit::ids(1);
+//! let stmt = idem_testkit::sql(
+//!     idem_runtime::__private::Dialect::Postgres,
+//!     "SELECT 1 WHERE ? = ?",
+//! );
+//! assert_eq!(stmt.0, "SELECT 1 WHERE $1 = $2");
+//! # let _ = (pool, table, id);
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod burst;
+pub mod names;
+pub mod proxy;
+#[cfg(feature = "redis")]
+mod redis_server;
+pub mod servers;
+mod sql;
+
+pub use burst::concurrently;
+pub use names::{id_base, ids, unique};
+#[cfg(feature = "redis")]
+pub use redis_server::{redis_get, redis_up, redis_url};
+pub use servers::{any, mysql, mysql_url, postgres, postgres_url, sqlite, sqlite_url, unreachable};
+pub use sql::sql;

@@ -1,0 +1,150 @@
+//! Pools on the real servers of this machine, with idem's tables, and the
+//! skip rule: a server that is down skips the test locally and fails it
+//! when `CI=true` (or `CI=1`).
+
+use crate::names::unique;
+use sqlx::Connection;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// PostgreSQL URL: `IDEM_TEST_POSTGRES_URL`, default the local server.
+pub fn postgres_url() -> String {
+    std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// MariaDB URL: `IDEM_TEST_MYSQL_URL`, default the local server.
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// A fresh SQLite file URL (WAL) for `sqlx::Any`.
+pub fn sqlite_url() -> String {
+    let path = std::env::temp_dir().join(format!("idem-test-{}.db", unique("any")));
+    format!("sqlite://{}?mode=rwc", path.display())
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A server is unreachable: in CI that fails the test, locally it is skipped.
+///
+/// Returns `None` so a caller can write `return unreachable(…).map(…)` or
+/// simply ignore it and return early.
+///
+/// # Panics
+///
+/// When `CI` is `true` or `1`.
+pub fn unreachable(what: &str, err: impl std::fmt::Display) -> Option<std::convert::Infallible> {
+    if in_ci() {
+        panic!("{what} is unreachable and CI=true: {err}");
+    }
+    eprintln!("SKIPPED: {what} is unreachable ({err}); start it to run this test");
+    None
+}
+
+/// A pool on the local PostgreSQL with idem's tables, or `None` (skipped).
+pub async fn postgres(max: u32) -> Option<PgPool> {
+    let opts = PgConnectOptions::from_str(&postgres_url()).expect("valid URL");
+    // One direct attempt first: a refused connection fails at once, where
+    // the pool would keep retrying until its acquire time-out.
+    if let Err(e) = sqlx::PgConnection::connect_with(&opts).await {
+        unreachable(&format!("PostgreSQL at {}", postgres_url()), e);
+        return None;
+    }
+    match PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts)
+        .await
+    {
+        Ok(pool) => {
+            idem_runtime::migrate(&pool)
+                .await
+                .expect("migrate postgres");
+            Some(pool)
+        }
+        Err(e) => {
+            unreachable(&format!("PostgreSQL at {}", postgres_url()), e);
+            None
+        }
+    }
+}
+
+/// A pool on the local MariaDB with idem's tables, or `None` (skipped).
+pub async fn mysql(max: u32) -> Option<MySqlPool> {
+    let opts = MySqlConnectOptions::from_str(&mysql_url()).expect("valid URL");
+    if let Err(e) = sqlx::MySqlConnection::connect_with(&opts).await {
+        unreachable(&format!("MariaDB at {}", mysql_url()), e);
+        return None;
+    }
+    match MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts)
+        .await
+    {
+        Ok(pool) => {
+            idem_runtime::migrate(&pool).await.expect("migrate mariadb");
+            Some(pool)
+        }
+        Err(e) => {
+            unreachable(&format!("MariaDB at {}", mysql_url()), e);
+            None
+        }
+    }
+}
+
+/// A pool on a fresh SQLite file in the temporary directory (WAL), with
+/// idem's tables. SQLite needs no server, so this never skips.
+pub async fn sqlite(max: u32) -> SqlitePool {
+    let path = std::env::temp_dir().join(format!("idem-test-{}.db", unique("f")));
+    let opts = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(max)
+        .connect_with(opts)
+        .await
+        .expect("open sqlite file");
+    idem_runtime::migrate(&pool).await.expect("migrate sqlite");
+    pool
+}
+
+/// A `sqlx::Any` pool on `url` with idem's tables, or `None` (skipped).
+///
+/// Installs sqlx's default drivers; on SQLite every connection gets a 30 s
+/// busy time-out.
+pub async fn any(url: &str, max: u32) -> Option<sqlx::AnyPool> {
+    sqlx::any::install_default_drivers();
+    if let Err(e) = sqlx::AnyConnection::connect(url).await {
+        unreachable(&format!("the database at {url}"), e);
+        return None;
+    }
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                if conn.backend_name() == "SQLite" {
+                    sqlx::query("PRAGMA busy_timeout = 30000")
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await
+        .expect("any pool");
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    Some(pool)
+}

@@ -1,0 +1,219 @@
+//! The outbox relay's leases on every backend, against the real servers: a
+//! crashed relay's leases expire and its messages are taken over; shutdown
+//! finishes in-flight work and stops claiming; a handler that outlives its
+//! lease never commits on a dead letter, a running one keeps its lease, and
+//! claimed messages never wait out their lease in the queue. Every
+//! assertion counts rows in the database.
+
+#[macro_use]
+#[path = "common/relay.rs"]
+mod common;
+use common::*;
+
+macro_rules! relay_tests {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
+        mod $module {
+            // The shared fixtures serve both relay targets; this one uses
+            // only part of them.
+            #![allow(dead_code)]
+            relay_fixtures!($module, $db, $dialect, $pool);
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn crashed_relay_leases_expire_and_another_takes_over() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("crash");
+                let mut coupons = Vec::new();
+                for _ in 0..5 {
+                    coupons.push(produce(&pool, &topic, 1).await);
+                }
+                // Relay A claims everything, then "dies" mid-handler.
+                let a = Relay::new(pool.clone())
+                    .route(topic.clone(), |_d, _m: Deduct| async move {
+                        std::future::pending::<()>().await;
+                        Ok(Outcome::Executed(()))
+                    })
+                    .lease(Duration::from_millis(1500))
+                    .owner("relay-a");
+                let crashed = tokio::spawn(async move { a.run_once().await });
+                let start = Instant::now();
+                while scalar(
+                    &pool,
+                    "SELECT COUNT(*) FROM idem_outbox WHERE lease_owner = ?",
+                    "relay-a".into(),
+                )
+                .await
+                    < 5
+                {
+                    assert!(start.elapsed() < Duration::from_secs(10));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                crashed.abort();
+                let b = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct(d.source(), &m).await
+                    })
+                    .owner("relay-b");
+                assert_eq!(b.run_once().await.unwrap(), 0, "leases still held by A");
+                tokio::time::sleep(Duration::from_millis(1600)).await;
+                assert_eq!(
+                    b.run_once().await.unwrap(),
+                    5,
+                    "expired leases are taken over"
+                );
+                assert_eq!(by_status(&pool, &topic, "success").await, 5);
+                for c in coupons {
+                    assert_eq!(deductions(&pool, c).await, 1);
+                }
+                let attempts: Vec<i32> =
+                    sqlx::query_scalar(sql(D, "SELECT attempts FROM idem_outbox WHERE topic = ?"))
+                        .bind(&topic)
+                        .fetch_all(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!(attempts, vec![2; 5], "A's attempt and B's");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn shutdown_finishes_in_flight_work_and_stops_claiming() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("shutdown");
+                for _ in 0..4 {
+                    produce(&pool, &topic, 1).await;
+                }
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        deduct(d.source(), &m).await
+                    })
+                    .poll_interval(Duration::from_millis(20))
+                    .spawn();
+                let start = Instant::now();
+                while relay.stats().claimed.load(Ordering::Relaxed) < 4 {
+                    assert!(start.elapsed() < Duration::from_secs(10));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                relay.shutdown().await;
+                assert_eq!(
+                    by_status(&pool, &topic, "success").await,
+                    4,
+                    "in-flight work finished"
+                );
+                produce(&pool, &topic, 1).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert_eq!(
+                    by_status(&pool, &topic, "pending").await,
+                    1,
+                    "nothing claims after shutdown"
+                );
+            }
+
+            // ---- lease fencing and renewal (issue 8, item 7) --------------
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_handler_that_outlives_its_lease_never_commits_on_a_dead_letter() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("outlive");
+                let coupon = produce(&pool, &topic, 1).await;
+                // A's handler takes 2 s under a 300 ms lease.
+                let a = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct_slow(d.source(), &m, Duration::from_millis(2000)).await
+                    })
+                    .lease(Duration::from_millis(300))
+                    .owner("relay-slow");
+                let slow = tokio::spawn(async move { a.run_once().await });
+                held_then_expired(&pool, &topic, "relay-slow", 1, Duration::from_millis(300)).await;
+                // B finds A's lease expired; its retry is rejected for good,
+                // which dead-letters the message if B may claim it.
+                let b = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        if d.message().attempts > 1 {
+                            return Err(Error::permanent("downstream rejected the retry"));
+                        }
+                        deduct(d.source(), &m).await
+                    })
+                    .owner("relay-strict");
+                b.run_once().await.unwrap();
+                slow.await.unwrap().unwrap();
+                let failed = by_status(&pool, &topic, "failed").await;
+                let done = deductions(&pool, coupon).await;
+                assert!(
+                    !(failed == 1 && done == 1),
+                    "dead-lettered although its effect committed"
+                );
+                assert_eq!((by_status(&pool, &topic, "success").await, done), (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_running_handler_keeps_its_lease() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("heartbeat");
+                let coupon = produce(&pool, &topic, 1).await;
+                // A handler that is not given its outbox source (the relay
+                // marks the message after it): only the lease protects it.
+                let a = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                        deduct(d.pool(), &m).await
+                    })
+                    .lease(Duration::from_millis(300))
+                    .owner("relay-long");
+                let long = tokio::spawn(async move { a.run_once().await });
+                held_then_expired(&pool, &topic, "relay-long", 1, Duration::from_millis(300)).await;
+                let b = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct(d.source(), &m).await
+                    })
+                    .owner("relay-other");
+                assert_eq!(
+                    b.run_once().await.unwrap(),
+                    0,
+                    "the lease of a running handler was renewed"
+                );
+                long.await.unwrap().unwrap();
+                assert_eq!(attempts_of(&pool, &topic).await, vec![1]);
+                assert_eq!(by_status(&pool, &topic, "success").await, 1);
+                assert_eq!(deductions(&pool, coupon).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn claimed_messages_never_wait_out_their_lease_in_the_queue() {
+                let Some(pool) = pool().await else { return };
+                let topic = topic("queue");
+                let mut coupons = Vec::new();
+                for _ in 0..6 {
+                    coupons.push(produce(&pool, &topic, 1).await);
+                }
+                // One handler slot each, 250 ms per message, 400 ms leases:
+                // a relay that claimed its whole batch would let the tail of
+                // it expire while queued, and the other relay run it again.
+                let relay = |owner: &'static str| {
+                    Relay::new(pool.clone())
+                        .route(topic.clone(), |d, m: Deduct| async move {
+                            deduct_slow(d.source(), &m, Duration::from_millis(250)).await
+                        })
+                        .concurrency(1)
+                        .batch_size(6)
+                        .lease(Duration::from_millis(400))
+                        .poll_interval(Duration::from_millis(20))
+                        .owner(owner)
+                        .spawn()
+                };
+                let (a, b) = (relay("relay-q1"), relay("relay-q2"));
+                drained(&pool, &topic).await;
+                a.shutdown().await;
+                b.shutdown().await;
+                assert_eq!(
+                    attempts_of(&pool, &topic).await,
+                    vec![1; 6],
+                    "no message ran twice"
+                );
+                for c in coupons {
+                    assert_eq!(deductions(&pool, c).await, 1);
+                }
+            }
+        }
+    };
+}
+
+for_each_backend!(relay_tests);
