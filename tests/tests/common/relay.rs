@@ -88,6 +88,24 @@ macro_rules! relay_fixtures {
                 Ok(())
             }
 
+            /// `relay.run_once()`, run again after a retryable error (two
+            /// claims of parallel tests can deadlock on MariaDB; the relay's
+            /// own loop retries after its poll interval) and, with
+            /// `until_claimed`, after a round that claimed nothing.
+            async fn run_once_retrying(relay: &Relay<Db>, until_claimed: bool) -> usize {
+                let start = Instant::now();
+                loop {
+                    match relay.run_once().await {
+                        Ok(n) if n > 0 || !until_claimed => return n,
+                        Ok(_) => {}
+                        Err(e) if e.is_retryable() => eprintln!("claim retried: {e}"),
+                        Err(e) => panic!("run_once: {e}"),
+                    }
+                    assert!(start.elapsed() < Duration::from_secs(20), "no claim in 20 s");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+
             /// Waits until `owner` holds `n` messages of `topic` (as committed),
             /// then until their lease of `lease` has run out.
             async fn held_then_expired(pool: &Pool<Db>, topic: &str, owner: &str, n: i64, lease: Duration) {
