@@ -46,8 +46,8 @@
 
 use crate::Error;
 use crate::backend::Backend;
-use crate::task::TaskHandle;
 pub use crate::backend::{ArchiveTable, RecordInfo};
+use crate::task::TaskHandle;
 use serde::Serialize;
 use sqlx::Pool;
 use std::sync::Arc;

@@ -50,6 +50,25 @@
 //! See the README for every strategy, every attribute option and the same
 //! code written by hand.
 //!
+//! ## What the crate root holds
+//! - The attribute and what handlers name: [`idempotent`](macro@idempotent),
+//!   [`State`], [`EntityId`] (with [`EntityIdValue`], for your own id
+//!   newtypes), [`KeyPart`], [`Outcome`], [`Source`], [`OutboxLease`],
+//!   [`Error`], [`BoxError`], [`Result`], [`is_transient`], and [`Backend`]
+//!   (sealed) for handlers generic over the database.
+//! - Keys built by hand, for code that needs a handler's key outside the
+//!   handler (to look its record up, to enqueue the message that will carry
+//!   it): [`KeyBuilder`] applies the encoding and the checks the attribute's
+//!   templates get, [`check_key`] and [`Validator`] check a finished key,
+//!   [`escape_part`] encodes one part, [`MAX_KEY_LEN`] bounds the result.
+//! - The database side: [`migrate`], [`SCHEMA_VERSION`], [`MAX_TTL_SECS`],
+//!   [`fingerprint`] (the record strategy's payload hash), and the modules
+//!   [`outbox`], [`archive`], `cache` (feature `redis`), `amqp` (feature
+//!   `amqp`), `testing` (feature `testing`).
+//!
+//! What only the generated code calls (the call protocol, the strategies'
+//! specs, SQL dialects) is in a hidden `__private` module and is not API.
+//!
 //! ## Cargo features
 //! - `sqlite` (default): the embedded backend, no server needed.
 //! - `postgres`, `mysql` (MariaDB and MySQL): the server backends.
@@ -77,23 +96,21 @@ mod metrics;
 pub mod outbox;
 mod schema;
 mod state;
+mod strategy;
 pub mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tx;
 mod unique;
 
-pub use backend::{
-    AdminStore, ArchiveStore, Backend, CallStore, Dialect, Migrate, NewRecord, OutboxStore,
-    StateSql, StoredRecord, is_identifier,
-};
-pub use call::{
-    Call, MAX_TTL_SECS, OutboxLease, Outcome, Record, Source, StateMachine, fingerprint,
-};
+pub use backend::Backend;
+pub use call::{OutboxLease, Outcome, Source};
 pub use error::{BoxError, Error, is_transient};
+pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
 pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
 pub use state::{EntityId, EntityIdValue, State};
+pub use strategy::MAX_TTL_SECS;
 
 /// Makes an async handler idempotent.
 ///
@@ -275,9 +292,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Used by the generated code. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::call::{Call, OutboxLease, Record, Source, StateMachine, fingerprint};
+    pub use crate::backend::{
+        AdminStore, ArchiveStore, CallStore, Dialect, Migrate, NewRecord, OutboxStore, StateSql,
+        StoredRecord,
+    };
+    pub use crate::call::{Call, Open, OutboxLease, Outcome, Source};
     pub use crate::key::KeyBuilder;
-    pub use crate::{EntityId, Error, KeyPart, Outcome, State};
+    pub use crate::strategy::{Record, StateMachine, Strategy, UniqueInsert};
+    pub use crate::{EntityId, Error, KeyPart, State, fingerprint};
+    pub use ::idem_core::is_identifier;
     pub use ::sqlx;
     pub use ::tracing::Instrument;
 

@@ -163,7 +163,7 @@ pub async fn existing_tables<DB: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Dialect;
+    use crate::backend::Dialect;
 
     #[test]
     fn every_dialect_reaches_the_current_version() {

@@ -29,7 +29,7 @@
 //! let table = idem_testkit::unique("coupon");
 //! let id = idem_testkit::ids(1);
 //! let stmt = idem_testkit::sql(
-//!     idem_runtime::Dialect::Postgres,
+//!     idem_runtime::__private::Dialect::Postgres,
 //!     "SELECT 1 WHERE ? = ?",
 //! );
 //! assert_eq!(stmt.0, "SELECT 1 WHERE $1 = $2");

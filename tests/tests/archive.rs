@@ -6,8 +6,9 @@
 //! archived records stay queryable by key. Every assertion counts rows in
 //! the database.
 
+use idem_runtime::__private::Dialect;
 use idem_runtime::archive::{Archiver, RecordInfo, find_record};
-use idem_runtime::{Dialect, Error, Outcome, idempotent};
+use idem_runtime::{Error, Outcome, idempotent};
 use idem_testkit::{ids, sql};
 use serde::{Deserialize, Serialize};
 use std::future::Future;

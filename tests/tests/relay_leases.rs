@@ -34,7 +34,7 @@ macro_rules! relay_tests {
                     })
                     .lease(Duration::from_millis(1500))
                     .owner("relay-a");
-                let crashed = tokio::spawn(async move { a.run_once().await });
+                let crashed = tokio::spawn(async move { run_once_retrying(&a, true).await });
                 let start = Instant::now();
                 while scalar(
                     &pool,
@@ -53,10 +53,14 @@ macro_rules! relay_tests {
                         deduct(d.source(), &m).await
                     })
                     .owner("relay-b");
-                assert_eq!(b.run_once().await.unwrap(), 0, "leases still held by A");
+                assert_eq!(
+                    run_once_retrying(&b, false).await,
+                    0,
+                    "leases still held by A"
+                );
                 tokio::time::sleep(Duration::from_millis(1600)).await;
                 assert_eq!(
-                    b.run_once().await.unwrap(),
+                    run_once_retrying(&b, false).await,
                     5,
                     "expired leases are taken over"
                 );
@@ -121,7 +125,7 @@ macro_rules! relay_tests {
                     })
                     .lease(Duration::from_millis(300))
                     .owner("relay-slow");
-                let slow = tokio::spawn(async move { a.run_once().await });
+                let slow = tokio::spawn(async move { run_once_retrying(&a, true).await });
                 held_then_expired(&pool, &topic, "relay-slow", 1, Duration::from_millis(300)).await;
                 // B finds A's lease expired; its retry is rejected for good,
                 // which dead-letters the message if B may claim it.
@@ -133,8 +137,8 @@ macro_rules! relay_tests {
                         deduct(d.source(), &m).await
                     })
                     .owner("relay-strict");
-                b.run_once().await.unwrap();
-                slow.await.unwrap().unwrap();
+                run_once_retrying(&b, false).await;
+                slow.await.unwrap();
                 let failed = by_status(&pool, &topic, "failed").await;
                 let done = deductions(&pool, coupon).await;
                 assert!(
@@ -158,7 +162,7 @@ macro_rules! relay_tests {
                     })
                     .lease(Duration::from_millis(300))
                     .owner("relay-long");
-                let long = tokio::spawn(async move { a.run_once().await });
+                let long = tokio::spawn(async move { run_once_retrying(&a, true).await });
                 held_then_expired(&pool, &topic, "relay-long", 1, Duration::from_millis(300)).await;
                 let b = Relay::new(pool.clone())
                     .route(topic.clone(), |d, m: Deduct| async move {
@@ -166,11 +170,11 @@ macro_rules! relay_tests {
                     })
                     .owner("relay-other");
                 assert_eq!(
-                    b.run_once().await.unwrap(),
+                    run_once_retrying(&b, false).await,
                     0,
                     "the lease of a running handler was renewed"
                 );
-                long.await.unwrap().unwrap();
+                long.await.unwrap();
                 assert_eq!(attempts_of(&pool, &topic).await, vec![1]);
                 assert_eq!(by_status(&pool, &topic, "success").await, 1);
                 assert_eq!(deductions(&pool, coupon).await, 1);

@@ -4,7 +4,8 @@
 //! IGNORE`) or a zero date stored (MariaDB's `INSERT IGNORE`), and
 //! `expire_time` is after `create_time`. Against the real servers.
 
-use idem_runtime::{Backend, Call, Dialect, Error, MAX_TTL_SECS, NewRecord, Record, Source};
+use idem_runtime::__private::{Call, Dialect, NewRecord, Record};
+use idem_runtime::{Backend, Error, MAX_TTL_SECS, Source};
 use idem_testkit::{ids, sql};
 
 macro_rules! ttl_tests {
@@ -31,9 +32,7 @@ macro_rules! ttl_tests {
             async fn guard(pool: &Pool<Db>, ttl_secs: i64) -> Result<(), Error> {
                 let key = format!("ttl:{}", ids(1));
                 let span = tracing::Span::none();
-                let mut call =
-                    Call::begin(Source::from(pool), key, "record", "ttl_test", span).await?;
-                call.record_guard::<String>(&record(ttl_secs))
+                Call::open::<_, String>(Source::from(pool), key, &record(ttl_secs), span)
                     .await
                     .map(|_| ())
             }

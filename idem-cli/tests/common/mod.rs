@@ -3,7 +3,8 @@
 //! when reachable) and outbox rows. Each target uses only part of it.
 #![allow(dead_code)]
 
-pub use idem_runtime::{Backend, Dialect};
+pub use idem_runtime::__private::Dialect;
+pub use idem_runtime::Backend;
 pub use idem_testkit::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
 pub use serde_json::Value;
 pub use sqlx::{Any, AnyPool, Row};

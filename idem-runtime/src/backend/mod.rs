@@ -34,7 +34,6 @@ pub(crate) mod sqlite;
 mod store;
 mod types;
 
-pub use idem_core::is_identifier;
 pub use sql::{ClaimSql, StateSql};
 pub use types::{
     ArchiveTable, NewRecord, OutboxMessage, OutboxRow, OutboxState, RecordInfo, RequeueTarget,

@@ -5,8 +5,9 @@
 //!
 //! Usage: relay_worker URL TOPIC OWNER LEASE_MS HANDLER_SLEEP_MS IDLE_EXIT_MS
 
+use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::Relay;
-use idem_runtime::{Backend, Dialect, State, idempotent};
+use idem_runtime::{Backend, State, idempotent};
 use idem_testkit::sql;
 use serde::Deserialize;
 use sqlx::{Any, AnyPool, Transaction};

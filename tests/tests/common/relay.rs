@@ -4,8 +4,9 @@
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
+pub use idem_runtime::__private::Dialect;
 pub use idem_runtime::outbox::Relay;
-pub use idem_runtime::{Dialect, Error, Outcome, State, idempotent};
+pub use idem_runtime::{Error, Outcome, State, idempotent};
 pub use idem_testkit::{ids, sql};
 pub use serde::{Deserialize, Serialize};
 
@@ -85,6 +86,24 @@ macro_rules! relay_fixtures {
                     .execute(&mut **tx)
                     .await?;
                 Ok(())
+            }
+
+            /// `relay.run_once()`, run again after a retryable error (two
+            /// claims of parallel tests can deadlock on MariaDB; the relay's
+            /// own loop retries after its poll interval) and, with
+            /// `until_claimed`, after a round that claimed nothing.
+            async fn run_once_retrying(relay: &Relay<Db>, until_claimed: bool) -> usize {
+                let start = Instant::now();
+                loop {
+                    match relay.run_once().await {
+                        Ok(n) if n > 0 || !until_claimed => return n,
+                        Ok(_) => {}
+                        Err(e) if e.is_retryable() => eprintln!("claim retried: {e}"),
+                        Err(e) => panic!("run_once: {e}"),
+                    }
+                    assert!(start.elapsed() < Duration::from_secs(20), "no claim in 20 s");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
 
             /// Waits until `owner` holds `n` messages of `topic` (as committed),

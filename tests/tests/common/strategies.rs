@@ -5,7 +5,8 @@
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
-pub use idem_runtime::{Dialect, Error, OutboxLease, Outcome, State, idempotent};
+pub use idem_runtime::__private::Dialect;
+pub use idem_runtime::{Error, OutboxLease, Outcome, State, idempotent};
 pub use idem_testkit::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 

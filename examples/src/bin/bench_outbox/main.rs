@@ -67,7 +67,7 @@ mod pgbench;
 
 use args::Args;
 use clap::Parser;
-use idem_runtime::Dialect;
+use idem_runtime::__private::Dialect;
 use idem_side::idem_run;
 use pgbench::{pgbench_rows, pgbench_run, pgbench_scripts};
 use sqlx::postgres::PgPoolOptions;

@@ -3,7 +3,7 @@
 
 use super::args::Args;
 use super::{BoxError, LEASE_SECS, ORDER_OFFSET, PGB_COUPON, PGB_LEDGER, PGB_OUTBOX};
-use idem_runtime::Dialect;
+use idem_runtime::__private::Dialect;
 use sqlx::PgPool;
 
 // ---- the pgbench side ----------------------------------------------------------------

@@ -1,0 +1,338 @@
+//! One idempotent call: its transaction, its strategy, its outcome.
+//!
+//! The code `#[idempotent]` generates makes two calls, whatever the
+//! strategy; the order of the protocol is written here, once:
+//!
+//! 1. [`Call::open`]: the front cache (feature `redis`), then BEGIN, the
+//!    fenced outbox update when an outbox message drives the call, then the
+//!    strategy's guard. A duplicate commits and is answered
+//!    ([`Open::Done`]); otherwise the body runs on [`Call::tx`].
+//! 2. [`Call::finish`]: the strategy's bookkeeping for the body's result
+//!    (transition, stored result, savepoint or constraint match), then the
+//!    commit and the cache marker.
+//!
+//! Dropping a `Call` without finishing it rolls its transaction back.
+
+mod cache_marker;
+mod outcome;
+mod source;
+
+pub use outcome::Outcome;
+pub use source::{OutboxLease, Source};
+
+pub(crate) use cache_marker::{replay_marker, replay_of};
+
+use crate::backend::Backend;
+use crate::error::{BoxError, Error};
+use crate::strategy::{Settled, Strategy, Verdict};
+use sqlx::Transaction;
+use tracing::Span;
+
+/// What [`Call::open`] found.
+#[derive(Debug)]
+pub enum Open<DB: Backend, G, T> {
+    /// A first delivery: run the body on [`Call::tx`], then
+    /// [`Call::finish`].
+    Run(Call<DB, G>),
+    /// Answered before the body (a duplicate, by the front cache or by the
+    /// strategy's guard; already committed).
+    Done(Outcome<T>),
+}
+
+/// An idempotent call in progress: an open transaction on which the guard,
+/// the body and the bookkeeping run, and what the guard found (`G`). Rolls
+/// back when dropped unfinished.
+#[derive(Debug)]
+pub struct Call<DB: Backend, G = ()> {
+    pub(crate) tx: Transaction<'static, DB>,
+    pub(crate) key: String,
+    span: Span,
+    strategy: &'static str,
+    #[cfg(feature = "redis")]
+    scope: &'static str,
+    #[cfg(feature = "redis")]
+    cache: Option<crate::cache::RedisCache>,
+    guard: G,
+}
+
+impl<DB: Backend> Call<DB> {
+    /// Everything before the body: the front cache's answer (never asked
+    /// when an outbox message drives the call: its status must be
+    /// updated), BEGIN and the fenced outbox update (see [`OutboxLease`]),
+    /// then the strategy's guard. A duplicate commits here.
+    pub async fn open<S, T>(
+        source: Source<'_, DB>,
+        key: String,
+        spec: &S,
+        span: Span,
+    ) -> Result<Open<DB, S::Guard, T>, Error>
+    where
+        S: Strategy<DB, T>,
+    {
+        if let Some(marker) = cache_lookup(&source, spec.scope(), &key).await
+            && let Some(stored) = spec.cached(&marker, &span)
+        {
+            cache_duplicate(&key, &span);
+            return Ok(Open::Done(Outcome::Duplicate(stored)));
+        }
+        let mut call = Call::begin(source, key, S::NAME, spec.scope(), span).await?;
+        match spec.guard(&mut call).await {
+            Ok(Verdict::Run(guard)) => Ok(Open::Run(call.with_guard(guard))),
+            Ok(Verdict::Duplicate { stored, marker }) => {
+                call.duplicate(stored, marker).await.map(Open::Done)
+            }
+            // The transaction rolls back when `call` drops.
+            Err(e) => Err(call.fail(e)),
+        }
+    }
+
+    /// Begins the call's transaction. When an outbox message drives the
+    /// call, marks it `success` first, fenced by its lease: a message that
+    /// is not held by this delivery fails the call before anything runs.
+    #[allow(unused_variables)]
+    async fn begin(
+        source: Source<'_, DB>,
+        key: String,
+        strategy: &'static str,
+        scope: &'static str,
+        span: Span,
+    ) -> Result<Self, Error> {
+        span.record("key", key.as_str());
+        let tx = match DB::begin(source.pool).await {
+            Ok(tx) => tx,
+            Err(e) => return Err(fail(&span, Error::Database(e))),
+        };
+        let mut call = Call {
+            tx,
+            key,
+            span,
+            strategy,
+            #[cfg(feature = "redis")]
+            scope,
+            #[cfg(feature = "redis")]
+            cache: source.cache,
+            guard: (),
+        };
+        if let Some(lease) = &source.outbox {
+            // On failure the transaction rolls back when `call` drops.
+            call.mark_outbox(lease).await?;
+        }
+        Ok(call)
+    }
+
+    /// The fenced outbox update: exactly one row, or the call fails.
+    async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
+        match DB::outbox_success(&mut self.tx, lease).await {
+            Ok(1) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(self.fail(Error::Database(e))),
+        }
+        let found = DB::outbox_state(&mut self.tx, lease.id)
+            .await
+            .map_err(|e| self.fail(Error::Database(e)))?;
+        let err = match found {
+            None => Error::OutboxMessage {
+                id: lease.id,
+                reason: "no such outbox message".into(),
+            },
+            Some(row) if row.topic != lease.topic => Error::OutboxMessage {
+                id: lease.id,
+                reason: format!(
+                    "the message belongs to topic `{}`, not `{}`",
+                    row.topic, lease.topic
+                ),
+            },
+            Some(row)
+                if row.lease_owner.as_deref() != Some(lease.owner.as_str())
+                    || row.attempts != lease.attempt =>
+            {
+                Error::LeaseLost {
+                    id: lease.id,
+                    holder: row.lease_owner,
+                    attempt: row.attempts,
+                }
+            }
+            Some(row) => Error::OutboxMessage {
+                id: lease.id,
+                reason: format!("the message is `{}`, not pending", row.status),
+            },
+        };
+        Err(self.fail(err))
+    }
+
+    fn with_guard<G>(self, guard: G) -> Call<DB, G> {
+        let Call {
+            tx,
+            key,
+            span,
+            strategy,
+            #[cfg(feature = "redis")]
+            scope,
+            #[cfg(feature = "redis")]
+            cache,
+            guard: (),
+        } = self;
+        Call {
+            tx,
+            key,
+            span,
+            strategy,
+            #[cfg(feature = "redis")]
+            scope,
+            #[cfg(feature = "redis")]
+            cache,
+            guard,
+        }
+    }
+}
+
+impl<DB: Backend, G> Call<DB, G> {
+    /// The transaction the body runs in.
+    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        &mut self.tx
+    }
+
+    /// The call's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Everything after the body: the strategy's bookkeeping for its
+    /// result, then the commit. A body error rolls everything back (except
+    /// a `unique_insert` duplicate, which commits).
+    pub async fn finish<S, T, E>(self, spec: &S, body: Result<T, E>) -> Result<Outcome<T>, Error>
+    where
+        S: Strategy<DB, T, Guard = G>,
+        E: Into<BoxError>,
+    {
+        let (mut call, guard) = self.take_guard();
+        match spec
+            .settle(&mut call, guard, body.map_err(Into::into))
+            .await
+        {
+            Ok(Settled::Executed { value, marker }) => {
+                call.commit("executed", marker).await?;
+                Ok(Outcome::Executed(value))
+            }
+            Ok(Settled::Duplicate) => call.duplicate(None, None).await,
+            Err(e) => Err(call.abort(e).await),
+        }
+    }
+
+    fn take_guard(self) -> (Call<DB>, G) {
+        let Call {
+            tx,
+            key,
+            span,
+            strategy,
+            #[cfg(feature = "redis")]
+            scope,
+            #[cfg(feature = "redis")]
+            cache,
+            guard,
+        } = self;
+        let call = Call {
+            tx,
+            key,
+            span,
+            strategy,
+            #[cfg(feature = "redis")]
+            scope,
+            #[cfg(feature = "redis")]
+            cache,
+            guard: (),
+        };
+        (call, guard)
+    }
+
+    /// Ends a call whose action already happened: commits (the driving
+    /// outbox message, if any, was marked at the start), re-warming the
+    /// cache with `marker` (the record strategy's fingerprint and result).
+    /// Answers `Duplicate(stored)`.
+    async fn duplicate<T>(
+        self,
+        stored: Option<T>,
+        marker: Option<String>,
+    ) -> Result<Outcome<T>, Error> {
+        let layer = match self.strategy {
+            "state_machine" => "domain_state",
+            other => other,
+        };
+        crate::metrics::duplicate(layer);
+        self.commit("duplicate", marker).await?;
+        Ok(Outcome::Duplicate(stored))
+    }
+
+    #[allow(unused_variables, unused_mut)]
+    async fn commit(mut self, outcome: &'static str, marker: Option<String>) -> Result<(), Error> {
+        // A failure here is ambiguous: the server may have committed and
+        // the acknowledgement been lost. Report it as such; a retry is safe.
+        #[cfg(feature = "redis")]
+        let (cache, key, scope) = (self.cache.take(), std::mem::take(&mut self.key), self.scope);
+        let Call { tx, span, .. } = self;
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = match committed {
+            Ok(()) if crate::testing::lose_ack() => Err(crate::testing::lost_ack_error()),
+            other => other,
+        };
+        match committed {
+            Ok(()) => {
+                span.record("outcome", outcome);
+                tracing::debug!(parent: &span, outcome, "idempotent call finished");
+                crate::metrics::call(outcome);
+                // Only now, after the commit: the marker of a rolled-back
+                // call would skip the action forever.
+                #[cfg(feature = "redis")]
+                if let Some(cache) = cache {
+                    let marker = marker.as_deref().unwrap_or(cache_marker::PLAIN_MARKER);
+                    cache.put(scope, &key, marker).await;
+                }
+                Ok(())
+            }
+            Err(e @ sqlx::Error::Database(_)) => Err(fail(&span, Error::Database(e))),
+            Err(e) => Err(fail(&span, Error::CommitUnknown(e))),
+        }
+    }
+
+    async fn abort(self, err: Error) -> Error {
+        // Rollback failures leave nothing behind: the server rolls back a
+        // transaction whose connection is gone.
+        let _ = self.tx.rollback().await;
+        fail(&self.span, err)
+    }
+
+    fn fail(&self, err: Error) -> Error {
+        fail(&self.span, err)
+    }
+}
+
+/// The front cache's marker for this call's `scope` and key, if any.
+#[allow(unused_variables)]
+async fn cache_lookup<DB: Backend>(
+    source: &Source<'_, DB>,
+    scope: &'static str,
+    key: &str,
+) -> Option<String> {
+    #[cfg(feature = "redis")]
+    if source.outbox.is_none()
+        && let Some(cache) = &source.cache
+    {
+        return cache.get(scope, key).await;
+    }
+    None
+}
+
+fn cache_duplicate(key: &str, span: &Span) {
+    span.record("key", key);
+    span.record("outcome", "duplicate");
+    crate::metrics::duplicate("cache");
+    tracing::debug!(parent: span, layer = "cache", "duplicate stopped by the front cache");
+}
+
+fn fail(span: &Span, err: Error) -> Error {
+    span.record("outcome", err.kind());
+    crate::metrics::error(&err);
+    tracing::debug!(parent: span, error = %err, retryable = err.is_retryable(), "idempotent call failed");
+    err
+}
