@@ -5,7 +5,7 @@ use std::ops::Range;
 
 /// One piece of a key template.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Segment {
+pub(crate) enum Segment {
     /// Literal text (braces unescaped).
     Lit(String),
     /// A `{root.member.member}` placeholder.
@@ -14,7 +14,7 @@ pub enum Segment {
 
 /// A placeholder naming a parameter and an optional field path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placeholder {
+pub(crate) struct Placeholder {
     /// The text between the braces.
     pub text: String,
     /// The parameter it names.
@@ -27,7 +27,7 @@ pub struct Placeholder {
 
 /// A template error, with the byte range it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateError {
+pub(crate) struct TemplateError {
     /// What is wrong.
     pub message: String,
     /// Where, in the template's bytes (`None`: the whole template).
@@ -42,7 +42,7 @@ fn err(message: impl Into<String>, range: Option<Range<usize>>) -> TemplateError
 }
 
 /// Parses a key template. `{{` and `}}` are literal braces.
-pub fn parse(template: &str) -> Result<Vec<Segment>, Vec<TemplateError>> {
+pub(crate) fn parse(template: &str) -> Result<Vec<Segment>, Vec<TemplateError>> {
     if template.is_empty() {
         return Err(vec![err(
             "the key template is empty: name the message fields that identify the action, \
@@ -136,7 +136,7 @@ pub fn parse(template: &str) -> Result<Vec<Segment>, Vec<TemplateError>> {
 /// Whether `c` may appear in an encoded key part: RFC 3986 unreserved
 /// characters, and `%` of the `%XX` escapes (the runtime percent-encodes
 /// every other byte of a part).
-pub fn in_encoded_part(c: char) -> bool {
+pub(crate) fn in_encoded_part(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '%')
 }
 

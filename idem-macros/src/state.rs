@@ -6,7 +6,7 @@ use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, LitStr};
 
 /// Expands the derive; errors become compile errors.
-pub fn derive(input: TokenStream) -> TokenStream {
+pub(crate) fn derive(input: TokenStream) -> TokenStream {
     match expand(input.clone()) {
         Ok(ts) => ts,
         Err(e) => {
@@ -111,7 +111,7 @@ fn expand(input: TokenStream) -> Result<TokenStream, syn::Error> {
 }
 
 /// `PartlyRefunded` → `PARTLY_REFUNDED`.
-pub fn screaming_snake(s: &str) -> String {
+pub(crate) fn screaming_snake(s: &str) -> String {
     let chars: Vec<char> = s.chars().collect();
     let mut out = String::new();
     for (i, &c) in chars.iter().enumerate() {

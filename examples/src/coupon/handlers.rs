@@ -124,7 +124,7 @@ pub async fn consume_coupon_msg_fault_version(
 }
 
 /// One handler under test, with its own tables and outbox topic.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handler {
     /// The article's fault version.
     FaultVersion,

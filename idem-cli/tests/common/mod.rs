@@ -3,15 +3,15 @@
 //! when reachable) and outbox rows. Each target uses only part of it.
 #![allow(dead_code)]
 
-pub use idem_runtime::__private::Dialect;
-pub use idem_runtime::Backend;
-pub use idem_testkit::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
-pub use serde_json::Value;
-pub use sqlx::{Any, AnyPool, Row};
-pub use std::process::Output;
+pub(crate) use idem_runtime::__private::Dialect;
+pub(crate) use idem_runtime::Backend;
+pub(crate) use idem_testkit::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
+pub(crate) use serde_json::Value;
+pub(crate) use sqlx::{Any, AnyPool, Row};
+pub(crate) use std::process::Output;
 
 /// Runs `idem --database-url URL ARGS…`.
-pub fn idem(url: &str, args: &[&str]) -> Output {
+pub(crate) fn idem(url: &str, args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .env_remove("DATABASE_URL")
         .arg("--database-url")
@@ -22,7 +22,7 @@ pub fn idem(url: &str, args: &[&str]) -> Output {
 }
 
 /// Runs it, asserts success, returns stdout.
-pub fn ok(url: &str, args: &[&str]) -> String {
+pub(crate) fn ok(url: &str, args: &[&str]) -> String {
     let out = idem(url, args);
     assert!(
         out.status.success(),
@@ -35,19 +35,19 @@ pub fn ok(url: &str, args: &[&str]) -> String {
 }
 
 /// Runs it with `--json`, asserts success, parses stdout.
-pub fn json(url: &str, args: &[&str]) -> Value {
+pub(crate) fn json(url: &str, args: &[&str]) -> Value {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
     let text = ok(url, &all);
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
-pub fn dialect(pool: &AnyPool) -> Dialect {
+pub(crate) fn dialect(pool: &AnyPool) -> Dialect {
     <Any as Backend>::pool_dialect(pool)
 }
 
 /// The databases to run on: SQLite always, the servers when reachable.
-pub async fn databases() -> Vec<(String, AnyPool)> {
+pub(crate) async fn databases() -> Vec<(String, AnyPool)> {
     let mut out = Vec::new();
     let lite = sqlite_url();
     let pool = any(&lite, 2).await.expect("sqlite never skips");
@@ -60,7 +60,7 @@ pub async fn databases() -> Vec<(String, AnyPool)> {
     out
 }
 
-pub async fn insert_message(
+pub(crate) async fn insert_message(
     pool: &AnyPool,
     topic: &str,
     msg_id: &str,
@@ -96,7 +96,10 @@ pub async fn insert_message(
 }
 
 /// `(id, status, attempts, last_error)` of a topic's messages, by id.
-pub async fn rows_of(pool: &AnyPool, topic: &str) -> Vec<(i64, String, i64, Option<String>)> {
+pub(crate) async fn rows_of(
+    pool: &AnyPool,
+    topic: &str,
+) -> Vec<(i64, String, i64, Option<String>)> {
     sqlx::query(sql(
         dialect(pool),
         "SELECT id, status, attempts, last_error FROM idem_outbox WHERE topic = ? ORDER BY id",

@@ -6,7 +6,7 @@ mod strategy;
 mod ttl;
 mod value;
 
-pub use value::Errors;
+pub(crate) use value::Errors;
 use value::lit_str;
 
 use proc_macro2::{Span, TokenStream};
@@ -16,7 +16,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, MetaNameValue, Path, Token};
 
 /// Every argument name, in the order they are listed in errors.
-pub const ALL: &[&str] = &[
+pub(crate) const ALL: &[&str] = &[
     "key",
     "strategy",
     "validate",
@@ -46,11 +46,11 @@ const STATE_MACHINE: &[&str] = &[
 const RECORD: &[&str] = &["biz_type", "biz_no", "ttl", "fingerprint"];
 const UNIQUE_INSERT: &[&str] = &["constraint"];
 /// The strategies, as listed in errors.
-pub const STRATEGIES: &[&str] = &["state_machine", "record", "unique_insert"];
+pub(crate) const STRATEGIES: &[&str] = &["state_machine", "record", "unique_insert"];
 
 /// A parameter path such as `msg.coupon_id`: a parameter and its fields.
 #[derive(Debug, Clone)]
-pub struct FieldPath {
+pub(crate) struct FieldPath {
     /// The parameter.
     pub root: Ident,
     /// The expression as written.
@@ -59,7 +59,7 @@ pub struct FieldPath {
 
 /// Which strategy, with its options.
 #[derive(Debug)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     /// `strategy = state_machine`.
     StateMachine {
         table: LitStr,
@@ -86,7 +86,7 @@ pub enum Strategy {
 
 impl Strategy {
     /// The strategy's name.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Strategy::StateMachine { .. } => "state_machine",
             Strategy::Record { .. } => "record",
@@ -97,7 +97,7 @@ impl Strategy {
 
 /// The parsed attribute.
 #[derive(Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// `key = "..."`.
     pub key: LitStr,
     /// `validate = path::to::fn`.
@@ -115,7 +115,7 @@ fn list(names: &[&str]) -> String {
 }
 
 /// Parses the attribute's arguments.
-pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
+pub(crate) fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
     let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated
         .parse2(attr)
         .map_err(|e| {

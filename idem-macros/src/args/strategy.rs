@@ -7,10 +7,10 @@ use proc_macro2::Span;
 use syn::Expr;
 
 /// Looks an argument up by name.
-pub type Take<'a> = dyn Fn(&str) -> Option<(Span, Expr)> + 'a;
+pub(super) type Take<'a> = dyn Fn(&str) -> Option<(Span, Expr)> + 'a;
 
 /// `strategy = state_machine`: `table`, `id`, `from`, `to` required.
-pub fn state_machine(take: &Take, errors: &mut Errors) -> Option<Strategy> {
+pub(super) fn state_machine(take: &Take, errors: &mut Errors) -> Option<Strategy> {
     let mut required = |name: &str, example: &str| {
         let got = take(name);
         if got.is_none() {
@@ -56,7 +56,7 @@ pub fn state_machine(take: &Take, errors: &mut Errors) -> Option<Strategy> {
 }
 
 /// `strategy = record`: `biz_type` required.
-pub fn record(take: &Take, errors: &mut Errors) -> Option<Strategy> {
+pub(super) fn record(take: &Take, errors: &mut Errors) -> Option<Strategy> {
     let biz_type = match take("biz_type") {
         Some((_, e)) => lit_str(&e, "biz_type", errors).and_then(|s| {
             let v = s.value();
@@ -127,7 +127,7 @@ pub fn record(take: &Take, errors: &mut Errors) -> Option<Strategy> {
 }
 
 /// `strategy = unique_insert`: `constraint` required.
-pub fn unique_insert(take: &Take, errors: &mut Errors) -> Option<Strategy> {
+pub(super) fn unique_insert(take: &Take, errors: &mut Errors) -> Option<Strategy> {
     match take("constraint") {
         Some((_, e)) => ident_str(&e, "constraint", errors)
             .map(|constraint| Strategy::UniqueInsert { constraint }),

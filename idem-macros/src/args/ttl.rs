@@ -1,15 +1,15 @@
 //! `ttl = "7d"`: record lifetimes, from one second to ten years.
 
 /// Default record time-to-live: seven days.
-pub const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
+pub(super) const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// The longest record time-to-live: 3650 days (ten years). Longer is a
 /// mistake (a unit typo such as `3000000d`), and far past what the
 /// database's date arithmetic handles everywhere.
-pub const MAX_TTL_SECS: u64 = 3650 * 24 * 3600;
+pub(super) const MAX_TTL_SECS: u64 = 3650 * 24 * 3600;
 
 /// `30s`, `15m`, `24h`, `7d`, `1d12h` → seconds, between 1 second and
 /// [`MAX_TTL_SECS`]; the error says what is wrong.
-pub fn parse_ttl(s: &str) -> Result<u64, String> {
+pub(super) fn parse_ttl(s: &str) -> Result<u64, String> {
     let syntax = || {
         format!(
             "invalid ttl `{s}`: expected a positive duration such as `30s`, `15m`, `24h`, `7d` \

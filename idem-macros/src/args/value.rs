@@ -8,33 +8,33 @@ use syn::{Expr, Ident, LitStr, Path};
 
 /// Collects errors so the user sees them all at once.
 #[derive(Default)]
-pub struct Errors(Option<syn::Error>);
+pub(crate) struct Errors(Option<syn::Error>);
 
 impl Errors {
     /// Adds an error.
-    pub fn push(&mut self, e: syn::Error) {
+    pub(crate) fn push(&mut self, e: syn::Error) {
         match &mut self.0 {
             Some(all) => all.combine(e),
             None => self.0 = Some(e),
         }
     }
     /// Adds an error at `span`.
-    pub fn at(&mut self, span: Span, msg: impl std::fmt::Display) {
+    pub(crate) fn at(&mut self, span: Span, msg: impl std::fmt::Display) {
         self.push(syn::Error::new(span, msg));
     }
     /// Adds an error covering all of `tokens` (a path, a type, an
     /// expression), not only their first token as `at(x.span())` does on
     /// stable Rust.
-    pub fn spanned(&mut self, tokens: impl quote::ToTokens, msg: impl std::fmt::Display) {
+    pub(crate) fn spanned(&mut self, tokens: impl quote::ToTokens, msg: impl std::fmt::Display) {
         self.push(syn::Error::new_spanned(tokens, msg));
     }
     /// The collected errors, if any.
-    pub fn finish(self) -> Result<(), syn::Error> {
+    pub(crate) fn finish(self) -> Result<(), syn::Error> {
         self.0.map_or(Ok(()), Err)
     }
 }
 
-pub fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
+pub(super) fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     match e {
         Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(s),
@@ -48,7 +48,7 @@ pub fn lit_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
 }
 
 /// A string literal that must be a plain SQL identifier (or `schema.table`).
-pub fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
+pub(super) fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     let s = lit_str(e, name, errors)?;
     if is_identifier(&s.value()) {
         Some(s)
@@ -70,7 +70,7 @@ pub fn ident_str(e: &Expr, name: &str, errors: &mut Errors) -> Option<LitStr> {
     }
 }
 
-pub fn state_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<Path> {
+pub(super) fn state_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<Path> {
     match e {
         Expr::Path(p) if p.qself.is_none() && p.path.segments.len() >= 2 => Some(p.path.clone()),
         other => {
@@ -87,7 +87,7 @@ pub fn state_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<Path> {
 }
 
 /// `msg`, `msg.field`, `msg.0.field`: a parameter and its fields.
-pub fn field_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<FieldPath> {
+pub(super) fn field_path(e: &Expr, name: &str, errors: &mut Errors) -> Option<FieldPath> {
     fn root(e: &Expr) -> Option<Ident> {
         match e {
             Expr::Path(p) if p.qself.is_none() => p.path.get_ident().cloned(),

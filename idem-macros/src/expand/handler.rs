@@ -5,7 +5,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 /// The handler's signature, taken apart.
-pub struct Handler<'a> {
+pub(super) struct Handler<'a> {
     pub func: &'a ItemFn,
     /// The transaction parameter's pattern and type.
     pub tx_pat: &'a Pat,
@@ -19,7 +19,7 @@ pub struct Handler<'a> {
     pub ok: &'a Type,
 }
 
-pub fn analyze(func: &ItemFn) -> Result<Handler<'_>, syn::Error> {
+pub(super) fn analyze(func: &ItemFn) -> Result<Handler<'_>, syn::Error> {
     let mut errors = Errors::default();
     let sig = &func.sig;
     if sig.asyncness.is_none() {
@@ -131,7 +131,7 @@ fn ok_type(ty: &Type) -> Option<&Type> {
 }
 
 /// The parameters besides the transaction, for error messages.
-pub fn param_list(h: &Handler) -> String {
+pub(super) fn param_list(h: &Handler) -> String {
     if h.params.is_empty() {
         return "none besides the transaction".into();
     }

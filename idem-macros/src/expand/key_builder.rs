@@ -9,7 +9,7 @@ use quote::{quote, quote_spanned};
 use syn::{Ident, Pat};
 
 /// The key derivation: `KeyBuilder::new().lit(..).part(..)…`.
-pub fn key_builder(args: &Args, h: &Handler, errors: &mut Errors) -> TokenStream {
+pub(super) fn key_builder(args: &Args, h: &Handler, errors: &mut Errors) -> TokenStream {
     let lit = &args.key;
     let template = lit.value();
     let span_of = |range: Option<std::ops::Range<usize>>| {

@@ -16,7 +16,7 @@ use syn::spanned::Spanned;
 
 /// `#[idempotent(...)]`: on any error, the user's function is emitted
 /// unchanged, followed by the errors, so the IDE keeps working inside it.
-pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+pub(crate) fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(_) => {

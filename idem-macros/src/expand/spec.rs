@@ -12,7 +12,7 @@ use syn::spanned::Spanned;
 /// record strategy's `biz_type`, elsewhere the handler's name (it only
 /// scopes cache markers there, so a rename costs cache misses, never a
 /// double apply).
-pub fn spec(strategy: &Strategy, h: &Handler, scope: &str) -> TokenStream {
+pub(super) fn spec(strategy: &Strategy, h: &Handler, scope: &str) -> TokenStream {
     match strategy {
         Strategy::StateMachine {
             table,

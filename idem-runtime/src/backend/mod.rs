@@ -34,10 +34,11 @@ pub(crate) mod sqlite;
 mod store;
 mod types;
 
-pub use sql::{ClaimSql, StateSql};
+pub(crate) use sql::ClaimSql;
+pub use sql::StateSql;
+pub(crate) use types::OutboxState;
 pub use types::{
-    ArchiveTable, NewRecord, OutboxMessage, OutboxRow, OutboxState, RecordInfo, RequeueTarget,
-    StoredRecord,
+    ArchiveTable, NewRecord, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget, StoredRecord,
 };
 
 pub(crate) mod sealed {

@@ -9,7 +9,7 @@ use idem_core::{is_identifier, numbered_placeholders};
 pub struct StateSql {
     /// Reads the state and the key column (or NULL) under a row lock.
     pub lock: String,
-    /// The guarded transition `from` → `to` (binds: to, [key], id, from).
+    /// The guarded transition `from` → `to` (binds: to, the key when there is a key column, id, from).
     pub transition: String,
     /// Whether the transition writes the key column.
     pub with_key: bool,

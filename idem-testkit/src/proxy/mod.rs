@@ -142,6 +142,17 @@ pub struct FaultProxy {
     accept: JoinHandle<()>,
 }
 
+impl std::fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("addr", &self.addr)
+            .field("drop_fraction", &self.drop_fraction())
+            .field("commits_seen", &self.commits_seen())
+            .field("acks_dropped", &self.acks_dropped())
+            .finish()
+    }
+}
+
 impl FaultProxy {
     /// Listens on `127.0.0.1:0` and forwards every connection to `upstream`
     /// (`host:port`), dropping the acknowledgement of `drop_fraction` of the

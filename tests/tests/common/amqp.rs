@@ -3,29 +3,29 @@
 //! readers. Each target uses only part of it.
 #![allow(dead_code)]
 
-pub use idem_runtime::amqp::{
+pub(crate) use idem_runtime::amqp::{
     self, ATTEMPTS_HEADER, Consumer, ConsumerHandle, Message, Publisher, Topology, lapin,
 };
-pub use idem_runtime::{Error, Outcome, State, idempotent};
-pub use idem_testkit::{ids, unique};
-pub use lapin::Connection;
-pub use lapin::options::{
+pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
+pub(crate) use idem_testkit::{ids, unique};
+pub(crate) use lapin::Connection;
+pub(crate) use lapin::options::{
     BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-pub use lapin::types::{AMQPValue, FieldTable};
-pub use serde::{Deserialize, Serialize};
-pub use sqlx::{PgPool, Postgres, Transaction};
-pub use std::sync::atomic::{AtomicUsize, Ordering};
-pub use std::sync::{Arc, Mutex};
-pub use std::time::{Duration, Instant};
+pub(crate) use lapin::types::{AMQPValue, FieldTable};
+pub(crate) use serde::{Deserialize, Serialize};
+pub(crate) use sqlx::{PgPool, Postgres, Transaction};
+pub(crate) use std::sync::atomic::{AtomicUsize, Ordering};
+pub(crate) use std::sync::{Arc, Mutex};
+pub(crate) use std::time::{Duration, Instant};
 
-pub fn amqp_url() -> String {
+pub(crate) fn amqp_url() -> String {
     std::env::var("IDEM_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// A connection to the local RabbitMQ, or `None` (skipped).
-pub async fn broker() -> Option<Arc<Connection>> {
+pub(crate) async fn broker() -> Option<Arc<Connection>> {
     match amqp::connect(&amqp_url()).await {
         Ok(c) => Some(c),
         Err(e) => {
@@ -36,7 +36,7 @@ pub async fn broker() -> Option<Arc<Connection>> {
 }
 
 /// PostgreSQL with this file's tables.
-pub async fn database() -> Option<PgPool> {
+pub(crate) async fn database() -> Option<PgPool> {
     let pool = idem_testkit::postgres(8).await?;
     let mut tx = pool.begin().await.expect("begin");
     sqlx::query("SELECT pg_advisory_xact_lock(77011)")
@@ -57,20 +57,20 @@ pub async fn database() -> Option<PgPool> {
 }
 
 /// Both servers, or `None` (skipped).
-pub async fn servers() -> Option<(PgPool, Arc<Connection>)> {
+pub(crate) async fn servers() -> Option<(PgPool, Arc<Connection>)> {
     let conn = broker().await?;
     let pool = database().await?;
     Some((pool, conn))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub enum CouponState {
+pub(crate) enum CouponState {
     Unused,
     Used,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Deduct {
+pub(crate) struct Deduct {
     pub coupon_id: i64,
     pub order_id: i64,
 }
@@ -100,7 +100,7 @@ pub async fn deduct(
 }
 
 /// A coupon in `status`, and its deduction payload.
-pub async fn coupon(pool: &PgPool, status: &str) -> Deduct {
+pub(crate) async fn coupon(pool: &PgPool, status: &str) -> Deduct {
     let id = ids(1);
     sqlx::query("INSERT INTO idem_q_coupon (id, status) VALUES ($1, $2)")
         .bind(id)
@@ -114,7 +114,7 @@ pub async fn coupon(pool: &PgPool, status: &str) -> Deduct {
     }
 }
 
-pub async fn deductions(pool: &PgPool, coupon: i64) -> i64 {
+pub(crate) async fn deductions(pool: &PgPool, coupon: i64) -> i64 {
     sqlx::query_scalar("SELECT COUNT(*) FROM idem_q_deduction WHERE coupon_id = $1")
         .bind(coupon)
         .fetch_one(pool)
@@ -122,7 +122,7 @@ pub async fn deductions(pool: &PgPool, coupon: i64) -> i64 {
         .expect("count")
 }
 
-pub async fn status(pool: &PgPool, coupon: i64) -> String {
+pub(crate) async fn status(pool: &PgPool, coupon: i64) -> String {
     sqlx::query_scalar("SELECT status FROM idem_q_coupon WHERE id = $1")
         .bind(coupon)
         .fetch_one(pool)
@@ -130,11 +130,11 @@ pub async fn status(pool: &PgPool, coupon: i64) -> String {
         .expect("status")
 }
 
-pub type HandlerFuture =
+pub(crate) type HandlerFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome<()>, Error>> + Send>>;
 
 /// The consumer closure for `deduct`.
-pub fn deducting(
+pub(crate) fn deducting(
     pool: &PgPool,
 ) -> impl Fn(Message, Deduct) -> HandlerFuture + Send + Sync + 'static {
     let pool = pool.clone();
@@ -145,7 +145,7 @@ pub fn deducting(
 }
 
 /// A fresh topology (unique names) bound to a fresh exchange.
-pub async fn topology(conn: &Connection, name: &str) -> (Topology, String, String) {
+pub(crate) async fn topology(conn: &Connection, name: &str) -> (Topology, String, String) {
     let queue = unique(&format!("idem_q_{name}"));
     let exchange = format!("{queue}.ex");
     let routing_key = format!("coupon.deduct.{queue}");
@@ -157,7 +157,7 @@ pub async fn topology(conn: &Connection, name: &str) -> (Topology, String, Strin
 }
 
 /// Deletes a test's queues and exchanges.
-pub async fn teardown(conn: &Connection, t: &Topology) {
+pub(crate) async fn teardown(conn: &Connection, t: &Topology) {
     let ch = conn.create_channel().await.expect("channel");
     for q in [&t.queue, &t.retry_queue, &t.dead_letter_queue] {
         let _ = ch
@@ -179,7 +179,7 @@ pub async fn teardown(conn: &Connection, t: &Topology) {
 }
 
 /// Messages ready in `queue` (not counting unacknowledged ones).
-pub async fn ready(conn: &Connection, queue: &str) -> u32 {
+pub(crate) async fn ready(conn: &Connection, queue: &str) -> u32 {
     let ch = conn.create_channel().await.expect("channel");
     let q = ch
         .queue_declare(
@@ -198,7 +198,7 @@ pub async fn ready(conn: &Connection, queue: &str) -> u32 {
 
 /// A message taken from a queue.
 #[derive(Debug)]
-pub struct Taken {
+pub(crate) struct Taken {
     pub message_id: Option<String>,
     pub attempts: Option<i64>,
     pub death_reason: Option<String>,
@@ -207,7 +207,7 @@ pub struct Taken {
 
 /// Takes `n` messages from `queue` (acknowledged), waiting up to `within`;
 /// then checks nothing more arrives for a moment.
-pub async fn take(conn: &Connection, queue: &str, n: usize, within: Duration) -> Vec<Taken> {
+pub(crate) async fn take(conn: &Connection, queue: &str, n: usize, within: Duration) -> Vec<Taken> {
     let ch = conn.create_channel().await.expect("channel");
     let start = Instant::now();
     let mut out = Vec::new();
@@ -256,7 +256,7 @@ pub async fn take(conn: &Connection, queue: &str, n: usize, within: Duration) ->
 }
 
 /// Waits for `cond` (at most `within`).
-pub async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
         assert!(start.elapsed() < within, "timed out waiting for {what}");
@@ -264,12 +264,12 @@ pub async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
-pub fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
+pub(crate) fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
 }
 
 /// `(executed, duplicates, retried, dead_lettered, settle_failed)`.
-pub fn counts(h: &ConsumerHandle) -> (u64, u64, u64, u64, u64) {
+pub(crate) fn counts(h: &ConsumerHandle) -> (u64, u64, u64, u64, u64) {
     let s = h.stats();
     (
         load(&s.executed),
@@ -280,7 +280,7 @@ pub fn counts(h: &ConsumerHandle) -> (u64, u64, u64, u64, u64) {
     )
 }
 
-pub async fn publish_json(p: &Publisher, topic: &str, msg_id: &str, d: &Deduct) {
+pub(crate) async fn publish_json(p: &Publisher, topic: &str, msg_id: &str, d: &Deduct) {
     p.publish(topic, msg_id, serde_json::to_string(d).unwrap().as_bytes())
         .await
         .expect("publish");

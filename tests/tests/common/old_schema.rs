@@ -2,7 +2,7 @@
 //! verbatim, for `upgrade.rs`: the tables `migrate` must upgrade in place.
 //! Data, not code: kept apart so that the test reads on its own.
 
-pub const OLD_PG: &[&str] = &[
+pub(crate) const OLD_PG: &[&str] = &[
     // Concurrent migrations wait for each other instead of racing on
     // the catalog.
     "SELECT pg_advisory_xact_lock(4242424242)",
@@ -70,7 +70,7 @@ pub const OLD_PG: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
 ];
 
-pub const OLD_MY: &[&str] = &[
+pub(crate) const OLD_MY: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS idem_record (
             id BIGINT AUTO_INCREMENT PRIMARY KEY,
             idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -130,7 +130,7 @@ pub const OLD_MY: &[&str] = &[
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
 ];
 
-pub const OLD_LITE: &[&str] = &[
+pub(crate) const OLD_LITE: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS idem_record (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),

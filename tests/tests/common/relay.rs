@@ -4,23 +4,23 @@
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
-pub use idem_runtime::__private::Dialect;
-pub use idem_runtime::outbox::Relay;
-pub use idem_runtime::{Error, Outcome, State, idempotent};
-pub use idem_testkit::{ids, sql};
-pub use serde::{Deserialize, Serialize};
+pub(crate) use idem_runtime::__private::Dialect;
+pub(crate) use idem_runtime::outbox::Relay;
+pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
+pub(crate) use idem_testkit::{ids, sql};
+pub(crate) use serde::{Deserialize, Serialize};
 
-pub use std::sync::atomic::Ordering;
-pub use std::time::{Duration, Instant};
+pub(crate) use std::sync::atomic::Ordering;
+pub(crate) use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub enum CouponState {
+pub(crate) enum CouponState {
     Unused,
     Used,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Deduct {
+pub(crate) struct Deduct {
     pub coupon_id: i64,
     pub order_id: i64,
 }

@@ -5,20 +5,20 @@
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
-pub use idem_runtime::__private::Dialect;
-pub use idem_runtime::{Error, OutboxLease, Outcome, State, idempotent};
-pub use idem_testkit::{concurrently, ids, sql};
+pub(crate) use idem_runtime::__private::Dialect;
+pub(crate) use idem_runtime::{Error, OutboxLease, Outcome, State, idempotent};
+pub(crate) use idem_testkit::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub enum CouponState {
+pub(crate) enum CouponState {
     Unused,
     Used,
     Expired,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Deduct {
+pub(crate) struct Deduct {
     pub msg_id: String,
     pub coupon_id: i64,
     pub order_id: i64,
@@ -27,20 +27,20 @@ pub struct Deduct {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Notice {
+pub(crate) struct Notice {
     pub msg_id: String,
     pub user_id: i64,
     pub text: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Receipt {
+pub(crate) struct Receipt {
     pub notice_row: i64,
     pub text: String,
 }
 
 #[derive(Debug, Clone)]
-pub struct Payment {
+pub(crate) struct Payment {
     pub serial: String,
     /// The platform's reference, unique too (another unique index).
     pub ext_ref: String,
@@ -48,7 +48,7 @@ pub struct Payment {
     pub fail: bool,
 }
 
-pub fn digits_only(key: &str) -> Result<(), String> {
+pub(crate) fn digits_only(key: &str) -> Result<(), String> {
     let serial = key.rsplit(':').next().unwrap_or_default();
     if serial.bytes().all(|b| b.is_ascii_digit()) {
         Ok(())
@@ -59,7 +59,7 @@ pub fn digits_only(key: &str) -> Result<(), String> {
 
 /// A body error that is not a database error.
 #[derive(Debug)]
-pub struct Boom;
+pub(crate) struct Boom;
 impl std::fmt::Display for Boom {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("boom: injected failure after the write")
@@ -67,7 +67,7 @@ impl std::fmt::Display for Boom {
 }
 impl std::error::Error for Boom {}
 
-pub const CONCURRENCY: usize = 64;
+pub(crate) const CONCURRENCY: usize = 64;
 
 /// The tables, the handlers under test and the helpers of one backend's
 /// module: `$db` the database, `$dialect` its dialect, `$pool` an
