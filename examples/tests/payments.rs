@@ -1,6 +1,9 @@
 //! The payment-callback service over real HTTP (an ephemeral loopback port)
 //! on the local PostgreSQL. A test whose server is down prints SKIPPED, or
 //! fails when CI=true (`idem_testkit::postgres`).
+//!
+//! Past 500 lines on purpose: one service's scenarios, sharing one fixture,
+//! read best in one file, in order.
 
 use idem_examples::payments::{
     self, Attempt, Callback, ErrorBody, Fault, Faults, Platform, Receipt, SIGNATURE_HEADER,

@@ -47,6 +47,7 @@
 use crate::Error;
 use crate::backend::Backend;
 pub use crate::backend::{ArchiveTable, RecordInfo};
+use crate::backoff::Backoff;
 use crate::task::TaskHandle;
 use serde::Serialize;
 use sqlx::Pool;
@@ -199,7 +200,9 @@ impl<DB: Backend> Archiver<DB> {
                 Err(e) if e.is_retryable() && failures < RETRIES => {
                     failures += 1;
                     tracing::debug!(error = %e, failures, "archive batch failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(50 << failures).max(self.pause)).await;
+                    let wait = Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
+                        .delay(failures);
+                    tokio::time::sleep(wait.max(self.pause)).await;
                     continue;
                 }
                 Err(e) => return Err(e),

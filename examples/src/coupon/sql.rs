@@ -21,21 +21,11 @@ pub fn table_sql(dialect: Dialect, h: Handler, text: &'static str) -> AssertSqlS
 /// `text` with its `?` placeholders renumbered `$1, $2, …` for
 /// PostgreSQL, unchanged for the others.
 pub fn placeholders(dialect: Dialect, text: &str) -> String {
-    if dialect != Dialect::Postgres {
-        return text.to_owned();
+    if dialect == Dialect::Postgres {
+        idem_core::numbered_placeholders(text)
+    } else {
+        text.to_owned()
     }
-    let mut out = String::with_capacity(text.len() + 8);
-    let mut n = 0;
-    for c in text.chars() {
-        if c == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

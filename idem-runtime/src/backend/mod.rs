@@ -17,7 +17,6 @@
 //! the macro validated at compile time (and that are checked again here),
 //! quoted for the dialect; every value is a bind parameter.
 
-use crate::call::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 use std::future::Future;
@@ -38,7 +37,8 @@ pub(crate) use sql::ClaimSql;
 pub use sql::StateSql;
 pub(crate) use types::OutboxState;
 pub use types::{
-    ArchiveTable, NewRecord, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget, StoredRecord,
+    ArchiveTable, NewRecord, OutboxLease, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget,
+    StoredRecord,
 };
 
 pub(crate) mod sealed {

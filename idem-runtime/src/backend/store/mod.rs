@@ -7,7 +7,7 @@ use super::sql::{Claim, InsertId, Renew, SqlSet, marks};
 use super::types::{NewRecord, OutboxRow, OutboxState, StoredRecord};
 use super::{CallStore, ClaimSql, Migrate, OutboxStore, StateSql, sealed::Sealed};
 
-use crate::call::OutboxLease;
+use crate::backend::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 
