@@ -44,6 +44,13 @@ pub enum Open<DB: Backend, G, T> {
 /// back when dropped unfinished.
 #[derive(Debug)]
 pub struct Call<DB: Backend, G = ()> {
+    pub(crate) state: CallState<DB>,
+    guard: G,
+}
+
+/// What a call carries whatever its guard found.
+#[derive(Debug)]
+pub(crate) struct CallState<DB: Backend> {
     pub(crate) tx: Transaction<'static, DB>,
     pub(crate) key: String,
     span: Span,
@@ -52,7 +59,6 @@ pub struct Call<DB: Backend, G = ()> {
     scope: &'static str,
     #[cfg(feature = "redis")]
     cache: Option<crate::cache::RedisCache>,
-    guard: G,
 }
 
 impl<DB: Backend> Call<DB> {
@@ -103,14 +109,16 @@ impl<DB: Backend> Call<DB> {
             Err(e) => return Err(fail(&span, Error::Database(e))),
         };
         let mut call = Call {
-            tx,
-            key,
-            span,
-            strategy,
-            #[cfg(feature = "redis")]
-            scope,
-            #[cfg(feature = "redis")]
-            cache: source.cache,
+            state: CallState {
+                tx,
+                key,
+                span,
+                strategy,
+                #[cfg(feature = "redis")]
+                scope,
+                #[cfg(feature = "redis")]
+                cache: source.cache,
+            },
             guard: (),
         };
         if let Some(lease) = &source.outbox {
@@ -122,12 +130,12 @@ impl<DB: Backend> Call<DB> {
 
     /// The fenced outbox update: exactly one row, or the call fails.
     async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        match DB::outbox_success(&mut self.tx, lease).await {
+        match DB::outbox_success(&mut self.state.tx, lease).await {
             Ok(1) => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(self.fail(Error::Database(e))),
         }
-        let found = DB::outbox_state(&mut self.tx, lease.id)
+        let found = DB::outbox_state(&mut self.state.tx, lease.id)
             .await
             .map_err(|e| self.fail(Error::Database(e)))?;
         let err = match found {
@@ -161,26 +169,8 @@ impl<DB: Backend> Call<DB> {
     }
 
     fn with_guard<G>(self, guard: G) -> Call<DB, G> {
-        let Call {
-            tx,
-            key,
-            span,
-            strategy,
-            #[cfg(feature = "redis")]
-            scope,
-            #[cfg(feature = "redis")]
-            cache,
-            guard: (),
-        } = self;
         Call {
-            tx,
-            key,
-            span,
-            strategy,
-            #[cfg(feature = "redis")]
-            scope,
-            #[cfg(feature = "redis")]
-            cache,
+            state: self.state,
             guard,
         }
     }
@@ -189,12 +179,12 @@ impl<DB: Backend> Call<DB> {
 impl<DB: Backend, G> Call<DB, G> {
     /// The transaction the body runs in.
     pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
-        &mut self.tx
+        &mut self.state.tx
     }
 
     /// The call's key.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.state.key
     }
 
     /// Everything after the body: the strategy's bookkeeping for its
@@ -220,29 +210,11 @@ impl<DB: Backend, G> Call<DB, G> {
     }
 
     fn take_guard(self) -> (Call<DB>, G) {
-        let Call {
-            tx,
-            key,
-            span,
-            strategy,
-            #[cfg(feature = "redis")]
-            scope,
-            #[cfg(feature = "redis")]
-            cache,
-            guard,
-        } = self;
         let call = Call {
-            tx,
-            key,
-            span,
-            strategy,
-            #[cfg(feature = "redis")]
-            scope,
-            #[cfg(feature = "redis")]
-            cache,
+            state: self.state,
             guard: (),
         };
-        (call, guard)
+        (call, self.guard)
     }
 
     /// Ends a call whose action already happened: commits (the driving
@@ -254,7 +226,7 @@ impl<DB: Backend, G> Call<DB, G> {
         stored: Option<T>,
         marker: Option<String>,
     ) -> Result<Outcome<T>, Error> {
-        let layer = match self.strategy {
+        let layer = match self.state.strategy {
             "state_machine" => "domain_state",
             other => other,
         };
@@ -268,8 +240,12 @@ impl<DB: Backend, G> Call<DB, G> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
         #[cfg(feature = "redis")]
-        let (cache, key, scope) = (self.cache.take(), std::mem::take(&mut self.key), self.scope);
-        let Call { tx, span, .. } = self;
+        let (cache, key, scope) = (
+            self.state.cache.take(),
+            std::mem::take(&mut self.state.key),
+            self.state.scope,
+        );
+        let CallState { tx, span, .. } = self.state;
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
         let committed = match committed {
@@ -298,12 +274,12 @@ impl<DB: Backend, G> Call<DB, G> {
     async fn abort(self, err: Error) -> Error {
         // Rollback failures leave nothing behind: the server rolls back a
         // transaction whose connection is gone.
-        let _ = self.tx.rollback().await;
-        fail(&self.span, err)
+        let _ = self.state.tx.rollback().await;
+        fail(&self.state.span, err)
     }
 
     fn fail(&self, err: Error) -> Error {
-        fail(&self.span, err)
+        fail(&self.state.span, err)
     }
 }
 

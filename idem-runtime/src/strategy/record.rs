@@ -74,30 +74,31 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
     /// (the stored result, if the first call produced one). A different
     /// fingerprint is a [`Error::KeyConflict`].
     async fn guard(&self, call: &mut Call<DB>) -> Result<Verdict<(), T>, Error> {
-        self.check(&call.key)?;
+        self.check(&call.state.key)?;
         let row = NewRecord {
-            key: &call.key,
+            key: &call.state.key,
             biz_type: self.biz_type,
-            biz_no: self.biz_no.as_deref().unwrap_or(&call.key),
+            biz_no: self.biz_no.as_deref().unwrap_or(&call.state.key),
             fingerprint: &self.fingerprint,
             ttl_secs: self.ttl_secs,
         };
-        if DB::claim_record(&mut call.tx, &row)
+        if DB::claim_record(&mut call.state.tx, &row)
             .await
             .map_err(Error::Database)?
         {
             return Ok(Verdict::Run(()));
         }
-        let stored = match DB::fetch_record(&mut call.tx, self.biz_type, &call.key).await {
-            Ok(Some(s)) => s,
-            // Claim lost but no row: the other writer's row vanished between
-            // the two statements (archived). Transient.
-            Ok(None) => return Err(Error::retryable("idempotency record vanished")),
-            Err(e) => return Err(Error::Database(e)),
-        };
+        let stored =
+            match DB::fetch_record(&mut call.state.tx, self.biz_type, &call.state.key).await {
+                Ok(Some(s)) => s,
+                // Claim lost but no row: the other writer's row vanished between
+                // the two statements (archived). Transient.
+                Ok(None) => return Err(Error::retryable("idempotency record vanished")),
+                Err(e) => return Err(Error::Database(e)),
+            };
         if stored.fingerprint != self.fingerprint {
             return Err(Error::KeyConflict {
-                key: call.key.clone(),
+                key: call.state.key.clone(),
             });
         }
         match stored.result {
@@ -124,7 +125,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
     ) -> Result<Settled<T>, Error> {
         let value = body.map_err(Error::from_handler)?;
         let text = serde_json::to_string(&value).map_err(Error::Serialization)?;
-        DB::store_result(&mut call.tx, self.biz_type, &call.key, &text)
+        DB::store_result(&mut call.state.tx, self.biz_type, &call.state.key, &text)
             .await
             .map_err(Error::Database)?;
         Ok(Settled::Executed {

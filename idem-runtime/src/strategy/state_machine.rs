@@ -44,7 +44,7 @@ impl StateMachine {
                 )));
             }
         }
-        let dialect = DB::dialect(&call.tx);
+        let dialect = DB::dialect(&call.state.tx);
         Ok(dialect.state_sql(
             self.table,
             self.id_column,
@@ -82,7 +82,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// reached under another key: an illegal-state error.
     async fn guard(&self, call: &mut Call<DB>) -> Result<Verdict<StateSql, T>, Error> {
         let sql = self.sql(call)?;
-        let found = DB::lock_state(&mut call.tx, &sql, &self.id)
+        let found = DB::lock_state(&mut call.state.tx, &sql, &self.id)
             .await
             .map_err(Error::Database)?;
         let duplicate = Verdict::Duplicate {
@@ -92,12 +92,12 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
         match found {
             Some((s, by)) if s == self.to => match (self.key_column, by) {
                 (None, _) => Ok(duplicate),
-                (Some(_), Some(k)) if k == call.key => Ok(duplicate),
+                (Some(_), Some(k)) if k == call.state.key => Ok(duplicate),
                 (Some(col), by) => {
                     let by = by.map_or_else(|| "NULL".to_string(), |k| format!("`{k}`"));
                     Err(self.illegal(Some(format!(
                         "{s}` under another key ({col} = {by}, this call's key is `{}`",
-                        call.key
+                        call.state.key
                     ))))
                 }
             },
@@ -114,8 +114,8 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
         body: Result<T, BoxError>,
     ) -> Result<Settled<T>, Error> {
         let value = body.map_err(Error::from_handler)?;
-        let key = self.key_column.map(|_| call.key.as_str());
-        match DB::transition(&mut call.tx, &sql, &self.id, self.from, self.to, key).await {
+        let key = self.key_column.map(|_| call.state.key.as_str());
+        match DB::transition(&mut call.state.tx, &sql, &self.id, self.from, self.to, key).await {
             Ok(1) => Ok(Settled::Executed {
                 value,
                 marker: None,
