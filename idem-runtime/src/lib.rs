@@ -304,6 +304,10 @@ pub mod __private {
     pub use ::sqlx;
     pub use ::tracing::Instrument;
 
+    /// The database of a connection type, for handlers whose first
+    /// parameter is `tx: &mut PgConnection` (or another connection).
+    pub type DatabaseOf<C> = <C as ::sqlx::Connection>::Database;
+
     /// The span of one call; `key` and `outcome` are recorded as it goes.
     pub fn span(handler: &'static str, strategy: &'static str) -> ::tracing::Span {
         ::tracing::info_span!(

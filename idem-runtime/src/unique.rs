@@ -74,7 +74,7 @@ fn sqlite_columns(message: &str) -> Option<Vec<String>> {
 pub(crate) async fn matches<DB: Backend>(
     hit: &Violated,
     constraint: &str,
-    tx: &mut Transaction<'static, DB>,
+    tx: &mut Transaction<'_, DB>,
 ) -> Result<bool, sqlx::Error> {
     Ok(match hit {
         Violated::Unknown => false,

@@ -7,7 +7,7 @@ mod snapshots;
 mod spec;
 
 use crate::args::{self, Args, Errors, FieldPath, Strategy};
-use handler::{Handler, analyze, param_list};
+use handler::{Handler, TxForm, analyze, param_list};
 use key_builder::key_builder;
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
@@ -102,7 +102,11 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
     let name_str = name.to_string();
     let generics = &sig.generics;
     let where_clause = &sig.generics.where_clause;
-    let (db, ret, ok, tx_pat, tx_ty) = (h.db, h.ret, h.ok, h.tx_pat, h.tx_ty);
+    let (db, ret, ok, tx_pat, tx_ty) = (&h.db, h.ret, h.ok, h.tx_pat, h.tx_ty);
+    let tx = match h.tx_form {
+        TxForm::Transaction => quote!(__idem_call.tx()),
+        TxForm::Connection => quote!(&mut **__idem_call.tx()),
+    };
     let params = h.params.iter().map(|(_, arg)| arg);
     let strategy = args.strategy.name();
     let scope = match &args.strategy {
@@ -140,7 +144,7 @@ fn generate(args: &Args, h: &Handler, key: TokenStream) -> TokenStream {
                     }
                 };
                 let __idem_body: #ret = {
-                    let #tx_pat: #tx_ty = __idem_call.tx();
+                    let #tx_pat: #tx_ty = #tx;
                     async move #body.await
                 };
                 #finish

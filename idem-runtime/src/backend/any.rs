@@ -6,7 +6,7 @@ use super::{Backend, Dialect, NewRecord, sealed};
 use sqlx::{Any, Pool, Transaction};
 
 impl sealed::Sealed for Any {
-    fn dialect_of_tx(tx: &Transaction<'static, Self>) -> Dialect {
+    fn dialect_of_tx(tx: &Transaction<'_, Self>) -> Dialect {
         dialect_of(tx.backend_name())
     }
 
@@ -41,7 +41,7 @@ impl Backend for Any {
     const NAME: &'static str = "any";
 
     async fn claim_record<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         rec: &'a NewRecord<'a>,
     ) -> Result<bool, sqlx::Error> {
         super::store::claim_record(tx, rec).await

@@ -52,7 +52,7 @@ pub(crate) mod sealed {
     /// trait, not over `Backend`, which is their union.
     pub trait Sealed: sqlx::Database {
         /// The dialect of a transaction.
-        fn dialect_of_tx(tx: &Transaction<'static, Self>) -> Dialect;
+        fn dialect_of_tx(tx: &Transaction<'_, Self>) -> Dialect;
         /// The dialect of a pool.
         fn dialect_of_pool(pool: &Pool<Self>) -> Dialect;
         /// The dialect of a connection.
@@ -87,7 +87,7 @@ pub trait Backend:
     const NAME: &'static str;
 
     /// The SQL dialect the transaction speaks.
-    fn dialect(tx: &Transaction<'static, Self>) -> Dialect {
+    fn dialect(tx: &Transaction<'_, Self>) -> Dialect {
         <Self as sealed::Sealed>::dialect_of_tx(tx)
     }
 
@@ -122,7 +122,7 @@ pub trait Backend:
     /// expiry out of range, `expire_time` not after `create_time`) is an
     /// error.
     fn claim_record<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         rec: &'a NewRecord<'a>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
@@ -133,7 +133,7 @@ pub trait CallStore: Database {
     /// Runs the state machine's row-locking read: the state, and the key
     /// column's value (`None` without a key column).
     fn lock_state<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         sql: &'a StateSql,
         id: &'a EntityIdValue,
     ) -> impl Future<Output = Result<Option<(String, Option<String>)>, sqlx::Error>> + Send + 'a;
@@ -141,7 +141,7 @@ pub trait CallStore: Database {
     /// Runs the guarded transition (writing `key` into the key column when
     /// the spec has one); returns the rows it changed.
     fn transition<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         sql: &'a StateSql,
         id: &'a EntityIdValue,
         from: &'static str,
@@ -151,14 +151,14 @@ pub trait CallStore: Database {
 
     /// Reads the record of `(biz_type, key)` (the latest committed version).
     fn fetch_record<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         biz_type: &'a str,
         key: &'a str,
     ) -> impl Future<Output = Result<Option<StoredRecord>, sqlx::Error>> + Send + 'a;
 
     /// Stores the serialized result in the record of `(biz_type, key)`.
     fn store_result<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         biz_type: &'a str,
         key: &'a str,
         result: &'a str,
@@ -167,13 +167,13 @@ pub trait CallStore: Database {
     /// SQLite: the columns (`table.column`) of the index named `name`, in
     /// order; empty when there is no such index, and on other databases.
     fn sqlite_index_columns<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         name: &'a str,
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
 
     /// Runs a fixed statement (savepoints).
     fn exec<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         sql: &'static str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 }
@@ -192,7 +192,7 @@ pub trait OutboxStore: Database {
     /// lease (pending, same topic, same owner and attempt); returns rows
     /// changed (1, or 0 when the lease does not hold).
     fn outbox_success<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         lease: &'a OutboxLease,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
@@ -206,7 +206,7 @@ pub trait OutboxStore: Database {
 
     /// The status and lease of outbox message `id`, if it exists.
     fn outbox_state<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         id: i64,
     ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
 

@@ -10,7 +10,7 @@ mod driver {
     use sqlx::{Pool, Sqlite, Transaction};
 
     impl sealed::Sealed for Sqlite {
-        fn dialect_of_tx(_: &Transaction<'static, Self>) -> Dialect {
+        fn dialect_of_tx(_: &Transaction<'_, Self>) -> Dialect {
             Dialect::Sqlite
         }
 
@@ -31,7 +31,7 @@ mod driver {
         const NAME: &'static str = "sqlite";
 
         async fn claim_record<'a>(
-            tx: &'a mut Transaction<'static, Self>,
+            tx: &'a mut Transaction<'_, Self>,
             rec: &'a NewRecord<'a>,
         ) -> Result<bool, sqlx::Error> {
             super::super::store::claim_record(tx, rec).await

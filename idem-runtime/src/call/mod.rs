@@ -19,6 +19,7 @@ mod source;
 
 pub use outcome::Outcome;
 pub use source::{OutboxLease, Source};
+use source::Conn;
 
 pub(crate) use cache_marker::{replay_marker, replay_of};
 
@@ -30,10 +31,10 @@ use tracing::Span;
 
 /// What [`Call::open`] found.
 #[derive(Debug)]
-pub enum Open<DB: Backend, G, T> {
+pub enum Open<'c, DB: Backend, G, T> {
     /// A first delivery: run the body on [`Call::tx`], then
     /// [`Call::finish`].
-    Run(Call<DB, G>),
+    Run(Call<'c, DB, G>),
     /// Answered before the body (a duplicate, by the front cache or by the
     /// strategy's guard; already committed).
     Done(Outcome<T>),
@@ -43,15 +44,19 @@ pub enum Open<DB: Backend, G, T> {
 /// the body and the bookkeeping run, and what the guard found (`G`). Rolls
 /// back when dropped unfinished.
 #[derive(Debug)]
-pub struct Call<DB: Backend, G = ()> {
-    pub(crate) state: CallState<DB>,
+pub struct Call<'c, DB: Backend, G = ()> {
+    pub(crate) state: CallState<'c, DB>,
     guard: G,
 }
 
 /// What a call carries whatever its guard found.
 #[derive(Debug)]
-pub(crate) struct CallState<DB: Backend> {
-    pub(crate) tx: Transaction<'static, DB>,
+pub(crate) struct CallState<'c, DB: Backend> {
+    /// The call's own transaction, or a savepoint in the caller's.
+    pub(crate) tx: Transaction<'c, DB>,
+    /// Whether `tx` is a savepoint in the caller's transaction: its
+    /// "commit" is a release, the caller commits (or not).
+    nested: bool,
     pub(crate) key: String,
     span: Span,
     strategy: &'static str,
@@ -61,21 +66,31 @@ pub(crate) struct CallState<DB: Backend> {
     cache: Option<crate::cache::RedisCache>,
 }
 
-impl<DB: Backend> Call<DB> {
+impl<'c, DB: Backend> Call<'c, DB> {
     /// Everything before the body: the front cache's answer (never asked
     /// when an outbox message drives the call: its status must be
     /// updated), BEGIN and the fenced outbox update (see [`OutboxLease`]),
     /// then the strategy's guard. A duplicate commits here.
     pub async fn open<S, T>(
-        source: Source<'_, DB>,
+        source: Source<'c, DB>,
         key: String,
         spec: &S,
         span: Span,
-    ) -> Result<Open<DB, S::Guard, T>, Error>
+    ) -> Result<Open<'c, DB, S::Guard, T>, Error>
     where
         S: Strategy<DB, T>,
     {
-        if let Some(marker) = cache_lookup(&source, spec.scope(), &key).await
+        // Never asked when an outbox message drives the call. Only the
+        // cache field is borrowed across the await: a source on the
+        // caller's connection is `Send` but not `Sync`.
+        #[cfg(feature = "redis")]
+        let marker = match (&source.outbox, &source.cache) {
+            (None, Some(cache)) => cache.get(spec.scope(), &key).await,
+            _ => None,
+        };
+        #[cfg(not(feature = "redis"))]
+        let marker: Option<String> = None;
+        if let Some(marker) = marker
             && let Some(stored) = spec.cached(&marker, &span)
         {
             cache_duplicate(&key, &span);
@@ -97,20 +112,29 @@ impl<DB: Backend> Call<DB> {
     /// is not held by this delivery fails the call before anything runs.
     #[allow(unused_variables)]
     async fn begin(
-        source: Source<'_, DB>,
+        source: Source<'c, DB>,
         key: String,
         strategy: &'static str,
         scope: &'static str,
         span: Span,
     ) -> Result<Self, Error> {
         span.record("key", key.as_str());
-        let tx = match DB::begin(source.pool).await {
+        let (begun, nested) = match source.conn {
+            Conn::Pool(pool) => (DB::begin(pool).await, false),
+            // A savepoint in the caller's transaction. Dropped unfinished
+            // (a cancelled call), it rolls back to the savepoint before the
+            // caller's next statement, so the caller's transaction never
+            // keeps half a call.
+            Conn::Caller(conn) => (Transaction::begin(conn, None).await, true),
+        };
+        let tx = match begun {
             Ok(tx) => tx,
             Err(e) => return Err(fail(&span, Error::Database(e))),
         };
         let mut call = Call {
             state: CallState {
                 tx,
+                nested,
                 key,
                 span,
                 strategy,
@@ -168,7 +192,7 @@ impl<DB: Backend> Call<DB> {
         Err(self.fail(err))
     }
 
-    fn with_guard<G>(self, guard: G) -> Call<DB, G> {
+    fn with_guard<G>(self, guard: G) -> Call<'c, DB, G> {
         Call {
             state: self.state,
             guard,
@@ -176,9 +200,9 @@ impl<DB: Backend> Call<DB> {
     }
 }
 
-impl<DB: Backend, G> Call<DB, G> {
+impl<'c, DB: Backend, G> Call<'c, DB, G> {
     /// The transaction the body runs in.
-    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+    pub fn tx(&mut self) -> &mut Transaction<'c, DB> {
         &mut self.state.tx
     }
 
@@ -209,7 +233,7 @@ impl<DB: Backend, G> Call<DB, G> {
         }
     }
 
-    fn take_guard(self) -> (Call<DB>, G) {
+    fn take_guard(self) -> (Call<'c, DB>, G) {
         let call = Call {
             state: self.state,
             guard: (),
@@ -245,11 +269,15 @@ impl<DB: Backend, G> Call<DB, G> {
             std::mem::take(&mut self.state.key),
             self.state.scope,
         );
-        let CallState { tx, span, .. } = self.state;
+        let CallState {
+            tx, span, nested, ..
+        } = self.state;
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
         let committed = match committed {
-            Ok(()) if crate::testing::lose_ack() => Err(crate::testing::lost_ack_error()),
+            Ok(()) if !nested && crate::testing::lose_ack() => {
+                Err(crate::testing::lost_ack_error())
+            }
             other => other,
         };
         match committed {
@@ -258,14 +286,19 @@ impl<DB: Backend, G> Call<DB, G> {
                 tracing::debug!(parent: &span, outcome, "idempotent call finished");
                 crate::metrics::call(outcome);
                 // Only now, after the commit: the marker of a rolled-back
-                // call would skip the action forever.
+                // call would skip the action forever. A call inside the
+                // caller's transaction leaves none: its commit is not ours
+                // to see.
                 #[cfg(feature = "redis")]
-                if let Some(cache) = cache {
+                if let Some(cache) = cache.filter(|_| !nested) {
                     let marker = marker.as_deref().unwrap_or(cache_marker::PLAIN_MARKER);
                     cache.put(scope, &key, marker).await;
                 }
                 Ok(())
             }
+            // Releasing a savepoint commits nothing: a failure there leaves
+            // the caller's transaction to roll back, not an unknown commit.
+            Err(e) if nested => Err(fail(&span, Error::Database(e))),
             Err(e @ sqlx::Error::Database(_)) => Err(fail(&span, Error::Database(e))),
             Err(e) => Err(fail(&span, Error::CommitUnknown(e))),
         }
@@ -281,22 +314,6 @@ impl<DB: Backend, G> Call<DB, G> {
     fn fail(&self, err: Error) -> Error {
         fail(&self.state.span, err)
     }
-}
-
-/// The front cache's marker for this call's `scope` and key, if any.
-#[allow(unused_variables)]
-async fn cache_lookup<DB: Backend>(
-    source: &Source<'_, DB>,
-    scope: &'static str,
-    key: &str,
-) -> Option<String> {
-    #[cfg(feature = "redis")]
-    if source.outbox.is_none()
-        && let Some(cache) = &source.cache
-    {
-        return cache.get(scope, key).await;
-    }
-    None
 }
 
 fn cache_duplicate(key: &str, span: &Span) {

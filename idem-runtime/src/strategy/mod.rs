@@ -80,13 +80,13 @@ pub trait Strategy<DB: Backend, T>: sealed::Sealed {
     fn cached(&self, marker: &str, span: &Span) -> Option<Option<T>>;
 
     /// Before the body, in the call's transaction (after the outbox update).
-    async fn guard(&self, call: &mut Call<DB>) -> Result<Verdict<Self::Guard, T>, Error>;
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<Self::Guard, T>, Error>;
 
     /// After the body, in the same transaction: what its result means.
     /// An `Err` rolls the call back.
     async fn settle(
         &self,
-        call: &mut Call<DB>,
+        call: &mut Call<'_, DB>,
         guard: Self::Guard,
         body: Result<T, BoxError>,
     ) -> Result<Settled<T>, Error>;

@@ -73,7 +73,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
     /// exists in this `biz_type` with the same fingerprint: a duplicate
     /// (the stored result, if the first call produced one). A different
     /// fingerprint is a [`Error::KeyConflict`].
-    async fn guard(&self, call: &mut Call<DB>) -> Result<Verdict<(), T>, Error> {
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<(), T>, Error> {
         self.check(&call.state.key)?;
         let row = NewRecord {
             key: &call.state.key,
@@ -119,7 +119,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
     /// Stores the body's serialized result in the record.
     async fn settle(
         &self,
-        call: &mut Call<DB>,
+        call: &mut Call<'_, DB>,
         (): (),
         body: Result<T, BoxError>,
     ) -> Result<Settled<T>, Error> {

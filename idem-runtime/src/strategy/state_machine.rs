@@ -33,7 +33,7 @@ pub struct StateMachine {
 impl StateMachine {
     /// Renders the statements for this call's database (identifiers checked
     /// again; the macro checked them at compile time).
-    fn sql<DB: Backend>(&self, call: &Call<DB>) -> Result<StateSql, Error> {
+    fn sql<DB: Backend>(&self, call: &Call<'_, DB>) -> Result<StateSql, Error> {
         for ident in [self.table, self.id_column, self.state_column]
             .into_iter()
             .chain(self.key_column)
@@ -80,7 +80,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// (with `key_column`, only when that column holds this call's key).
     /// In `from`: run the body. Any other state, no entity, or `to`
     /// reached under another key: an illegal-state error.
-    async fn guard(&self, call: &mut Call<DB>) -> Result<Verdict<StateSql, T>, Error> {
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<StateSql, T>, Error> {
         let sql = self.sql(call)?;
         let found = DB::lock_state(&mut call.state.tx, &sql, &self.id)
             .await
@@ -109,7 +109,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// The guarded transition must change exactly one row.
     async fn settle(
         &self,
-        call: &mut Call<DB>,
+        call: &mut Call<'_, DB>,
         sql: StateSql,
         body: Result<T, BoxError>,
     ) -> Result<Settled<T>, Error> {

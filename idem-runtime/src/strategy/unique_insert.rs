@@ -34,7 +34,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
     }
 
     /// Opens the savepoint the body's insert runs under.
-    async fn guard(&self, call: &mut Call<DB>) -> Result<Verdict<(), T>, Error> {
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<(), T>, Error> {
         DB::exec(&mut call.state.tx, SAVEPOINT)
             .await
             .map_err(Error::Database)?;
@@ -47,7 +47,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
     /// everything back.
     async fn settle(
         &self,
-        call: &mut Call<DB>,
+        call: &mut Call<'_, DB>,
         (): (),
         body: Result<T, BoxError>,
     ) -> Result<Settled<T>, Error> {

@@ -49,7 +49,7 @@ pub(crate) fn stmt(s: &'static str) -> sqlx::SqlStr {
 }
 
 /// The SQL of the transaction's dialect.
-fn sql_of<DB: Sealed>(tx: &Transaction<'static, DB>) -> &'static SqlSet {
+fn sql_of<DB: Sealed>(tx: &Transaction<'_, DB>) -> &'static SqlSet {
     DB::dialect_of_tx(tx).sql()
 }
 
@@ -89,7 +89,7 @@ fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
 
 /// [`Backend::claim_record`], for every backend.
 pub(crate) async fn claim_record<DB>(
-    tx: &mut Transaction<'static, DB>,
+    tx: &mut Transaction<'_, DB>,
     rec: &NewRecord<'_>,
 ) -> Result<bool, sqlx::Error>
 where
@@ -114,7 +114,7 @@ where
 for_every_backend! {
 impl CallStore for DB {
     async fn lock_state<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         sql: &'a StateSql,
         id: &'a EntityIdValue,
     ) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
@@ -123,7 +123,7 @@ impl CallStore for DB {
     }
 
     async fn transition<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         sql: &'a StateSql,
         id: &'a EntityIdValue,
         from: &'static str,
@@ -139,7 +139,7 @@ impl CallStore for DB {
     }
 
     async fn fetch_record<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         biz_type: &'a str,
         key: &'a str,
     ) -> Result<Option<StoredRecord>, sqlx::Error> {
@@ -155,7 +155,7 @@ impl CallStore for DB {
     }
 
     async fn store_result<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         biz_type: &'a str,
         key: &'a str,
         result: &'a str,
@@ -170,7 +170,7 @@ impl CallStore for DB {
     }
 
     async fn sqlite_index_columns<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         name: &'a str,
     ) -> Result<Vec<String>, sqlx::Error> {
         let Some(sql) = sql_of(tx).index_columns else {
@@ -187,7 +187,7 @@ impl CallStore for DB {
     }
 
     async fn exec(
-        tx: &mut Transaction<'static, Self>,
+        tx: &mut Transaction<'_, Self>,
         sql: &'static str,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(stmt(sql)).execute(&mut **tx).await?;
@@ -227,7 +227,7 @@ impl OutboxStore for DB {
     }
 
     async fn outbox_success<'a>(
-        tx: &'a mut Transaction<'static, Self>,
+        tx: &'a mut Transaction<'_, Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
         Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success))
@@ -253,7 +253,7 @@ impl OutboxStore for DB {
     }
 
     async fn outbox_state(
-        tx: &mut Transaction<'static, Self>,
+        tx: &mut Transaction<'_, Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
         let row: Option<(String, String, Option<String>, i32)> =

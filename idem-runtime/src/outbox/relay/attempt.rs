@@ -20,12 +20,7 @@ impl<DB: Backend> Relay<DB> {
         };
         let marked = Arc::new(AtomicBool::new(false));
         let lease = OutboxLease::new(id, row.topic.clone(), i.owner.clone(), attempts);
-        let delivery = Delivery {
-            pool: i.pool.clone(),
-            message: row,
-            lease: lease.clone(),
-            marked: marked.clone(),
-        };
+        let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), marked.clone());
         let result = match route(delivery) {
             Err(e) => Err((false, format!("unparsable payload: {e}"))),
             // A panicking handler is a failed attempt, not a dead relay.

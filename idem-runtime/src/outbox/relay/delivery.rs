@@ -7,8 +7,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One delivery of an outbox message to its handler.
+///
+/// Its `topic` and `msg_id` can be key parts, so a handler's key never
+/// depends on the payload repeating them: take `d: &Delivery<DB>` as a
+/// parameter and write `key = "deduct:{d.topic}:{d.msg_id}"`. It
+/// serializes as that identity only (`topic`, `msg_id`), so a `record`
+/// handler's default fingerprint stays the same from one attempt to the
+/// next.
 #[derive(Debug, Clone)]
 pub struct Delivery<DB: Backend> {
+    /// The message's topic.
+    pub topic: String,
+    /// The producer's id of the message, unique within its topic.
+    pub msg_id: String,
     pub(super) pool: Pool<DB>,
     pub(super) message: OutboxRow,
     pub(super) lease: OutboxLease,
@@ -18,6 +29,22 @@ pub struct Delivery<DB: Backend> {
 }
 
 impl<DB: Backend> Delivery<DB> {
+    pub(super) fn new(
+        pool: Pool<DB>,
+        message: OutboxRow,
+        lease: OutboxLease,
+        marked: Arc<AtomicBool>,
+    ) -> Self {
+        Delivery {
+            topic: message.topic.clone(),
+            msg_id: message.msg_id.clone(),
+            pool,
+            message,
+            lease,
+            marked,
+        }
+    }
+
     /// Pass this to the handler: its transaction then marks the message,
     /// fenced by this delivery's lease (see [`OutboxLease`]).
     pub fn source(&self) -> Source<'_, DB> {
@@ -38,5 +65,15 @@ impl<DB: Backend> Delivery<DB> {
     /// The relay's pool.
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
+    }
+}
+
+impl<DB: Backend> serde::Serialize for Delivery<DB> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Delivery", 2)?;
+        st.serialize_field("topic", &self.topic)?;
+        st.serialize_field("msg_id", &self.msg_id)?;
+        st.end()
     }
 }
