@@ -117,7 +117,15 @@ pub use strategy::MAX_TTL_SECS;
 /// ```text
 /// #[idempotent(key = "template:{param.field}", strategy = state_machine | record | unique_insert, …)]
 /// async fn handler(tx: &mut sqlx::Transaction<'_, DB>, params…) -> Result<T, E>
+/// // or, the body then written like ordinary sqlx code (`.execute(&mut *tx)`):
+/// async fn handler(tx: &mut sqlx::PgConnection, params…) -> Result<T, E>
 /// ```
+///
+/// The first parameter is the call's transaction, as a `&mut Transaction`
+/// (queries on `&mut **tx`) or as its connection, `&mut PgConnection`,
+/// `&mut MySqlConnection`, `&mut SqliteConnection` or `&mut AnyConnection`
+/// (queries on `&mut *tx`). Writing `&mut *tx` on a `&mut Transaction` is a
+/// compile error that says which to write.
 ///
 /// generates
 ///
@@ -125,6 +133,8 @@ pub use strategy::MAX_TTL_SECS;
 /// async fn handler(source: impl Into<Source<'_, DB>>, params…) -> Result<Outcome<T>, idem_runtime::Error>
 /// ```
 ///
+/// (the source: `&pool`; [`Source::outbox`] for a relay's delivery; or
+/// `&mut tx`, a transaction the caller holds, see [`Source::transaction`])
 /// which runs, in ONE transaction: key derivation and checks → the outbox
 /// message's status update, fenced by the delivery's lease (when called
 /// with [`Source::outbox`]) → the strategy's guard → your body on the

@@ -4,7 +4,9 @@ use crate::args::Errors;
 use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type, parse_quote};
+use syn::{
+    FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type, parse_quote,
+};
 
 /// The handler's signature, taken apart.
 pub(super) struct Handler<'a> {
@@ -187,7 +189,8 @@ fn executor_reborrow(body: TokenStream, tx: &Ident) -> Option<Span> {
                     Some(TokenTree::Ident(m)) if EXECUTOR_METHODS.iter().any(|e| m == e)
                 );
                 if after_method && g.delimiter() == Delimiter::Parenthesis {
-                    let inner: Vec<String> = g.stream().into_iter().map(|t| t.to_string()).collect();
+                    let inner: Vec<String> =
+                        g.stream().into_iter().map(|t| t.to_string()).collect();
                     if inner == ["&", "mut", "*", &tx.to_string()] {
                         return Some(g.span());
                     }

@@ -248,4 +248,77 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn a_connection_parameter_gets_the_transactions_connection() {
+        let e = expand_to_string(
+            quote!(key = "n:{m.id}", strategy = record, biz_type = "notice"),
+            quote!(
+                async fn send(tx: &mut PgConnection, m: &M) -> Result<(), E> {
+                    sqlx::query("").execute(&mut *tx).await?;
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            has(
+                &e,
+                "let tx : & mut PgConnection = & mut * * __idem_call . tx () ;"
+            ),
+            "{e}"
+        );
+        assert!(
+            has(
+                &e,
+                "Source < '_ , :: idem_runtime :: __private :: DatabaseOf < PgConnection > >"
+            ),
+            "{e}"
+        );
+        // A transaction parameter is handed over as it is.
+        let e = expand_to_string(
+            quote!(key = "n:{m.id}", strategy = record, biz_type = "notice"),
+            quote!(
+                async fn send(tx: &mut Transaction<'_, Postgres>, m: &M) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            has(
+                &e,
+                "let tx : & mut Transaction < '_ , Postgres > = __idem_call . tx () ;"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reborrowing_a_transaction_parameter_as_an_executor_says_what_to_write() {
+        let e = expand_to_string(
+            quote!(key = "n:{m.id}", strategy = record, biz_type = "notice"),
+            quote!(
+                async fn send(tx: &mut Transaction<'_, Postgres>, m: &M) -> Result<(), E> {
+                    if m.ok {
+                        sqlx::query("").fetch_one(&mut *tx).await?;
+                    }
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            e.contains("write`&mut**tx`,ordeclaretheparameterasthetransaction'sconnection,`tx:&mutPgConnection`"),
+            "{e}"
+        );
+        // A reborrow passed to a helper of the user's is left alone.
+        let e = expand_to_string(
+            quote!(key = "n:{m.id}", strategy = record, biz_type = "notice"),
+            quote!(
+                async fn send(tx: &mut Transaction<'_, Postgres>, m: &M) -> Result<(), E> {
+                    helper(&mut *tx).await?;
+                    Ok(())
+                }
+            ),
+        );
+        assert!(!e.contains("compile_error"), "{e}");
+    }
 }

@@ -18,8 +18,8 @@ mod outcome;
 mod source;
 
 pub use outcome::Outcome;
-pub use source::{OutboxLease, Source};
 use source::Conn;
+pub use source::{OutboxLease, Source};
 
 pub(crate) use cache_marker::{replay_marker, replay_of};
 

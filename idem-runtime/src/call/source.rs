@@ -68,6 +68,40 @@ impl<'a, DB: Backend> Source<'a, DB> {
     /// `BEGIN IMMEDIATE` (`pool.begin_with("BEGIN IMMEDIATE")`): a deferred
     /// transaction that reads first fails with "database is locked" when a
     /// concurrent writer got there between its read and its write.
+    ///
+    /// ```
+    /// use idem_runtime::{idempotent, Outcome};
+    /// use sqlx::SqliteConnection;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct Welcome { user_id: i64 }
+    ///
+    /// #[idempotent(key = "welcome:{w.user_id}", strategy = record, biz_type = "welcome")]
+    /// async fn send_welcome(tx: &mut SqliteConnection, w: &Welcome) -> Result<(), sqlx::Error> {
+    ///     sqlx::query("INSERT INTO mail (user_id) VALUES (?)").bind(w.user_id).execute(&mut *tx).await?;
+    ///     Ok(())
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// idem_runtime::migrate(&pool).await?;
+    /// sqlx::query("CREATE TABLE users (id INTEGER PRIMARY KEY)").execute(&pool).await?;
+    /// sqlx::query("CREATE TABLE mail (user_id INTEGER)").execute(&pool).await?;
+    ///
+    /// // The caller's own write and the handler's effect commit together.
+    /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    /// sqlx::query("INSERT INTO users (id) VALUES (7)").execute(&mut *tx).await?;
+    /// assert!(send_welcome(&mut tx, &Welcome { user_id: 7 }).await?.is_executed());
+    /// tx.commit().await?;
+    ///
+    /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    /// assert_eq!(send_welcome(&mut tx, &Welcome { user_id: 7 }).await?, Outcome::Duplicate(Some(())));
+    /// tx.commit().await?;
+    /// let mails: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mail").fetch_one(&pool).await?;
+    /// assert_eq!(mails, 1);
+    /// # Ok(()) }
+    /// ```
     pub fn transaction<'t>(tx: &'a mut Transaction<'t, DB>) -> Self {
         Source {
             conn: Conn::Caller(&mut **tx),
