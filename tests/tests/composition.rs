@@ -1,4 +1,5 @@
-//! Handlers composed into the caller's code, on every backend against the
+//! Handlers composed into the caller's code, on every backend (natively and
+//! through `sqlx::Any`) against the
 //! real servers:
 //!
 //! - called on a transaction the caller holds (`handler(&mut tx, …)`): the
@@ -44,6 +45,9 @@ enum Fail {
     Sql,
     /// The body waits forever: the caller cancels the call.
     Hang,
+    /// The body's second statement runs for a second: the caller cancels
+    /// the call while the server is still executing it.
+    SlowQuery,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +124,13 @@ macro_rules! composition_tests {
                         sqlx::query("INSERT INTO idem_t_cx_no_such_table (x) VALUES (1)").execute(&mut *tx).await?;
                     }
                     Fail::Hang => std::future::pending::<()>().await,
+                    Fail::SlowQuery => {
+                        let sleep = match D {
+                            Dialect::Postgres => "SELECT 1 FROM pg_sleep(1)",
+                            _ => "SELECT SLEEP(1)",
+                        };
+                        sqlx::query(sleep).execute(&mut *tx).await?;
+                    }
                 }
                 Ok(Receipt { charged: c.amount })
             }
@@ -298,6 +309,24 @@ macro_rules! composition_tests {
                 assert_eq!(records(&pool, c.order_id).await, 0);
             }
 
+            #[tokio::test]
+            async fn a_call_cancelled_mid_statement_leaves_nothing_behind_in_the_callers_transaction() {
+                let Some(pool) = pool().await else { return };
+                if D == Dialect::Sqlite {
+                    return; // no server-side sleep; the pending case above covers SQLite
+                }
+                let c = order(Fail::SlowQuery);
+                let mut tx = caller(&pool).await;
+                own_write(&mut tx, c.order_id, "before").await;
+                let timed_out = tokio::time::timeout(Duration::from_millis(200), charge(&mut tx, &c)).await;
+                assert!(timed_out.is_err(), "cancelled while the server runs the body's statement");
+                own_write(&mut tx, c.order_id + 1_000_000_000, "after").await;
+                tx.commit().await.expect("the caller commits");
+                assert_eq!(orders(&pool, c.order_id).await, 2);
+                assert_eq!(charges(&pool, c.order_id).await, 0, "half a call was committed");
+                assert_eq!(records(&pool, c.order_id).await, 0);
+            }
+
             /// The control: the same body run straight on the caller's
             /// transaction, with no savepoint, leaves its half-done write to
             /// the caller's commit. The test above catches that.
@@ -397,4 +426,25 @@ composition_tests!(
     sqlx::SqliteConnection,
     Dialect::Sqlite,
     Some(idem_testkit::sqlite(8).await)
+);
+composition_tests!(
+    any_postgres,
+    sqlx::Any,
+    sqlx::AnyConnection,
+    Dialect::Postgres,
+    idem_testkit::any(&idem_testkit::postgres_url(), 16).await
+);
+composition_tests!(
+    any_mariadb,
+    sqlx::Any,
+    sqlx::AnyConnection,
+    Dialect::MySql,
+    idem_testkit::any(&idem_testkit::mysql_url(), 16).await
+);
+composition_tests!(
+    any_sqlite,
+    sqlx::Any,
+    sqlx::AnyConnection,
+    Dialect::Sqlite,
+    idem_testkit::any(&idem_testkit::sqlite_url(), 8).await
 );
