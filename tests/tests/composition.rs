@@ -1,6 +1,5 @@
 //! Handlers composed into the caller's code, on every backend (natively and
-//! through `sqlx::Any`) against the
-//! real servers:
+//! through `sqlx::Any`) against the real servers:
 //!
 //! - called on a transaction the caller holds (`handler(&mut tx, …)`): the
 //!   call's effects commit or roll back with the caller's own writes; a
