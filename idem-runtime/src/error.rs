@@ -79,6 +79,14 @@ pub enum Error {
         /// Whether a retry can help.
         retryable: bool,
     },
+    /// The caller's transaction ([`CallerTx`](crate::CallerTx)) is gone:
+    /// a call inside it was cancelled or failed in a way that rolled the
+    /// whole transaction back, so none of its writes will commit. Retryable:
+    /// begin a new transaction and run it all again.
+    TransactionLost {
+        /// What happened to it.
+        reason: String,
+    },
     /// A stored result could not be serialized or read back (record
     /// strategy). Not retryable.
     Serialization(serde_json::Error),
@@ -109,7 +117,9 @@ impl Error {
             | Error::Serialization(_)
             | Error::Config { .. } => false,
             Error::Database(e) => is_transient(e),
-            Error::CommitUnknown(_) | Error::LeaseLost { .. } => true,
+            Error::CommitUnknown(_) | Error::LeaseLost { .. } | Error::TransactionLost { .. } => {
+                true
+            }
             Error::OutboxMessage { .. } => false,
             Error::Handler { retryable, .. } => *retryable,
         }
@@ -144,6 +154,7 @@ impl Error {
             Error::Database(_) => "database",
             Error::CommitUnknown(_) => "commit_unknown",
             Error::Handler { .. } => "handler",
+            Error::TransactionLost { .. } => "transaction_lost",
             Error::Serialization(_) => "serialization",
             Error::Config { .. } => "config",
         }
@@ -277,6 +288,10 @@ impl fmt::Display for Error {
                 "commit outcome unknown (the connection failed during COMMIT): {e}"
             ),
             Error::Handler { source, .. } => write!(f, "handler failed: {source}"),
+            Error::TransactionLost { reason } => write!(
+                f,
+                "the caller's transaction was rolled back ({reason}); begin a new one and retry"
+            ),
             Error::Serialization(e) => write!(f, "stored result could not be (de)serialized: {e}"),
             Error::Config { reason } => write!(f, "unsafe configuration: {reason}"),
         }

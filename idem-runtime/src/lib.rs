@@ -53,7 +53,8 @@
 //! ## What the crate root holds
 //! - The attribute and what handlers name: [`idempotent`](macro@idempotent),
 //!   [`State`], [`EntityId`] (with [`EntityIdValue`], for your own id
-//!   newtypes), [`KeyPart`], [`Outcome`], [`Source`], [`OutboxLease`],
+//!   newtypes), [`KeyPart`], [`Outcome`], [`Source`], [`CallerTx`] (calls
+//!   inside a transaction the caller holds), [`OutboxLease`],
 //!   [`Error`], [`BoxError`], [`Result`], [`is_transient`], and [`Backend`]
 //!   (sealed) for handlers generic over the database.
 //! - Keys built by hand, for code that needs a handler's key outside the
@@ -104,7 +105,7 @@ mod tx;
 mod unique;
 
 pub use backend::Backend;
-pub use call::{OutboxLease, Outcome, Source};
+pub use call::{CallerTx, OutboxLease, Outcome, Source};
 pub use error::{BoxError, Error, is_transient};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
@@ -134,7 +135,7 @@ pub use strategy::MAX_TTL_SECS;
 /// ```
 ///
 /// (the source: `&pool`; [`Source::outbox`] for a relay's delivery; or
-/// `&mut tx`, a transaction the caller holds, see [`Source::transaction`])
+/// `&mut tx` for a [`CallerTx`], a transaction the caller holds)
 /// which runs, in ONE transaction: key derivation and checks → the outbox
 /// message's status update, fenced by the delivery's lease (when called
 /// with [`Source::outbox`]) → the strategy's guard → your body on the

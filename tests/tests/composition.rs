@@ -15,7 +15,7 @@
 
 use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::{Delivery, Relay, enqueue};
-use idem_runtime::{Error, Outcome, State, idempotent};
+use idem_runtime::{CallerTx, Error, Outcome, State, idempotent};
 use idem_testkit::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -97,14 +97,9 @@ macro_rules! composition_tests {
                 Some(pool)
             }
 
-            /// The caller's transaction. SQLite: `BEGIN IMMEDIATE`, as
-            /// `Source::transaction` advises.
-            async fn caller(pool: &Pool<Db>) -> Transaction<'static, Db> {
-                if D == Dialect::Sqlite {
-                    pool.begin_with("BEGIN IMMEDIATE").await.expect("begin immediate")
-                } else {
-                    pool.begin().await.expect("begin")
-                }
+            /// The caller's transaction (SQLite: `BEGIN IMMEDIATE`).
+            async fn caller(pool: &Pool<Db>) -> CallerTx<Db> {
+                CallerTx::begin(pool).await.expect("begin")
             }
 
             // The body written like ordinary sqlx code: the parameter is
@@ -188,13 +183,17 @@ macro_rules! composition_tests {
                     .expect("count records")
             }
 
-            async fn own_write(tx: &mut Transaction<'static, Db>, id: i64, note: &str) {
+            async fn try_own_write(tx: &mut CallerTx<Db>, id: i64, note: &str) -> Result<(), Error> {
                 sqlx::query(sql(D, "INSERT INTO idem_t_cx_order (id, note) VALUES (?, ?)"))
                     .bind(id)
                     .bind(note)
-                    .execute(&mut **tx)
-                    .await
-                    .expect("the caller's own write");
+                    .execute(tx.conn()?)
+                    .await?;
+                Ok(())
+            }
+
+            async fn own_write(tx: &mut CallerTx<Db>, id: i64, note: &str) {
+                try_own_write(tx, id, note).await.expect("the caller's own write");
             }
 
             fn order(fail: Fail) -> Charge {
@@ -326,6 +325,56 @@ macro_rules! composition_tests {
                 assert_eq!(records(&pool, c.order_id).await, 0);
             }
 
+            /// The call cancelled while its SAVEPOINT is in flight (the
+            /// proxy holds the server's reply): the caller's transaction
+            /// must keep its writes, and its commit must commit them.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_call_cancelled_during_its_savepoint_leaves_the_callers_transaction_whole() {
+                let Some(pool) = pool().await else { return };
+                if D == Dialect::Sqlite {
+                    return; // no network between the caller and SQLite
+                }
+                let url = if D == Dialect::Postgres { idem_testkit::postgres_url() } else { idem_testkit::mysql_url() };
+                let proxy = idem_testkit::proxy::FaultProxy::for_url(&url, 0.0).await.expect("start proxy");
+                let through = sqlx::pool::PoolOptions::<Db>::new()
+                    .max_connections(1)
+                    .connect(&proxy.url(&url))
+                    .await
+                    .expect("pool through the proxy");
+                let c = order(Fail::No);
+                let mut tx = caller(&through).await;
+                own_write(&mut tx, c.order_id, "before").await;
+                proxy.set_savepoint_hold(Duration::from_millis(1500));
+                let timed_out = tokio::time::timeout(Duration::from_millis(300), charge(&mut tx, &c)).await;
+                proxy.set_savepoint_hold(Duration::ZERO);
+                assert!(timed_out.is_err(), "the call must still wait on its SAVEPOINT");
+                assert_eq!(proxy.begins_held(), 1, "the SAVEPOINT's reply was not held");
+                // Either the caller's transaction is whole, or every later
+                // use of it fails.
+                let after = try_own_write(&mut tx, c.order_id + 1_000_000_000, "after").await;
+                let committed = match after {
+                    Ok(()) => tx.commit().await,
+                    Err(e) => {
+                        assert!(matches!(e, Error::TransactionLost { .. }), "{e:?}");
+                        tx.commit().await
+                    }
+                };
+                through.close().await;
+                // Either the caller's two writes commit, or its commit fails:
+                // never an "Ok" that committed part of it, or nothing.
+                let notes: Vec<String> = sqlx::query_scalar(sql(D, "SELECT note FROM idem_t_cx_order WHERE id IN (?, ?)"))
+                    .bind(c.order_id)
+                    .bind(c.order_id + 1_000_000_000)
+                    .fetch_all(&pool)
+                    .await
+                    .expect("notes");
+                match committed {
+                    Ok(()) => assert_eq!(orders(&pool, c.order_id).await, 2, "the caller's commit lost writes: {notes:?}"),
+                    Err(e) => assert_eq!(orders(&pool, c.order_id).await, 0, "a failed commit kept writes: {e}"),
+                }
+                assert_eq!((charges(&pool, c.order_id).await, records(&pool, c.order_id).await), (0, 0));
+            }
+
             /// The control: the same body run straight on the caller's
             /// transaction, with no savepoint, leaves its half-done write to
             /// the caller's commit. The test above catches that.
@@ -333,7 +382,7 @@ macro_rules! composition_tests {
             async fn control_a_body_on_the_callers_transaction_without_a_savepoint_commits_half_a_call() {
                 let Some(pool) = pool().await else { return };
                 let c = order(Fail::Hang);
-                let mut tx = caller(&pool).await;
+                let mut tx = pool.begin().await.expect("begin");
                 let body = async {
                     sqlx::query(sql(D, "INSERT INTO idem_t_cx_charge (order_id, amount) VALUES (?, ?)"))
                         .bind(c.order_id)
@@ -355,9 +404,9 @@ macro_rules! composition_tests {
                 let results = concurrently(8, || {
                     let (pool, c) = (pool.clone(), c.clone());
                     async move {
-                        let mut tx = caller(&pool).await;
+                        let mut tx = CallerTx::begin(&pool).await?;
                         let outcome = charge(&mut tx, &c).await?;
-                        tx.commit().await.map_err(Error::CommitUnknown)?;
+                        tx.commit().await?;
                         Ok::<_, Error>(outcome)
                     }
                 })

@@ -14,9 +14,11 @@
 //! Dropping a `Call` without finishing it rolls its transaction back.
 
 mod cache_marker;
+mod caller;
 mod outcome;
 mod source;
 
+pub use caller::CallerTx;
 pub use outcome::Outcome;
 use source::Conn;
 pub use source::{OutboxLease, Source};
@@ -49,14 +51,64 @@ pub struct Call<'c, DB: Backend, G = ()> {
     guard: G,
 }
 
+/// The transaction a call runs in.
+#[derive(Debug)]
+pub(crate) enum CallTx<'c, DB: Backend> {
+    /// Its own: committed at the end.
+    Own(Transaction<'static, DB>),
+    /// The caller's ([`CallerTx`]), under a savepoint: released at the end,
+    /// and the caller commits (or not).
+    Caller(caller::Lent<'c, DB>),
+}
+
+impl<DB: Backend> CallTx<'_, DB> {
+    /// The transaction the guard, the body and the bookkeeping run on.
+    pub(crate) fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        match self {
+            CallTx::Own(tx) => tx,
+            CallTx::Caller(lent) => lent.tx(),
+        }
+    }
+
+    /// The same, shared.
+    pub(crate) fn tx_ref(&self) -> &Transaction<'static, DB> {
+        match self {
+            CallTx::Own(tx) => tx,
+            CallTx::Caller(lent) => lent.tx_ref(),
+        }
+    }
+
+    fn nested(&self) -> bool {
+        matches!(self, CallTx::Caller(_))
+    }
+
+    /// Commits its own transaction, or releases the savepoint.
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            CallTx::Own(tx) => tx.commit().await,
+            CallTx::Caller(lent) => lent.release().await,
+        }
+    }
+
+    /// Rolls its own transaction back, or back to the savepoint. Failures
+    /// leave nothing behind: the server rolls back a transaction whose
+    /// connection is gone, and a caller's transaction that could not roll
+    /// back to the savepoint is lost as a whole.
+    async fn rollback(self) {
+        match self {
+            CallTx::Own(tx) => {
+                let _ = tx.rollback().await;
+            }
+            CallTx::Caller(lent) => lent.roll_back().await,
+        }
+    }
+}
+
 /// What a call carries whatever its guard found.
 #[derive(Debug)]
 pub(crate) struct CallState<'c, DB: Backend> {
-    /// The call's own transaction, or a savepoint in the caller's.
-    pub(crate) tx: Transaction<'c, DB>,
-    /// Whether `tx` is a savepoint in the caller's transaction: its
-    /// "commit" is a release, the caller commits (or not).
-    nested: bool,
+    /// The call's own transaction, or the caller's, a savepoint deeper.
+    pub(crate) tx: CallTx<'c, DB>,
     pub(crate) key: String,
     span: Span,
     strategy: &'static str,
@@ -119,22 +171,23 @@ impl<'c, DB: Backend> Call<'c, DB> {
         span: Span,
     ) -> Result<Self, Error> {
         span.record("key", key.as_str());
-        let (begun, nested) = match source.conn {
-            Conn::Pool(pool) => (DB::begin(pool).await, false),
+        let tx = match source.conn {
+            Conn::Pool(pool) => match DB::begin(pool).await {
+                Ok(tx) => CallTx::Own(tx),
+                Err(e) => return Err(fail(&span, Error::Database(e))),
+            },
             // A savepoint in the caller's transaction. Dropped unfinished
             // (a cancelled call), it rolls back to the savepoint before the
             // caller's next statement, so the caller's transaction never
             // keeps half a call.
-            Conn::Caller(conn) => (Transaction::begin(conn, None).await, true),
-        };
-        let tx = match begun {
-            Ok(tx) => tx,
-            Err(e) => return Err(fail(&span, Error::Database(e))),
+            Conn::Caller(caller) => match caller.lend().await {
+                Ok(lent) => CallTx::Caller(lent),
+                Err(e) => return Err(fail(&span, e)),
+            },
         };
         let mut call = Call {
             state: CallState {
                 tx,
-                nested,
                 key,
                 span,
                 strategy,
@@ -154,12 +207,12 @@ impl<'c, DB: Backend> Call<'c, DB> {
 
     /// The fenced outbox update: exactly one row, or the call fails.
     async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        match DB::outbox_success(&mut self.state.tx, lease).await {
+        match DB::outbox_success(self.state.tx.tx(), lease).await {
             Ok(1) => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(self.fail(Error::Database(e))),
         }
-        let found = DB::outbox_state(&mut self.state.tx, lease.id)
+        let found = DB::outbox_state(self.state.tx.tx(), lease.id)
             .await
             .map_err(|e| self.fail(Error::Database(e)))?;
         let err = match found {
@@ -202,8 +255,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
 
 impl<'c, DB: Backend, G> Call<'c, DB, G> {
     /// The transaction the body runs in.
-    pub fn tx(&mut self) -> &mut Transaction<'c, DB> {
-        &mut self.state.tx
+    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        self.state.tx.tx()
     }
 
     /// The call's key.
@@ -269,9 +322,8 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             std::mem::take(&mut self.state.key),
             self.state.scope,
         );
-        let CallState {
-            tx, span, nested, ..
-        } = self.state;
+        let CallState { tx, span, .. } = self.state;
+        let nested = tx.nested();
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
         let committed = match committed {
@@ -305,10 +357,9 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
     }
 
     async fn abort(self, err: Error) -> Error {
-        // Rollback failures leave nothing behind: the server rolls back a
-        // transaction whose connection is gone.
-        let _ = self.state.tx.rollback().await;
-        fail(&self.state.span, err)
+        let CallState { tx, span, .. } = self.state;
+        tx.rollback().await;
+        fail(&span, err)
     }
 
     fn fail(&self, err: Error) -> Error {

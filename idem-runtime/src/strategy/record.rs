@@ -82,14 +82,14 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
             fingerprint: &self.fingerprint,
             ttl_secs: self.ttl_secs,
         };
-        if DB::claim_record(&mut call.state.tx, &row)
+        if DB::claim_record(call.state.tx.tx(), &row)
             .await
             .map_err(Error::Database)?
         {
             return Ok(Verdict::Run(()));
         }
         let stored =
-            match DB::fetch_record(&mut call.state.tx, self.biz_type, &call.state.key).await {
+            match DB::fetch_record(call.state.tx.tx(), self.biz_type, &call.state.key).await {
                 Ok(Some(s)) => s,
                 // Claim lost but no row: the other writer's row vanished between
                 // the two statements (archived). Transient.
@@ -125,7 +125,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
     ) -> Result<Settled<T>, Error> {
         let value = body.map_err(Error::from_handler)?;
         let text = serde_json::to_string(&value).map_err(Error::Serialization)?;
-        DB::store_result(&mut call.state.tx, self.biz_type, &call.state.key, &text)
+        DB::store_result(call.state.tx.tx(), self.biz_type, &call.state.key, &text)
             .await
             .map_err(Error::Database)?;
         Ok(Settled::Executed {

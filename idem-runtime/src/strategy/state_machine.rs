@@ -44,7 +44,7 @@ impl StateMachine {
                 )));
             }
         }
-        let dialect = DB::dialect(&call.state.tx);
+        let dialect = DB::dialect(call.state.tx.tx_ref());
         Ok(dialect.state_sql(
             self.table,
             self.id_column,
@@ -82,7 +82,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// reached under another key: an illegal-state error.
     async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<StateSql, T>, Error> {
         let sql = self.sql(call)?;
-        let found = DB::lock_state(&mut call.state.tx, &sql, &self.id)
+        let found = DB::lock_state(call.state.tx.tx(), &sql, &self.id)
             .await
             .map_err(Error::Database)?;
         let duplicate = Verdict::Duplicate {
@@ -115,7 +115,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     ) -> Result<Settled<T>, Error> {
         let value = body.map_err(Error::from_handler)?;
         let key = self.key_column.map(|_| call.state.key.as_str());
-        match DB::transition(&mut call.state.tx, &sql, &self.id, self.from, self.to, key).await {
+        match DB::transition(call.state.tx.tx(), &sql, &self.id, self.from, self.to, key).await {
             Ok(1) => Ok(Settled::Executed {
                 value,
                 marker: None,

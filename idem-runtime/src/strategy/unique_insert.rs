@@ -35,7 +35,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
 
     /// Opens the savepoint the body's insert runs under.
     async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<(), T>, Error> {
-        DB::exec(&mut call.state.tx, SAVEPOINT)
+        DB::exec(call.state.tx.tx(), SAVEPOINT)
             .await
             .map_err(Error::Database)?;
         Ok(Verdict::Run(()))
@@ -53,7 +53,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
     ) -> Result<Settled<T>, Error> {
         let e = match body {
             Ok(value) => {
-                DB::exec(&mut call.state.tx, RELEASE)
+                DB::exec(call.state.tx.tx(), RELEASE)
                     .await
                     .map_err(Error::Database)?;
                 return Ok(Settled::Executed {
@@ -70,12 +70,12 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
         let Some(violation) = violation else {
             return Err(Error::from_handler(e));
         };
-        DB::exec(&mut call.state.tx, ROLLBACK_TO)
+        DB::exec(call.state.tx.tx(), ROLLBACK_TO)
             .await
             .map_err(Error::Database)?;
         let constraint = self.constraint;
-        let hit = crate::unique::violated(DB::dialect(&call.state.tx), violation);
-        match crate::unique::matches(&hit, constraint, &mut call.state.tx).await {
+        let hit = crate::unique::violated(DB::dialect(call.state.tx.tx_ref()), violation);
+        match crate::unique::matches(&hit, constraint, call.state.tx.tx()).await {
             Ok(true) => Ok(Settled::Duplicate),
             Ok(false) => Err(Error::Handler {
                 retryable: false,

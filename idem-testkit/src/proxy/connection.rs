@@ -113,7 +113,17 @@ async fn run_connection(
                 }
                 &buf[..n]
             };
-            let Seen { commits, begins } = inspector.feed(chunk);
+            let Seen {
+                commits,
+                begins,
+                savepoints,
+            } = inspector.feed(chunk);
+            if savepoints > 0 {
+                let hold = shared.savepoint_hold_ms.load(Ordering::SeqCst);
+                if hold > 0 {
+                    arm.hold_ms.store(hold, Ordering::SeqCst);
+                }
+            }
             if begins > 0 {
                 shared.begins_seen.fetch_add(begins, Ordering::SeqCst);
                 let hold = shared.begin_hold_ms.load(Ordering::SeqCst);

@@ -116,6 +116,8 @@ struct Shared {
     seed: RandomState,
     /// How long to hold the reply to a `BEGIN`, in milliseconds (0: off).
     begin_hold_ms: AtomicU64,
+    /// How long to hold the reply to a `SAVEPOINT`, in milliseconds (0: off).
+    savepoint_hold_ms: AtomicU64,
     begins_seen: AtomicU64,
     begins_held: AtomicU64,
 }
@@ -174,6 +176,7 @@ impl FaultProxy {
             draws: AtomicU64::new(0),
             seed: RandomState::new(),
             begin_hold_ms: AtomicU64::new(0),
+            savepoint_hold_ms: AtomicU64::new(0),
             begins_seen: AtomicU64::new(0),
             begins_held: AtomicU64::new(0),
         });
@@ -235,6 +238,14 @@ impl FaultProxy {
     pub fn set_begin_hold(&self, hold: Duration) {
         let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
         self.shared.begin_hold_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Holds the server's reply to each `SAVEPOINT` seen from now on for
+    /// `hold`, like [`FaultProxy::set_begin_hold`] for `BEGIN` (a nested
+    /// transaction's begin); counted in [`FaultProxy::begins_held`].
+    pub fn set_savepoint_hold(&self, hold: Duration) {
+        let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+        self.shared.savepoint_hold_ms.store(ms, Ordering::SeqCst);
     }
 
     /// How many `BEGIN`s (and `START TRANSACTION`s) were forwarded.

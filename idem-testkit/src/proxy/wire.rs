@@ -118,6 +118,7 @@ pub(super) struct ClientInspector {
 pub(super) enum Kind {
     Commit,
     Begin,
+    Savepoint,
     Other,
 }
 
@@ -127,6 +128,8 @@ impl Kind {
             Kind::Commit
         } else if is_begin_sql(sql) {
             Kind::Begin
+        } else if first_word_is(sql, "SAVEPOINT") {
+            Kind::Savepoint
         } else {
             Kind::Other
         }
@@ -138,6 +141,7 @@ impl Kind {
 pub(super) struct Seen {
     pub(super) commits: u64,
     pub(super) begins: u64,
+    pub(super) savepoints: u64,
 }
 
 impl Seen {
@@ -145,6 +149,7 @@ impl Seen {
         match kind {
             Kind::Commit => self.commits += 1,
             Kind::Begin => self.begins += 1,
+            Kind::Savepoint => self.savepoints += 1,
             Kind::Other => {}
         }
     }
@@ -300,6 +305,16 @@ pub(super) fn is_commit_sql(sql: &[u8]) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether SQL text starts with `word` (case-insensitive), e.g. a
+/// `SAVEPOINT name`.
+fn first_word_is(sql: &[u8], word: &str) -> bool {
+    std::str::from_utf8(sql).is_ok_and(|text| {
+        text.split_ascii_whitespace()
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case(word))
+    })
 }
 
 /// Whether SQL text opens a transaction: `BEGIN` or `START TRANSACTION`,

@@ -3,7 +3,7 @@
 //! pool, or inside a transaction the caller holds.
 #![allow(dead_code)]
 
-use idem_runtime::{Outcome, Source, idempotent};
+use idem_runtime::{CallerTx, Outcome, Source, idempotent};
 use sqlx::{SqliteConnection, SqlitePool};
 
 #[derive(serde::Serialize)]
@@ -26,7 +26,7 @@ async fn send(tx: &mut SqliteConnection, n: &Notice) -> Result<i64, sqlx::Error>
 
 async fn call_sites(pool: SqlitePool, n: Notice) -> Result<(), idem_runtime::Error> {
     let _: Outcome<i64> = send(&pool, &n).await?;
-    let mut tx = pool.begin().await?;
+    let mut tx = CallerTx::begin(&pool).await?;
     let _: Outcome<i64> = send(&mut tx, &n).await?;
     let _: Outcome<i64> = send(Source::transaction(&mut tx), &n).await?;
     tx.commit().await?;
