@@ -5,7 +5,8 @@
 //! |---|---|---|
 //! | `idem_calls_total` | `outcome` = executed / duplicate | committed calls |
 //! | `idem_duplicates_total` | `layer` = cache / domain_state / record / unique_insert | duplicates stopped, by layer |
-//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / lease_lost / outbox_message / database / commit_unknown / handler / serialization / config | failed calls |
+//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / lease_lost / outbox_message / invalid_message / message_conflict / database / commit_unknown / handler / serialization / config | failed calls and enqueues |
+//! | `idem_outbox_already_enqueued_total` | | `enqueue` calls answered `Already` (producer retries) |
 //! | `idem_cache_errors_total` | | Redis errors and time-outs (fell through to the database) |
 //! | `idem_cache_mismatches_total` | | record markers of another payload (fell through to the database) |
 //! | `idem_outbox_lease_renewals_total` | | in-flight outbox leases extended by a relay's heartbeat |
@@ -32,6 +33,10 @@ pub(crate) fn error(err: &Error) {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn cache_mismatch() {
     metrics::counter!("idem_cache_mismatches_total").increment(1);
+}
+
+pub(crate) fn already_enqueued() {
+    metrics::counter!("idem_outbox_already_enqueued_total").increment(1);
 }
 
 pub(crate) fn lease_renewals(n: u64) {
