@@ -3,10 +3,11 @@
 
 use sqlx::Connection;
 
-/// The benchmarks' database: `DATABASE_URL`, default the local PostgreSQL.
+/// The benchmarks' database: `DATABASE_URL`, default (also when set but
+/// empty) the local PostgreSQL.
 pub fn postgres_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    idem_testkit::env_setting("DATABASE_URL")
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// Warns on stderr when `bin` runs as a debug build.

@@ -90,10 +90,15 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Fail> {
-    let Some(url) = cli.database_url.as_deref().filter(|u| !u.is_empty()) else {
-        return Err(Fail::usage(
-            "no database URL: pass --database-url or set DATABASE_URL",
-        ));
+    let Some(url) = setting(cli.database_url.as_deref()) else {
+        let why = if std::env::var_os("DATABASE_URL").is_some() {
+            " (DATABASE_URL is set but empty, which counts as unset)"
+        } else {
+            ""
+        };
+        return Err(Fail::usage(format!(
+            "no database URL{why}: pass --database-url or set DATABASE_URL"
+        )));
     };
     let pool = connect(url, cli.connect_timeout).await?;
     let out = Out { json: cli.json };
@@ -117,6 +122,14 @@ async fn run(cli: Cli) -> Result<(), Fail> {
     };
     pool.close().await;
     result
+}
+
+/// A setting's value, trimmed; `None` when absent, empty or blank:
+/// `DATABASE_URL=` (set but empty, common in shells, `.env` and CI files)
+/// means unset, not a URL of no characters. (clap hands an empty
+/// variable over as an empty value.)
+fn setting(value: Option<&str>) -> Option<&str> {
+    value.map(str::trim).filter(|v| !v.is_empty())
 }
 
 /// The URL with its password hidden, for messages.
@@ -171,6 +184,14 @@ async fn connect(url: &str, timeout: Duration) -> Result<AnyPool, Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_settings_are_unset() {
+        assert_eq!(setting(None), None);
+        assert_eq!(setting(Some("")), None);
+        assert_eq!(setting(Some(" \t")), None);
+        assert_eq!(setting(Some(" sqlite://a.db ")), Some("sqlite://a.db"));
+    }
 
     #[test]
     fn urls_hide_passwords() {

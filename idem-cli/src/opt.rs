@@ -20,7 +20,8 @@ use std::time::Duration;
 )]
 pub(crate) struct Cli {
     /// Database URL: postgres://user:pass@host/db, mysql://user:pass@host/db or
-    /// sqlite://path.db (add ?mode=rwc to create the file).
+    /// sqlite://path.db (add ?mode=rwc to create the file). An empty
+    /// DATABASE_URL counts as unset.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
 

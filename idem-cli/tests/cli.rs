@@ -245,6 +245,39 @@ fn help_works_for_every_command() {
     );
 }
 
+/// `DATABASE_URL=` (set but empty, or blank) is unset: a usage error that
+/// names the variable, never an attempt to open the URL "" ("relative URL
+/// without a base"); `--database-url` still wins over it.
+#[test]
+fn an_empty_database_url_means_unset() {
+    for value in ["", "  "] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .env("DATABASE_URL", value)
+            .args(["migrate"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "DATABASE_URL={value:?}: {err}");
+        assert!(
+            err.contains("DATABASE_URL is set but empty") && err.contains("--database-url"),
+            "DATABASE_URL={value:?}: {err}"
+        );
+    }
+    let url = sqlite_url();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env("DATABASE_URL", "")
+        .args(["--database-url", &url, "--json", "migrate"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(done["dialect"], "sqlite", "{done}");
+}
+
 #[test]
 fn errors_are_clear_and_non_zero() {
     let run = |url: Option<&str>, args: &[&str]| {

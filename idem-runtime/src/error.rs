@@ -61,6 +61,33 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// An outbox message's `topic` or `msg_id` is empty, longer than
+    /// [`outbox::MAX_ID_LEN`](crate::outbox::MAX_ID_LEN) bytes or has
+    /// control characters, or its payload is longer than
+    /// [`outbox::MAX_PAYLOAD_LEN`](crate::outbox::MAX_PAYLOAD_LEN) bytes:
+    /// checked before any SQL, so nothing was written and the caller's
+    /// transaction is untouched. (Also, and then after the insert: the
+    /// database neither stored the message nor holds one of this topic and
+    /// id, an error it turned into a warning.) Not retryable.
+    InvalidMessage {
+        /// The topic (possibly truncated and escaped for display).
+        topic: String,
+        /// The message id (possibly truncated and escaped for display).
+        msg_id: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A message with this `topic` and `msg_id` is already enqueued with
+    /// another payload (the same payload answers
+    /// [`Enqueued::Already`](crate::outbox::Enqueued::Already)). Nothing
+    /// was written; the caller's transaction is still usable. Not
+    /// retryable: a message id names one message.
+    MessageConflict {
+        /// The topic.
+        topic: String,
+        /// The message id.
+        msg_id: String,
+    },
     /// The database failed. Retryable when the failure is transient: lost
     /// connection, pool time-out, deadlock, serialization failure, lock
     /// wait time-out, or a busy SQLite database (see [`is_transient`] for
@@ -120,7 +147,9 @@ impl Error {
             Error::CommitUnknown(_) | Error::LeaseLost { .. } | Error::TransactionLost { .. } => {
                 true
             }
-            Error::OutboxMessage { .. } => false,
+            Error::OutboxMessage { .. }
+            | Error::InvalidMessage { .. }
+            | Error::MessageConflict { .. } => false,
             Error::Handler { retryable, .. } => *retryable,
         }
     }
@@ -151,6 +180,8 @@ impl Error {
             Error::KeyConflict { .. } => "key_conflict",
             Error::LeaseLost { .. } => "lease_lost",
             Error::OutboxMessage { .. } => "outbox_message",
+            Error::InvalidMessage { .. } => "invalid_message",
+            Error::MessageConflict { .. } => "message_conflict",
             Error::Database(_) => "database",
             Error::CommitUnknown(_) => "commit_unknown",
             Error::Handler { .. } => "handler",
@@ -282,6 +313,20 @@ impl fmt::Display for Error {
             Error::OutboxMessage { id, reason } => {
                 write!(f, "outbox message {id} cannot drive this call: {reason}")
             }
+            Error::InvalidMessage {
+                topic,
+                msg_id,
+                reason,
+            } => write!(
+                f,
+                "invalid outbox message (topic `{topic}`, msg_id `{msg_id}`): {reason}; \
+                 nothing was enqueued"
+            ),
+            Error::MessageConflict { topic, msg_id } => write!(
+                f,
+                "outbox message `{msg_id}` of topic `{topic}` is already enqueued with a \
+                 different payload; nothing was enqueued"
+            ),
             Error::Database(e) => write!(f, "database error: {e}"),
             Error::CommitUnknown(e) => write!(
                 f,

@@ -5,8 +5,12 @@
 //! |---|---|---|
 //! | `idem_calls_total` | `outcome` = executed / duplicate | committed calls |
 //! | `idem_duplicates_total` | `layer` = cache / domain_state / record / unique_insert | duplicates stopped, by layer |
-//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / lease_lost / outbox_message / database / commit_unknown / handler / serialization / config | failed calls |
-//! | `idem_cache_errors_total` | | Redis errors and time-outs (fell through to the database) |
+//! | `idem_errors_total` | `kind` = invalid_key / illegal_state / key_conflict / lease_lost / outbox_message / invalid_message / message_conflict / database / commit_unknown / handler / serialization / config | failed calls and enqueues |
+//! | `idem_outbox_already_enqueued_total` | | `enqueue` calls answered `Already` (producer retries) |
+//! | `idem_cache_hits_total` | | cache lookups that found a marker |
+//! | `idem_cache_misses_total` | | cache lookups Redis answered without a marker |
+//! | `idem_cache_errors_total` | | cache calls (lookups, which fell through to the database, and marker writes) that failed: Redis error, time-out, or no connection; per call |
+//! | `idem_cache_connect_errors_total` | | background Redis connection attempts that failed |
 //! | `idem_cache_mismatches_total` | | record markers of another payload (fell through to the database) |
 //! | `idem_outbox_lease_renewals_total` | | in-flight outbox leases extended by a relay's heartbeat |
 //! | `idem_outbox_retries_total` | | failed outbox attempts put back for a retry |
@@ -29,9 +33,33 @@ pub(crate) fn error(err: &Error) {
     metrics::counter!("idem_errors_total", "kind" => err.kind()).increment(1);
 }
 
+#[cfg(feature = "redis")]
+pub(crate) fn cache_hit() {
+    metrics::counter!("idem_cache_hits_total").increment(1);
+}
+
+#[cfg(feature = "redis")]
+pub(crate) fn cache_miss() {
+    metrics::counter!("idem_cache_misses_total").increment(1);
+}
+
+#[cfg(feature = "redis")]
+pub(crate) fn cache_error() {
+    metrics::counter!("idem_cache_errors_total").increment(1);
+}
+
+#[cfg(feature = "redis")]
+pub(crate) fn cache_connect_error() {
+    metrics::counter!("idem_cache_connect_errors_total").increment(1);
+}
+
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn cache_mismatch() {
     metrics::counter!("idem_cache_mismatches_total").increment(1);
+}
+
+pub(crate) fn already_enqueued() {
+    metrics::counter!("idem_outbox_already_enqueued_total").increment(1);
 }
 
 pub(crate) fn lease_renewals(n: u64) {

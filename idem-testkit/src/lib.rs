@@ -16,6 +16,8 @@
 //!   acknowledgements (and can hold `BEGIN` replies) on the way back from
 //!   PostgreSQL or MariaDB.
 //! - With the `redis` feature: [`redis_url`], [`redis_up`], [`redis_get`].
+//! - [`env_setting`]: an environment variable, where set-but-empty
+//!   (`DATABASE_URL=`) means unset.
 //!
 //! The servers are found through `IDEM_TEST_POSTGRES_URL`,
 //! `IDEM_TEST_MYSQL_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local
@@ -40,6 +42,7 @@
 #![warn(missing_docs)]
 
 mod burst;
+mod env;
 pub mod names;
 pub mod proxy;
 #[cfg(feature = "redis")]
@@ -48,6 +51,7 @@ pub mod servers;
 mod sql;
 
 pub use burst::concurrently;
+pub use env::env_setting;
 pub use names::{id_base, ids, unique};
 #[cfg(feature = "redis")]
 pub use redis_server::{redis_get, redis_up, redis_url};

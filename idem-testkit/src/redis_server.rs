@@ -3,9 +3,10 @@
 use crate::servers::unreachable;
 use std::time::Duration;
 
-/// Redis URL: `IDEM_TEST_REDIS_URL`, default the local server.
+/// Redis URL: `IDEM_TEST_REDIS_URL`, default (also when set but empty) the
+/// local server.
 pub fn redis_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+    crate::env_setting("IDEM_TEST_REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379/".into())
 }
 
 /// Whether the local Redis answers `PING` within 2 s (else the test is

@@ -11,16 +11,18 @@ use sqlx::{MySqlPool, PgPool, SqlitePool};
 use std::str::FromStr;
 use std::time::Duration;
 
-/// PostgreSQL URL: `IDEM_TEST_POSTGRES_URL`, default the local server.
+/// PostgreSQL URL: `IDEM_TEST_POSTGRES_URL`, default (also when set but
+/// empty) the local server.
 pub fn postgres_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    crate::env_setting("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-/// MariaDB URL: `IDEM_TEST_MYSQL_URL`, default the local server.
+/// MariaDB URL: `IDEM_TEST_MYSQL_URL`, default (also when set but empty)
+/// the local server.
 pub fn mysql_url() -> String {
-    std::env::var("IDEM_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    crate::env_setting("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 /// A fresh SQLite file URL (WAL) for `sqlx::Any`.

@@ -25,7 +25,7 @@ async fn outbox_relay_broker_consumer_end_to_end_one_effect_per_coupon() {
     for _ in 0..N {
         let d = coupon(&pool, "UNUSED").await;
         let mut tx = pool.begin().await.unwrap();
-        idem_runtime::outbox::enqueue(
+        let msg = idem_runtime::outbox::enqueue(
             &mut tx,
             &topic,
             &format!("order-{}", d.order_id),
@@ -33,6 +33,7 @@ async fn outbox_relay_broker_consumer_end_to_end_one_effect_per_coupon() {
         )
         .await
         .unwrap();
+        assert!(msg.is_new());
         tx.commit().await.unwrap();
         coupons.push(d);
     }

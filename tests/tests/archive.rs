@@ -369,7 +369,7 @@ macro_rules! archive_tests {
                 let topic = format!("archive-test.{}", run_tag());
                 let mut tx = <Db as idem_runtime::Backend>::begin(&pool).await.unwrap();
                 for m in ["old-success", "old-failed", "old-pending", "new-success", "new-pending"] {
-                    idem_runtime::outbox::enqueue(&mut tx, &topic, m, &serde_json::json!({"m": m})).await.unwrap();
+                    assert!(idem_runtime::outbox::enqueue(&mut tx, &topic, m, &serde_json::json!({"m": m})).await.unwrap().is_new());
                 }
                 tx.commit().await.unwrap();
                 let two_days_ago = match D {

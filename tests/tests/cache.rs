@@ -198,7 +198,8 @@ async fn outbox_driven_calls_still_update_their_message() {
     let outbox =
         idem_runtime::outbox::enqueue(&mut tx, &topic, &format!("m-{id}"), &serde_json::json!({}))
             .await
-            .unwrap();
+            .unwrap()
+            .id();
     tx.commit().await.unwrap();
     let route_cache = cache.clone();
     let relay = Relay::new(pool.clone()).route(topic, move |d, _m: serde_json::Value| {

@@ -285,6 +285,12 @@ async fn works_on_a_redis_cluster() {
     let cache = RedisCache::cluster(&node_refs)
         .unwrap()
         .timeout(Duration::from_millis(500));
+    // The first connection to a cluster (every node, the slot map) may
+    // take longer than a call's bound: made before the first calls.
+    assert!(
+        cache.ready(Duration::from_secs(10)).await,
+        "cluster reachable"
+    );
     let pool: SqlitePool = idem_testkit::sqlite(2).await;
     sqlx::query("CREATE TABLE ping (id INTEGER PRIMARY KEY)")
         .execute(&pool)

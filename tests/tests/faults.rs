@@ -176,9 +176,11 @@ async fn produce(pool: &AnyPool, topic: &str) -> (Vec<i64>, i64) {
         .expect("coupon");
         let payload = serde_json::json!({"coupon_id": c, "order_id": c + 1});
         for copy in 0..if c % 3 == 0 { 2 } else { 1 } {
-            idem_runtime::outbox::enqueue(&mut tx, topic, &format!("m-{c}-{copy}"), &payload)
-                .await
-                .expect("enqueue");
+            let msg =
+                idem_runtime::outbox::enqueue(&mut tx, topic, &format!("m-{c}-{copy}"), &payload)
+                    .await
+                    .expect("enqueue");
+            assert!(msg.is_new());
             messages += 1;
         }
     }

@@ -51,9 +51,10 @@ async fn produce(pool: &AnyPool, d: Dialect, topic: &str, n: usize) -> Vec<i64> 
         .await
         .expect("coupon");
         let payload = serde_json::json!({"coupon_id": c, "order_id": c + 1});
-        idem_runtime::outbox::enqueue(&mut tx, topic, &format!("m-{c}"), &payload)
+        let msg = idem_runtime::outbox::enqueue(&mut tx, topic, &format!("m-{c}"), &payload)
             .await
             .expect("enqueue");
+        assert!(msg.is_new());
         coupons.push(c);
     }
     tx.commit().await.expect("commit");

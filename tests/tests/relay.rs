@@ -53,7 +53,7 @@ macro_rules! relay_tests {
                 let topic = topic("poison");
                 let mut tx = <Db as idem_runtime::Backend>::begin(&pool).await.unwrap();
                 // Unparsable for the route's payload type, and a key that is invalid (empty part).
-                let bad = idem_runtime::outbox::enqueue(&mut tx, &topic, "bad-shape", &serde_json::json!({"coupon": "x"})).await.unwrap();
+                let bad = idem_runtime::outbox::enqueue(&mut tx, &topic, "bad-shape", &serde_json::json!({"coupon": "x"})).await.unwrap().id();
                 tx.commit().await.unwrap();
                 let mut good = Vec::new();
                 for _ in 0..20 {

@@ -129,7 +129,8 @@ macro_rules! scoping_tests {
                 let first = enqueue(&mut tx, &topic, "m-1", &serde_json::json!({ "n": 1 })).await.expect("m-1");
                 let second = enqueue(&mut tx, &topic, "m-1 ", &serde_json::json!({ "n": 2 })).await.expect("m-1 with a space");
                 tx.commit().await.expect("commit");
-                assert_ne!(first, second);
+                assert!(first.is_new() && second.is_new(), "{first:?} {second:?}");
+                assert_ne!(first.id(), second.id());
                 let n: i64 = sqlx::query_scalar(sql(D, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ?"))
                     .bind(topic.clone())
                     .fetch_one(&pool)
@@ -138,7 +139,8 @@ macro_rules! scoping_tests {
                 assert_eq!(n, 2);
                 // A topic with a trailing space is another topic too.
                 let mut tx = <Db as idem_runtime::Backend>::begin(&pool).await.expect("begin");
-                enqueue(&mut tx, &format!("{topic} "), "m-1", &serde_json::json!({ "n": 3 })).await.expect("other topic");
+                let other = enqueue(&mut tx, &format!("{topic} "), "m-1", &serde_json::json!({ "n": 3 })).await.expect("other topic");
+                assert!(other.is_new());
                 tx.commit().await.expect("commit");
             }
         }

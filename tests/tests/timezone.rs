@@ -156,9 +156,10 @@ async fn a_relay_in_another_zone_never_takes_a_live_lease() {
             })
     };
     let mut tx = utc.begin().await.expect("begin");
-    enqueue(&mut tx, &topic, "m-1", &serde_json::json!({}))
+    let msg = enqueue(&mut tx, &topic, "m-1", &serde_json::json!({}))
         .await
         .expect("enqueue");
+    assert!(msg.is_new());
     tx.commit().await.expect("commit");
     let first = relay(&utc, "tz-relay-utc");
     let running = tokio::spawn(async move { first.run_once().await });
@@ -176,9 +177,10 @@ async fn a_relay_in_another_zone_never_takes_a_live_lease() {
 
 async fn enqueue_one(pool: &MySqlPool, topic: &str) {
     let mut tx = pool.begin().await.expect("begin");
-    enqueue(&mut tx, topic, "m-1", &serde_json::json!({}))
+    let msg = enqueue(&mut tx, topic, "m-1", &serde_json::json!({}))
         .await
         .expect("enqueue");
+    assert!(msg.is_new());
     tx.commit().await.expect("commit");
 }
 

@@ -143,7 +143,8 @@ async fn main() {
     let coupons = args.coupons as i64;
     let (concurrency, seconds, rounds) = (args.concurrency, args.seconds, args.rounds);
     let url = idem_examples::bench::postgres_url();
-    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let redis_url =
+        idem_testkit::env_setting("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
     let pool = match PgPoolOptions::new()
         .max_connections(concurrency as u32 + 2)
         .connect(&url)

@@ -114,8 +114,9 @@ struct Hostile {
 
 async fn run() -> Result<bool, BoxError> {
     let opts = Options::parse().check()?;
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    // `DATABASE_URL=` (set but empty) means unset.
+    let url = idem_testkit::env_setting("DATABASE_URL")
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into());
     let pool = PgPoolOptions::new()
         .max_connections(24)
         .acquire_timeout(Duration::from_secs(30))

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 pub async fn run(opts: Args) -> Result<bool, BoxError> {
     opts.check()?;
     sqlx::any::install_default_drivers();
-    let (url, location) = match std::env::var("DATABASE_URL") {
+    let (url, location) = match idem_testkit::env_setting("DATABASE_URL").ok_or(()) {
         Ok(url) => (url.clone(), url),
         Err(_) => {
             // A fresh file each run.

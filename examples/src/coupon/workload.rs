@@ -110,7 +110,7 @@ async fn place_order(
     .execute(&mut *tx)
     .await?;
     let payload = serde_json::to_value(&msg)?;
-    idem_runtime::outbox::enqueue(&mut tx, h.topic(), &msg.msg_id, &payload).await?;
+    let _ = idem_runtime::outbox::enqueue(&mut tx, h.topic(), &msg.msg_id, &payload).await?;
     tx.commit().await?;
     if !producer_retried(order_id, redelivery_rate) {
         return Ok(1);
@@ -124,7 +124,7 @@ async fn place_order(
     };
     let mut tx = pool.begin().await?;
     let payload = serde_json::to_value(&again)?;
-    idem_runtime::outbox::enqueue(&mut tx, h.topic(), &again.msg_id, &payload).await?;
+    let _ = idem_runtime::outbox::enqueue(&mut tx, h.topic(), &again.msg_id, &payload).await?;
     tx.commit().await?;
     Ok(2)
 }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 ///
 /// let mut tx = pool.begin().await?;
 /// // … the business change …
-/// enqueue(&mut tx, "coupon.deduct", "order-7", &serde_json::json!({ "coupon_id": 7 })).await?;
+/// let _msg = enqueue(&mut tx, "coupon.deduct", "order-7", &serde_json::json!({ "coupon_id": 7 })).await?;
 /// tx.commit().await?;
 ///
 /// let publisher = Publisher::new(conn.clone(), "orders");

@@ -35,11 +35,11 @@ mod types;
 
 pub(crate) use sql::ClaimSql;
 pub use sql::StateSql;
-pub(crate) use types::OutboxState;
 pub use types::{
     ArchiveTable, NewRecord, OutboxLease, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget,
     StoredRecord,
 };
+pub(crate) use types::{OutboxInsert, OutboxState};
 
 pub(crate) mod sealed {
     /// Implemented by the four backends only; also holds the one thing
@@ -180,13 +180,15 @@ pub trait CallStore: Database {
 
 /// The outbox's statements: enqueue, claim, renew, settle.
 pub trait OutboxStore: Database {
-    /// Inserts a pending outbox message; returns its id.
+    /// Inserts a pending outbox message unless `(topic, msg_id)` exists
+    /// (never a unique-violation error, which would abort a PostgreSQL
+    /// transaction); then reads the existing one.
     fn outbox_insert<'a>(
         conn: &'a mut Self::Connection,
         topic: &'a str,
         msg_id: &'a str,
         payload: &'a str,
-    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<OutboxInsert, sqlx::Error>> + Send + 'a;
 
     /// Marks the outbox message `lease` holds as delivered, fenced by the
     /// lease (pending, same topic, same owner and attempt); returns rows

@@ -66,9 +66,24 @@ pub(crate) const SQL: SqlSet = SqlSet {
     claim_record: "INSERT IGNORE INTO idem_record \
         (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
         VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND))",
-    outbox_insert: "INSERT INTO idem_outbox \
+    // INSERT IGNORE: the duplicate is a warning (0 rows), not an error.
+    // IGNORE would also turn a too-long value into a silently truncated
+    // one (which could then collide with another message): `enqueue`
+    // checks every length against the columns first (topic and msg_id at
+    // most 128 bytes, VARCHAR(128) holds 128 characters; the payload at
+    // most MEDIUMTEXT's 16 MiB - 1 bytes). Nothing else it could hide
+    // applies: no value is NULL, the times are the server's own, every
+    // string is UTF-8 into utf8mb4 columns, and CHECK violations stay
+    // errors on MariaDB. If a row is still not found afterwards, `enqueue`
+    // says so rather than answering "already enqueued".
+    outbox_insert: "INSERT IGNORE INTO idem_outbox \
         (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
         VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    // A locking read: it sees the latest committed row, which a plain
+    // read under repeatable read may not (its snapshot can predate the
+    // other producer's commit that made the insert a duplicate).
+    outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = ? AND msg_id = ? \
+        LOCK IN SHARE MODE",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
         WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",

@@ -55,9 +55,15 @@ pub(crate) const SQL: SqlSet = SqlSet {
         (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
         VALUES ($1, $2, $3, $4, now(), now() + make_interval(secs => $5::float8)) \
         ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    // DO NOTHING, not an error: a unique violation would abort the
+    // caller's whole transaction. It waits for a concurrent insert of the
+    // same message; read committed then sees that row in `outbox_find`
+    // (repeatable read fails with 40001, which is retryable).
     outbox_insert: "INSERT INTO idem_outbox \
         (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
-        VALUES ($1, $2, $3, now(), now(), now()) RETURNING id",
+        VALUES ($1, $2, $3, now(), now(), now()) \
+        ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id",
+    outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = $1 AND msg_id = $2",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = now(), lease_owner = NULL, locked_until = NULL \
         WHERE id = $1 AND topic = $2 AND status = 'pending' AND lease_owner = $3 AND attempts = $4",

@@ -57,9 +57,15 @@ pub(crate) struct SqlSet {
     pub store_result: &'static str,
     /// Binds: key, biz_type, biz_no, fingerprint, ttl seconds. Native.
     pub claim_record: &'static str,
-    /// Binds: topic, msg_id, payload. Native placeholders.
+    /// Inserts a pending message unless `(topic, msg_id)` exists; only the
+    /// duplicate is ignored. Binds: topic, msg_id, payload. Native
+    /// placeholders.
     pub outbox_insert: &'static str,
-    /// How `outbox_insert` tells the new id.
+    /// The id and payload of the message `(topic, msg_id)`, read after an
+    /// ignored insert. Binds: topic, msg_id. Native placeholders.
+    pub outbox_find: &'static str,
+    /// How `outbox_insert` tells the new id (no row or no affected row:
+    /// the duplicate).
     pub insert_id: InsertId,
     /// Binds: id, topic, owner, attempt. Native placeholders.
     pub outbox_success: &'static str,

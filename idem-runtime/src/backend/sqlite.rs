@@ -63,7 +63,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
     outbox_insert: "INSERT INTO idem_outbox \
         (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
         VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-        strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING id",
+        strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+        ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id",
+    outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = ? AND msg_id = ?",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
         locked_until = NULL \

@@ -18,6 +18,23 @@ pub struct OutboxState {
     pub attempts: i32,
 }
 
+/// What inserting an outbox message found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutboxInsert {
+    /// Inserted, with this id.
+    New(i64),
+    /// `(topic, msg_id)` exists: its id and stored payload.
+    Existing {
+        /// The existing message's id.
+        id: i64,
+        /// Its JSON payload, as stored.
+        payload: String,
+    },
+    /// Not inserted, and no such message found either (it was removed in
+    /// between, or the database ignored another error).
+    Missing,
+}
+
 /// A new idempotency record.
 #[derive(Debug)]
 pub struct NewRecord<'a> {

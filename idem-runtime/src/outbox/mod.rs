@@ -3,7 +3,7 @@
 //! `#[idempotent]` handler until it succeeds or is dead-lettered.
 //!
 //! ```
-//! use idem_runtime::outbox::{enqueue, Relay};
+//! use idem_runtime::outbox::{enqueue, Enqueued, Relay};
 //! use idem_runtime::{idempotent, Outcome};
 //! use sqlx::{Sqlite, Transaction};
 //!
@@ -26,7 +26,15 @@
 //! // "Order paid" and its "deduct coupon" message commit together.
 //! let mut tx = pool.begin().await?;
 //! sqlx::query("INSERT INTO orders (id, paid) VALUES (7, 1)").execute(&mut *tx).await?;
-//! enqueue(&mut tx, "coupon.deduct", "order-7", &serde_json::json!({ "order_id": 7 })).await?;
+//! let msg = enqueue(&mut tx, "coupon.deduct", "order-7", &serde_json::json!({ "order_id": 7 })).await?;
+//! assert!(msg.is_new());
+//! tx.commit().await?;
+//!
+//! // The producer retrying after a lost commit acknowledgement: the same
+//! // message again is "already enqueued", not an error, and not a second message.
+//! let mut tx = pool.begin().await?;
+//! let again = enqueue(&mut tx, "coupon.deduct", "order-7", &serde_json::json!({ "order_id": 7 })).await?;
+//! assert_eq!(again, Enqueued::Already(msg.id()));
 //! tx.commit().await?;
 //!
 //! let relay = Relay::new(pool.clone())
@@ -36,10 +44,6 @@
 //! assert_eq!(status, "success");
 //! # Ok(()) }
 //! ```
-
-use crate::Error;
-use crate::backend::Backend;
-use sqlx::Transaction;
 
 /// Status of an outbox message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,23 +67,9 @@ impl Status {
     }
 }
 
-/// Enqueues a message in `tx`, the caller's business transaction, so the
-/// message commits or rolls back with the business change. Returns its id,
-/// the value a relay passes to [`Source::outbox`](crate::Source::outbox).
-///
-/// `(topic, msg_id)` is unique: enqueueing the same message twice is an
-/// error from the database, not a second message.
-pub async fn enqueue<DB: Backend>(
-    tx: &mut Transaction<'_, DB>,
-    topic: &str,
-    msg_id: &str,
-    payload: &serde_json::Value,
-) -> Result<i64, Error> {
-    let payload = serde_json::to_string(payload).map_err(Error::Serialization)?;
-    Ok(DB::outbox_insert(&mut **tx, topic, msg_id, &payload).await?)
-}
-
 pub mod admin;
+mod enqueue;
 mod relay;
 pub use crate::backend::OutboxRow;
+pub use enqueue::{Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, enqueue};
 pub use relay::{Delivery, Relay, RelayHandle, RelaySettings, RelayStats};

@@ -146,9 +146,10 @@ macro_rules! relay_fixtures {
                     .expect("insert coupon");
                 let payload = serde_json::json!({"coupon_id": coupon, "order_id": coupon + 1});
                 for copy in 0..copies {
-                    idem_runtime::outbox::enqueue(&mut tx, topic, &format!("m-{coupon}-{copy}"), &payload)
+                    let msg = idem_runtime::outbox::enqueue(&mut tx, topic, &format!("m-{coupon}-{copy}"), &payload)
                         .await
                         .expect("enqueue");
+                    assert!(msg.is_new());
                 }
                 tx.commit().await.expect("commit");
                 coupon

@@ -237,7 +237,8 @@ macro_rules! strategy_fixtures {
                 let mut tx = <Db as idem_runtime::Backend>::begin(pool).await.expect("begin");
                 let id = idem_runtime::outbox::enqueue(&mut tx, topic, msg_id, &serde_json::json!({"m": msg_id}))
                     .await
-                    .expect("enqueue");
+                    .expect("enqueue")
+                    .id();
                 tx.commit().await.expect("commit enqueue");
                 id
             }

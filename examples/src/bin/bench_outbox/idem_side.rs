@@ -139,7 +139,7 @@ pub(super) async fn idem_run(
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
-                enqueue(&mut tx, &topic, &msg.msg_id, &serde_json::to_value(&msg)?).await?;
+                let _ = enqueue(&mut tx, &topic, &msg.msg_id, &serde_json::to_value(&msg)?).await?;
                 tx.commit().await?;
             }
         }));

@@ -4,7 +4,7 @@
 //! what differs.
 
 use super::sql::{Claim, InsertId, Renew, SqlSet, marks};
-use super::types::{NewRecord, OutboxRow, OutboxState, StoredRecord};
+use super::types::{NewRecord, OutboxInsert, OutboxRow, OutboxState, StoredRecord};
 use super::{CallStore, ClaimSql, Migrate, OutboxStore, StateSql, sealed::Sealed};
 
 use crate::backend::OutboxLease;
@@ -203,27 +203,42 @@ impl OutboxStore for DB {
         topic: &'a str,
         msg_id: &'a str,
         payload: &'a str,
-    ) -> Result<i64, sqlx::Error> {
+    ) -> Result<OutboxInsert, sqlx::Error> {
         let sql = DB::dialect_of_conn(conn).sql();
-        match sql.insert_id {
+        let new = match sql.insert_id {
             InsertId::Returning => {
                 sqlx::query_scalar(stmt(sql.outbox_insert))
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
-                    .fetch_one(conn)
-                    .await
+                    .fetch_optional(&mut *conn)
+                    .await?
             }
             InsertId::LastInsertId => {
                 let done = sqlx::query(stmt(sql.outbox_insert))
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
-                    .execute(conn)
+                    .execute(&mut *conn)
                     .await?;
-                DB::last_insert_id(&done)
+                match DB::rows_affected(&done) {
+                    0 => None,
+                    _ => Some(DB::last_insert_id(&done)?),
+                }
             }
+        };
+        if let Some(id) = new {
+            return Ok(OutboxInsert::New(id));
         }
+        let found: Option<(i64, String)> = sqlx::query_as(stmt(sql.outbox_find))
+            .bind(topic)
+            .bind(msg_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(match found {
+            Some((id, payload)) => OutboxInsert::Existing { id, payload },
+            None => OutboxInsert::Missing,
+        })
     }
 
     async fn outbox_success<'a>(

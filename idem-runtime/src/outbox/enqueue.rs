@@ -1,0 +1,234 @@
+//! The producer's side: [`enqueue`] a message in the caller's transaction,
+//! idempotently.
+
+use crate::Error;
+use crate::backend::{Backend, OutboxInsert};
+use sqlx::Transaction;
+
+/// The longest `topic` and the longest `msg_id` [`enqueue`] accepts, in
+/// bytes of UTF-8: the `VARCHAR(128)` columns of PostgreSQL and MariaDB
+/// hold 128 characters, so every backend takes the same ids (SQLite's
+/// `TEXT` would take more).
+pub const MAX_ID_LEN: usize = 128;
+
+/// The longest payload [`enqueue`] accepts, in bytes of its JSON text: what
+/// MariaDB's `MEDIUMTEXT` column holds (16 MiB - 1), the same on every
+/// backend.
+pub const MAX_PAYLOAD_LEN: usize = 16 * 1024 * 1024 - 1;
+
+/// What [`enqueue`] did: the message's id either way, and whether this call
+/// wrote it.
+///
+/// ```
+/// use idem_runtime::outbox::Enqueued;
+/// assert_eq!(Enqueued::New(7).id(), 7);
+/// assert!(!Enqueued::Already(7).is_new());
+/// ```
+#[must_use = "the message's id (`.id()`), and whether this call enqueued it"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Enqueued {
+    /// Written by this call (it commits with the caller's transaction).
+    New(i64),
+    /// `(topic, msg_id)` was already enqueued with the same payload (a
+    /// producer retrying after a lost commit acknowledgement, or a
+    /// redelivered command): nothing was written, this is its id.
+    Already(i64),
+}
+
+impl Enqueued {
+    /// The message's id, the value a relay passes to
+    /// [`Source::outbox`](crate::Source::outbox).
+    pub fn id(self) -> i64 {
+        match self {
+            Enqueued::New(id) | Enqueued::Already(id) => id,
+        }
+    }
+
+    /// Whether this call wrote the message.
+    pub fn is_new(self) -> bool {
+        matches!(self, Enqueued::New(_))
+    }
+}
+
+/// Enqueues a message in `tx`, the caller's business transaction, so the
+/// message commits or rolls back with the business change.
+///
+/// Idempotent per `(topic, msg_id)`, so a producer can retry its whole
+/// transaction after a lost commit acknowledgement:
+///
+/// - a new message: [`Enqueued::New`] with its id;
+/// - the same `(topic, msg_id)` with the same payload (compared as JSON
+///   values: key order and whitespace do not matter):
+///   [`Enqueued::Already`] with the existing message's id, nothing written;
+/// - the same `(topic, msg_id)` with another payload:
+///   [`Error::MessageConflict`], nothing written.
+///
+/// Neither answer is a database error, so the caller's transaction stays
+/// usable (on PostgreSQL a unique violation would abort it). An insert of
+/// the same message by a concurrent, uncommitted transaction is waited for.
+///
+/// `topic` and `msg_id` must be non-empty, at most [`MAX_ID_LEN`] bytes and
+/// free of control characters, and the payload at most
+/// [`MAX_PAYLOAD_LEN`] bytes: checked before any SQL
+/// ([`Error::InvalidMessage`]), the same on every backend. The comparison
+/// is exact, byte for byte: `"m-1 "` is another id than `"m-1"`.
+///
+/// "Already enqueued" is known while the message is in `idem_outbox`: a
+/// finished message moved to `idem_outbox_history` by the
+/// [archiver](crate::archive) (after its outbox retention) no longer
+/// counts, and the same id would be enqueued again.
+pub async fn enqueue<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    topic: &str,
+    msg_id: &str,
+    payload: &serde_json::Value,
+) -> Result<Enqueued, Error> {
+    let answer = enqueue_once(tx, topic, msg_id, payload).await;
+    match &answer {
+        Ok(Enqueued::Already(_)) => crate::metrics::already_enqueued(),
+        Ok(Enqueued::New(_)) => {}
+        Err(e) => crate::metrics::error(e),
+    }
+    answer
+}
+
+async fn enqueue_once<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    topic: &str,
+    msg_id: &str,
+    payload: &serde_json::Value,
+) -> Result<Enqueued, Error> {
+    check_message(topic, msg_id)?;
+    let text = serde_json::to_string(payload).map_err(Error::Serialization)?;
+    if text.len() > MAX_PAYLOAD_LEN {
+        return Err(invalid(
+            topic,
+            msg_id,
+            format!(
+                "the payload is {} bytes of JSON, at most {MAX_PAYLOAD_LEN} are allowed",
+                text.len()
+            ),
+        ));
+    }
+    // Twice at most: a message found to exist, then gone before it could
+    // be read (the archiver moved it), is inserted anew.
+    for _ in 0..2 {
+        match DB::outbox_insert(&mut **tx, topic, msg_id, &text).await? {
+            OutboxInsert::New(id) => return Ok(Enqueued::New(id)),
+            OutboxInsert::Existing {
+                id,
+                payload: stored,
+            } => {
+                return if same_json(&stored, &text) {
+                    Ok(Enqueued::Already(id))
+                } else {
+                    Err(Error::MessageConflict {
+                        topic: topic.to_string(),
+                        msg_id: msg_id.to_string(),
+                    })
+                };
+            }
+            OutboxInsert::Missing => continue,
+        }
+    }
+    Err(invalid(
+        topic,
+        msg_id,
+        "the database neither stored the message nor holds one with this topic and id".into(),
+    ))
+}
+
+/// Whether two JSON texts hold the same value (object key order and
+/// whitespace aside). A stored text that is not JSON matches nothing.
+fn same_json(stored: &str, new: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(stored),
+        serde_json::from_str::<serde_json::Value>(new),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The run-time checks of a message's `topic` and `msg_id`.
+fn check_message(topic: &str, msg_id: &str) -> Result<(), Error> {
+    for (what, value) in [("topic", topic), ("msg_id", msg_id)] {
+        let reason = if value.is_empty() {
+            format!("the {what} is empty")
+        } else if value.len() > MAX_ID_LEN {
+            format!(
+                "the {what} is {} bytes long, at most {MAX_ID_LEN} are allowed",
+                value.len()
+            )
+        } else if let Some(c) = value.chars().find(|c| c.is_control()) {
+            format!("the {what} contains the control character {c:?}")
+        } else {
+            continue;
+        };
+        return Err(invalid(topic, msg_id, reason));
+    }
+    Ok(())
+}
+
+fn invalid(topic: &str, msg_id: &str, reason: String) -> Error {
+    Error::InvalidMessage {
+        topic: shown(topic),
+        msg_id: shown(msg_id),
+        reason,
+    }
+}
+
+/// A value for an error message: escaped, at most 160 characters.
+fn shown(value: &str) -> String {
+    let mut s: String = value
+        .chars()
+        .take(160)
+        .flat_map(char::escape_default)
+        .collect();
+    if value.chars().count() > 160 {
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(check_message("t", "m").is_ok());
+        assert!(check_message(&"t".repeat(MAX_ID_LEN), &"é".repeat(MAX_ID_LEN / 2)).is_ok());
+        for (t, m, why) in [
+            ("", "m", "the topic is empty"),
+            ("t", "", "the msg_id is empty"),
+            (
+                "t",
+                "m\n",
+                "the msg_id contains the control character '\\n'",
+            ),
+            ("t\0", "m", "the topic contains the control character '\\0'"),
+        ] {
+            let e = check_message(t, m).expect_err(why);
+            assert!(e.to_string().contains(why), "{e}");
+            assert_eq!(e.kind(), "invalid_message");
+            assert!(!e.is_retryable());
+        }
+        // Bytes, not characters: 65 two-byte characters are 130 bytes.
+        let e = check_message("t", &"é".repeat(65)).expect_err("too long");
+        assert!(e.to_string().contains("130 bytes long"), "{e}");
+        let e = check_message(&"t".repeat(MAX_ID_LEN + 1), "m").expect_err("too long");
+        assert!(e.to_string().contains("the topic is 129 bytes"), "{e}");
+    }
+
+    #[test]
+    fn payloads_compare_as_json_values() {
+        assert!(same_json(
+            r#"{"b": 2, "a": [1, {"c": null}]}"#,
+            r#"{"a":[1,{"c":null}],"b":2}"#
+        ));
+        assert!(!same_json(r#"{"a": 1}"#, r#"{"a": 2}"#));
+        assert!(!same_json(r#"{"a": 1}"#, r#"{"a": "1"}"#));
+        assert!(!same_json("not json", "not json"));
+    }
+}
