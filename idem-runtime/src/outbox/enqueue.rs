@@ -24,7 +24,6 @@ pub const MAX_PAYLOAD_LEN: usize = 16 * 1024 * 1024 - 1;
 /// assert_eq!(Enqueued::New(7).id(), 7);
 /// assert!(!Enqueued::Already(7).is_new());
 /// ```
-#[must_use = "the message's id (`.id()`), and whether this call enqueued it"]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Enqueued {
     /// Written by this call (it commits with the caller's transaction).
