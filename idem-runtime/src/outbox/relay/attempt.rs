@@ -11,12 +11,14 @@ use std::time::Duration;
 
 /// The waits before each try of a bookkeeping write (fenced, so safe to
 /// repeat) whose statement or connection failed: a lost acknowledgement
-/// must not leave its message to wait out its lease.
+/// must not leave its message to wait out its lease. The first retry is
+/// immediate (on another connection; the failed one is gone), so that it
+/// is confirmed before a retried message is due again.
 const BOOKKEEPING_WAITS: [Duration; 4] = [
+    Duration::ZERO,
     Duration::ZERO,
     Duration::from_millis(20),
     Duration::from_millis(100),
-    Duration::from_millis(400),
 ];
 
 impl<DB: Backend> Relay<DB> {
