@@ -40,13 +40,19 @@ impl<DB: Backend> Relay<DB> {
             lease: lease.clone(),
             marked: marked.clone(),
         };
+        // Err: (retryable, reason, whether the handler's commit may have
+        // landed).
         let result = match route(delivery) {
-            Err(e) => Err((false, format!("unparsable payload: {e}"))),
+            Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
             // A panicking handler is a failed attempt, not a dead relay.
             Ok(fut) => match self.heartbeat(&lease, tokio::spawn(fut), &span).await {
                 Ok(Ok(executed)) => Ok(executed),
-                Ok(Err(e)) => Err((e.is_retryable(), format!("{}: {e}", e.kind()))),
-                Err(join) => Err((true, format!("handler panicked: {join}"))),
+                Ok(Err(e)) => Err((
+                    e.is_retryable(),
+                    format!("{}: {e}", e.kind()),
+                    matches!(e, crate::Error::CommitUnknown(_)),
+                )),
+                Err(join) => Err((true, format!("handler panicked: {join}"), false)),
             },
         };
         match result {
@@ -81,7 +87,13 @@ impl<DB: Backend> Relay<DB> {
                     }
                 }
             }
-            Err((retryable, reason)) => {
+            Err((_, _, true)) if self.landed(id).await => {
+                // The handler's commit, whose acknowledgement was lost,
+                // landed: the message is a success. Nothing to retry.
+                i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                i.stats.landed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((retryable, reason, _)) => {
                 let dead = !retryable || attempts >= i.max_attempts;
                 let reason = if dead && retryable {
                     format!("gave up after {attempts} attempts: {reason}")
@@ -121,11 +133,9 @@ impl<DB: Backend> Relay<DB> {
                     Ok(false) => {
                         i.stats.stale.fetch_add(1, Ordering::Relaxed);
                         // Already a success: the handler's commit landed
-                        // although it reported a failure (a lost
-                        // acknowledgement). Nothing is retried.
-                        if let Ok(Some(s)) = DB::outbox_state_pool(&i.pool, id).await
-                            && s.status == "success"
-                        {
+                        // although it reported a failure. Nothing is
+                        // retried.
+                        if self.landed(id).await {
                             i.stats.landed.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -136,6 +146,20 @@ impl<DB: Backend> Relay<DB> {
                 }
             }
         }
+    }
+
+    /// Whether message `id` is a `success` (read on a fresh connection,
+    /// with the bookkeeping's retries).
+    async fn landed(&self, id: i64) -> bool {
+        let read = self.fenced(
+            id,
+            || async {
+                let state = DB::outbox_state_pool(&self.inner.pool, id).await?;
+                Ok(state.is_some_and(|s| s.status == "success"))
+            },
+            |_| false,
+        );
+        read.await.unwrap_or(false)
     }
 
     /// Runs `write`, a bookkeeping update fenced by the lease (true: it

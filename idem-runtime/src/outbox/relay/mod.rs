@@ -62,6 +62,18 @@ struct Batch {
     rows: Vec<OutboxRow>,
 }
 
+/// What one claim produced.
+enum Round {
+    /// Rows to deliver.
+    Claimed(Batch),
+    /// A claim whose commit outcome is unknown, to read back.
+    Lost {
+        owner: Arc<str>,
+        chosen: Claimed,
+        error: sqlx::Error,
+    },
+}
+
 type Route<DB> = Arc<
     dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
 >;
@@ -368,8 +380,36 @@ impl<DB: Backend> Relay<DB> {
             // a handler slot would spend its lease in the queue, expire and
             // run twice.
             let free = permits.available_permits() as i64;
-            let batch = match self.claim_up_to(free).await {
-                Ok(b) => b.rows.into_iter().map(|r| (r, b.owner.clone())).collect(),
+            let batch: Vec<_> = match self.claim_round(free).await {
+                Ok(Round::Claimed(b)) => b.rows.into_iter().map(|r| (r, b.owner.clone())).collect(),
+                Ok(Round::Lost {
+                    owner,
+                    chosen,
+                    error,
+                }) => {
+                    // Read back beside the claim loop, holding the slots
+                    // the lost rows would take (free: nothing else takes
+                    // permits).
+                    let slots = u32::try_from(chosen.rows.len()).unwrap_or(u32::MAX);
+                    let reserved = permits
+                        .clone()
+                        .acquire_many_owned(slots)
+                        .await
+                        .expect("never closed");
+                    let me = self.clone();
+                    tasks.spawn(async move {
+                        if let Ok(batch) = me.recover(owner, chosen, error).await {
+                            let mut deliveries = JoinSet::new();
+                            for row in batch.rows {
+                                let (me, owner) = (me.clone(), batch.owner.clone());
+                                deliveries.spawn(async move { me.deliver(row, owner).await });
+                            }
+                            while deliveries.join_next().await.is_some() {}
+                        }
+                        drop(reserved);
+                    });
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
                     Vec::new()
@@ -396,16 +436,30 @@ impl<DB: Backend> Relay<DB> {
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Claims up to `n` messages, reading back a claim whose commit
+    /// outcome is unknown before it returns.
     async fn claim_up_to(&self, n: i64) -> Result<Batch, Error> {
+        match self.claim_round(n).await? {
+            Round::Claimed(batch) => Ok(batch),
+            Round::Lost {
+                owner,
+                chosen,
+                error,
+            } => self.recover(owner, chosen, error).await,
+        }
+    }
+
+    /// Claims up to `n` messages.
+    async fn claim_round(&self, n: i64) -> Result<Round, Error> {
         let i = &self.inner;
         let owner: Arc<str> = i.claim_owner().into();
         if i.topics.is_empty() {
-            return Ok(Batch {
+            return Ok(Round::Claimed(Batch {
                 owner,
                 rows: Vec::new(),
-            });
+            }));
         }
-        let claimed = match DB::claim_outbox(
+        let claimed = DB::claim_outbox(
             &i.pool,
             &i.claim,
             &owner,
@@ -413,49 +467,59 @@ impl<DB: Backend> Relay<DB> {
             n.min(i.batch_size),
             i.lease.as_secs_f64(),
         )
-        .await
-        {
-            Ok(claimed) => claimed,
-            Err(ClaimError::Failed(e)) => return Err(e.into()),
+        .await;
+        match claimed {
+            Ok(claimed) => Ok(Round::Claimed(self.counted(owner, claimed))),
+            Err(ClaimError::Failed(e)) => Err(e.into()),
             Err(ClaimError::CommitUnknown { error, chosen }) => {
                 i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
                 if !i.recover_claims {
                     return Err(Error::CommitUnknown(error));
                 }
-                self.recover(&owner, chosen, error).await?
+                Ok(Round::Lost {
+                    owner,
+                    chosen,
+                    error,
+                })
             }
-        };
-        i.stats
+        }
+    }
+
+    /// The rows of a claim by `owner`, counted.
+    fn counted(&self, owner: Arc<str>, claimed: Claimed) -> Batch {
+        let stats = &self.inner.stats;
+        stats
             .claimed
             .fetch_add(claimed.rows.len() as u64, Ordering::Relaxed);
-        i.stats
+        stats
             .reclaimed
             .fetch_add(claimed.reclaimed as u64, Ordering::Relaxed);
-        Ok(Batch {
+        Batch {
             owner,
             rows: claimed.rows,
-        })
+        }
     }
 
     /// Reads back the rows a claim by `owner` whose commit failed with
-    /// `error` (outcome unknown) leased, if it landed; a few quick tries.
+    /// `error` (outcome unknown) leased, if it landed; a few quick tries,
+    /// each on a fresh connection.
     async fn recover(
         &self,
-        owner: &str,
+        owner: Arc<str>,
         chosen: Claimed,
         mut error: sqlx::Error,
-    ) -> Result<Claimed, Error> {
+    ) -> Result<Batch, Error> {
         let i = &self.inner;
         let ids: Vec<i64> = chosen.rows.iter().map(|r| r.id).collect();
         for wait in RECOVERY_WAITS {
             tokio::time::sleep(wait).await;
-            match DB::recover_claim(&i.pool, owner, &ids).await {
+            match DB::recover_claim(&i.pool, &owner, &ids).await {
                 Ok(rows) => {
                     i.stats
                         .recovered
                         .fetch_add(rows.len() as u64, Ordering::Relaxed);
                     tracing::info!(
-                        owner,
+                        owner = &*owner,
                         chosen = ids.len(),
                         recovered = rows.len(),
                         "outbox claim's commit outcome was unknown; read back"
@@ -463,12 +527,12 @@ impl<DB: Backend> Relay<DB> {
                     // The commit is all or nothing: found, every chosen
                     // row was leased, those taken over included.
                     let reclaimed = if rows.is_empty() { 0 } else { chosen.reclaimed };
-                    return Ok(Claimed { rows, reclaimed });
+                    return Ok(self.counted(owner, Claimed { rows, reclaimed }));
                 }
                 Err(e) => error = e,
             }
         }
-        tracing::warn!(owner, %error, "could not read back an outbox claim whose commit outcome is unknown; its messages wait out their lease");
+        tracing::warn!(owner = &*owner, %error, "could not read back an outbox claim whose commit outcome is unknown; its messages wait out their lease");
         Err(Error::CommitUnknown(error))
     }
 }
