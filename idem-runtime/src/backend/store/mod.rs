@@ -275,8 +275,8 @@ impl OutboxStore for DB {
         }))
     }
 
-    async fn outbox_state_pool<'a>(
-        pool: &'a Pool<Self>,
+    async fn outbox_state_pool(
+        pool: &Pool<Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
         let row: Option<(String, String, Option<String>, i32)> =
