@@ -276,7 +276,7 @@ impl<DB: Backend> Relay<DB> {
 
     /// Whether a claim whose commit outcome is unknown is read back and
     /// delivered at once (default: yes). Off, its messages wait out their
-    /// lease, as before idem 0.1's claim recovery: for tests showing the
+    /// lease, as they did before claim recovery: for tests showing the
     /// difference.
     #[doc(hidden)]
     pub fn claim_recovery(self, on: bool) -> Self {
