@@ -165,8 +165,9 @@ impl<DB: Backend> Relay<DB> {
     /// Runs `write`, a bookkeeping update fenced by the lease (true: it
     /// changed the row), again after an error, a few times. When a try
     /// failed with the outcome unknown and a later one finds nothing to
-    /// change, the row is read: `landed` tells whether it is in the state
-    /// the write leaves (the earlier try committed).
+    /// change (or every try failed), the row is read: `landed` tells
+    /// whether it is in the state the write leaves (an earlier try
+    /// committed).
     async fn fenced<F, Fut>(
         &self,
         id: i64,
@@ -195,6 +196,13 @@ impl<DB: Backend> Relay<DB> {
                     last = Some(e);
                 }
             }
+        }
+        // Every try failed; if one may have committed, a read tells.
+        if unknown
+            && let Ok(Some(state)) = DB::outbox_state_pool(&self.inner.pool, id).await
+            && landed(&state)
+        {
+            return Ok(true);
         }
         Err(last.expect("at least one try"))
     }
