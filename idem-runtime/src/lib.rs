@@ -304,8 +304,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::{
-        AdminStore, ArchiveStore, CallStore, Dialect, Migrate, NewRecord, OutboxStore, StateSql,
-        StoredRecord,
+        AdminStore, ArchiveStore, CallStore, ClaimError, Claimed, Dialect, Migrate, NewRecord,
+        OutboxStore, StateSql, StoredRecord,
     };
     pub use crate::call::{Call, Open, OutboxLease, Outcome, Source};
     pub use crate::key::KeyBuilder;

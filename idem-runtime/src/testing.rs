@@ -1,11 +1,14 @@
 //! Fault injection for tests and demonstrations (cargo feature `testing`).
 //!
-//! [`set_lost_ack_rate`] makes a fraction of idempotent calls behave as if
-//! the database's commit acknowledgement were lost: the transaction
-//! commits, then the call reports [`Error::CommitUnknown`](crate::Error)
-//! anyway — the article's incident, on a database (SQLite) where no network
-//! sits between the application and the commit. Against a server, use a
-//! real fault proxy instead.
+//! [`set_lost_ack_rate`] makes a fraction of the commits idem issues
+//! behave as if the database's commit acknowledgement were lost: the
+//! transaction commits, then the caller sees an I/O error anyway — the
+//! article's incident, on a database (SQLite) where no network sits
+//! between the application and the commit. It covers every commit idem
+//! issues: idempotent calls (and [`commit`]), and the relay's claims,
+//! lease renewals, failure bookkeeping and success marking; each
+//! [`Kind`] is counted on its own ([`lost_acks_on`]). Against a server,
+//! use a real fault proxy instead.
 //!
 //! Never enable this feature in production builds.
 
@@ -13,34 +16,79 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static RATE_PPM: AtomicU64 = AtomicU64::new(0);
 static CALLS: AtomicU64 = AtomicU64::new(0);
-static INJECTED: AtomicU64 = AtomicU64::new(0);
+static INJECTED: [AtomicU64; Kind::ALL.len()] = [const { AtomicU64::new(0) }; Kind::ALL.len()];
 
-/// Loses the acknowledgement of this fraction (0.0 to 1.0) of commits of
-/// idempotent calls, process-wide. 0.0 turns injection off.
+/// Which commit an injected fault hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// The commit of an idempotent call (a handler's transaction), or of
+    /// [`commit`].
+    Call,
+    /// A relay's claim of due messages.
+    Claim,
+    /// A relay's renewal of a running handler's lease (the heartbeat).
+    Renew,
+    /// A relay's record of a failed attempt (retry or dead letter).
+    Settle,
+    /// A relay's `success` mark after a handler not given its outbox
+    /// source.
+    Success,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 5] = [
+        Kind::Call,
+        Kind::Claim,
+        Kind::Renew,
+        Kind::Settle,
+        Kind::Success,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Loses the acknowledgement of this fraction (0.0 to 1.0) of the commits
+/// idem issues, process-wide. 0.0 turns injection off.
 pub fn set_lost_ack_rate(rate: f64) {
     let ppm = (rate.clamp(0.0, 1.0) * 1_000_000.0) as u64;
     RATE_PPM.store(ppm, Ordering::SeqCst);
 }
 
-/// How many acknowledgements were lost so far.
+/// How many acknowledgements were lost so far, of every kind.
 pub fn lost_acks() -> u64 {
-    INJECTED.load(Ordering::SeqCst)
+    Kind::ALL.iter().map(|k| lost_acks_on(*k)).sum()
 }
 
-/// Decides, after a successful commit, whether to report it as unknown.
+/// How many acknowledgements of `kind` were lost so far.
+pub fn lost_acks_on(kind: Kind) -> u64 {
+    INJECTED[kind.index()].load(Ordering::SeqCst)
+}
+
+/// Decides, after an idempotent call's successful commit, whether to
+/// report it as unknown.
 pub(crate) fn lose_ack() -> bool {
+    lose_ack_on(Kind::Call)
+}
+
+/// Decides, after a successful commit of `kind`, whether to report it as
+/// unknown.
+pub(crate) fn lose_ack_on(kind: Kind) -> bool {
     let ppm = RATE_PPM.load(Ordering::Relaxed);
     if ppm == 0 {
         return false;
     }
     // A deterministic, evenly spread sequence: the fractional parts of
     // n·φ (the top bits of the golden-ratio product), so runs are
-    // reproducible and every stretch of calls sees the set rate.
+    // reproducible and every stretch of commits sees the set rate.
     let n = CALLS.fetch_add(1, Ordering::Relaxed);
     let frac = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
     let lose = frac * 1_000_000 < ppm << 32;
     if lose {
-        INJECTED.fetch_add(1, Ordering::SeqCst);
+        INJECTED[kind.index()].fetch_add(1, Ordering::SeqCst);
     }
     lose
 }
@@ -51,6 +99,18 @@ pub(crate) fn lost_ack_error() -> sqlx::Error {
         std::io::ErrorKind::ConnectionReset,
         "injected fault: the commit acknowledgement was lost",
     ))
+}
+
+/// `result`, or the lost acknowledgement's error if the injection picks
+/// this successful commit of `kind`.
+pub(crate) fn after_commit<T>(
+    kind: Kind,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match result {
+        Ok(_) if lose_ack_on(kind) => Err(lost_ack_error()),
+        other => other,
+    }
 }
 
 /// Commits `tx` under the same injection as idempotent calls: at the set

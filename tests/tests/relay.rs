@@ -169,6 +169,8 @@ macro_rules! relay_tests {
                 relay.run_once().await.unwrap();
                 assert_eq!(by_status(&pool, &topic, "success").await, 1, "the success stays");
                 assert_eq!(relay.stats().stale.load(Ordering::Relaxed), 1);
+                assert_eq!(relay.stats().landed.load(Ordering::Relaxed), 1, "found a success");
+                assert_eq!(relay.stats().retried.load(Ordering::Relaxed), 0, "nothing put back");
                 assert_eq!(relay.run_once().await.unwrap(), 0, "nothing left to retry");
                 assert_eq!(deductions(&pool, coupon).await, 1);
             }

@@ -38,8 +38,8 @@ macro_rules! relay_tests {
                 let start = Instant::now();
                 while scalar(
                     &pool,
-                    "SELECT COUNT(*) FROM idem_outbox WHERE lease_owner = ?",
-                    "relay-a".into(),
+                    "SELECT COUNT(*) FROM idem_outbox WHERE lease_owner LIKE ?",
+                    "relay-a#%".into(),
                 )
                 .await
                     < 5
@@ -75,6 +75,11 @@ macro_rules! relay_tests {
                         .await
                         .unwrap();
                 assert_eq!(attempts, vec![2; 5], "A's attempt and B's");
+                assert_eq!(
+                    b.stats().reclaimed.load(Ordering::Relaxed),
+                    5,
+                    "B counts the takeovers of expired leases"
+                );
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

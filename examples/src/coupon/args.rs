@@ -32,6 +32,10 @@ pub struct Args {
     /// Stop draining after this long, in seconds.
     #[arg(long = "timeout", value_name = "SECS", default_value_t = 120.0)]
     pub timeout_secs: f64,
+    /// Skip the fault-free reference drain (run first, to compare drain
+    /// times).
+    #[arg(long)]
+    pub no_reference: bool,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -4,7 +4,7 @@
 use super::BoxError;
 use super::args::Args;
 use super::handlers::{DeductCoupon, Handler, consume_coupon_msg_fault_version, deduct_coupon};
-use super::run::connect;
+use super::run::connect_with_spares;
 use super::sql::{sql, table_sql};
 use idem_runtime::__private::Dialect;
 use idem_runtime::outbox::{Relay, RelayHandle};
@@ -13,7 +13,7 @@ use idem_testkit::proxy::FaultProxy;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sqlx::{Any, AnyPool};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,15 +36,14 @@ impl Tally {
     }
 }
 
-/// A relay for `h`, with settings for a short run: small batches, a lease
-/// of a few seconds (a claim whose acknowledgement is lost holds its
-/// messages that long), quick polling and back-off.
+/// A relay for `h`, with settings for a short run: small batches, quick
+/// polling and back-off. The lease is the default (30 s): a message that
+/// waited for its lease to expire would stretch the drain by that much.
 fn relay_for(h: Handler, pool: AnyPool, n: usize, opts: &Args, tally: Arc<Tally>) -> Relay<Any> {
     let relay = Relay::new(pool)
         .owner(format!("{}-relay-{n}", h.tables()))
         .batch_size(16)
         .concurrency(opts.concurrency)
-        .lease(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(20))
         .backoff(Duration::from_millis(20), Duration::from_millis(500))
         .max_attempts(10);
@@ -88,10 +87,23 @@ pub(super) struct Report {
     /// Failed attempts whose message was already `success` (the commit had
     /// landed): the relay leaves it alone.
     pub(super) failed_after_commit: u64,
-    /// Acknowledgements lost on this handler's connections.
+    /// Claimed messages whose previous lease had expired (each waited out
+    /// a whole lease).
+    pub(super) reclaimed: u64,
+    /// Acknowledgements lost on this handler's connections (on SQLite:
+    /// on its handler commits and its relays' claims).
     pub(super) lost_acks: u64,
     /// … of which on the handler's own commit.
     pub(super) lost_acks_on_handler_commit: u64,
+    /// … of which on the relays' claims of messages (a lost claim).
+    pub(super) lost_acks_on_claims: u64,
+    /// Messages of lost claims read back and delivered at once.
+    pub(super) recovered: u64,
+    /// Messages by attempts used: attempts → messages.
+    pub(super) attempts_histogram: BTreeMap<i32, i64>,
+    /// Messages with more than 2 attempts and no handler failure recorded
+    /// (`last_error` empty): attempts burnt by the relay itself.
+    pub(super) over_two_attempts_without_failure: i64,
     pub(super) ledger_rows: i64,
     pub(super) double_deductions: i64,
     pub(super) lost_deductions: i64,
@@ -130,11 +142,12 @@ impl Drain {
         h: Handler,
         messages: i64,
         opts: &Args,
+        lost_ack_rate: f64,
         bars: &MultiProgress,
     ) -> Result<Drain, BoxError> {
         let proxy = match dialect {
             Dialect::Sqlite => None,
-            _ => Some(FaultProxy::for_url(url, opts.lost_ack_rate).await?),
+            _ => Some(FaultProxy::for_url(url, lost_ack_rate).await?),
         };
         let relay_url = proxy
             .as_ref()
@@ -145,7 +158,8 @@ impl Drain {
         let mut relays = Vec::new();
         let mut pools = Vec::new();
         for n in 1..=opts.relays {
-            let pool = connect(&relay_url, opts.concurrency as u32 + 2).await?;
+            let size = opts.concurrency as u32 + 2;
+            let pool = connect_with_spares(&relay_url, size, size).await?;
             let relay = relay_for(h, pool.clone(), n, opts, tally.clone());
             relays.push((relay.clone(), relay.spawn()));
             pools.push(pool);
@@ -164,11 +178,19 @@ impl Drain {
     }
 
     /// Acknowledgements lost so far on this handler's connections (on
-    /// SQLite the hook only touches the handler's own commits).
+    /// SQLite, whose hook is process-wide: on its handler commits and its
+    /// relays' claims of messages).
     fn lost_acks(&self) -> u64 {
         match &self.proxy {
             Some(proxy) => proxy.acks_dropped(),
-            None => self.tally.commit_unknown.load(Ordering::Relaxed),
+            None => {
+                self.tally.commit_unknown.load(Ordering::Relaxed)
+                    + self
+                        .relays
+                        .iter()
+                        .map(|(r, _)| r.stats().lost_claims.load(Ordering::Relaxed))
+                        .sum::<u64>()
+            }
         }
     }
 
@@ -234,17 +256,20 @@ impl Drain {
             elapsed_s: elapsed.as_secs_f64(),
             ..Report::default()
         };
-        r.lost_acks = match &self.proxy {
-            Some(proxy) => proxy.acks_dropped(),
-            None => r.lost_acks_on_handler_commit,
-        };
         for relay in &relays {
             let s = relay.stats();
             r.executed += s.executed.load(Ordering::Relaxed);
             r.duplicates += s.duplicates.load(Ordering::Relaxed);
             r.retried += s.retried.load(Ordering::Relaxed);
-            r.failed_after_commit += s.stale.load(Ordering::Relaxed);
+            r.failed_after_commit += s.landed.load(Ordering::Relaxed);
+            r.reclaimed += s.reclaimed.load(Ordering::Relaxed);
+            r.lost_acks_on_claims += s.lost_claims.load(Ordering::Relaxed);
+            r.recovered += s.recovered.load(Ordering::Relaxed);
         }
+        r.lost_acks = match &self.proxy {
+            Some(proxy) => proxy.acks_dropped(),
+            None => r.lost_acks_on_handler_commit + r.lost_acks_on_claims,
+        };
         count_damage(direct, dialect, self.h, &mut r).await?;
         r.messages_per_s = (r.messages - r.pending) as f64 / r.elapsed_s;
         Ok(r)
@@ -259,19 +284,23 @@ async fn count_damage(
     r: &mut Report,
 ) -> Result<(), BoxError> {
     // The messages: status, attempts, and the coupon each one is about.
-    let rows: Vec<(String, String, i32)> = sqlx::query_as(sql(
+    let rows: Vec<(String, String, i32, Option<String>)> = sqlx::query_as(sql(
         dialect,
-        "SELECT payload, status, attempts FROM idem_outbox WHERE topic = ?",
+        "SELECT payload, status, attempts, last_error FROM idem_outbox WHERE topic = ?",
     ))
     .bind(h.topic())
     .fetch_all(pool)
     .await?;
     // coupon -> whether every message about it was dead-lettered
     let mut all_dead: HashMap<i64, bool> = HashMap::new();
-    for (payload, status, attempts) in &rows {
+    for (payload, status, attempts, last_error) in &rows {
         let msg: DeductCoupon = serde_json::from_str(payload)?;
         r.messages += 1;
         r.deliveries += i64::from(*attempts);
+        *r.attempts_histogram.entry(*attempts).or_default() += 1;
+        if *attempts > 2 && last_error.is_none() {
+            r.over_two_attempts_without_failure += 1;
+        }
         match status.as_str() {
             "failed" => r.dead_lettered += 1,
             "pending" => r.pending += 1,

@@ -2,6 +2,15 @@
 
 use super::drain::Report;
 use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The fault-free reference drain: the same workload, no acknowledgement
+/// lost.
+#[derive(Serialize)]
+pub(super) struct Reference {
+    pub(super) fault_version_elapsed_s: f64,
+    pub(super) idempotent_elapsed_s: f64,
+}
 
 /// The whole run, as printed and as the `--json` object.
 #[derive(Serialize)]
@@ -12,6 +21,17 @@ pub(super) struct Summary {
     pub(super) handlers_per_relay: usize,
     pub(super) lost_ack_rate: f64,
     pub(super) redelivery_rate: f64,
+    /// `None` with `--no-reference` (or no faults).
+    pub(super) reference: Option<Reference>,
+    /// The `#[idempotent]` drain time under faults over the reference's.
+    pub(super) drain_ratio: Option<f64>,
+    /// The README's target for the `#[idempotent]` handler: the drain
+    /// under faults at most 1.5× the fault-free one, no message over 2
+    /// attempts without a handler failure, nothing left pending.
+    pub(super) target_met: bool,
+    /// SQLite: the `testing` hook's lost acknowledgements by kind of
+    /// commit (call, claim, renew, settle, success), whole process.
+    pub(super) lost_acks_by_kind: Option<BTreeMap<String, u64>>,
     pub(super) fault_version: Report,
     pub(super) idempotent: Report,
     /// The `#[idempotent]` handler neither double-deducted nor lost.
@@ -62,10 +82,23 @@ pub(super) fn print_summary(s: &Summary, location: &str) {
         i.lost_acks_on_handler_commit,
     );
     cnt(
-        "  on the relays' claims",
-        f.lost_acks.saturating_sub(f.lost_acks_on_handler_commit),
-        i.lost_acks.saturating_sub(i.lost_acks_on_handler_commit),
+        "  on the relays' claims of messages",
+        f.lost_acks_on_claims,
+        i.lost_acks_on_claims,
     );
+    cnt(
+        "  elsewhere (idle claims, bookkeeping)",
+        f.lost_acks
+            .saturating_sub(f.lost_acks_on_handler_commit + f.lost_acks_on_claims),
+        i.lost_acks
+            .saturating_sub(i.lost_acks_on_handler_commit + i.lost_acks_on_claims),
+    );
+    cnt(
+        "messages of lost claims recovered",
+        f.recovered,
+        i.recovered,
+    );
+    cnt("re-claimed after a lease expired", f.reclaimed, i.reclaimed);
     num("ledger rows", f.ledger_rows, i.ledger_rows);
     num(
         "double deductions",
@@ -87,6 +120,36 @@ pub(super) fn print_summary(s: &Summary, location: &str) {
         format!("{:.1} s", f.elapsed_s),
         format!("{:.1} s", i.elapsed_s),
     );
+    if let Some(r) = &s.reference {
+        row(
+            "elapsed without lost acks (reference)",
+            format!("{:.1} s", r.fault_version_elapsed_s),
+            format!("{:.1} s", r.idempotent_elapsed_s),
+        );
+        row(
+            "  ratio",
+            format!("{:.2}x", f.elapsed_s / r.fault_version_elapsed_s),
+            format!("{:.2}x", i.elapsed_s / r.idempotent_elapsed_s),
+        );
+    }
+    println!();
+    let histogram = |r: &Report| {
+        r.attempts_histogram
+            .iter()
+            .map(|(a, n)| format!("{a}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("attempts (attempts: messages)");
+    println!("  fault version   {}", histogram(f));
+    println!("  #[idempotent]   {}", histogram(i));
+    if let Some(kinds) = &s.lost_acks_by_kind {
+        let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!(
+            "testing hook, lost acks by commit (both handlers): {}",
+            kinds.join(", ")
+        );
+    }
     println!();
 
     if f.double_deductions > 0 {
@@ -122,6 +185,15 @@ pub(super) fn print_summary(s: &Summary, location: &str) {
             i.double_deductions, i.lost_deductions
         );
     }
+    let ratio = s
+        .drain_ratio
+        .map_or_else(|| "no reference run".to_owned(), |r| format!("{r:.2}x"));
+    println!(
+        "#[idempotent] target ({}): drain under lost acks at most 1.5x the fault-free one \
+         ({ratio}); {} messages over 2 attempts without a handler failure.",
+        if s.target_met { "met" } else { "MISSED" },
+        i.over_two_attempts_without_failure
+    );
     if f.pending + i.pending > 0 {
         println!(
             "The run stopped after --timeout with messages still pending: their coupons count \

@@ -42,11 +42,15 @@ pub(super) async fn place_orders(
     h: Handler,
     opts: &Args,
 ) -> Result<i64, BoxError> {
+    // On one connection: on SQLite, a pooled connection that read the
+    // tables before they were dropped could still see them.
+    let mut conn = pool.acquire().await?;
     for stmt in SCHEMA {
         sqlx::query(table_sql(dialect, h, stmt))
-            .execute(pool)
+            .execute(&mut *conn)
             .await?;
     }
+    drop(conn);
     sqlx::query(sql(dialect, "DELETE FROM idem_outbox WHERE topic = ?"))
         .bind(h.topic())
         .execute(pool)

@@ -36,8 +36,8 @@ mod types;
 pub(crate) use sql::ClaimSql;
 pub use sql::StateSql;
 pub use types::{
-    ArchiveTable, NewRecord, OutboxLease, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget,
-    StoredRecord,
+    ArchiveTable, ClaimError, Claimed, NewRecord, OutboxLease, OutboxMessage, OutboxRow,
+    RecordInfo, RequeueTarget, StoredRecord,
 };
 pub(crate) use types::{OutboxInsert, OutboxState};
 
@@ -212,6 +212,12 @@ pub trait OutboxStore: Database {
         id: i64,
     ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
 
+    /// The status and lease of outbox message `id`, read on `pool`.
+    fn outbox_state_pool<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
+
     /// Claims up to `limit` due pending messages of `topics` under a lease
     /// of `lease_secs` for `owner` (attempts + 1 each). Concurrent claimers
     /// never get the same message while its lease runs.
@@ -222,6 +228,16 @@ pub trait OutboxStore: Database {
         topics: &'a [String],
         limit: i64,
         lease_secs: f64,
+    ) -> impl Future<Output = Result<Claimed, ClaimError>> + Send + 'a;
+
+    /// The rows among `ids` that a claim by `owner` leased, if its commit
+    /// landed: still pending, still held by `owner`, lease not expired.
+    /// After a claim whose commit outcome is unknown ([`ClaimError::CommitUnknown`]);
+    /// with an owner unique to that claim, exactly the rows it leased.
+    fn recover_claim<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
     ) -> impl Future<Output = Result<Vec<OutboxRow>, sqlx::Error>> + Send + 'a;
 
     /// Extends the leases of `owner`'s in-flight messages `ids` (still

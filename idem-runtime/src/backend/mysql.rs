@@ -130,7 +130,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     claim: Claim::LockThenLease {
         render: |topics| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
                  WHERE status = 'pending' AND topic IN ({topics}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
                  AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
                  ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
@@ -143,6 +143,13 @@ pub(crate) const SQL: SqlSet = SqlSet {
                  attempts = attempts + 1, updated_at = UTC_TIMESTAMP(6) WHERE id IN ({ids})"
             )
         },
+    },
+    claim_recover: |ids| {
+        format!(
+            "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+             WHERE lease_owner = ? AND status = 'pending' AND locked_until > UTC_TIMESTAMP(6) \
+             AND id IN ({ids})"
+        )
     },
     // Rows a running handler transaction holds are skipped: no claim can
     // take them while it runs.

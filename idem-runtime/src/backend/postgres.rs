@@ -114,16 +114,24 @@ pub(crate) const SQL: SqlSet = SqlSet {
                 "UPDATE idem_outbox o SET lease_owner = ?, \
                  locked_until = now() + make_interval(secs => ?::float8), \
                  attempts = o.attempts + 1, updated_at = now() \
-                 FROM (SELECT id FROM idem_outbox WHERE status = 'pending' AND topic IN ({topics}) \
+                 FROM (SELECT id, lease_owner AS prev FROM idem_outbox WHERE status = 'pending' \
+                   AND topic IN ({topics}) \
                    AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
                    ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED) c \
                  WHERE o.id = c.id \
-                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts"
+                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, c.prev"
             )
         },
-        // A lost claim only means the message is claimed again: no need
-        // to wait for its WAL flush.
+        // A claim lost in a crash only means the message is claimed
+        // again: no need to wait for its WAL flush. (A lost
+        // acknowledgement is recovered: the read-back sees the commit.)
         prelude: Some("SET LOCAL synchronous_commit = off"),
+    },
+    claim_recover: |ids| {
+        format!(
+            "SELECT id, topic::text, msg_id::text, payload, attempts FROM idem_outbox \
+             WHERE lease_owner = ? AND status = 'pending' AND locked_until > now() AND id IN ({ids})"
+        )
     },
     renew: Renew::Update(|ids| {
         format!(

@@ -75,6 +75,11 @@ pub(crate) struct SqlSet {
     pub outbox_settle: &'static str,
     /// The relay's claim.
     pub claim: Claim,
+    /// The rows a claim whose commit outcome is unknown leased, if it
+    /// landed: `id, topic, msg_id, payload, attempts` of the rows among
+    /// the ids still pending under the claim's owner with their lease
+    /// running (binds: owner, ids…).
+    pub claim_recover: Render,
     /// The relay's lease renewal.
     pub renew: Renew,
 
@@ -117,16 +122,20 @@ pub(crate) enum InsertId {
 #[derive(Debug)]
 pub(crate) enum Claim {
     /// One `UPDATE … RETURNING` (binds: owner, lease seconds, topics…,
-    /// limit), after `prelude` in the same transaction.
+    /// limit), after `prelude` in the same transaction. It returns `id,
+    /// topic, msg_id, payload, attempts` (as leased) and the row's previous
+    /// `lease_owner`.
     Returning {
         /// The claim, for the topics' list.
         render: Render,
         /// Run first in the claim's transaction.
         prelude: Option<&'static str>,
     },
-    /// No `UPDATE … RETURNING` (MariaDB): lock the due rows (binds:
-    /// topics…, limit), then lease them (binds: owner, lease
-    /// microseconds, ids…), in one transaction.
+    /// Two statements in one transaction (MariaDB: no `UPDATE …
+    /// RETURNING`; SQLite: its `RETURNING` cannot tell the previous lease
+    /// owner): lock the due rows (binds: topics…, limit; returns `id,
+    /// topic, msg_id, payload, attempts, lease_owner` before the claim),
+    /// then lease them (binds: owner, lease interval, ids…).
     LockThenLease {
         /// The `SELECT … FOR UPDATE SKIP LOCKED`, for the topics' list.
         render: Render,

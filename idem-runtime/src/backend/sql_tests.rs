@@ -86,6 +86,7 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
     assert!(pg.contains("topic IN ($3, $4)"), "{pg}");
     assert!(pg.contains("LIMIT $5 FOR UPDATE SKIP LOCKED"), "{pg}");
     assert!(pg.contains("RETURNING o.id"), "{pg}");
+    assert!(pg.ends_with("o.attempts, c.prev"), "{pg}");
     // No topics yet: one placeholder, so the statement still parses.
     assert!(
         Dialect::Postgres
@@ -99,15 +100,47 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
     assert!(my.ends_with("LIMIT ? FOR UPDATE SKIP LOCKED"), "{my}");
     let lite = Dialect::Sqlite.claim_sql(1).claim;
     assert!(lite.contains("topic IN (?)"), "{lite}");
-    assert!(lite.contains("RETURNING id"), "{lite}");
+    assert!(
+        lite.ends_with("ORDER BY next_attempt_at, id LIMIT ?"),
+        "{lite}"
+    );
 }
 
 #[test]
-fn only_mariadb_claims_in_two_steps() {
+fn claim_recovery_reads_back_the_claims_own_rows() {
+    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+        let sql = d.sql();
+        let text = sql.render(&(sql.claim_recover)("?, ?"));
+        assert!(text.contains("status = 'pending'"), "{text}");
+        assert!(text.contains("locked_until >"), "{text}");
+        let owner = if sql.numbered {
+            "lease_owner = $1"
+        } else {
+            "lease_owner = ?"
+        };
+        assert!(text.contains(owner), "{text}");
+        let ids = if sql.numbered {
+            "id IN ($2, $3)"
+        } else {
+            "id IN (?, ?)"
+        };
+        assert!(text.ends_with(ids), "{text}");
+    }
+}
+
+#[test]
+fn postgres_claims_in_one_statement() {
+    assert!(matches!(
+        Dialect::Postgres.sql().claim,
+        Claim::Returning { .. }
+    ));
     for d in [Dialect::Postgres, Dialect::Sqlite] {
-        assert!(matches!(d.sql().claim, Claim::Returning { .. }), "{d:?}");
         assert!(matches!(d.sql().renew, Renew::Update(_)), "{d:?}");
     }
+    let Claim::LockThenLease { lease, .. } = Dialect::Sqlite.sql().claim else {
+        panic!("SQLite's RETURNING cannot tell the previous lease owner");
+    };
+    assert!(lease("?").ends_with("WHERE id IN (?)"));
     let my = Dialect::MySql.sql();
     let Claim::LockThenLease { lease, .. } = my.claim else {
         panic!("MariaDB has no UPDATE … RETURNING");

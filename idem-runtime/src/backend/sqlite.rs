@@ -107,20 +107,32 @@ pub(crate) const SQL: SqlSet = SqlSet {
         CAST(create_time AS TEXT), CAST(expire_time AS TEXT), CAST(archived_at AS TEXT) \
         FROM idem_record_history WHERE idempotency_key = ?",
     insert_id: InsertId::Returning,
-    claim: Claim::Returning {
+    // BEGIN IMMEDIATE: the two statements run under the write lock.
+    claim: Claim::LockThenLease {
         render: |topics| {
+            format!(
+                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
+                 WHERE status = 'pending' AND topic IN ({topics}) \
+                 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                 ORDER BY next_attempt_at, id LIMIT ?"
+            )
+        },
+        lease: |ids| {
             format!(
                 "UPDATE idem_outbox SET lease_owner = ?, \
                  locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
                  attempts = attempts + 1, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                 WHERE id IN (SELECT id FROM idem_outbox WHERE status = 'pending' \
-                   AND topic IN ({topics}) AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                   AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) \
-                   ORDER BY next_attempt_at, id LIMIT ?) \
-                 RETURNING id, topic, msg_id, payload, attempts"
+                 WHERE id IN ({ids})"
             )
         },
-        prelude: None,
+    },
+    claim_recover: |ids| {
+        format!(
+            "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+             WHERE lease_owner = ? AND status = 'pending' \
+             AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN ({ids})"
+        )
     },
     // BEGIN IMMEDIATE: no handler transaction runs meanwhile.
     renew: Renew::Update(|ids| {

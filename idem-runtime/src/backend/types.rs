@@ -74,6 +74,45 @@ pub struct OutboxRow {
     pub attempts: i32,
 }
 
+/// What one claim leased: the rows, and how many of them were taken
+/// over from an expired lease.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The leased rows, attempts already counted.
+    pub rows: Vec<OutboxRow>,
+    /// How many of them still had a lease owner when claimed: their
+    /// previous lease had expired with nobody settling them (a crashed
+    /// relay, a lost acknowledgement nobody recovered).
+    pub reclaimed: usize,
+}
+
+/// Why a claim returned no rows.
+#[derive(Debug)]
+pub enum ClaimError {
+    /// The claim failed, and leased nothing: an error before its commit,
+    /// or the server's refusal of the commit.
+    Failed(sqlx::Error),
+    /// The commit failed with the outcome unknown (I/O, protocol, closed
+    /// connection): the rows the claim chose may be leased under its
+    /// owner. Read them back with
+    /// [`recover_claim`](super::OutboxStore::recover_claim).
+    CommitUnknown {
+        /// The commit's error.
+        error: sqlx::Error,
+        /// The rows the claim chose, as its statement returned them.
+        chosen: Claimed,
+    },
+}
+
+impl ClaimError {
+    /// The underlying error.
+    pub fn into_error(self) -> sqlx::Error {
+        match self {
+            ClaimError::Failed(e) | ClaimError::CommitUnknown { error: e, .. } => e,
+        }
+    }
+}
+
 /// A table the archiver moves rows out of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArchiveTable {

@@ -111,9 +111,10 @@ macro_rules! relay_fixtures {
             async fn held_then_expired(pool: &Pool<Db>, topic: &str, owner: &str, n: i64, lease: Duration) {
                 let start = Instant::now();
                 loop {
-                    let held: i64 = sqlx::query_scalar(sql(D, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND lease_owner = ?"))
+                    // Each claim writes the relay's owner, `#` and its number.
+                    let held: i64 = sqlx::query_scalar(sql(D, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND lease_owner LIKE ?"))
                         .bind(topic)
-                        .bind(owner)
+                        .bind(format!("{owner}#%"))
                         .fetch_one(pool)
                         .await
                         .expect("count");

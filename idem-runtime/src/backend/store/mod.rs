@@ -4,7 +4,9 @@
 //! what differs.
 
 use super::sql::{Claim, InsertId, Renew, SqlSet, marks};
-use super::types::{NewRecord, OutboxInsert, OutboxRow, OutboxState, StoredRecord};
+use super::types::{
+    ClaimError, Claimed, NewRecord, OutboxInsert, OutboxRow, OutboxState, StoredRecord,
+};
 use super::{CallStore, ClaimSql, Migrate, OutboxStore, StateSql, sealed::Sealed};
 
 use crate::backend::OutboxLease;
@@ -76,6 +78,9 @@ macro_rules! bind_secs {
 }
 
 type RowTuple = (i64, String, String, String, i32);
+
+/// A claimed row and its lease owner before the claim.
+type ClaimTuple = (i64, String, String, String, i32, Option<String>);
 
 fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
     OutboxRow {
@@ -258,13 +263,16 @@ impl OutboxStore for DB {
         pool: &'a Pool<Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
-        Ok(DB::rows_affected(&sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
+        let done = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
             .bind(lease.attempt)
             .execute(pool)
-            .await?))
+            .await;
+        #[cfg(feature = "testing")]
+        let done = crate::testing::after_commit(crate::testing::Kind::Success, done);
+        Ok(DB::rows_affected(&done?))
     }
 
     async fn outbox_state(
@@ -284,6 +292,23 @@ impl OutboxStore for DB {
         }))
     }
 
+    async fn outbox_state_pool(
+        pool: &Pool<Self>,
+        id: i64,
+    ) -> Result<Option<OutboxState>, sqlx::Error> {
+        let row: Option<(String, String, Option<String>, i32)> =
+            sqlx::query_as(stmt(DB::dialect_of_pool(pool).sql().outbox_state))
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
+        Ok(row.map(|(topic, status, lease_owner, attempts)| OutboxState {
+            topic,
+            status,
+            lease_owner,
+            attempts,
+        }))
+    }
+
     async fn claim_outbox<'a>(
         pool: &'a Pool<Self>,
         claim: &'a ClaimSql,
@@ -291,58 +316,82 @@ impl OutboxStore for DB {
         topics: &'a [String],
         limit: i64,
         lease_secs: f64,
-    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
-        let mut tx = begin(pool).await?;
+    ) -> Result<Claimed, ClaimError> {
+        let mut tx = begin(pool).await.map_err(ClaimError::Failed)?;
         let sql = sql_of(&tx);
-        let rows = match &sql.claim {
+        let chosen: Vec<ClaimTuple> = match &sql.claim {
             Claim::LockThenLease { lease, .. } => {
                 let mut q =
-                    sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()));
+                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()));
                 for t in topics {
                     q = q.bind(t.as_str());
                 }
-                let mut rows: Vec<OutboxRow> = q
-                    .bind(limit)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .map(to_row)
-                    .collect();
+                let mut rows = q.bind(limit).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?;
                 if !rows.is_empty() {
                     let text = sql.render(&lease(&marks(rows.len())));
                     let q = sqlx::query(sqlx::AssertSqlSafe(text)).bind(owner);
                     let mut q = bind_secs!(q, sql, lease_secs);
                     for r in &rows {
-                        q = q.bind(r.id);
+                        q = q.bind(r.0);
                     }
-                    q.execute(&mut *tx).await?;
+                    q.execute(&mut *tx).await.map_err(ClaimError::Failed)?;
                     for r in &mut rows {
-                        r.attempts += 1;
+                        r.4 += 1;
                     }
                 }
                 rows
             }
             Claim::Returning { prelude, .. } => {
                 if let Some(prelude) = prelude {
-                    sqlx::query(stmt(prelude)).execute(&mut *tx).await?;
+                    sqlx::query(stmt(prelude))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(ClaimError::Failed)?;
                 }
                 let mut q =
-                    sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
                         .bind(owner)
                         .bind(lease_secs);
                 for t in topics {
                     q = q.bind(t.as_str());
                 }
-                q.bind(limit)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .map(to_row)
-                    .collect()
+                q.bind(limit).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
             }
         };
-        tx.commit().await?;
-        Ok(rows)
+        let claimed = Claimed {
+            reclaimed: chosen.iter().filter(|r| r.5.is_some()).count(),
+            rows: chosen
+                .into_iter()
+                .map(|(id, topic, msg_id, payload, attempts, _)| to_row((id, topic, msg_id, payload, attempts)))
+                .collect(),
+        };
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = crate::testing::after_commit(crate::testing::Kind::Claim, committed);
+        match committed {
+            Ok(()) => Ok(claimed),
+            Err(e @ sqlx::Error::Database(_)) => Err(ClaimError::Failed(e)),
+            // Nothing chosen, nothing leased: whatever the outcome.
+            Err(e) if claimed.rows.is_empty() => Err(ClaimError::Failed(e)),
+            Err(error) => Err(ClaimError::CommitUnknown { error, chosen: claimed }),
+        }
+    }
+
+    async fn recover_claim<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = DB::dialect_of_pool(pool).sql();
+        let text = sql.render(&(sql.claim_recover)(&marks(ids.len())));
+        let mut q = sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(text)).bind(owner);
+        for id in ids {
+            q = q.bind(*id);
+        }
+        Ok(q.fetch_all(pool).await?.into_iter().map(to_row).collect())
     }
 
     async fn renew_leases<'a>(
@@ -386,7 +435,10 @@ impl OutboxStore for DB {
                 DB::rows_affected(&q.execute(&mut *tx).await?)
             }
         };
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = crate::testing::after_commit(crate::testing::Kind::Renew, committed);
+        committed?;
         Ok(renewed)
     }
 
@@ -407,8 +459,10 @@ impl OutboxStore for DB {
             .bind(owner)
             .bind(attempt)
             .execute(pool)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+            .await;
+        #[cfg(feature = "testing")]
+        let done = crate::testing::after_commit(crate::testing::Kind::Settle, done);
+        Ok(DB::rows_affected(&done?) == 1)
     }
 }
 }

@@ -3,14 +3,28 @@
 
 use super::{Delivery, Relay};
 use crate::OutboxLease;
-use crate::backend::{Backend, OutboxRow};
+use crate::backend::{Backend, OutboxRow, OutboxState};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// The waits before each try of a bookkeeping write (fenced, so safe to
+/// repeat) whose statement or connection failed: a lost acknowledgement
+/// must not leave its message to wait out its lease. The first retry is
+/// immediate (on another connection; the failed one is gone), so that it
+/// is confirmed before a retried message is due again.
+const BOOKKEEPING_WAITS: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+];
+
 impl<DB: Backend> Relay<DB> {
-    /// One attempt of one message, and its bookkeeping.
-    pub(super) async fn deliver(&self, row: OutboxRow) {
+    /// One attempt of one message, claimed under the lease owner `owner`,
+    /// and its bookkeeping.
+    pub(super) async fn deliver(&self, row: OutboxRow, owner: Arc<str>) {
         let i = &self.inner;
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
@@ -19,15 +33,21 @@ impl<DB: Backend> Relay<DB> {
             return;
         };
         let marked = Arc::new(AtomicBool::new(false));
-        let lease = OutboxLease::new(id, row.topic.clone(), i.owner.clone(), attempts);
+        let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts);
         let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), marked.clone());
+        // Err: (retryable, reason, whether the handler's commit may have
+        // landed).
         let result = match route(delivery) {
-            Err(e) => Err((false, format!("unparsable payload: {e}"))),
+            Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
             // A panicking handler is a failed attempt, not a dead relay.
-            Ok(fut) => match self.heartbeat(id, tokio::spawn(fut), &span).await {
+            Ok(fut) => match self.heartbeat(&lease, tokio::spawn(fut), &span).await {
                 Ok(Ok(executed)) => Ok(executed),
-                Ok(Err(e)) => Err((e.is_retryable(), format!("{}: {e}", e.kind()))),
-                Err(join) => Err((true, format!("handler panicked: {join}"))),
+                Ok(Err(e)) => Err((
+                    e.is_retryable(),
+                    format!("{}: {e}", e.kind()),
+                    matches!(e, crate::Error::CommitUnknown(_)),
+                )),
+                Err(join) => Err((true, format!("handler panicked: {join}"), false)),
             },
         };
         match result {
@@ -41,9 +61,18 @@ impl<DB: Backend> Relay<DB> {
                 // A handler given its outbox source marked the message in
                 // its own transaction; for any other, the relay marks it.
                 if !marked.load(Ordering::Relaxed) {
-                    match DB::outbox_success_pool(&i.pool, &lease).await {
-                        Ok(1) => {}
-                        Ok(_) => {
+                    let mark = self.fenced(
+                        id,
+                        || async {
+                            DB::outbox_success_pool(&i.pool, &lease)
+                                .await
+                                .map(|n| n == 1)
+                        },
+                        |s| s.status == "success" && s.attempts == attempts,
+                    );
+                    match mark.await {
+                        Ok(true) => {}
+                        Ok(false) => {
                             i.stats.stale.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(parent: &span, "outbox message no longer held by this delivery; its current holder settles it");
                         }
@@ -53,7 +82,13 @@ impl<DB: Backend> Relay<DB> {
                     }
                 }
             }
-            Err((retryable, reason)) => {
+            Err((_, _, true)) if self.landed(id).await => {
+                // The handler's commit, whose acknowledgement was lost,
+                // landed: the message is a success. Nothing to retry.
+                i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                i.stats.landed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((retryable, reason, _)) => {
                 let dead = !retryable || attempts >= i.max_attempts;
                 let reason = if dead && retryable {
                     format!("gave up after {attempts} attempts: {reason}")
@@ -63,17 +98,23 @@ impl<DB: Backend> Relay<DB> {
                 let attempt = u32::try_from(attempts).unwrap_or(0);
                 let delay = i.backoff.jittered(attempt, id);
                 let reason: String = reason.chars().take(2000).collect();
-                match DB::outbox_settle_failure(
-                    &i.pool,
+                let status = if dead { "failed" } else { "pending" };
+                let settle = self.fenced(
                     id,
-                    &i.owner,
-                    attempts,
-                    dead,
-                    delay.as_secs_f64(),
-                    &reason,
-                )
-                .await
-                {
+                    || {
+                        DB::outbox_settle_failure(
+                            &i.pool,
+                            id,
+                            &owner,
+                            attempts,
+                            dead,
+                            delay.as_secs_f64(),
+                            &reason,
+                        )
+                    },
+                    |s| s.status == status && s.lease_owner.is_none() && s.attempts == attempts,
+                );
+                match settle.await {
                     Ok(true) if dead => {
                         i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::outbox_dead_letter();
@@ -86,6 +127,12 @@ impl<DB: Backend> Relay<DB> {
                     }
                     Ok(false) => {
                         i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                        // Already a success: the handler's commit landed
+                        // although it reported a failure. Nothing is
+                        // retried.
+                        if self.landed(id).await {
+                            i.stats.landed.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     Err(e) => {
                         // The lease expires and the message is retried.
@@ -96,11 +143,70 @@ impl<DB: Backend> Relay<DB> {
         }
     }
 
+    /// Whether message `id` is a `success` (read on a fresh connection,
+    /// with the bookkeeping's retries).
+    async fn landed(&self, id: i64) -> bool {
+        let read = self.fenced(
+            id,
+            || async {
+                let state = DB::outbox_state_pool(&self.inner.pool, id).await?;
+                Ok(state.is_some_and(|s| s.status == "success"))
+            },
+            |_| false,
+        );
+        read.await.unwrap_or(false)
+    }
+
+    /// Runs `write`, a bookkeeping update fenced by the lease (true: it
+    /// changed the row), again after an error, a few times. When a try
+    /// failed with the outcome unknown and a later one finds nothing to
+    /// change (or every try failed), the row is read: `landed` tells
+    /// whether it is in the state the write leaves (an earlier try
+    /// committed).
+    async fn fenced<F, Fut>(
+        &self,
+        id: i64,
+        write: F,
+        landed: impl Fn(&OutboxState) -> bool,
+    ) -> Result<bool, sqlx::Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<bool, sqlx::Error>>,
+    {
+        let mut unknown = false;
+        let mut last = None;
+        for wait in BOOKKEEPING_WAITS {
+            tokio::time::sleep(wait).await;
+            match write().await {
+                Ok(true) => return Ok(true),
+                Ok(false) if !unknown => return Ok(false),
+                Ok(false) => {
+                    let state = DB::outbox_state_pool(&self.inner.pool, id).await?;
+                    return Ok(state.as_ref().is_some_and(&landed));
+                }
+                Err(e) => {
+                    // A database error is the statement's refusal: nothing
+                    // changed. Anything else may have committed.
+                    unknown |= !matches!(e, sqlx::Error::Database(_));
+                    last = Some(e);
+                }
+            }
+        }
+        // Every try failed; if one may have committed, a read tells.
+        if unknown
+            && let Ok(Some(state)) = DB::outbox_state_pool(&self.inner.pool, id).await
+            && landed(&state)
+        {
+            return Ok(true);
+        }
+        Err(last.expect("at least one try"))
+    }
+
     /// Waits for a running handler, renewing its message's lease every
     /// third of the lease meanwhile.
     async fn heartbeat<T>(
         &self,
-        id: i64,
+        lease: &OutboxLease,
         mut handler: tokio::task::JoinHandle<T>,
         span: &tracing::Span,
     ) -> Result<T, tokio::task::JoinError> {
@@ -110,7 +216,7 @@ impl<DB: Backend> Relay<DB> {
             tokio::select! {
                 done = &mut handler => return done,
                 _ = tokio::time::sleep(every) => {
-                    match DB::renew_leases(&i.pool, &i.owner, &[id], i.lease.as_secs_f64()).await {
+                    match DB::renew_leases(&i.pool, lease.owner(), &[lease.id()], i.lease.as_secs_f64()).await {
                         Ok(n) => crate::metrics::lease_renewals(n),
                         Err(e) => tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler"),
                     }

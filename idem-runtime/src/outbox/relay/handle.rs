@@ -10,19 +10,40 @@ use std::sync::atomic::AtomicU64;
 /// Counters of one relay, since it started.
 #[derive(Debug, Default)]
 pub struct RelayStats {
-    /// Messages claimed (each claim is one attempt).
+    /// Messages claimed (each claim is one attempt), recovered ones
+    /// included.
     pub claimed: AtomicU64,
+    /// Claimed messages that still had a lease owner: their previous
+    /// lease had expired with nobody settling them (a crashed relay, a
+    /// handler's bookkeeping that could not be written). Each one waited
+    /// out a whole lease.
+    pub reclaimed: AtomicU64,
+    /// Claims whose commit failed with the outcome unknown (a lost
+    /// acknowledgement: I/O error, closed connection during `COMMIT`).
+    /// Only claims that chose rows count: an empty claim leases nothing.
+    pub lost_claims: AtomicU64,
+    /// Messages read back after a lost claim (its commit had landed) and
+    /// delivered at once, as claimed: no attempt burnt, no lease waited.
+    pub recovered: AtomicU64,
     /// Attempts whose handler executed the action.
     pub executed: AtomicU64,
     /// Attempts answered `Duplicate`: the action had already happened.
     pub duplicates: AtomicU64,
-    /// Failed attempts put back for a retry.
+    /// Failed attempts put back to `pending` for a retry. A handler whose
+    /// commit failed with the outcome unknown is a failed attempt too; if
+    /// that commit had in fact landed (the message is `success`), nothing
+    /// is put back: it counts in `stale` and `landed`, not here.
     pub retried: AtomicU64,
     /// Messages dead-lettered (`failed`).
     pub dead_lettered: AtomicU64,
     /// Failed attempts whose bookkeeping found the message no longer
-    /// pending under this relay's lease (already a success, or re-leased).
+    /// pending under this delivery's lease (already a success, or
+    /// re-leased), and relay-side success marks that found the same.
     pub stale: AtomicU64,
+    /// Of the `stale` failed attempts, those whose message was a
+    /// `success`: the handler reported a failure (typically
+    /// `CommitUnknown`, a lost acknowledgement) after its commit landed.
+    pub landed: AtomicU64,
 }
 
 impl<DB: Backend> Inner<DB> {

@@ -9,6 +9,19 @@
 //! guarded by status and lease owner, so it never overwrites a success —
 //! not even after a commit whose acknowledgement was lost. A crashed
 //! relay's messages come back when their lease expires.
+//!
+//! Every claim writes a lease owner of its own (the relay's owner, `#`,
+//! and a sequence number starting at random), so the rows one claim
+//! leased are told apart from any other claim's, this relay's included.
+//! When a claim's commit fails with the outcome unknown (a lost
+//! acknowledgement), the relay reads back, on a fresh connection, the rows
+//! still pending under that claim's owner with their lease running: found,
+//! the commit landed, and they are delivered as claimed (no attempt
+//! burnt, no lease waited out); not found, it did not, and they are due
+//! as before. No lease token `(id, owner, attempts)` is ever delivered
+//! twice: a claim's rows are delivered either from its statement (commit
+//! acknowledged) or from its read-back (outcome unknown), never both, and
+//! no other claim writes that owner.
 
 mod attempt;
 mod delivery;
@@ -18,7 +31,7 @@ pub use delivery::Delivery;
 pub use handle::{RelayHandle, RelayStats};
 
 use crate::archive::RetentionPolicy;
-use crate::backend::{Backend, ClaimSql, OutboxRow};
+use crate::backend::{Backend, ClaimError, ClaimSql, Claimed, OutboxRow};
 use crate::backoff::Backoff;
 use crate::task::{BoxFuture, TaskHandle};
 use crate::{Error, Outcome};
@@ -29,10 +42,37 @@ use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
+
+/// The waits before each read-back of a claim whose commit outcome is
+/// unknown (a fresh connection each time).
+const RECOVERY_WAITS: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
+
+/// One claim's rows, and the lease owner that claim wrote.
+struct Batch {
+    owner: Arc<str>,
+    rows: Vec<OutboxRow>,
+}
+
+/// What one claim produced.
+enum Round {
+    /// Rows to deliver.
+    Claimed(Batch),
+    /// A claim whose commit outcome is unknown, to read back.
+    Lost {
+        owner: Arc<str>,
+        chosen: Claimed,
+        error: sqlx::Error,
+    },
+}
 
 type Route<DB> = Arc<
     dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
@@ -76,6 +116,10 @@ struct Inner<DB: Backend> {
     topics: Vec<String>,
     claim: ClaimSql,
     owner: String,
+    /// The next claim's sequence number (see [`Inner::claim_owner`]).
+    claims: AtomicU64,
+    /// Whether a claim whose commit outcome is unknown is read back.
+    recover_claims: bool,
     batch_size: i64,
     concurrency: usize,
     lease: Duration,
@@ -98,16 +142,18 @@ impl<DB: Backend> fmt::Debug for Relay<DB> {
 }
 
 impl<DB: Backend> Relay<DB> {
+    /// The longest relay owner name ([`Relay::owner`]): the lease owner
+    /// column holds 64 characters, and each claim appends `#` and up to 16
+    /// hex digits.
+    pub const MAX_OWNER_LEN: usize = 47;
+
     /// A relay on `pool` with no routes and the default settings: batches of
     /// 64, 16 handlers at once, 30 s lease, 100 ms poll, 10 attempts,
     /// back-off from 200 ms doubling to 60 s.
     pub fn new(pool: Pool<DB>) -> Self {
-        let owner = format!(
-            "relay-{}-{:08x}",
-            std::process::id(),
-            std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
-                as u32
-        );
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        let owner = format!("relay-{}-{:08x}", std::process::id(), seed as u32);
         Relay {
             inner: Arc::new(Inner {
                 claim: DB::pool_dialect(&pool).claim_sql(0),
@@ -115,6 +161,10 @@ impl<DB: Backend> Relay<DB> {
                 routes: HashMap::new(),
                 topics: Vec::new(),
                 owner,
+                // Random: a restarted relay of the same name never writes
+                // a lease owner its previous run wrote.
+                claims: AtomicU64::new(seed.rotate_left(32)),
+                recover_claims: true,
                 batch_size: 64,
                 concurrency: 16,
                 lease: Duration::from_secs(30),
@@ -208,10 +258,29 @@ impl<DB: Backend> Relay<DB> {
     }
 
     /// The lease owner name (default `relay-<pid>-<random>`); unique per
-    /// relay.
+    /// relay. Each claim writes it followed by `#` and a sequence number
+    /// (`relay-a#1f3c…`), so a claim whose acknowledgement is lost can be
+    /// read back exactly.
+    ///
+    /// # Panics
+    /// If `owner` is longer than [`Relay::MAX_OWNER_LEN`] bytes.
     pub fn owner(self, owner: impl Into<String>) -> Self {
         let owner = owner.into();
+        assert!(
+            owner.len() <= Self::MAX_OWNER_LEN,
+            "idem: relay owner `{owner}` is longer than {} bytes",
+            Self::MAX_OWNER_LEN
+        );
         self.edit(|i| i.owner = owner)
+    }
+
+    /// Whether a claim whose commit outcome is unknown is read back and
+    /// delivered at once (default: yes). Off, its messages wait out their
+    /// lease, as they did before claim recovery: for tests showing the
+    /// difference.
+    #[doc(hidden)]
+    pub fn claim_recovery(self, on: bool) -> Self {
+        self.edit(|i| i.recover_claims = on)
     }
 
     /// The counters.
@@ -272,14 +341,14 @@ impl<DB: Backend> Relay<DB> {
     /// claimed (0: nothing was due).
     pub async fn run_once(&self) -> Result<usize, Error> {
         let batch = self.claim_up_to(self.inner.concurrency as i64).await?;
-        let n = batch.len();
+        let n = batch.rows.len();
         let permits = Arc::new(Semaphore::new(self.inner.concurrency));
         let mut tasks = JoinSet::new();
-        for row in batch {
+        for row in batch.rows {
             let permit = permits.clone().acquire_owned().await.expect("never closed");
-            let me = self.clone();
+            let (me, owner) = (self.clone(), batch.owner.clone());
             tasks.spawn(async move {
-                me.deliver(row).await;
+                me.deliver(row, owner).await;
                 drop(permit);
             });
         }
@@ -311,8 +380,36 @@ impl<DB: Backend> Relay<DB> {
             // a handler slot would spend its lease in the queue, expire and
             // run twice.
             let free = permits.available_permits() as i64;
-            let batch = match self.claim_up_to(free).await {
-                Ok(b) => b,
+            let batch: Vec<_> = match self.claim_round(free).await {
+                Ok(Round::Claimed(b)) => b.rows.into_iter().map(|r| (r, b.owner.clone())).collect(),
+                Ok(Round::Lost {
+                    owner,
+                    chosen,
+                    error,
+                }) => {
+                    // Read back beside the claim loop, holding the slots
+                    // the lost rows would take (free: nothing else takes
+                    // permits).
+                    let slots = u32::try_from(chosen.rows.len()).unwrap_or(u32::MAX);
+                    let reserved = permits
+                        .clone()
+                        .acquire_many_owned(slots)
+                        .await
+                        .expect("never closed");
+                    let me = self.clone();
+                    tasks.spawn(async move {
+                        if let Ok(batch) = me.recover(owner, chosen, error).await {
+                            let mut deliveries = JoinSet::new();
+                            for row in batch.rows {
+                                let (me, owner) = (me.clone(), batch.owner.clone());
+                                deliveries.spawn(async move { me.deliver(row, owner).await });
+                            }
+                            while deliveries.join_next().await.is_some() {}
+                        }
+                        drop(reserved);
+                    });
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
                     Vec::new()
@@ -326,11 +423,11 @@ impl<DB: Backend> Relay<DB> {
                 }
                 continue;
             }
-            for row in batch {
+            for (row, owner) in batch {
                 let permit = permits.clone().acquire_owned().await.expect("never closed");
                 let me = self.clone();
                 tasks.spawn(async move {
-                    me.deliver(row).await;
+                    me.deliver(row, owner).await;
                     drop(permit);
                 });
             }
@@ -339,23 +436,115 @@ impl<DB: Backend> Relay<DB> {
         while tasks.join_next().await.is_some() {}
     }
 
-    async fn claim_up_to(&self, n: i64) -> Result<Vec<OutboxRow>, Error> {
-        let i = &self.inner;
-        if i.topics.is_empty() {
-            return Ok(Vec::new());
+    /// Claims up to `n` messages, reading back a claim whose commit
+    /// outcome is unknown before it returns.
+    async fn claim_up_to(&self, n: i64) -> Result<Batch, Error> {
+        match self.claim_round(n).await? {
+            Round::Claimed(batch) => Ok(batch),
+            Round::Lost {
+                owner,
+                chosen,
+                error,
+            } => self.recover(owner, chosen, error).await,
         }
-        let rows = DB::claim_outbox(
+    }
+
+    /// Claims up to `n` messages.
+    async fn claim_round(&self, n: i64) -> Result<Round, Error> {
+        let i = &self.inner;
+        let owner: Arc<str> = i.claim_owner().into();
+        if i.topics.is_empty() {
+            return Ok(Round::Claimed(Batch {
+                owner,
+                rows: Vec::new(),
+            }));
+        }
+        let claimed = DB::claim_outbox(
             &i.pool,
             &i.claim,
-            &i.owner,
+            &owner,
             &i.topics,
             n.min(i.batch_size),
             i.lease.as_secs_f64(),
         )
-        .await?;
-        i.stats
+        .await;
+        match claimed {
+            Ok(claimed) => Ok(Round::Claimed(self.counted(owner, claimed))),
+            Err(ClaimError::Failed(e)) => Err(e.into()),
+            Err(ClaimError::CommitUnknown { error, chosen }) => {
+                i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
+                if !i.recover_claims {
+                    return Err(Error::CommitUnknown(error));
+                }
+                Ok(Round::Lost {
+                    owner,
+                    chosen,
+                    error,
+                })
+            }
+        }
+    }
+
+    /// The rows of a claim by `owner`, counted.
+    fn counted(&self, owner: Arc<str>, claimed: Claimed) -> Batch {
+        let stats = &self.inner.stats;
+        stats
             .claimed
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
-        Ok(rows)
+            .fetch_add(claimed.rows.len() as u64, Ordering::Relaxed);
+        stats
+            .reclaimed
+            .fetch_add(claimed.reclaimed as u64, Ordering::Relaxed);
+        Batch {
+            owner,
+            rows: claimed.rows,
+        }
+    }
+
+    /// Reads back the rows a claim by `owner` whose commit failed with
+    /// `error` (outcome unknown) leased, if it landed; a few quick tries,
+    /// each on a fresh connection.
+    async fn recover(
+        &self,
+        owner: Arc<str>,
+        chosen: Claimed,
+        mut error: sqlx::Error,
+    ) -> Result<Batch, Error> {
+        let i = &self.inner;
+        let ids: Vec<i64> = chosen.rows.iter().map(|r| r.id).collect();
+        for wait in RECOVERY_WAITS {
+            tokio::time::sleep(wait).await;
+            match DB::recover_claim(&i.pool, &owner, &ids).await {
+                Ok(rows) => {
+                    i.stats
+                        .recovered
+                        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        owner = &*owner,
+                        chosen = ids.len(),
+                        recovered = rows.len(),
+                        "outbox claim's commit outcome was unknown; read back"
+                    );
+                    // The commit is all or nothing: found, every chosen
+                    // row was leased, those taken over included.
+                    let reclaimed = if rows.is_empty() { 0 } else { chosen.reclaimed };
+                    return Ok(self.counted(owner, Claimed { rows, reclaimed }));
+                }
+                Err(e) => error = e,
+            }
+        }
+        tracing::warn!(owner = &*owner, %error, "could not read back an outbox claim whose commit outcome is unknown; its messages wait out their lease");
+        Err(Error::CommitUnknown(error))
+    }
+}
+
+impl<DB: Backend> Inner<DB> {
+    /// A lease owner no other claim writes: the relay's owner and the next
+    /// sequence number.
+    fn claim_owner(&self) -> String {
+        format!(
+            "{}#{:x}",
+            self.owner,
+            self.claims.fetch_add(1, Ordering::Relaxed)
+        )
     }
 }
