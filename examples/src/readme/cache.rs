@@ -19,7 +19,7 @@ pub async fn deduct_cached(
     let cache = RedisCache::new("redis://127.0.0.1:6379/")?   // or RedisCache::cluster(&[...])
         .ttl(Duration::from_secs(24 * 3600))                  // marker lifetime
         .timeout(Duration::from_millis(50));                  // bound on every Redis call
-    let outcome = deduct_coupon_for_order(Source::from(&pool).cache(&cache), &msg).await?;
+    let outcome = deduct_coupon_for_order(Source::from(&pool).cache(&cache), &msg).await?; // a marker: Duplicate
     // README: end
     Ok((cache, outcome))
 }

@@ -23,7 +23,7 @@ enum CouponState {
     from = CouponState::Unused,
     to = CouponState::Used,
 )]
-pub async fn deduct_coupon(
+pub async fn deduct_from_queue(
     tx: &mut PgConnection,
     m: &idem_runtime::amqp::Message,
     msg: &DeductCoupon,
@@ -49,7 +49,7 @@ pub async fn consume_and_publish(pool: PgPool, until: impl Future<Output = ()>) 
     let db = pool.clone();
     let consumer = Consumer::new(conn.clone(), "readme.coupon.deduct", move |m: amqp::Message, msg: DeductCoupon| {
         let pool = db.clone();
-        async move { deduct_coupon(&pool, &m, &msg).await }   // key = "mq:{m.queue}:{m.message_id}"
+        async move { deduct_from_queue(&pool, &m, &msg).await }   // key = "mq:{m.queue}:{m.message_id}"
     })
     .prefetch(16)
     .max_attempts(5)
