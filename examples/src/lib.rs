@@ -9,7 +9,10 @@
 //!   `record` strategy, and the order's state as secondary verification;
 //!   with a simulated payment platform that retries. Run it with
 //!   `cargo run -p idem-examples --bin payment_callbacks`.
+//! - [`readme`]: the code `README.md` shows, compiled and run by
+//!   `tests/readme_snippets.rs`.
 
 pub mod bench;
 pub mod coupon;
 pub mod payments;
+pub mod readme;

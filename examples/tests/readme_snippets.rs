@@ -1,0 +1,711 @@
+//! The README's code, compiled and run.
+//!
+//! - Every ```rust block of `README.md` must be, byte for byte, a marked
+//!   region of `src/readme/` (`// README: <name>` … `// README: end`,
+//!   without the region's common indentation): a README edit that drifts
+//!   from the compiled code fails here, listing the blocks.
+//! - The flows those regions show run against the real servers:
+//!   PostgreSQL (the handlers, the producer and relay, the archiver),
+//!   Redis (the front cache) and RabbitMQ (consumer and publisher). A
+//!   server that is down skips its test (SKIPPED), or fails it when
+//!   `CI=true`. Effects are counted in the database.
+
+use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
+use idem_examples::readme::{
+    archive, by_hand, cache, outbox, rabbitmq, record, transaction, unique_insert, using,
+};
+use idem_runtime::outbox::{Relay, enqueue};
+use idem_runtime::{Error, Outcome};
+use idem_testkit::{ids, unique};
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------- drift
+
+/// The ```rust blocks of a Markdown text: (line of the opening fence, text).
+fn rust_blocks(markdown: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, Vec<&str>)> = None;
+    for (n, line) in markdown.lines().enumerate() {
+        match open.as_mut() {
+            None if line.trim_start() == "```rust" => open = Some((n + 1, Vec::new())),
+            None => {}
+            Some(_) if line.trim_start().starts_with("```") => {
+                let (at, lines) = open.take().expect("open block");
+                blocks.push((at, lines.join("\n")));
+            }
+            Some((_, lines)) => lines.push(line),
+        }
+    }
+    assert!(open.is_none(), "README.md: a ```rust block is never closed");
+    blocks
+}
+
+/// The marked regions of a source file: name → text without the common
+/// indentation of its non-empty lines.
+fn regions(path: &Path, source: &str, out: &mut BTreeMap<String, String>) {
+    let mut open: Option<(String, Vec<&str>)> = None;
+    for line in source.lines() {
+        let marker = line.trim().strip_prefix("// README: ");
+        match (open.take(), marker) {
+            (None, Some("end")) => panic!("{}: `// README: end` without a region", path.display()),
+            (None, Some(name)) => open = Some((name.to_string(), Vec::new())),
+            (None, None) => {}
+            (Some((name, lines)), Some("end")) => {
+                let indent = lines
+                    .iter()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(|l| l.len() - l.trim_start().len())
+                    .min()
+                    .unwrap_or(0);
+                let text: Vec<&str> = lines
+                    .iter()
+                    .map(|l| {
+                        if l.trim().is_empty() {
+                            ""
+                        } else {
+                            &l[indent..]
+                        }
+                    })
+                    .collect();
+                let name = format!("{}: {name}", path.file_name().unwrap().to_string_lossy());
+                assert!(
+                    out.insert(name.clone(), text.join("\n")).is_none(),
+                    "region {name} twice"
+                );
+            }
+            (Some((name, _)), Some(other)) => {
+                panic!(
+                    "{}: region {name} not ended before `// README: {other}`",
+                    path.display()
+                )
+            }
+            (Some((name, mut lines)), None) => {
+                lines.push(line);
+                open = Some((name, lines));
+            }
+        }
+    }
+    if let Some((name, _)) = open {
+        panic!("{}: region {name} is never ended", path.display());
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+#[test]
+fn every_readme_rust_block_is_a_compiled_region() {
+    let readme = std::fs::read_to_string(root().join("../README.md")).expect("README.md");
+    let blocks = rust_blocks(&readme);
+    let mut marked = BTreeMap::new();
+    let dir = root().join("src/readme");
+    for entry in std::fs::read_dir(&dir).expect("src/readme") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let source = std::fs::read_to_string(&path).expect("source");
+            regions(&path, &source, &mut marked);
+        }
+    }
+    let mut drifted = Vec::new();
+    let mut shown = Vec::new();
+    for (line, block) in &blocks {
+        match marked.iter().find(|(_, region)| *region == block) {
+            Some((name, _)) => shown.push(name.clone()),
+            None => drifted.push(format!(
+                "  README.md:{line}: `{}`",
+                block.lines().next().unwrap_or("")
+            )),
+        }
+    }
+    let unshown: Vec<_> = marked.keys().filter(|n| !shown.contains(n)).collect();
+    assert!(
+        drifted.is_empty() && unshown.is_empty(),
+        "README.md and examples/src/readme/ disagree.\n\
+         README ```rust blocks that are no marked region (edit the region, then copy it):\n{}\n\
+         regions that no README block shows: {unshown:?}",
+        drifted.join("\n")
+    );
+    assert!(
+        blocks.len() >= 13,
+        "only {} rust blocks found",
+        blocks.len()
+    );
+}
+
+#[test]
+fn the_drift_check_sees_a_changed_block() {
+    let mut marked = BTreeMap::new();
+    let source =
+        "fn f() {\n    // README: x\n    let a = 1;\n\n    let b = a;\n    // README: end\n}\n";
+    regions(Path::new("x.rs"), source, &mut marked);
+    assert_eq!(marked["x.rs: x"], "let a = 1;\n\nlet b = a;");
+    let md = "text\n```rust\nlet a = 1;\n\nlet b = a;\n```\n```sql\nSELECT 1;\n```\n";
+    assert_eq!(
+        rust_blocks(md),
+        vec![(2, "let a = 1;\n\nlet b = a;".to_string())]
+    );
+    assert_ne!(
+        rust_blocks(&md.replace("b = a", "b = 2"))[0].1,
+        marked["x.rs: x"]
+    );
+}
+
+// ------------------------------------------------------------- fixtures
+
+/// PostgreSQL with idem's tables (the README's `migrate` line) and the
+/// README's, or `None` (skipped).
+async fn pool() -> Option<PgPool> {
+    let pool = idem_testkit::postgres(8).await?;
+    using::create_idem_tables(pool.clone())
+        .await
+        .expect("migrate");
+    idem_examples::readme::create_tables(&pool)
+        .await
+        .expect("tables");
+    Some(pool)
+}
+
+async fn coupon(pool: &PgPool, status: &str) -> i64 {
+    let id = ids(1);
+    sqlx::query("INSERT INTO readme_coupon (id, status) VALUES ($1, $2)")
+        .bind(id)
+        .bind(status)
+        .execute(pool)
+        .await
+        .expect("coupon");
+    id
+}
+
+async fn deductions(pool: &PgPool, coupon: i64) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM readme_deduction WHERE coupon_id = $1")
+        .bind(coupon)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+async fn text(pool: &PgPool, query: &'static str, id: i64) -> Option<String> {
+    sqlx::query_scalar(query)
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .expect("query")
+}
+
+async fn coupon_status(pool: &PgPool, coupon: i64) -> String {
+    text(
+        pool,
+        "SELECT status FROM readme_coupon WHERE id = $1",
+        coupon,
+    )
+    .await
+    .expect("coupon exists")
+}
+
+async fn outbox_status(pool: &PgPool, topic: &str, msg_id: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT status FROM idem_outbox WHERE topic = $1 AND msg_id = $2")
+        .bind(topic)
+        .bind(msg_id)
+        .fetch_optional(pool)
+        .await
+        .expect("outbox status")
+}
+
+async fn enqueue_one(pool: &PgPool, topic: &str, msg_id: &str, msg: &DeductCoupon) {
+    let mut tx = pool.begin().await.expect("begin");
+    enqueue(&mut tx, topic, msg_id, &serde_json::to_value(msg).unwrap())
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+}
+
+/// Waits (at most 20 s) until the message is `success`.
+async fn delivered(pool: PgPool, topic: &'static str, msg_id: String) {
+    let start = Instant::now();
+    while outbox_status(&pool, topic, &msg_id).await.as_deref() != Some("success") {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{topic} {msg_id} not delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ------------------------------------------------------------ the flows
+
+#[tokio::test]
+async fn migrate_creates_idems_tables() {
+    let Some(pool) = pool().await else { return };
+    // Twice: the second run changes nothing.
+    using::create_idem_tables(pool.clone())
+        .await
+        .expect("migrate again");
+    for table in idem_runtime::TABLES {
+        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+            .bind(table)
+            .fetch_one(&pool)
+            .await
+            .expect("to_regclass");
+        assert!(found.is_some(), "{table} missing");
+    }
+}
+
+/// The README's main flow: the producer snippet enqueues in the order's
+/// transaction, the relay snippet delivers to the `state_machine` handler
+/// keyed by the delivery: one deduction per message, `success` rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_and_relay_deliver_each_message_to_the_state_machine_handler_once() {
+    let Some(pool) = pool().await else { return };
+    for _ in 0..3 {
+        let c = coupon(&pool, "UNUSED").await;
+        let order = ids(1);
+        sqlx::query("INSERT INTO readme_orders (id, status) VALUES ($1, 'PLACED')")
+            .bind(order)
+            .execute(&pool)
+            .await
+            .expect("order");
+        let stop = delivered(
+            pool.clone(),
+            "readme.coupon.deduct",
+            format!("order-{order}"),
+        );
+        outbox::pay_and_relay(pool.clone(), order, c, stop)
+            .await
+            .expect("pay and relay");
+        assert_eq!(deductions(&pool, c).await, 1, "coupon {c}");
+        assert_eq!(coupon_status(&pool, c).await, "USED");
+        let paid = text(
+            &pool,
+            "SELECT status FROM readme_orders WHERE id = $1",
+            order,
+        )
+        .await;
+        assert_eq!(paid.as_deref(), Some("PAID"));
+        let status = outbox_status(&pool, "readme.coupon.deduct", &format!("order-{order}")).await;
+        assert_eq!(status.as_deref(), Some("success"));
+    }
+}
+
+/// The outcome `match`: executed and duplicate are done, an illegal state
+/// is dead-lettered.
+#[tokio::test]
+async fn the_outcome_match_tells_done_from_dead_letter() {
+    let Some(pool) = pool().await else { return };
+    let topic = unique("readme.outcome");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let relay = Relay::new(pool.clone()).route(&topic, move |d, msg: DeductCoupon| {
+        let s = s.clone();
+        async move {
+            let id = d.msg_id.clone();
+            let v = using::verdict(d, msg).await;
+            s.lock().unwrap().push((id, v));
+            Ok::<_, Error>(Outcome::Executed(()))
+        }
+    });
+    let (unused, expired) = (
+        coupon(&pool, "UNUSED").await,
+        coupon(&pool, "EXPIRED").await,
+    );
+    let messages = [("m-1", unused), ("m-2", unused), ("m-3", expired)];
+    for (msg_id, c) in messages {
+        enqueue_one(
+            &pool,
+            &topic,
+            msg_id,
+            &DeductCoupon {
+                coupon_id: c,
+                order_id: c + 1,
+            },
+        )
+        .await;
+        assert_eq!(relay.run_once().await.expect("relay"), 1);
+    }
+    use using::Verdict::{DeadLetter, Done};
+    let expected = vec![
+        ("m-1".into(), Done),
+        ("m-2".into(), Done),
+        ("m-3".into(), DeadLetter),
+    ];
+    assert_eq!(*seen.lock().unwrap(), expected);
+    assert_eq!(
+        (
+            deductions(&pool, unused).await,
+            deductions(&pool, expired).await
+        ),
+        (1, 0)
+    );
+    assert_eq!(coupon_status(&pool, expired).await, "EXPIRED");
+    for msg_id in ["m-1", "m-2"] {
+        assert_eq!(
+            outbox_status(&pool, &topic, msg_id).await.as_deref(),
+            Some("success")
+        );
+    }
+}
+
+/// The code written by hand behaves as the generated code: one deduction
+/// per coupon, the message marked in the same transaction, a duplicate
+/// answered without running the body.
+#[tokio::test]
+async fn the_hand_written_handler_acts_once() {
+    let Some(pool) = pool().await else { return };
+    let topic = unique("readme.by_hand");
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let o = outcomes.clone();
+    let relay = Relay::new(pool.clone()).route(&topic, move |d, msg: DeductCoupon| {
+        let o = o.clone();
+        async move {
+            let r = by_hand::deduct_coupon(d.pool(), &d, &msg).await;
+            o.lock().unwrap().push(format!("{r:?}"));
+            r
+        }
+    });
+    let (unused, expired) = (
+        coupon(&pool, "UNUSED").await,
+        coupon(&pool, "EXPIRED").await,
+    );
+    for (msg_id, c) in [("h-1", unused), ("h-2", unused), ("h-3", expired)] {
+        enqueue_one(
+            &pool,
+            &topic,
+            msg_id,
+            &DeductCoupon {
+                coupon_id: c,
+                order_id: c + 1,
+            },
+        )
+        .await;
+        assert_eq!(relay.run_once().await.expect("relay"), 1);
+    }
+    let outcomes = outcomes.lock().unwrap().clone();
+    assert_eq!(outcomes[..2], ["Ok(Executed(()))", "Ok(Duplicate(None))"]);
+    assert!(outcomes[2].starts_with("Err(IllegalState"), "{outcomes:?}");
+    assert_eq!(
+        (
+            deductions(&pool, unused).await,
+            deductions(&pool, expired).await
+        ),
+        (1, 0)
+    );
+    assert_eq!(coupon_status(&pool, unused).await, "USED");
+    for msg_id in ["h-1", "h-2"] {
+        assert_eq!(
+            outbox_status(&pool, &topic, msg_id).await.as_deref(),
+            Some("success")
+        );
+    }
+    // Not retryable: dead-lettered at once.
+    assert_eq!(
+        outbox_status(&pool, &topic, "h-3").await.as_deref(),
+        Some("failed")
+    );
+}
+
+/// `key_column` and the caller's transaction: the order and the deduction
+/// commit together; another order on the used coupon is an illegal state,
+/// and its order row rolls back with it.
+#[tokio::test]
+async fn place_order_commits_the_order_and_the_deduction_together() {
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let first = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let outcome = transaction::place_order(&pool, &first)
+        .await
+        .expect("place order");
+    assert_eq!(outcome, Outcome::Executed(()));
+    let order = text(
+        &pool,
+        "SELECT status FROM readme_orders WHERE id = $1",
+        first.order_id,
+    )
+    .await;
+    assert_eq!(order.as_deref(), Some("PLACED"));
+    assert_eq!(
+        (deductions(&pool, c).await, coupon_status(&pool, c).await),
+        (1, "USED".into())
+    );
+    let used_by = text(&pool, "SELECT used_by FROM readme_coupon WHERE id = $1", c).await;
+    assert_eq!(used_by, Some(format!("coupon-deduct:{}", first.order_id)));
+
+    // The same order's deduction again, on its own: a duplicate.
+    let again = deduct_coupon_for_order(&pool, &first).await.expect("again");
+    assert_eq!(again, Outcome::Duplicate(None));
+
+    // Another order reusing the coupon: refused, and its order row with it.
+    let second = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let err = transaction::place_order(&pool, &second)
+        .await
+        .expect_err("coupon already used");
+    assert!(matches!(err, Error::IllegalState { .. }), "{err:?}");
+    let order = text(
+        &pool,
+        "SELECT status FROM readme_orders WHERE id = $1",
+        second.order_id,
+    )
+    .await;
+    assert_eq!(order, None, "the caller's write rolled back with the call");
+    assert_eq!(deductions(&pool, c).await, 1);
+}
+
+#[tokio::test]
+async fn the_record_handler_stores_its_receipt_and_replays_it() {
+    let Some(pool) = pool().await else { return };
+    let user = ids(1);
+    let msg = record::Notice {
+        msg_id: unique("readme-n"),
+        user_id: user,
+        text: "shipped".into(),
+    };
+    let first = record::send_notice(&pool, &msg).await.expect("send");
+    let Outcome::Executed(receipt) = first else {
+        panic!("{first:?}")
+    };
+    let again = record::send_notice(&pool, &msg).await.expect("send again");
+    assert_eq!(again, Outcome::Duplicate(Some(receipt.clone())));
+    let other = record::Notice {
+        text: "cancelled".into(),
+        ..msg.clone()
+    };
+    let err = record::send_notice(&pool, &other)
+        .await
+        .expect_err("another payload");
+    assert!(matches!(err, Error::KeyConflict { .. }), "{err:?}");
+
+    let sent: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM readme_notice WHERE user_id = $1")
+        .bind(user)
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(sent, 1);
+    let (biz_no, result): (String, Option<String>) = sqlx::query_as(
+        "SELECT biz_no, result FROM idem_record WHERE idempotency_key = $1 AND biz_type = 'notice'",
+    )
+    .bind(format!("notice:{}", msg.msg_id))
+    .fetch_one(&pool)
+    .await
+    .expect("the record");
+    assert_eq!(biz_no, user.to_string());
+    let stored: record::Receipt = serde_json::from_str(&result.expect("result")).unwrap();
+    assert_eq!(stored, receipt);
+}
+
+#[tokio::test]
+async fn the_unique_insert_handler_records_a_payment_once() {
+    let Some(pool) = pool().await else { return };
+    let serial = format!("PAY{}", ids(1));
+    let cb = unique_insert::Callback {
+        serial: serial.clone(),
+        amount: 1999,
+    };
+    let first = unique_insert::record_payment(&pool, &cb)
+        .await
+        .expect("record");
+    let again = unique_insert::record_payment(&pool, &cb)
+        .await
+        .expect("again");
+    assert_eq!(
+        (first, again),
+        (Outcome::Executed(()), Outcome::Duplicate(None))
+    );
+    let forged = unique_insert::Callback {
+        serial: "../../admin".into(),
+        amount: 1,
+    };
+    let err = unique_insert::record_payment(&pool, &forged)
+        .await
+        .expect_err("forged");
+    assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM readme_payment WHERE serial IN ($1, '../../admin')",
+    )
+    .bind(&serial)
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(rows, 1);
+}
+
+/// The cache snippet on the real Redis: the first call executes and
+/// writes the marker after its commit; the next is answered by the marker.
+#[tokio::test]
+async fn the_cache_answers_the_duplicate() {
+    if !idem_testkit::redis_up().await {
+        return;
+    }
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let msg = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let (first, outcome) = cache::deduct_cached(pool.clone(), msg.clone())
+        .await
+        .expect("first");
+    assert_eq!(outcome, Outcome::Executed(()));
+    let marker = first.marker_key(
+        "deduct_coupon_for_order",
+        &format!("coupon-deduct:{}", msg.order_id),
+    );
+    assert!(
+        idem_testkit::redis_get(&marker).await.is_some(),
+        "no marker {marker}"
+    );
+    let (second, outcome) = cache::deduct_cached(pool.clone(), msg)
+        .await
+        .expect("second");
+    assert_eq!(outcome, Outcome::Duplicate(None));
+    let hits = second
+        .stats()
+        .hits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(hits, 1, "answered by the cache");
+    assert_eq!(
+        (deductions(&pool, c).await, coupon_status(&pool, c).await),
+        (1, "USED".into())
+    );
+}
+
+/// The RabbitMQ snippet: the relay publishes the outbox message, the
+/// consumer's handler deducts once; a second message for the same coupon
+/// is a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rabbitmq_consumer_deducts_what_the_relay_published() {
+    let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    if let Err(e) = idem_runtime::amqp::connect(url).await {
+        idem_testkit::unreachable(&format!("RabbitMQ at {url}"), e);
+        return;
+    }
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let msg = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let ids = [unique("readme-mq"), unique("readme-mq")];
+    for msg_id in &ids {
+        enqueue_one(&pool, "readme.mq.deduct", msg_id, &msg).await;
+    }
+    let db = pool.clone();
+    let until = async move {
+        let start = Instant::now();
+        loop {
+            let mut done = deductions(&db, c).await == 1;
+            for msg_id in &ids {
+                done &= outbox_status(&db, "readme.mq.deduct", msg_id)
+                    .await
+                    .as_deref()
+                    == Some("success");
+            }
+            if done {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "not consumed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Time for a second deduction, if there were one.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    rabbitmq::consume_and_publish(pool.clone(), until)
+        .await
+        .expect("consume");
+    assert_eq!(
+        (deductions(&pool, c).await, coupon_status(&pool, c).await),
+        (1, "USED".into())
+    );
+}
+
+/// The archiver snippet moves an expired record to history, and
+/// `find_record` still finds it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archiver_moves_expired_records_and_find_record_finds_them() {
+    let Some(pool) = pool().await else { return };
+    // The snippet's key: `notice:m-9`, a `notice` record past its expiry
+    // and a live one of another business type.
+    for stmt in [
+        "DELETE FROM idem_record WHERE idempotency_key = 'notice:m-9'",
+        "DELETE FROM idem_record_history WHERE idempotency_key = 'notice:m-9'",
+        "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+         VALUES ('notice:m-9', 'notice', '5', 'f', now() - interval '8 days', now() - interval '1 day')",
+        "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
+         VALUES ('notice:m-9', 'readme_sms', '5', 'f', now(), now() + interval '7 days')",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.expect(stmt);
+    }
+    let (archiver, all, one) = archive::archive_and_find(pool.clone())
+        .await
+        .expect("archive");
+    let types: Vec<_> = all.iter().map(|r| r.biz_type.as_str()).collect();
+    assert_eq!(types, ["notice", "readme_sms"]);
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].biz_type, "notice");
+
+    let start = Instant::now();
+    loop {
+        let found = idem_runtime::archive::find_record(&pool, "notice:m-9", Some("notice"))
+            .await
+            .expect("find");
+        if found.first().is_some_and(|r| r.archived) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not archived: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = archiver.shutdown().await;
+    assert!(report.records >= 1, "{report:?}");
+    let online: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_record WHERE idempotency_key = 'notice:m-9'")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+    assert_eq!(online, 1, "the live record stays");
+}
+
+/// The retention check passes for 7-day records, and its comment shows
+/// what a 1-hour ttl gets with the README's relay settings.
+#[tokio::test]
+async fn the_retention_check_and_its_message() {
+    let Some(pool) = pool().await else { return };
+    let relay = Relay::new(pool)
+        .batch_size(64)
+        .concurrency(16)
+        .lease(Duration::from_secs(30))
+        .max_attempts(10)
+        .backoff(Duration::from_millis(200), Duration::from_secs(60));
+    archive::check_retention(&relay).expect("7 days are enough");
+    let hour = Duration::from_secs(3600);
+    let err = relay
+        .retention_policy(hour, hour)
+        .check()
+        .expect_err("1 h is not");
+    println!("{err}");
+    assert!(matches!(err, Error::Config { .. }), "{err:?}");
+    // The README block's comment, quotes and comment markers removed.
+    let readme = std::fs::read_to_string(root().join("../README.md")).expect("README.md");
+    let (_, block) = rust_blocks(&readme)
+        .into_iter()
+        .find(|(_, b)| b.contains(".retention_policy("))
+        .expect("the retention block");
+    let comment: Vec<&str> = block
+        .lines()
+        .filter_map(|l| l.strip_prefix("//"))
+        .map(str::trim)
+        .collect();
+    let comment = comment.join(" ");
+    let shown = &comment[comment.find('"').expect("quote") + 1..comment.rfind('"').expect("quote")];
+    assert_eq!(err.to_string(), shown);
+}
