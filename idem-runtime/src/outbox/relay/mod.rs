@@ -262,15 +262,12 @@ impl<DB: Backend> Relay<DB> {
     /// (`relay-a#1f3c…`), so a claim whose acknowledgement is lost can be
     /// read back exactly.
     ///
-    /// # Panics
-    /// If `owner` is longer than [`Relay::MAX_OWNER_LEN`] bytes.
+    /// A name longer than [`Relay::MAX_OWNER_LEN`] bytes is shortened to
+    /// fit: its first 38 bytes (at a character boundary), `~`, and 8 hex
+    /// digits of a SHA-256 of the whole name, so two long names that share
+    /// a prefix stay two owners.
     pub fn owner(self, owner: impl Into<String>) -> Self {
-        let owner = owner.into();
-        assert!(
-            owner.len() <= Self::MAX_OWNER_LEN,
-            "idem: relay owner `{owner}` is longer than {} bytes",
-            Self::MAX_OWNER_LEN
-        );
+        let owner = fit_owner(owner.into());
         self.edit(|i| i.owner = owner)
     }
 
@@ -546,5 +543,37 @@ impl<DB: Backend> Inner<DB> {
             self.owner,
             self.claims.fetch_add(1, Ordering::Relaxed)
         )
+    }
+}
+
+/// `owner`, shortened to [`Relay::MAX_OWNER_LEN`] bytes if longer (see
+/// [`Relay::owner`]).
+fn fit_owner(owner: String) -> String {
+    use sha2::{Digest, Sha256};
+    const MAX: usize = 47;
+    if owner.len() <= MAX {
+        return owner;
+    }
+    let mut cut = MAX - 9;
+    while !owner.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let digest = Sha256::digest(owner.as_bytes());
+    let tag: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}~{tag}", &owner[..cut])
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use super::fit_owner;
+
+    #[test]
+    fn long_owners_are_shortened_to_distinct_names_that_fit() {
+        assert_eq!(fit_owner("relay-a".into()), "relay-a");
+        let long = |tail: &str| format!("{}{tail}", "é".repeat(30));
+        let (a, b) = (fit_owner(long("-1")), fit_owner(long("-2")));
+        assert!(a.len() <= 47 && b.len() <= 47, "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(a, fit_owner(long("-1")), "stable");
     }
 }
