@@ -230,8 +230,8 @@ pub(crate) fn find_sqlx<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a sql
 ///
 /// | database | transient codes | everything else |
 /// |---|---|---|
-/// | PostgreSQL | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available, `57P01`/`57P02`/`57P03` shutdown, crash, not accepting connections yet, `57P05` idle session time-out, class `08` connection exception, `53300` too many connections | permanent (e.g. `22021` a NUL byte in text, `23505` unique violation, `42501` insufficient privilege) |
-/// | MariaDB/MySQL | `1205` lock wait time-out, `1213` deadlock, `1020` record changed since last read (MariaDB 11.6+ snapshot isolation), `1614` XA branch rolled back on deadlock, `1040` too many connections, `1203` too many connections of the user, `1637` too many concurrent transactions, `1053` shutdown in progress, `1927` connection killed, `1158`–`1161` network read/write error or time-out, `4031` disconnected for inactivity (MySQL 8; on MariaDB `4031` is a missing trigger, permanent) | permanent (e.g. `1062` duplicate key, `1146` no such table) |
+/// | PostgreSQL | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available, `57P01`/`57P02`/`57P03` shutdown, crash, not accepting connections yet, `57P05` idle session time-out, class `08` connection exception, `53300` too many connections, `25006` read-only transaction (a standby, or a primary demoted in a failover) | permanent (e.g. `22021` a NUL byte in text, `23505` unique violation, `42501` insufficient privilege) |
+/// | MariaDB/MySQL | `1205` lock wait time-out, `1213` deadlock, `1020` record changed since last read (MariaDB 11.6+ snapshot isolation), `1614` XA branch rolled back on deadlock, `1040` too many connections, `1203` too many connections of the user, `1637` too many concurrent transactions, `1053` shutdown in progress, `1927` connection killed, `1158`–`1161` network read/write error or time-out, `4031` disconnected for inactivity (MySQL 8; on MariaDB `4031` is a missing trigger, permanent), `1792` read-only transaction and `1290` for `--read-only` (a replica, a demoted node) | permanent (e.g. `1062` duplicate key, `1146` no such table) |
 /// | SQLite | primary code `5` busy, `6` locked (any extended code of them, e.g. `517` busy snapshot) | permanent (e.g. `19` constraint) |
 /// | other drivers | the SQLSTATE rules of PostgreSQL | permanent |
 ///
@@ -249,6 +249,39 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => database_is_transient(&**db),
         _ => false,
     }
+}
+
+/// Whether a failed `COMMIT` (or a failure right after sending it) leaves
+/// the outcome unknown: the connection failed ([`is_transient`]'s
+/// connection-level errors), or the server answered with an error that
+/// ends the session (PostgreSQL `57P01`–`57P05` shutdown/termination and
+/// class `08`; MariaDB/MySQL `1053`, `1927`, `1158`–`1161`, MySQL 8's
+/// `4031`). A session terminated while its `COMMIT` ran (an administrator,
+/// a failover) may have committed or not. Any other error the server
+/// answered (a deferred constraint, a serialization failure) is a definite
+/// rollback.
+pub(crate) fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => database_is_connection_loss(&**db),
+        _ => true,
+    }
+}
+
+fn database_is_connection_loss(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return crate::backend::postgres::sqlstate_is_connection_loss(pg.code());
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return crate::backend::mysql::error_is_connection_loss(my.number(), my.message());
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return false;
+    }
+    db.code()
+        .is_some_and(|code| crate::backend::postgres::sqlstate_is_connection_loss(&code))
 }
 
 /// Classifies an error the server answered, by the driver it came from.

@@ -349,7 +349,27 @@ pub(crate) fn number_is_transient(number: u16) -> bool {
 /// from MariaDB's ER_REFERENCED_TRG_DOES_NOT_EXIST by its message.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn error_is_transient(number: u16, message: &str) -> bool {
-    number_is_transient(number) || (number == 4031 && message.contains("because of inactivity"))
+    number_is_transient(number)
+        || (number == 4031 && message.contains("because of inactivity"))
+        || is_read_only(number, message)
+}
+
+/// The server refuses writes because it is read-only (a replica, or a
+/// node demoted in a failover): ER_READ_ONLY_TRANSACTION (1792), and
+/// ER_OPTION_PREVENTS_STATEMENT (1290) when the option is `--read-only` or
+/// `--super-read-only` (1290 also names other options, e.g.
+/// `--secure-file-priv`, which no retry heals).
+fn is_read_only(number: u16, message: &str) -> bool {
+    number == 1792 || (number == 1290 && message.contains("read-only"))
+}
+
+/// Error numbers that mean the session itself ended: an answer to
+/// `COMMIT` with one of them says nothing about whether the commit
+/// happened.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn error_is_connection_loss(number: u16, message: &str) -> bool {
+    matches!(number, 1053 | 1927 | 1158..=1161)
+        || (number == 4031 && message.contains("because of inactivity"))
 }
 
 #[cfg(test)]
@@ -378,5 +398,24 @@ mod tests {
             4031,
             "Referenced trigger 't1' for the given action time and event type does not exist"
         ));
+        // A read-only server (a replica, a demoted node): retryable.
+        assert!(error_is_transient(
+            1792,
+            "Cannot execute statement in a READ ONLY transaction"
+        ));
+        assert!(error_is_transient(
+            1290,
+            "The MariaDB server is running with the --read-only option so it cannot execute this statement"
+        ));
+        assert!(!error_is_transient(
+            1290,
+            "The MariaDB server is running with the --secure-file-priv option so it cannot execute this statement"
+        ));
+        for n in [1053, 1927, 1158, 1161] {
+            assert!(error_is_connection_loss(n, ""), "{n} ends the session");
+        }
+        for n in [1205, 1213, 1792, 1062] {
+            assert!(!error_is_connection_loss(n, ""), "{n} leaves the session");
+        }
     }
 }

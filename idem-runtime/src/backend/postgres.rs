@@ -258,7 +258,18 @@ pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
         | "57P01" | "57P02" | "57P03" | "57P05"
         // too_many_connections: a slot frees up.
         | "53300"
+        // read_only_sql_transaction: the server is a standby (or was
+        // demoted in a failover); the promoted primary, reached by a new
+        // connection, takes the write.
+        | "25006"
     ) || code.starts_with("08") // connection_exception and its subclasses
+}
+
+/// SQLSTATEs that mean the session itself ended (or never was): an answer
+/// to `COMMIT` with one of them says nothing about whether the commit
+/// happened.
+pub(crate) fn sqlstate_is_connection_loss(code: &str) -> bool {
+    matches!(code, "57P01" | "57P02" | "57P03" | "57P05") || code.starts_with("08")
 }
 
 #[cfg(test)]
@@ -269,9 +280,20 @@ mod tests {
     fn postgres_codes() {
         for code in [
             "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "57P05", "53300", "08000",
-            "08003", "08006", "08001", "08004", "08P01",
+            "08003", "08006", "08001", "08004", "08P01", "25006",
         ] {
             assert!(sqlstate_is_transient(code), "{code} should be transient");
+        }
+        for code in [
+            "57P01", "57P02", "57P03", "57P05", "08000", "08006", "08P01",
+        ] {
+            assert!(sqlstate_is_connection_loss(code), "{code} ends the session");
+        }
+        for code in ["40001", "40P01", "25006", "23505", "57014", "53300"] {
+            assert!(
+                !sqlstate_is_connection_loss(code),
+                "{code} leaves the session"
+            );
         }
         for code in [
             "22021", "22022", "42501", "23505", "23503", "42P01", "42601", "22P02", "40002",

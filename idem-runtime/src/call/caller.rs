@@ -130,9 +130,12 @@ impl<DB: Backend> CallerTx<DB> {
     pub async fn commit(mut self) -> Result<(), Error> {
         self.transaction()?;
         let tx = self.tx.take().expect("checked above");
-        tx.commit().await.map_err(|e| match e {
-            e @ sqlx::Error::Database(_) => Error::Database(e),
-            e => Error::CommitUnknown(e),
+        tx.commit().await.map_err(|e| {
+            if crate::error::commit_outcome_unknown(&e) {
+                Error::CommitUnknown(e)
+            } else {
+                Error::Database(e)
+            }
         })
     }
 

@@ -351,8 +351,10 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             // Releasing a savepoint commits nothing: a failure there leaves
             // the caller's transaction to roll back, not an unknown commit.
             Err(e) if nested => Err(fail(&span, Error::Database(e))),
-            Err(e @ sqlx::Error::Database(_)) => Err(fail(&span, Error::Database(e))),
-            Err(e) => Err(fail(&span, Error::CommitUnknown(e))),
+            Err(e) if crate::error::commit_outcome_unknown(&e) => {
+                Err(fail(&span, Error::CommitUnknown(e)))
+            }
+            Err(e) => Err(fail(&span, Error::Database(e))),
         }
     }
 

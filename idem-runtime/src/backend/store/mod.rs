@@ -370,7 +370,7 @@ impl OutboxStore for DB {
         let committed = crate::testing::after_commit(crate::testing::Kind::Claim, committed);
         match committed {
             Ok(()) => Ok(claimed),
-            Err(e @ sqlx::Error::Database(_)) => Err(ClaimError::Failed(e)),
+            Err(e) if !crate::error::commit_outcome_unknown(&e) => Err(ClaimError::Failed(e)),
             // Nothing chosen, nothing leased: whatever the outcome.
             Err(e) if claimed.rows.is_empty() => Err(ClaimError::Failed(e)),
             Err(error) => Err(ClaimError::CommitUnknown { error, chosen: claimed }),

@@ -186,8 +186,9 @@ impl<DB: Backend> Relay<DB> {
                 }
                 Err(e) => {
                     // A database error is the statement's refusal: nothing
-                    // changed. Anything else may have committed.
-                    unknown |= !matches!(e, sqlx::Error::Database(_));
+                    // changed. A lost connection (or a session ended
+                    // under it) may have committed.
+                    unknown |= crate::error::commit_outcome_unknown(&e);
                     last = Some(e);
                 }
             }
