@@ -292,8 +292,12 @@ mod mariadb {
             .expect("drop table");
 
         if call == Cancelled::PoolBegin {
+            // The bug's evidence is the autocommit write that returned Ok
+            // and never committed: it ran inside the transaction sqlx did
+            // not know about, which is still open (one INNODB_TRX row) or
+            // was rolled back with its connection (none).
             assert!(
-                open == 1 && visible == 0,
+                visible == 0 && open <= 1,
                 "control: sqlx's Pool::begin no longer leaves the connection in a \
                  transaction (INNODB_TRX rows {open}, visible {visible})"
             );
