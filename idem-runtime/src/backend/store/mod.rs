@@ -82,6 +82,18 @@ type RowTuple = (i64, String, String, String, i32);
 /// A claimed row and its lease owner before the claim.
 type ClaimTuple = (i64, String, String, String, i32, Option<String>);
 
+/// `outbox_state`'s columns: topic, status, lease owner, attempts.
+type StateRow = (String, String, Option<String>, i32);
+
+fn to_state((topic, status, lease_owner, attempts): StateRow) -> OutboxState {
+    OutboxState {
+        topic,
+        status,
+        lease_owner,
+        attempts,
+    }
+}
+
 fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
     OutboxRow {
         id,
@@ -279,34 +291,23 @@ impl OutboxStore for DB {
         tx: &mut Transaction<'_, Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
-        let row: Option<(String, String, Option<String>, i32)> =
-            sqlx::query_as(stmt(sql_of(tx).outbox_state))
-                .bind(id)
-                .fetch_optional(&mut **tx)
-                .await?;
-        Ok(row.map(|(topic, status, lease_owner, attempts)| OutboxState {
-            topic,
-            status,
-            lease_owner,
-            attempts,
-        }))
+        let row: Option<StateRow> = sqlx::query_as(stmt(sql_of(tx).outbox_state))
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(row.map(to_state))
     }
 
     async fn outbox_state_pool(
         pool: &Pool<Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
-        let row: Option<(String, String, Option<String>, i32)> =
+        let row: Option<StateRow> =
             sqlx::query_as(stmt(DB::dialect_of_pool(pool).sql().outbox_state))
                 .bind(id)
                 .fetch_optional(pool)
                 .await?;
-        Ok(row.map(|(topic, status, lease_owner, attempts)| OutboxState {
-            topic,
-            status,
-            lease_owner,
-            attempts,
-        }))
+        Ok(row.map(to_state))
     }
 
     async fn claim_outbox<'a>(
