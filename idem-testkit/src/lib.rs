@@ -16,6 +16,8 @@
 //!   acknowledgements (and can hold `BEGIN` replies) on the way back from
 //!   PostgreSQL or MariaDB.
 //! - With the `redis` feature: [`redis_url`], [`redis_up`], [`redis_get`].
+//! - [`cluster`]: servers a test starts for itself (clusters, poolers,
+//!   proxies) on their own ports and directories, torn down on drop.
 //! - [`env_setting`]: an environment variable, where set-but-empty
 //!   (`DATABASE_URL=`) means unset.
 //!
@@ -42,6 +44,7 @@
 #![warn(missing_docs)]
 
 mod burst;
+pub mod cluster;
 mod env;
 pub mod names;
 pub mod proxy;

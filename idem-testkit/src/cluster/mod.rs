@@ -1,0 +1,222 @@
+//! Servers a test starts for itself: clusters and proxies on ports and data
+//! directories of their own, torn down when the handle drops (also when the
+//! test fails or panics).
+//!
+//! The pieces every harness shares are here: a [`Scratch`] directory, a
+//! [`free_port`], a [`Proc`] (a child process killed on drop, with its log
+//! file), [`wait_port`], and [`need`], the skip rule for a program that is
+//! not installed (skipped locally, a failure when `CI=true`).
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A directory under the system's temporary folder, removed on drop.
+#[derive(Debug)]
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// A new empty directory named after `what` and a unique suffix.
+    ///
+    /// # Panics
+    ///
+    /// When the directory cannot be made.
+    pub fn new(what: &str) -> Scratch {
+        let path = std::env::temp_dir().join(crate::unique(&format!("idem-{what}")));
+        std::fs::create_dir_all(&path).expect("create the scratch directory");
+        Scratch { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `name` inside the directory.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Gives the directory (recursively) to a system user, for servers that
+    /// refuse to run as root (PostgreSQL).
+    ///
+    /// # Panics
+    ///
+    /// When `chown` fails.
+    pub fn chown(&self, user: &str) {
+        let ok = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{user}:{user}"))
+            .arg(&self.path)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "chown -R {user} {}", self.path.display());
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::env::var_os("IDEM_KEEP_SCRATCH").is_none() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+///
+/// # Panics
+///
+/// When no port can be bound.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// Waits until something accepts TCP connections on `port`, for at most
+/// `within`. Returns whether it did.
+pub fn wait_port(port: u16, within: Duration) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Whether `program` is on the `PATH` (or is an existing path).
+pub fn installed(program: &str) -> bool {
+    if program.contains('/') {
+        return Path::new(program).exists();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
+/// The skip rule for programs: `Some(())` when every one of `programs` is
+/// installed; otherwise prints `SKIPPED: …` and returns `None` locally, and
+/// panics when `CI=true` (`.ci/run` installs them).
+pub fn need(test: &str, programs: &[&str]) -> Option<()> {
+    let missing: Vec<&str> = programs.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Some(());
+    }
+    crate::unreachable(
+        &format!("{test}: {}", missing.join(", ")),
+        "not installed (Debian packages; .ci/run installs them)",
+    );
+    None
+}
+
+/// A server process the test started: killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with its stdout and stderr in `log`.
+    ///
+    /// # Panics
+    ///
+    /// When the log file cannot be made or the program cannot start.
+    pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
+        let out = File::create(&log).expect("create the log file");
+        let err = out.try_clone().expect("clone the log file");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name} ({cmd:?}): {e}"));
+        Proc {
+            name: name.into(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills it with SIGKILL (a crash: no shutdown, no flush) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `within` for it to exit, then kills it.
+    pub fn terminate(&mut self, within: Duration) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let deadline = Instant::now() + within;
+            while Instant::now() < deadline {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last `lines` lines of its log, for a failure message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let from = all.len().saturating_sub(lines);
+        format!(
+            "--- {} ({}) ---\n{}",
+            self.name,
+            self.log.display(),
+            all[from..].join("\n")
+        )
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A command that runs `program` as the system user `user` (through
+/// `runuser`, when the test runs as root; directly otherwise).
+pub fn as_user(user: &str, program: &str) -> Command {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if root {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", user, "--", program]);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
