@@ -64,7 +64,8 @@
 //!   [`escape_part`] encodes one part, [`MAX_KEY_LEN`] bounds the result.
 //! - The database side: [`migrate`], [`SCHEMA_VERSION`], [`MAX_TTL_SECS`],
 //!   [`fingerprint`] (the record strategy's payload hash), and the modules
-//!   [`outbox`], [`archive`], `cache` (feature `redis`), `amqp` (feature
+//!   [`outbox`], [`archive`], [`shard`] (several databases, the record
+//!   always beside the entity's data), `cache` (feature `redis`), `amqp` (feature
 //!   `amqp`), `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
@@ -96,6 +97,7 @@ mod key;
 mod metrics;
 pub mod outbox;
 mod schema;
+pub mod shard;
 mod state;
 mod strategy;
 pub mod task;

@@ -150,3 +150,95 @@ pub async fn any(url: &str, max: u32) -> Option<sqlx::AnyPool> {
     idem_runtime::migrate(&pool).await.expect("migrate");
     Some(pool)
 }
+
+/// A pool on the database `name` of the local PostgreSQL server (created
+/// when missing; the name must be a plain identifier), with idem's tables,
+/// or `None` (skipped). For tests that need several databases: shards.
+///
+/// # Panics
+///
+/// When the database cannot be created or migrated.
+pub async fn postgres_database(name: &str, max: u32) -> Option<PgPool> {
+    assert!(plain_identifier(name), "database name {name:?}");
+    let opts = PgConnectOptions::from_str(&postgres_url()).expect("valid URL");
+    let mut admin = match sqlx::PgConnection::connect_with(&opts).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            unreachable(&format!("PostgreSQL at {}", postgres_url()), e);
+            return None;
+        }
+    };
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1)",
+    )
+    .bind(name)
+    .fetch_one(&mut admin)
+    .await
+    .expect("look the database up");
+    if !exists {
+        let create = format!("CREATE DATABASE {name}");
+        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+            .execute(&mut admin)
+            .await
+        {
+            // Another test created it meanwhile: 42P04, or the catalog's
+            // unique index (23505) when both ran at once.
+            let code = e
+                .as_database_error()
+                .and_then(|d| d.code().map(|c| c.into_owned()));
+            assert!(
+                matches!(code.as_deref(), Some("42P04" | "23505")),
+                "create database {name}: {e}"
+            );
+        }
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts.database(name))
+        .await
+        .expect("connect to the new database");
+    idem_runtime::migrate(&pool)
+        .await
+        .expect("migrate postgres");
+    Some(pool)
+}
+
+/// A pool on the database `name` of the local MariaDB server (created when
+/// missing; a plain identifier), with idem's tables, or `None` (skipped).
+///
+/// # Panics
+///
+/// When the database cannot be created or migrated.
+pub async fn mysql_database(name: &str, max: u32) -> Option<MySqlPool> {
+    assert!(plain_identifier(name), "database name {name:?}");
+    let opts = MySqlConnectOptions::from_str(&mysql_url()).expect("valid URL");
+    let mut admin = match sqlx::MySqlConnection::connect_with(&opts).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            unreachable(&format!("MariaDB at {}", mysql_url()), e);
+            return None;
+        }
+    };
+    let create = format!("CREATE DATABASE IF NOT EXISTS {name}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(&mut admin)
+        .await
+        .expect("create database");
+    let pool = MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts.database(name))
+        .await
+        .expect("connect to the new database");
+    idem_runtime::migrate(&pool).await.expect("migrate mariadb");
+    Some(pool)
+}
+
+fn plain_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}

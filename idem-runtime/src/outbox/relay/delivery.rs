@@ -52,6 +52,18 @@ impl<DB: Backend> Delivery<DB> {
         Source::outbox(&self.pool, self.lease.clone())
     }
 
+    /// Like [`source`](Delivery::source), with the call on `pool`: another
+    /// pool on **the same database** as the relay's, such as the node of a
+    /// multi-master cluster that the message's entity is pinned to (see
+    /// [`shard`](crate::shard)). A pool on another database finds no such
+    /// message, and the call fails with
+    /// [`Error::OutboxMessage`](crate::Error::OutboxMessage) before its
+    /// body runs.
+    pub fn source_on<'p>(&self, pool: &'p Pool<DB>) -> Source<'p, DB> {
+        self.marked.store(true, Ordering::Relaxed);
+        Source::outbox(pool, self.lease.clone())
+    }
+
     /// This delivery's hold on its message.
     pub fn lease(&self) -> &OutboxLease {
         &self.lease
