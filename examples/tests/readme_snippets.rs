@@ -12,7 +12,7 @@
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, outbox, rabbitmq, record, transaction, unique_insert, using,
+    archive, by_hand, cache, outbox, rabbitmq, record, shards, transaction, unique_insert, using,
 };
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Error, Outcome};
@@ -708,4 +708,69 @@ async fn the_retention_check_and_its_message() {
     let comment = comment.join(" ");
     let shown = &comment[comment.find('"').expect("quote") + 1..comment.rfind('"').expect("quote")];
     assert_eq!(err.to_string(), shown);
+}
+
+/// The shards flow on three PostgreSQL databases: each customer's account,
+/// its message and the record of its delivery in the customer's database,
+/// none in another; the points awarded once although produced twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shards_keep_each_record_beside_its_account() {
+    let mut pools = Vec::new();
+    for i in 0..3 {
+        let Some(pool) = idem_testkit::postgres_database(&format!("readme_shard_{i}"), 4).await
+        else {
+            return;
+        };
+        pools.push(pool);
+    }
+    let shards = shards::open(pools).await.expect("open");
+    let base = ids(8);
+    let awards: Vec<shards::Award> = (0..4)
+        .map(|n| shards::Award {
+            order_id: base + n,
+            customer: base + 4 + n,
+            points: 10,
+        })
+        .collect();
+    for a in &awards {
+        // A retried producer: the second enqueue finds the first.
+        shards::order_paid(&shards, a).await.expect("produce");
+        shards::order_paid(&shards, a).await.expect("produce again");
+    }
+    let relays = shards::relays(&shards);
+    for a in &awards {
+        let home = shards.pool_for(&a.customer).expect("shard").clone();
+        delivered(home, "readme.award", format!("order-{}", a.order_id)).await;
+    }
+    for relay in relays {
+        relay.shutdown().await;
+    }
+    for a in &awards {
+        let home = shards.shard_of(&a.customer).expect("shard");
+        for (i, pool) in shards.pools().iter().enumerate() {
+            let points: Option<i64> =
+                sqlx::query_scalar("SELECT points FROM readme_account WHERE customer = $1")
+                    .bind(a.customer)
+                    .fetch_optional(pool)
+                    .await
+                    .expect("points");
+            let records: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM idem_record WHERE biz_type = 'readme_award' AND idempotency_key = $1",
+            )
+            .bind(format!("readme-award:readme.award:order-{}", a.order_id))
+            .fetch_one(pool)
+            .await
+            .expect("records");
+            if i == home {
+                assert_eq!((points, records), (Some(10), 1), "customer {}", a.customer);
+            } else {
+                assert_eq!(
+                    (points, records),
+                    (None, 0),
+                    "customer {} in shard {i}",
+                    a.customer
+                );
+            }
+        }
+    }
 }

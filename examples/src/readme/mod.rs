@@ -29,6 +29,8 @@ pub mod rabbitmq;
 #[rustfmt::skip]
 pub mod record;
 #[rustfmt::skip]
+pub mod shards;
+#[rustfmt::skip]
 pub mod state_machine;
 #[rustfmt::skip]
 pub mod transaction;
