@@ -21,6 +21,15 @@ const BOOKKEEPING_WAITS: [Duration; 4] = [
     Duration::from_millis(100),
 ];
 
+/// After [`BOOKKEEPING_WAITS`], a bookkeeping write that keeps failing
+/// with a transient error (the database is failing over: connections
+/// refused, then a read-only standby, `25006`) is tried again every
+/// `200 ms × 2ⁿ`, at most every [`OUTAGE_WAIT_MAX`], for as long as half
+/// the lease lasts: a failover of a few seconds must not leave the
+/// attempt to wait out its lease.
+const OUTAGE_WAIT_FIRST: Duration = Duration::from_millis(200);
+const OUTAGE_WAIT_MAX: Duration = Duration::from_secs(1);
+
 impl<DB: Backend> Relay<DB> {
     /// One attempt of one message, claimed under the lease owner `owner`,
     /// and its bookkeeping.
@@ -158,11 +167,12 @@ impl<DB: Backend> Relay<DB> {
     }
 
     /// Runs `write`, a bookkeeping update fenced by the lease (true: it
-    /// changed the row), again after an error, a few times. When a try
-    /// failed with the outcome unknown and a later one finds nothing to
-    /// change (or every try failed), the row is read: `landed` tells
-    /// whether it is in the state the write leaves (an earlier try
-    /// committed).
+    /// changed the row), again after an error, a few times, and after a
+    /// transient error (a failover) for as long as half the lease lasts
+    /// (see [`OUTAGE_WAIT_FIRST`]). When a try failed with the outcome
+    /// unknown and a later one finds nothing to change (or every try
+    /// failed), the row is read: `landed` tells whether it is in the state
+    /// the write leaves (an earlier try committed).
     async fn fenced<F, Fut>(
         &self,
         id: i64,
@@ -174,8 +184,23 @@ impl<DB: Backend> Relay<DB> {
         Fut: Future<Output = Result<bool, sqlx::Error>>,
     {
         let mut unknown = false;
-        let mut last = None;
-        for wait in BOOKKEEPING_WAITS {
+        let mut last: Option<sqlx::Error> = None;
+        let outage_ends = tokio::time::Instant::now() + self.inner.lease / 2;
+        for tries in 0.. {
+            let wait = match BOOKKEEPING_WAITS.get(tries) {
+                Some(wait) => *wait,
+                None => {
+                    let more = u32::try_from(tries - BOOKKEEPING_WAITS.len()).unwrap_or(u32::MAX);
+                    let wait = OUTAGE_WAIT_FIRST
+                        .saturating_mul(2u32.saturating_pow(more))
+                        .min(OUTAGE_WAIT_MAX);
+                    let transient = last.as_ref().is_some_and(crate::error::is_transient);
+                    if !transient || tokio::time::Instant::now() + wait > outage_ends {
+                        break;
+                    }
+                    wait
+                }
+            };
             tokio::time::sleep(wait).await;
             match write().await {
                 Ok(true) => return Ok(true),

@@ -81,6 +81,8 @@ impl fmt::Debug for RelayHandle {
 
 impl RelayHandle {
     /// Stops claiming, waits for the messages in flight, and returns.
+    /// (While the database is failing over, an attempt's bookkeeping is
+    /// retried for up to half the lease, so the wait can be that long.)
     pub async fn shutdown(self) {
         let _ = self.task.shutdown().await;
     }
