@@ -95,6 +95,7 @@ mod fingerprint;
 mod key;
 mod metrics;
 pub mod outbox;
+pub mod pooler;
 mod schema;
 mod state;
 mod strategy;

@@ -94,7 +94,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
                 // Claim lost but no row: the other writer's row vanished between
                 // the two statements (archived). Transient.
                 Ok(None) => return Err(Error::retryable("idempotency record vanished")),
-                Err(e) => return Err(Error::Database(e)),
+                Err(e) => return Err(Error::database(e)),
             };
         if stored.fingerprint != self.fingerprint {
             return Err(Error::KeyConflict {

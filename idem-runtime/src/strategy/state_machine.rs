@@ -126,7 +126,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
                 "changed by the handler body (no longer `{}`)",
                 self.from
             )))),
-            Err(e) => Err(Error::Database(e)),
+            Err(e) => Err(Error::database(e)),
         }
     }
 }

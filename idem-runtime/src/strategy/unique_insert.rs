@@ -85,7 +85,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
                 )
                 .into(),
             }),
-            Err(db) => Err(Error::Database(db)),
+            Err(db) => Err(Error::database(db)),
         }
     }
 }

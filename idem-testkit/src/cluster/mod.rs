@@ -7,6 +7,8 @@
 //! file), [`wait_port`], and [`need`], the skip rule for a program that is
 //! not installed (skipped locally, a failure when `CI=true`).
 
+pub mod pgbouncer;
+
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
