@@ -90,6 +90,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Fail> {
+    if cli.transaction_pooling {
+        idem_runtime::pooler::transaction_mode(true);
+    }
     let Some(url) = setting(cli.database_url.as_deref()) else {
         let why = if std::env::var_os("DATABASE_URL").is_some() {
             " (DATABASE_URL is set but empty, which counts as unset)"

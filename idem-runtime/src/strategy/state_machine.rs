@@ -84,7 +84,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
         let sql = self.sql(call)?;
         let found = DB::lock_state(call.state.tx.tx(), &sql, &self.id)
             .await
-            .map_err(Error::Database)?;
+            .map_err(Error::database)?;
         let duplicate = Verdict::Duplicate {
             stored: None,
             marker: None,
