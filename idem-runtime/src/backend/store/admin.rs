@@ -166,7 +166,12 @@ impl AdminStore for DB {
         }
         let text = format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0");
         let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
-        Ok(on_pool!(pool, |conn| q.execute(conn)).is_ok())
+        match on_pool!(pool, |conn| q.execute(conn)) {
+            Ok(_) => Ok(true),
+            // Not an answer about the table: a pooler in transaction mode.
+            Err(e) if crate::error::pooler_error(&e).is_some() => Err(e),
+            Err(_) => Ok(false),
+        }
     }
 }
 }
