@@ -116,11 +116,7 @@ async fn migrate_and_outbox_commands_through_pgbouncer_need_the_flag() {
         "outbox list",
     ))
     .unwrap();
-    assert_eq!(
-        listed.as_array().map(Vec::len),
-        Some(1),
-        "{listed}"
-    );
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
     succeeded(
         &run(&url, None, &[flag, "outbox", "requeue", "--topic", &topic]),
         "outbox requeue",

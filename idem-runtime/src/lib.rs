@@ -64,8 +64,10 @@
 //!   [`escape_part`] encodes one part, [`MAX_KEY_LEN`] bounds the result.
 //! - The database side: [`migrate`], [`SCHEMA_VERSION`], [`MAX_TTL_SECS`],
 //!   [`fingerprint`] (the record strategy's payload hash), and the modules
-//!   [`outbox`], [`archive`], `cache` (feature `redis`), `amqp` (feature
-//!   `amqp`), `testing` (feature `testing`).
+//!   [`outbox`], [`archive`], [`pooler`] (behind pgbouncer in transaction
+//!   mode: unnamed statements, autocommit statements in transactions),
+//!   `cache` (feature `redis`), `amqp` (feature `amqp`), `testing`
+//!   (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
 //! specs, SQL dialects) is in a hidden `__private` module and is not API.

@@ -241,12 +241,11 @@ impl Figures {
     }
 }
 
+/// A call's entity (its index) and what it answered (executed or not).
+type Answer = (usize, Result<bool, Error>);
+
 /// Per entity: how many of its calls answered `Ok`.
-fn tally(
-    figures: &mut Figures,
-    results: Vec<(usize, Result<bool, Error>)>,
-    entities: usize,
-) -> Vec<usize> {
+fn tally(figures: &mut Figures, results: Vec<Answer>, entities: usize) -> Vec<usize> {
     let mut ok = vec![0usize; entities];
     for (n, r) in results {
         figures.calls += 1;
@@ -343,7 +342,7 @@ pub(crate) async fn race_strategies(
             }));
         }
     }
-    let mut by: BTreeMap<&'static str, Vec<(usize, Result<bool, Error>)>> = BTreeMap::new();
+    let mut by: BTreeMap<&'static str, Vec<Answer>> = BTreeMap::new();
     for t in tasks {
         let (strategy, n, r) = t.await.expect("call panicked");
         by.entry(strategy).or_default().push((n, r));
