@@ -238,6 +238,10 @@ impl Error {
 /// another). Returns the reason for an [`Error::Config`]: what happened,
 /// the pooler, and the option ([`pooler`](crate::pooler)).
 ///
+/// Also pgbouncer's `08P01 unsupported startup parameter: extra_float_digits`
+/// (a parameter sqlx sends on connecting, which pgbouncer refuses unless
+/// listed in its `ignore_startup_parameters`).
+///
 /// Only PostgreSQL's codes (PostgreSQL's driver, or an unknown driver
 /// reporting a SQLSTATE); MariaDB's and SQLite's errors are never taken
 /// for it.
@@ -258,6 +262,17 @@ pub(crate) fn pooler_error(e: &sqlx::Error) -> Option<String> {
         return None;
     }
     let code = db.code()?;
+    if code == "08P01" && db.message().starts_with("unsupported startup parameter") {
+        // pgbouncer refusing a parameter sqlx sends when it connects.
+        return Some(format!(
+            "the connection pooler answered 08P01 `{}`: pgbouncer forwards only the startup \
+             parameters it knows, and sqlx's PostgreSQL driver sends extra_float_digits; add \
+             `ignore_startup_parameters = extra_float_digits` to pgbouncer.ini \
+             (pgbouncer pool_mode=transaction also needs \
+             idem_runtime::pooler::transaction_mode(true))",
+            db.message()
+        ));
+    }
     if !sqlstate_is_pooler(&code, db.message()) {
         return None;
     }
@@ -576,6 +591,14 @@ mod tests {
             let body: BoxError = Box::new(db(code, message));
             assert!(matches!(Error::from_handler(body), Error::Config { .. }));
         }
+        // pgbouncer refusing sqlx's startup parameter.
+        let e = db("08P01", "unsupported startup parameter: extra_float_digits");
+        assert!(!is_transient(&e));
+        let err = Error::from(e);
+        assert!(
+            matches!(&err, Error::Config { reason } if reason.contains("ignore_startup_parameters = extra_float_digits")),
+            "{err:?}"
+        );
     }
 
     #[test]

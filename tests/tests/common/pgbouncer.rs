@@ -414,6 +414,11 @@ pub(crate) struct Drain {
     pub secs: f64,
     /// The first dead letter's reason.
     pub reason: Option<String>,
+    /// Dead letters whose reason is a Config error naming pgbouncer and
+    /// the option.
+    pub config_dead: i64,
+    /// Dead letters by the error kind their reason starts with.
+    pub dead_by_kind: BTreeMap<String, i64>,
 }
 
 impl Drain {
@@ -507,6 +512,23 @@ pub(crate) async fn relay_drain(
         .await
         .expect("reason")
         .flatten();
+    d.config_dead = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'failed' \
+         AND last_error LIKE 'config:%pgbouncer%idem_runtime::pooler::transaction_mode%'",
+    )
+    .bind(&topic)
+    .fetch_one(&rig.direct)
+    .await
+    .expect("config dead letters");
+    let kinds: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT split_part(last_error, ':', 1), COUNT(*) FROM idem_outbox \
+         WHERE topic = $1 AND status = 'failed' GROUP BY 1",
+    )
+    .bind(&topic)
+    .fetch_all(&rig.direct)
+    .await
+    .expect("dead letters by kind");
+    d.dead_by_kind = kinds.into_iter().collect();
     // Per coupon: its deductions, and whether one of its messages is
     // marked delivered.
     let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
