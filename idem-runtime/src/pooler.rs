@@ -79,8 +79,10 @@ static MODE: AtomicU8 = AtomicU8::new(UNSET);
 
 /// Turns transaction-pooling mode on or off for the whole process (see the
 /// [module documentation](self)). Call it before the first call, relay or
-/// migration; statements already in flight keep the mode they started
-/// with. Overrides [`ENV`].
+/// migration, before the pools open their connections: sqlx looks a
+/// statement up in a connection's cache before it looks at
+/// `.persistent(…)`, so a connection that already holds idem's statements
+/// as named ones keeps running them by name. Overrides [`ENV`].
 ///
 /// ```
 /// idem_runtime::pooler::transaction_mode(true);
