@@ -85,7 +85,9 @@ impl AdminStore for DB {
             "SELECT {} FROM idem_outbox WHERE status = ?{and} ORDER BY id LIMIT ?",
             message_columns(sql)
         ));
-        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(status);
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(status);
         if let Some(t) = topic {
             q = q.bind(t);
         }
@@ -116,7 +118,8 @@ impl AdminStore for DB {
         // also leaves no transaction open on the pool if this future is
         // dropped mid-BEGIN.
         let mut tx = super::begin(pool).await?;
-        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text)).persistent(persist());
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
+            .persistent(persist());
         match target {
             RequeueTarget::Id(id) => q = q.bind(*id),
             RequeueTarget::Topic(topic) => q = q.bind(topic.as_str()),

@@ -146,12 +146,16 @@ impl ArchiveStore for DB {
         // The history, newest first: the first row of each business
         // type without an online record is its latest archived one.
         let history = format!("{}{typed} ORDER BY archived_at DESC, id DESC", sql.find_history);
-        let mut q = sqlx::query_as::<_, OnlineRow>(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(key);
+        let mut q = sqlx::query_as::<_, OnlineRow>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(key);
         if let Some(t) = biz_type {
             q = q.bind(t);
         }
         let online = q;
-        let mut q = sqlx::query_as::<_, HistoryRow>(sqlx::AssertSqlSafe(history)).persistent(persist()).bind(key);
+        let mut q = sqlx::query_as::<_, HistoryRow>(sqlx::AssertSqlSafe(history))
+            .persistent(persist())
+            .bind(key);
         if let Some(t) = biz_type {
             q = q.bind(t);
         }

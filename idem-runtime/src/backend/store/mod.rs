@@ -186,7 +186,9 @@ impl CallStore for DB {
         to: &'static str,
         key: Option<&'a str>,
     ) -> Result<u64, sqlx::Error> {
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str())).persistent(persist()).bind(to);
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str()))
+            .persistent(persist())
+            .bind(to);
         if sql.with_key {
             q = q.bind(key.unwrap_or_default());
         }
@@ -199,7 +201,8 @@ impl CallStore for DB {
         biz_type: &'a str,
         key: &'a str,
     ) -> Result<Option<StoredRecord>, sqlx::Error> {
-        let row: Option<(String, Option<String>)> = sqlx::query_as(stmt(sql_of(tx).fetch_record)).persistent(persist())
+        let row: Option<(String, Option<String>)> = sqlx::query_as(stmt(sql_of(tx).fetch_record))
+            .persistent(persist())
             .bind(key)
             .bind(biz_type)
             .fetch_optional(&mut **tx)
@@ -216,7 +219,8 @@ impl CallStore for DB {
         key: &'a str,
         result: &'a str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(stmt(sql_of(tx).store_result)).persistent(persist())
+        sqlx::query(stmt(sql_of(tx).store_result))
+            .persistent(persist())
             .bind(result)
             .bind(key)
             .bind(biz_type)
@@ -232,7 +236,8 @@ impl CallStore for DB {
         let Some(sql) = sql_of(tx).index_columns else {
             return Ok(Vec::new());
         };
-        let rows: Vec<(String, Option<String>)> = sqlx::query_as(stmt(sql)).persistent(persist())
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(stmt(sql))
+            .persistent(persist())
             .bind(name)
             .fetch_all(&mut **tx)
             .await?;
@@ -263,7 +268,8 @@ impl OutboxStore for DB {
         let sql = DB::dialect_of_conn(conn).sql();
         let new = match sql.insert_id {
             InsertId::Returning => {
-                sqlx::query_scalar(stmt(sql.outbox_insert)).persistent(persist())
+                sqlx::query_scalar(stmt(sql.outbox_insert))
+                    .persistent(persist())
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
@@ -271,7 +277,8 @@ impl OutboxStore for DB {
                     .await?
             }
             InsertId::LastInsertId => {
-                let done = sqlx::query(stmt(sql.outbox_insert)).persistent(persist())
+                let done = sqlx::query(stmt(sql.outbox_insert))
+                    .persistent(persist())
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
@@ -286,7 +293,8 @@ impl OutboxStore for DB {
         if let Some(id) = new {
             return Ok(OutboxInsert::New(id));
         }
-        let found: Option<(i64, String)> = sqlx::query_as(stmt(sql.outbox_find)).persistent(persist())
+        let found: Option<(i64, String)> = sqlx::query_as(stmt(sql.outbox_find))
+            .persistent(persist())
             .bind(topic)
             .bind(msg_id)
             .fetch_optional(conn)
@@ -301,7 +309,8 @@ impl OutboxStore for DB {
         tx: &'a mut Transaction<'_, Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
-        Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success)).persistent(persist())
+        Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success))
+            .persistent(persist())
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
@@ -314,7 +323,8 @@ impl OutboxStore for DB {
         pool: &'a Pool<Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
-        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success)).persistent(persist())
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
+            .persistent(persist())
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
@@ -329,7 +339,8 @@ impl OutboxStore for DB {
         tx: &mut Transaction<'_, Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
-        let row: Option<StateRow> = sqlx::query_as(stmt(sql_of(tx).outbox_state)).persistent(persist())
+        let row: Option<StateRow> = sqlx::query_as(stmt(sql_of(tx).outbox_state))
+            .persistent(persist())
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?;
@@ -360,14 +371,17 @@ impl OutboxStore for DB {
         let chosen: Vec<ClaimTuple> = match &sql.claim {
             Claim::LockThenLease { lease, .. } => {
                 let mut q =
-                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str())).persistent(persist());
+                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .persistent(persist());
                 for t in topics {
                     q = q.bind(t.as_str());
                 }
                 let mut rows = q.bind(limit).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?;
                 if !rows.is_empty() {
                     let text = sql.render(&lease(&marks(rows.len())));
-                    let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(owner);
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text))
+                        .persistent(persist())
+                        .bind(owner);
                     let mut q = bind_secs!(q, sql, lease_secs);
                     for r in &rows {
                         q = q.bind(r.0);
@@ -381,13 +395,15 @@ impl OutboxStore for DB {
             }
             Claim::Returning { prelude, .. } => {
                 if let Some(prelude) = prelude {
-                    sqlx::query(stmt(prelude)).persistent(persist())
+                    sqlx::query(stmt(prelude))
+                        .persistent(persist())
                         .execute(&mut *tx)
                         .await
                         .map_err(ClaimError::Failed)?;
                 }
                 let mut q =
-                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str())).persistent(persist())
+                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .persistent(persist())
                         .bind(owner)
                         .bind(lease_secs);
                 for t in topics {
@@ -425,7 +441,9 @@ impl OutboxStore for DB {
         }
         let sql = DB::dialect_of_pool(pool).sql();
         let text = sql.render(&(sql.claim_recover)(&marks(ids.len())));
-        let mut q = sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(owner);
+        let mut q = sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(owner);
         for id in ids {
             q = q.bind(*id);
         }
@@ -447,7 +465,9 @@ impl OutboxStore for DB {
         let renewed = match &sql.renew {
             Renew::LockThenUpdate { lock, update } => {
                 let text = sql.render(&lock(&marks(ids.len())));
-                let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(owner);
+                let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(text))
+                    .persistent(persist())
+                    .bind(owner);
                 for id in ids {
                     q = q.bind(*id);
                 }
@@ -491,7 +511,9 @@ impl OutboxStore for DB {
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).sql();
-        let q = sqlx::query(stmt(sql.outbox_settle)).persistent(persist()).bind(if dead { "failed" } else { "pending" });
+        let q = sqlx::query(stmt(sql.outbox_settle))
+            .persistent(persist())
+            .bind(if dead { "failed" } else { "pending" });
         let q = bind_secs!(q, sql, delay_secs)
             .bind(error)
             .bind(id)
@@ -514,7 +536,8 @@ impl Migrate for DB {
         conn: &'a mut Self::Connection,
         sql: &'a str,
     ) -> Result<u64, sqlx::Error> {
-        Ok(DB::rows_affected(&sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(persist())
+        Ok(DB::rows_affected(&sqlx::query(sqlx::AssertSqlSafe(sql))
+            .persistent(persist())
             .execute(conn)
             .await?))
     }
@@ -523,7 +546,8 @@ impl Migrate for DB {
         conn: &'a mut Self::Connection,
         sql: &'a str,
     ) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).persistent(persist())
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .persistent(persist())
             .fetch_one(conn)
             .await
     }
