@@ -287,8 +287,9 @@ pub(crate) fn pooler_error(e: &sqlx::Error) -> Option<String> {
          statements with .persistent(false) (or .persistent(idem_runtime::pooler::persistent()))"
     };
     Some(format!(
-        "PostgreSQL answered {code} `{}`: the statement was prepared on one server connection \
-         and run on another, which looks like a connection pooler in transaction mode \
+        "PostgreSQL answered {code} `{}`: prepared statements of different client connections \
+         meet on one server connection, or a statement prepared on one server connection runs \
+         on another, which looks like a connection pooler in transaction mode \
          (pgbouncer pool_mode=transaction) between idem and PostgreSQL; {ours}. \
          (Session pooling, or a direct connection, needs none of this.)",
         db.message()

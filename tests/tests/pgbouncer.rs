@@ -173,3 +173,55 @@ async fn migrate_twice_archiver_and_admin_through_pgbouncer() {
          {in_history}/8 of this test's records in history; admin: stats, list, requeue, status ok"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_statement_of_the_handlers_own_is_a_config_error_in_the_mode() {
+    mode_on();
+    let Some(rig) = rig("pgbouncer named statement").await else {
+        return;
+    };
+    // One server connection, two clients: the second client's first named
+    // statement (`sqlx_s_1`) meets the first client's there.
+    let Some(one) = PgBouncer::start("pgbouncer named statement", PoolMode::Transaction, 1) else {
+        return;
+    };
+    let url = one.url();
+    let client = || {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+    };
+    let (a, b) = (client().await.unwrap(), client().await.unwrap());
+    let base = ids(2);
+    let first = Notice {
+        msg_id: format!("bnc-named-{base}"),
+        user_id: base,
+    };
+    assert!(notify_named(&a, &first).await.unwrap().is_executed());
+    let second = Notice {
+        msg_id: format!("bnc-named-{}", base + 1),
+        user_id: base + 1,
+    };
+    let err = notify_named(&b, &second).await.unwrap_err();
+    eprintln!("pgbouncer, idem's mode on, a named statement in the body: {err}");
+    let Error::Config { reason } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(!err.is_retryable());
+    for part in ["42P05", "pgbouncer", "one of yours", ".persistent(false)"] {
+        assert!(reason.contains(part), "{part} missing: {reason}");
+    }
+    // Nothing of the failed call was written: neither its effect nor its record.
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_t_bnc_notice WHERE msg_id = $1")
+        .bind(&second.msg_id)
+        .fetch_one(&rig.direct)
+        .await
+        .unwrap();
+    let records: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_record WHERE idempotency_key = $1")
+            .bind(format!("bnc-notice-named:{}", second.msg_id))
+            .fetch_one(&rig.direct)
+            .await
+            .unwrap();
+    assert_eq!((rows, records), (0, 0));
+}

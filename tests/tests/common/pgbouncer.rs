@@ -569,3 +569,24 @@ pub(crate) async fn migrate_twice(rig: &Rig) -> Vec<Error> {
     }
     errors
 }
+
+/// `notify` written without pgbouncer in mind: its own statement is an
+/// ordinary (named, cached) prepared statement.
+#[idempotent(
+    key = "bnc-notice-named:{msg.msg_id}",
+    strategy = record,
+    biz_type = "bnc_notice_named",
+    biz_no = msg.user_id,
+    ttl = "2d",
+)]
+pub(crate) async fn notify_named(
+    tx: &mut Transaction<'_, Postgres>,
+    msg: &Notice,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query("INSERT INTO idem_t_bnc_notice (user_id, msg_id) VALUES ($1, $2)")
+        .bind(msg.user_id)
+        .bind(&msg.msg_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(1)
+}
