@@ -38,6 +38,12 @@
 //! [`ENV`] (`IDEM_TRANSACTION_POOLING=1`, read once, on first use) or,
 //! for the `idem` CLI, with `--transaction-pooling`.
 //!
+//! pgbouncer itself needs `ignore_startup_parameters = extra_float_digits`
+//! in `pgbouncer.ini`: sqlx sends that parameter when it connects, and
+//! pgbouncer refuses unknown ones (`08P01 unsupported startup parameter`,
+//! which idem also reports as an [`Error::Config`](crate::Error::Config)
+//! saying so).
+//!
 //! Your own statements need the same care: prepare them with
 //! `.persistent(false)` (or [`persistent`]`()`, which follows the mode),
 //! and run them inside transactions — inside a handler body they always
