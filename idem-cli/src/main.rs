@@ -51,9 +51,15 @@ impl From<sqlx::Error> for Fail {
 }
 
 impl From<idem_runtime::Error> for Fail {
+    /// A configuration error (e.g. a pooler in transaction mode without
+    /// `--transaction-pooling`) is exit code 2; any other is 3.
     fn from(e: idem_runtime::Error) -> Self {
+        let code = match e {
+            idem_runtime::Error::Config { .. } => 2,
+            _ => 3,
+        };
         Fail {
-            code: 3,
+            code,
             msg: e.to_string(),
         }
     }
@@ -90,6 +96,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Fail> {
+    if cli.transaction_pooling {
+        idem_runtime::pooler::transaction_mode(true);
+    }
     let Some(url) = setting(cli.database_url.as_deref()) else {
         let why = if std::env::var_os("DATABASE_URL").is_some() {
             " (DATABASE_URL is set but empty, which counts as unset)"

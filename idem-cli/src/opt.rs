@@ -33,6 +33,12 @@ pub(crate) struct Cli {
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     pub(crate) connect_timeout: Duration,
 
+    /// The database is reached through a connection pooler in transaction mode
+    /// (pgbouncer pool_mode=transaction): prepare every statement unnamed and run
+    /// each inside a transaction. Same as IDEM_TRANSACTION_POOLING=1.
+    #[arg(long, global = true)]
+    pub(crate) transaction_pooling: bool,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }

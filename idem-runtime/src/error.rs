@@ -119,8 +119,13 @@ pub enum Error {
     Serialization(serde_json::Error),
     /// The configuration is unsafe or invalid, for example a record ttl
     /// shorter than the longest window in which a duplicate can still
-    /// arrive (see [`RetentionPolicy`](crate::archive::RetentionPolicy)).
-    /// Not retryable.
+    /// arrive (see [`RetentionPolicy`](crate::archive::RetentionPolicy)),
+    /// or a connection pooler in transaction mode (pgbouncer
+    /// `pool_mode = transaction`) without
+    /// [`pooler::transaction_mode`](crate::pooler::transaction_mode): the
+    /// PostgreSQL errors it causes (`26000`, `42P05`, `08P01` about a
+    /// prepared statement) become this variant, naming the pooler and the
+    /// option. Not retryable.
     Config {
         /// What is wrong, with the numbers.
         reason: String,
@@ -200,8 +205,109 @@ impl Error {
             Ok(e) => return *e,
             Err(other) => other,
         };
-        let retryable = find_sqlx(&*source).is_some_and(is_transient);
+        let found = find_sqlx(&*source);
+        // The body's own statement hit a pooler in transaction mode.
+        if let Some(reason) = found.and_then(pooler_error) {
+            return Error::Config { reason };
+        }
+        let retryable = found.is_some_and(is_transient);
         Error::Handler { source, retryable }
+    }
+}
+
+impl Error {
+    /// A database error as an [`Error`]: [`Error::Database`], or
+    /// [`Error::Config`] when it is one a connection pooler in transaction
+    /// mode causes ([`pooler_error`]).
+    pub(crate) fn database(e: sqlx::Error) -> Self {
+        match pooler_error(&e) {
+            Some(reason) => Error::Config { reason },
+            None => Error::Database(e),
+        }
+    }
+}
+
+/// Whether a PostgreSQL error is one that a connection pooler in
+/// transaction mode (pgbouncer `pool_mode = transaction`) causes when
+/// statements are prepared as named statements, or when the two round
+/// trips of one statement land on two server connections: `26000`
+/// (`prepared statement "sqlx_s_3" does not exist`), `42P05`
+/// (`… already exists`), and `08P01` about a prepared statement or a bind
+/// message (`bind message supplies 2 parameters, but prepared statement ""
+/// requires 1`: the statement parsed on one server connection, bound on
+/// another). Returns the reason for an [`Error::Config`]: what happened,
+/// the pooler, and the option ([`pooler`](crate::pooler)).
+///
+/// Also pgbouncer's `08P01 unsupported startup parameter: extra_float_digits`
+/// (a parameter sqlx sends on connecting, which pgbouncer refuses unless
+/// listed in its `ignore_startup_parameters`).
+///
+/// Only PostgreSQL's codes (PostgreSQL's driver, or an unknown driver
+/// reporting a SQLSTATE); MariaDB's and SQLite's errors are never taken
+/// for it.
+pub(crate) fn pooler_error(e: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = e else {
+        return None;
+    };
+    let db = &**db;
+    #[cfg(feature = "mysql")]
+    if db
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .is_some()
+    {
+        return None;
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return None;
+    }
+    let code = db.code()?;
+    if code == "08P01" && db.message().starts_with("unsupported startup parameter") {
+        // pgbouncer refusing a parameter sqlx sends when it connects.
+        return Some(format!(
+            "the connection pooler answered 08P01 `{}`: pgbouncer forwards only the startup \
+             parameters it knows, and sqlx's PostgreSQL driver sends extra_float_digits; add \
+             `ignore_startup_parameters = extra_float_digits` to pgbouncer.ini \
+             (pgbouncer pool_mode=transaction also needs \
+             idem_runtime::pooler::transaction_mode(true))",
+            db.message()
+        ));
+    }
+    if !sqlstate_is_pooler(&code, db.message()) {
+        return None;
+    }
+    let ours = if crate::pooler::transaction_mode_enabled() {
+        "idem's own statements are already unnamed and transactional \
+         (idem_runtime::pooler::transaction_mode is on), so one of yours is not: \
+         prepare your statements with .persistent(false) (or \
+         .persistent(idem_runtime::pooler::persistent())) and run them inside a transaction"
+    } else {
+        "enable idem_runtime::pooler::transaction_mode(true) (or IDEM_TRANSACTION_POOLING=1, \
+         or `idem --transaction-pooling`) before the first call, and prepare your own \
+         statements with .persistent(false) (or .persistent(idem_runtime::pooler::persistent()))"
+    };
+    Some(format!(
+        "PostgreSQL answered {code} `{}`: prepared statements of different client connections \
+         meet on one server connection, or a statement prepared on one server connection runs \
+         on another, which looks like a connection pooler in transaction mode \
+         (pgbouncer pool_mode=transaction) between idem and PostgreSQL; {ours}. \
+         (Session pooling, or a direct connection, needs none of this.)",
+        db.message()
+    ))
+}
+
+/// The SQLSTATEs (and, for `08P01`, the messages) of [`pooler_error`].
+fn sqlstate_is_pooler(code: &str, message: &str) -> bool {
+    match code {
+        // invalid_sql_statement_name, duplicate_prepared_statement
+        "26000" | "42P05" => true,
+        // protocol_violation: PostgreSQL's own answer to a Bind meant for
+        // a statement prepared elsewhere (parameter or result-format count).
+        "08P01" => {
+            let m = message.to_ascii_lowercase();
+            m.contains("prepared statement") || m.contains("bind message")
+        }
+        _ => false,
     }
 }
 
@@ -230,7 +336,7 @@ pub(crate) fn find_sqlx<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a sql
 ///
 /// | database | transient codes | everything else |
 /// |---|---|---|
-/// | PostgreSQL | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available, `57P01`/`57P02`/`57P03` shutdown, crash, not accepting connections yet, `57P05` idle session time-out, class `08` connection exception, `53300` too many connections, `25006` read-only transaction (a standby, or a primary demoted in a failover) | permanent (e.g. `22021` a NUL byte in text, `23505` unique violation, `42501` insufficient privilege) |
+/// | PostgreSQL | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available, `57P01`/`57P02`/`57P03` shutdown, crash, not accepting connections yet, `57P05` idle session time-out, class `08` connection exception (but not `08P01` about a prepared statement or a bind message: a pooler in transaction mode, see [`pooler`](crate::pooler)), `53300` too many connections, `25006` read-only transaction (a standby, or a primary demoted in a failover) | permanent (e.g. `26000`/`42P05` a prepared statement missing or already there, which converting into [`Error`] reports as [`Error::Config`] naming the pooler; `22021` a NUL byte in text, `23505` unique violation, `42501` insufficient privilege) |
 /// | MariaDB/MySQL | `1205` lock wait time-out, `1213` deadlock, `1020` record changed since last read (MariaDB 11.6+ snapshot isolation), `1614` XA branch rolled back on deadlock, `1040` too many connections, `1203` too many connections of the user, `1637` too many concurrent transactions, `1053` shutdown in progress, `1927` connection killed, `1158`–`1161` network read/write error or time-out, `4031` disconnected for inactivity (MySQL 8; on MariaDB `4031` is a missing trigger, permanent), `1792` read-only transaction and `1290` for `--read-only` (a replica, a demoted node) | permanent (e.g. `1062` duplicate key, `1146` no such table) |
 /// | SQLite | primary code `5` busy, `6` locked (any extended code of them, e.g. `517` busy snapshot) | permanent (e.g. `19` constraint) |
 /// | other drivers | the SQLSTATE rules of PostgreSQL | permanent |
@@ -246,6 +352,7 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) if pooler_error(e).is_some() => false,
         sqlx::Error::Database(db) => database_is_transient(&**db),
         _ => false,
     }
@@ -262,6 +369,9 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
 /// rollback.
 pub(crate) fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
     match e {
+        // The session is alive: the statement was refused (see
+        // `pooler_error`).
+        sqlx::Error::Database(_) if pooler_error(e).is_some() => false,
         sqlx::Error::Database(db) => database_is_connection_loss(&**db),
         _ => true,
     }
@@ -388,8 +498,11 @@ impl StdError for Error {
 }
 
 impl From<sqlx::Error> for Error {
+    /// [`Error::Database`]; [`Error::Config`] for the errors a connection
+    /// pooler in transaction mode causes (PostgreSQL `26000`, `42P05`, and
+    /// `08P01` about prepared statements: see [`pooler`](crate::pooler)).
     fn from(e: sqlx::Error) -> Self {
-        Error::Database(e)
+        Error::database(e)
     }
 }
 
@@ -406,5 +519,109 @@ mod tests {
         ))));
         assert!(!is_transient(&sqlx::Error::RowNotFound));
         assert!(!is_transient(&sqlx::Error::PoolClosed));
+    }
+
+    /// A server error with a SQLSTATE, from a driver idem does not know
+    /// (the path PostgreSQL's codes take when no driver claims them).
+    #[derive(Debug)]
+    struct Coded(&'static str, &'static str);
+    impl fmt::Display for Coded {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.1)
+        }
+    }
+    impl StdError for Coded {}
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            self.1
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn StdError + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> BoxError {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn db(code: &'static str, message: &'static str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Coded(code, message)))
+    }
+
+    #[test]
+    fn pooler_errors_are_a_config_error_naming_the_pooler_and_the_option() {
+        for (code, message) in [
+            ("26000", r#"prepared statement "sqlx_s_12" does not exist"#),
+            ("42P05", r#"prepared statement "sqlx_s_3" already exists"#),
+            (
+                "08P01",
+                r#"bind message supplies 2 parameters, but prepared statement "" requires 1"#,
+            ),
+            (
+                "08P01",
+                "bind message has 2 result formats but query has 1 columns",
+            ),
+        ] {
+            let e = db(code, message);
+            assert!(!is_transient(&e), "{code} is not transient");
+            assert!(!commit_outcome_unknown(&e), "{code}: the session is alive");
+            let err = Error::from(e);
+            let Error::Config { reason } = &err else {
+                panic!("{code}: {err:?}");
+            };
+            assert!(!err.is_retryable());
+            assert_eq!(err.kind(), "config");
+            for part in [
+                code,
+                message,
+                "pgbouncer pool_mode=transaction",
+                "idem_runtime::pooler::transaction_mode",
+                ".persistent(false)",
+            ] {
+                assert!(reason.contains(part), "{part} missing from: {reason}");
+            }
+            // The same error from a handler body's own statement.
+            let body: BoxError = Box::new(db(code, message));
+            assert!(matches!(Error::from_handler(body), Error::Config { .. }));
+        }
+        // pgbouncer refusing sqlx's startup parameter.
+        let e = db("08P01", "unsupported startup parameter: extra_float_digits");
+        assert!(!is_transient(&e));
+        let err = Error::from(e);
+        assert!(
+            matches!(&err, Error::Config { reason } if reason.contains("ignore_startup_parameters = extra_float_digits")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn other_errors_keep_their_classification() {
+        // 08P01 that is not about a prepared statement: a connection
+        // exception like the rest of class 08.
+        let e = db("08P01", "invalid frontend message type 0");
+        assert!(is_transient(&e));
+        assert!(commit_outcome_unknown(&e));
+        assert!(matches!(Error::from(e), Error::Database(_)));
+        for (code, transient) in [("40001", true), ("23505", false), ("42P01", false)] {
+            let e = db(code, "x");
+            assert_eq!(is_transient(&e), transient, "{code}");
+            assert!(matches!(Error::from(e), Error::Database(_)), "{code}");
+        }
+        let body: BoxError = Box::new(db("40001", "could not serialize access"));
+        assert!(matches!(
+            Error::from_handler(body),
+            Error::Handler {
+                retryable: true,
+                ..
+            }
+        ));
     }
 }

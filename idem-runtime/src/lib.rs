@@ -65,8 +65,10 @@
 //! - The database side: [`migrate`], [`SCHEMA_VERSION`], [`MAX_TTL_SECS`],
 //!   [`fingerprint`] (the record strategy's payload hash), and the modules
 //!   [`outbox`], [`archive`], [`shard`] (several databases, the record
-//!   always beside the entity's data), `cache` (feature `redis`), `amqp` (feature
-//!   `amqp`), `testing` (feature `testing`).
+//!   always beside the entity's data), [`pooler`] (behind pgbouncer in
+//!   transaction mode: unnamed statements, autocommit statements in
+//!   transactions), `cache` (feature `redis`), `amqp` (feature `amqp`),
+//!   `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
 //! specs, SQL dialects) is in a hidden `__private` module and is not API.
@@ -96,6 +98,7 @@ mod fingerprint;
 mod key;
 mod metrics;
 pub mod outbox;
+pub mod pooler;
 mod schema;
 pub mod shard;
 mod state;

@@ -49,8 +49,11 @@ pub(crate) mod sealed {
 
     /// Implemented by the four backends only: what their drivers do
     /// differently. The stores' code (`store/`) is written over this
-    /// trait, not over `Backend`, which is their union.
-    pub trait Sealed: sqlx::Database {
+    /// trait, not over `Backend`, which is their union. (Every one of
+    /// them can choose, per statement, between a named prepared statement
+    /// and the unnamed one: `HasStatementCache`, see
+    /// [`pooler`](crate::pooler).)
+    pub trait Sealed: sqlx::Database + sqlx::database::HasStatementCache {
         /// The dialect of a transaction.
         fn dialect_of_tx(tx: &Transaction<'_, Self>) -> Dialect;
         /// The dialect of a pool.

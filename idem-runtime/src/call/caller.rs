@@ -134,7 +134,7 @@ impl<DB: Backend> CallerTx<DB> {
             if crate::error::commit_outcome_unknown(&e) {
                 Error::CommitUnknown(e)
             } else {
-                Error::Database(e)
+                Error::database(e)
             }
         })
     }
@@ -176,7 +176,7 @@ impl<DB: Backend> CallerTx<DB> {
                     // The driver rolled the caller's level back.
                     home.lose(tx, format!("the call's savepoint could not be opened: {e}"));
                 }
-                Err(Error::Database(e))
+                Err(Error::database(e))
             }
             // The task panicked or the runtime is shutting down.
             Err(_) => Err(Error::Database(sqlx::Error::WorkerCrashed)),

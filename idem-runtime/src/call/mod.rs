@@ -174,7 +174,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         let tx = match source.conn {
             Conn::Pool(pool) => match DB::begin(pool).await {
                 Ok(tx) => CallTx::Own(tx),
-                Err(e) => return Err(fail(&span, Error::Database(e))),
+                Err(e) => return Err(fail(&span, Error::database(e))),
             },
             // A savepoint in the caller's transaction. Dropped unfinished
             // (a cancelled call), it rolls back to the savepoint before the
@@ -210,11 +210,11 @@ impl<'c, DB: Backend> Call<'c, DB> {
         match DB::outbox_success(self.state.tx.tx(), lease).await {
             Ok(1) => return Ok(()),
             Ok(_) => {}
-            Err(e) => return Err(self.fail(Error::Database(e))),
+            Err(e) => return Err(self.fail(Error::database(e))),
         }
         let found = DB::outbox_state(self.state.tx.tx(), lease.id)
             .await
-            .map_err(|e| self.fail(Error::Database(e)))?;
+            .map_err(|e| self.fail(Error::database(e)))?;
         let err = match found {
             None => Error::OutboxMessage {
                 id: lease.id,
@@ -350,11 +350,11 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             }
             // Releasing a savepoint commits nothing: a failure there leaves
             // the caller's transaction to roll back, not an unknown commit.
-            Err(e) if nested => Err(fail(&span, Error::Database(e))),
+            Err(e) if nested => Err(fail(&span, Error::database(e))),
             Err(e) if crate::error::commit_outcome_unknown(&e) => {
                 Err(fail(&span, Error::CommitUnknown(e)))
             }
-            Err(e) => Err(fail(&span, Error::Database(e))),
+            Err(e) => Err(fail(&span, Error::database(e))),
         }
     }
 

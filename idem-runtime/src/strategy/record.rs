@@ -84,7 +84,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
         };
         if DB::claim_record(call.state.tx.tx(), &row)
             .await
-            .map_err(Error::Database)?
+            .map_err(Error::database)?
         {
             return Ok(Verdict::Run(()));
         }
@@ -94,7 +94,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
                 // Claim lost but no row: the other writer's row vanished between
                 // the two statements (archived). Transient.
                 Ok(None) => return Err(Error::retryable("idempotency record vanished")),
-                Err(e) => return Err(Error::Database(e)),
+                Err(e) => return Err(Error::database(e)),
             };
         if stored.fingerprint != self.fingerprint {
             return Err(Error::KeyConflict {
@@ -127,7 +127,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
         let text = serde_json::to_string(&value).map_err(Error::Serialization)?;
         DB::store_result(call.state.tx.tx(), self.biz_type, &call.state.key, &text)
             .await
-            .map_err(Error::Database)?;
+            .map_err(Error::database)?;
         Ok(Settled::Executed {
             value,
             marker: Some(replay_marker(&self.fingerprint, &text)),

@@ -84,7 +84,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
         let sql = self.sql(call)?;
         let found = DB::lock_state(call.state.tx.tx(), &sql, &self.id)
             .await
-            .map_err(Error::Database)?;
+            .map_err(Error::database)?;
         let duplicate = Verdict::Duplicate {
             stored: None,
             marker: None,
@@ -126,7 +126,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
                 "changed by the handler body (no longer `{}`)",
                 self.from
             )))),
-            Err(e) => Err(Error::Database(e)),
+            Err(e) => Err(Error::database(e)),
         }
     }
 }

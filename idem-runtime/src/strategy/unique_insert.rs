@@ -37,7 +37,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
     async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<(), T>, Error> {
         DB::exec(call.state.tx.tx(), SAVEPOINT)
             .await
-            .map_err(Error::Database)?;
+            .map_err(Error::database)?;
         Ok(Verdict::Run(()))
     }
 
@@ -55,7 +55,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
             Ok(value) => {
                 DB::exec(call.state.tx.tx(), RELEASE)
                     .await
-                    .map_err(Error::Database)?;
+                    .map_err(Error::database)?;
                 return Ok(Settled::Executed {
                     value,
                     marker: None,
@@ -72,7 +72,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
         };
         DB::exec(call.state.tx.tx(), ROLLBACK_TO)
             .await
-            .map_err(Error::Database)?;
+            .map_err(Error::database)?;
         let constraint = self.constraint;
         let hit = crate::unique::violated(DB::dialect(call.state.tx.tx_ref()), violation);
         match crate::unique::matches(&hit, constraint, call.state.tx.tx()).await {
@@ -85,7 +85,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
                 )
                 .into(),
             }),
-            Err(db) => Err(Error::Database(db)),
+            Err(db) => Err(Error::database(db)),
         }
     }
 }

@@ -8,6 +8,7 @@
 //! not installed (skipped locally, a failure when `CI=true`).
 
 pub mod pg_standby;
+pub mod pgbouncer;
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};

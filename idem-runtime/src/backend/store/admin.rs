@@ -4,6 +4,7 @@
 use super::super::sql::{SqlSet, marks};
 use super::super::types::{OutboxMessage, RequeueTarget};
 use super::super::{AdminStore, sealed::Sealed};
+use super::persist;
 use idem_core::is_identifier;
 use sqlx::{Database, Pool};
 
@@ -48,11 +49,11 @@ impl AdminStore for DB {
         let text = sql_of_pool(pool).render(&format!(
             "SELECT topic, status, COUNT(*) FROM idem_outbox{filter} GROUP BY topic, status"
         ));
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
         if let Some(t) = topic {
             q = q.bind(t);
         }
-        q.fetch_all(pool).await
+        on_pool!(pool, |conn| q.fetch_all(conn))
     }
 
     async fn outbox_pending_age<'a>(
@@ -65,11 +66,11 @@ impl AdminStore for DB {
             "SELECT topic, {} FROM idem_outbox WHERE status = 'pending'{and} GROUP BY topic",
             sql.admin.pending_age
         ));
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
         if let Some(t) = topic {
             q = q.bind(t);
         }
-        q.fetch_all(pool).await
+        on_pool!(pool, |conn| q.fetch_all(conn))
     }
 
     async fn outbox_list<'a>(
@@ -84,11 +85,14 @@ impl AdminStore for DB {
             "SELECT {} FROM idem_outbox WHERE status = ?{and} ORDER BY id LIMIT ?",
             message_columns(sql)
         ));
-        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text)).bind(status);
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(status);
         if let Some(t) = topic {
             q = q.bind(t);
         }
-        let rows = q.bind(limit).fetch_all(pool).await?;
+        let q = q.bind(limit);
+        let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
         Ok(rows.into_iter().map(message).collect())
     }
 
@@ -114,7 +118,8 @@ impl AdminStore for DB {
         // also leaves no transaction open on the pool if this future is
         // dropped mid-BEGIN.
         let mut tx = super::begin(pool).await?;
-        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text));
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
+            .persistent(persist());
         match target {
             RequeueTarget::Id(id) => q = q.bind(*id),
             RequeueTarget::Topic(topic) => q = q.bind(topic.as_str()),
@@ -136,7 +141,7 @@ impl AdminStore for DB {
                  WHERE status = 'failed' AND id IN ({})",
                 marks(chunk.len())
             ));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
             for m in chunk {
                 q = q.bind(m.id);
             }
@@ -151,10 +156,8 @@ impl AdminStore for DB {
         id: i64,
     ) -> Result<Option<String>, sqlx::Error> {
         let text = sql_of_pool(pool).render("SELECT status FROM idem_outbox WHERE id = ?");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(text))
-            .bind(id)
-            .fetch_optional(pool)
-            .await
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(id);
+        on_pool!(pool, |conn| q.fetch_optional(conn))
     }
 
     async fn table_exists<'a>(
@@ -165,7 +168,13 @@ impl AdminStore for DB {
             return Err(sqlx::Error::Protocol(format!("`{table}` is not a table name")));
         }
         let text = format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0");
-        Ok(sqlx::query(sqlx::AssertSqlSafe(text)).execute(pool).await.is_ok())
+        let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
+        match on_pool!(pool, |conn| q.execute(conn)) {
+            Ok(_) => Ok(true),
+            // Not an answer about the table: a pooler in transaction mode.
+            Err(e) if crate::error::pooler_error(&e).is_some() => Err(e),
+            Err(_) => Ok(false),
+        }
     }
 }
 }

@@ -3,7 +3,7 @@
 use super::super::sql::SqlSet;
 use super::super::types::{ArchiveTable, RecordInfo};
 use super::super::{ArchiveStore, sealed::Sealed};
-use super::stmt;
+use super::{persist, stmt};
 use sqlx::{Database, Pool};
 
 /// The connection of an archiving batch: closed instead of going back to
@@ -87,13 +87,13 @@ impl ArchiveStore for DB {
         };
         let conn: &mut Self::Connection = &mut guard.conn;
         if let Some(prelude) = sql.archive_prelude {
-            sqlx::query(stmt(prelude)).execute(&mut *conn).await?;
+            sqlx::query(stmt(prelude)).persistent(persist()).execute(&mut *conn).await?;
         }
         let mut tx = match sql.archive_begin {
             Some(begin) => conn.begin_with(stmt(begin)).await?,
             None => conn.begin().await?,
         };
-        let mut q = sqlx::query_scalar::<_, i64>(stmt(stmts.select));
+        let mut q = sqlx::query_scalar::<_, i64>(stmt(stmts.select)).persistent(persist());
         if let Some(r) = retention {
             q = bind_secs!(q, sql, r);
         }
@@ -108,7 +108,7 @@ impl ArchiveStore for DB {
         let mut moved = [0u64; 2];
         for (n, prefix) in [stmts.copy, stmts.delete].into_iter().enumerate() {
             let text = format!("{prefix}{list})");
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
             if let Some(r) = retention {
                 q = bind_secs!(q, sql, r);
             }
@@ -143,24 +143,29 @@ impl ArchiveStore for DB {
             String::new()
         };
         let text = format!("{}{typed}", sql.find_online);
-        let mut q = sqlx::query_as::<_, OnlineRow>(sqlx::AssertSqlSafe(text)).bind(key);
+        // The history, newest first: the first row of each business
+        // type without an online record is its latest archived one.
+        let history = format!("{}{typed} ORDER BY archived_at DESC, id DESC", sql.find_history);
+        let mut q = sqlx::query_as::<_, OnlineRow>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(key);
         if let Some(t) = biz_type {
             q = q.bind(t);
         }
-        let mut found: Vec<RecordInfo> = q
-            .fetch_all(pool)
-            .await?
+        let online = q;
+        let mut q = sqlx::query_as::<_, HistoryRow>(sqlx::AssertSqlSafe(history))
+            .persistent(persist())
+            .bind(key);
+        if let Some(t) = biz_type {
+            q = q.bind(t);
+        }
+        let online = on_pool!(pool, |conn| online.fetch_all(conn))?;
+        let history = on_pool!(pool, |conn| q.fetch_all(conn))?;
+        let mut found: Vec<RecordInfo> = online
             .into_iter()
             .map(|row| record_info(row, None))
             .collect();
-        // The history, newest first: the first row of each business
-        // type without an online record is its latest archived one.
-        let text = format!("{}{typed} ORDER BY archived_at DESC, id DESC", sql.find_history);
-        let mut q = sqlx::query_as::<_, HistoryRow>(sqlx::AssertSqlSafe(text)).bind(key);
-        if let Some(t) = biz_type {
-            q = q.bind(t);
-        }
-        for (k, t, n, f, r, c, e, at) in q.fetch_all(pool).await? {
+        for (k, t, n, f, r, c, e, at) in history {
             if !found.iter().any(|i| i.biz_type == t) {
                 found.push(record_info((k, t, n, f, r, c, e), Some(at)));
             }

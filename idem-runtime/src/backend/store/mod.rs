@@ -50,6 +50,44 @@ pub(crate) fn stmt(s: &'static str) -> sqlx::SqlStr {
     sqlx::SqlSafeStr::into_sql_str(s)
 }
 
+/// sqlx's `.persistent(…)` for every statement idem prepares: the
+/// unnamed statement in transaction-pooling mode (see
+/// [`pooler`](crate::pooler)), a named and cached one otherwise.
+pub(crate) fn persist() -> bool {
+    crate::pooler::persistent()
+}
+
+/// Runs a statement that goes to a pool in autocommit, `|conn| future`
+/// (a future of `Result<_, sqlx::Error>` on `conn`, an executor): on the
+/// pool itself, or, in transaction-pooling mode on PostgreSQL, inside
+/// `BEGIN … COMMIT` on one connection, so that a pooler keeps the
+/// statement's two round trips on one server connection. A failed
+/// statement rolls the transaction back; a failed `COMMIT` is the
+/// statement's error (the same outcome as an autocommit's).
+macro_rules! on_pool {
+    ($pool:expr, |$conn:ident| $body:expr) => {{
+        let pool = $pool;
+        if crate::pooler::wrap_autocommit(DB::dialect_of_pool(pool)) {
+            match crate::backend::store::begin(pool).await {
+                Err(e) => Err(e),
+                Ok(mut tx) => {
+                    let out = {
+                        let $conn = &mut *tx;
+                        $body.await
+                    };
+                    match out {
+                        Ok(v) => tx.commit().await.map(|()| v),
+                        Err(e) => Err(e),
+                    }
+                }
+            }
+        } else {
+            let $conn = pool;
+            $body.await
+        }
+    }};
+}
+
 /// The SQL of the transaction's dialect.
 fn sql_of<DB: Sealed>(tx: &Transaction<'_, DB>) -> &'static SqlSet {
     DB::dialect_of_tx(tx).sql()
@@ -118,6 +156,7 @@ where
     i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB>,
 {
     let done = sqlx::query(stmt(sql_of(tx).claim_record))
+        .persistent(persist())
         .bind(rec.key)
         .bind(rec.biz_type)
         .bind(rec.biz_no)
@@ -135,7 +174,7 @@ impl CallStore for DB {
         sql: &'a StateSql,
         id: &'a EntityIdValue,
     ) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
-        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql.lock.as_str()));
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql.lock.as_str())).persistent(persist());
         bind_id!(q, id).fetch_optional(&mut **tx).await
     }
 
@@ -147,7 +186,9 @@ impl CallStore for DB {
         to: &'static str,
         key: Option<&'a str>,
     ) -> Result<u64, sqlx::Error> {
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str())).bind(to);
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.transition.as_str()))
+            .persistent(persist())
+            .bind(to);
         if sql.with_key {
             q = q.bind(key.unwrap_or_default());
         }
@@ -161,6 +202,7 @@ impl CallStore for DB {
         key: &'a str,
     ) -> Result<Option<StoredRecord>, sqlx::Error> {
         let row: Option<(String, Option<String>)> = sqlx::query_as(stmt(sql_of(tx).fetch_record))
+            .persistent(persist())
             .bind(key)
             .bind(biz_type)
             .fetch_optional(&mut **tx)
@@ -178,6 +220,7 @@ impl CallStore for DB {
         result: &'a str,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(stmt(sql_of(tx).store_result))
+            .persistent(persist())
             .bind(result)
             .bind(key)
             .bind(biz_type)
@@ -194,6 +237,7 @@ impl CallStore for DB {
             return Ok(Vec::new());
         };
         let rows: Vec<(String, Option<String>)> = sqlx::query_as(stmt(sql))
+            .persistent(persist())
             .bind(name)
             .fetch_all(&mut **tx)
             .await?;
@@ -207,7 +251,7 @@ impl CallStore for DB {
         tx: &mut Transaction<'_, Self>,
         sql: &'static str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(stmt(sql)).execute(&mut **tx).await?;
+        sqlx::query(stmt(sql)).persistent(persist()).execute(&mut **tx).await?;
         Ok(())
     }
 }
@@ -225,6 +269,7 @@ impl OutboxStore for DB {
         let new = match sql.insert_id {
             InsertId::Returning => {
                 sqlx::query_scalar(stmt(sql.outbox_insert))
+                    .persistent(persist())
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
@@ -233,6 +278,7 @@ impl OutboxStore for DB {
             }
             InsertId::LastInsertId => {
                 let done = sqlx::query(stmt(sql.outbox_insert))
+                    .persistent(persist())
                     .bind(topic)
                     .bind(msg_id)
                     .bind(payload)
@@ -248,6 +294,7 @@ impl OutboxStore for DB {
             return Ok(OutboxInsert::New(id));
         }
         let found: Option<(i64, String)> = sqlx::query_as(stmt(sql.outbox_find))
+            .persistent(persist())
             .bind(topic)
             .bind(msg_id)
             .fetch_optional(conn)
@@ -263,6 +310,7 @@ impl OutboxStore for DB {
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
         Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success))
+            .persistent(persist())
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
@@ -275,13 +323,13 @@ impl OutboxStore for DB {
         pool: &'a Pool<Self>,
         lease: &'a OutboxLease,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
+            .persistent(persist())
             .bind(lease.id)
             .bind(lease.topic.as_str())
             .bind(lease.owner.as_str())
-            .bind(lease.attempt)
-            .execute(pool)
-            .await;
+            .bind(lease.attempt);
+        let done = on_pool!(pool, |conn| q.execute(conn));
         #[cfg(feature = "testing")]
         let done = crate::testing::after_commit(crate::testing::Kind::Success, done);
         Ok(DB::rows_affected(&done?))
@@ -292,6 +340,7 @@ impl OutboxStore for DB {
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
         let row: Option<StateRow> = sqlx::query_as(stmt(sql_of(tx).outbox_state))
+            .persistent(persist())
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?;
@@ -302,11 +351,10 @@ impl OutboxStore for DB {
         pool: &Pool<Self>,
         id: i64,
     ) -> Result<Option<OutboxState>, sqlx::Error> {
-        let row: Option<StateRow> =
-            sqlx::query_as(stmt(DB::dialect_of_pool(pool).sql().outbox_state))
-                .bind(id)
-                .fetch_optional(pool)
-                .await?;
+        let q = sqlx::query_as(stmt(DB::dialect_of_pool(pool).sql().outbox_state))
+            .persistent(persist())
+            .bind(id);
+        let row: Option<StateRow> = on_pool!(pool, |conn| q.fetch_optional(conn))?;
         Ok(row.map(to_state))
     }
 
@@ -323,14 +371,17 @@ impl OutboxStore for DB {
         let chosen: Vec<ClaimTuple> = match &sql.claim {
             Claim::LockThenLease { lease, .. } => {
                 let mut q =
-                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()));
+                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .persistent(persist());
                 for t in topics {
                     q = q.bind(t.as_str());
                 }
                 let mut rows = q.bind(limit).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?;
                 if !rows.is_empty() {
                     let text = sql.render(&lease(&marks(rows.len())));
-                    let q = sqlx::query(sqlx::AssertSqlSafe(text)).bind(owner);
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text))
+                        .persistent(persist())
+                        .bind(owner);
                     let mut q = bind_secs!(q, sql, lease_secs);
                     for r in &rows {
                         q = q.bind(r.0);
@@ -345,12 +396,14 @@ impl OutboxStore for DB {
             Claim::Returning { prelude, .. } => {
                 if let Some(prelude) = prelude {
                     sqlx::query(stmt(prelude))
+                        .persistent(persist())
                         .execute(&mut *tx)
                         .await
                         .map_err(ClaimError::Failed)?;
                 }
                 let mut q =
                     sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .persistent(persist())
                         .bind(owner)
                         .bind(lease_secs);
                 for t in topics {
@@ -388,11 +441,14 @@ impl OutboxStore for DB {
         }
         let sql = DB::dialect_of_pool(pool).sql();
         let text = sql.render(&(sql.claim_recover)(&marks(ids.len())));
-        let mut q = sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(text)).bind(owner);
+        let mut q = sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(owner);
         for id in ids {
             q = q.bind(*id);
         }
-        Ok(q.fetch_all(pool).await?.into_iter().map(to_row).collect())
+        let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
+        Ok(rows.into_iter().map(to_row).collect())
     }
 
     async fn renew_leases<'a>(
@@ -409,7 +465,9 @@ impl OutboxStore for DB {
         let renewed = match &sql.renew {
             Renew::LockThenUpdate { lock, update } => {
                 let text = sql.render(&lock(&marks(ids.len())));
-                let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(text)).bind(owner);
+                let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(text))
+                    .persistent(persist())
+                    .bind(owner);
                 for id in ids {
                     q = q.bind(*id);
                 }
@@ -418,7 +476,7 @@ impl OutboxStore for DB {
                     0
                 } else {
                     let text = sql.render(&update(&marks(free.len())));
-                    let q = sqlx::query(sqlx::AssertSqlSafe(text));
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
                     let mut q = bind_secs!(q, sql, lease_secs);
                     for id in &free {
                         q = q.bind(*id);
@@ -428,7 +486,7 @@ impl OutboxStore for DB {
             }
             Renew::Update(update) => {
                 let text = sql.render(&update(&marks(ids.len())));
-                let q = sqlx::query(sqlx::AssertSqlSafe(text));
+                let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
                 let mut q = bind_secs!(q, sql, lease_secs).bind(owner);
                 for id in ids {
                     q = q.bind(*id);
@@ -453,14 +511,15 @@ impl OutboxStore for DB {
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).sql();
-        let q = sqlx::query(stmt(sql.outbox_settle)).bind(if dead { "failed" } else { "pending" });
-        let done = bind_secs!(q, sql, delay_secs)
+        let q = sqlx::query(stmt(sql.outbox_settle))
+            .persistent(persist())
+            .bind(if dead { "failed" } else { "pending" });
+        let q = bind_secs!(q, sql, delay_secs)
             .bind(error)
             .bind(id)
             .bind(owner)
-            .bind(attempt)
-            .execute(pool)
-            .await;
+            .bind(attempt);
+        let done = on_pool!(pool, |conn| q.execute(conn));
         #[cfg(feature = "testing")]
         let done = crate::testing::after_commit(crate::testing::Kind::Settle, done);
         Ok(DB::rows_affected(&done?) == 1)
@@ -478,6 +537,7 @@ impl Migrate for DB {
         sql: &'a str,
     ) -> Result<u64, sqlx::Error> {
         Ok(DB::rows_affected(&sqlx::query(sqlx::AssertSqlSafe(sql))
+            .persistent(persist())
             .execute(conn)
             .await?))
     }
@@ -487,6 +547,7 @@ impl Migrate for DB {
         sql: &'a str,
     ) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .persistent(persist())
             .fetch_one(conn)
             .await
     }
