@@ -125,17 +125,26 @@ pub(crate) const SQL: SqlSet = SqlSet {
         DATE_FORMAT(archived_at, '%Y-%m-%d %H:%i:%s.%f') \
         FROM idem_record_history WHERE idempotency_key = ?",
     insert_id: InsertId::LastInsertId,
-    // No UPDATE … RETURNING: lock the due rows (skipping rows other
-    // relays hold), then lease them, in one transaction.
+    // No UPDATE … RETURNING: pick the due rows (a consistent read, no
+    // locks), lock those still due (skipping rows other relays hold),
+    // then lease them, in one transaction.
     claim: Claim::LockThenLease {
         render: |topics| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
+                "SELECT id FROM idem_outbox \
                  WHERE status = 'pending' AND topic IN ({topics}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
                  AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
-                 ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+                 ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },
+        lock: Some(|ids| {
+            format!(
+                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
+                 WHERE id IN ({ids}) AND status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
+                 ORDER BY next_attempt_at, id FOR UPDATE SKIP LOCKED"
+            )
+        }),
         lease: |ids| {
             format!(
                 "UPDATE idem_outbox SET lease_owner = ?, \
@@ -342,6 +351,16 @@ pub(crate) fn number_is_transient(number: u16) -> bool {
         // ER_NET_WRITE_INTERRUPTED: the network between client and server.
         | 1158..=1161
     )
+}
+
+/// Error numbers of a transaction rolled back because another one won a
+/// conflict on the same rows, so that an immediate retry is right: a
+/// deadlock (1213; also how a Galera node reports a write set that failed
+/// certification against another node's), "record has changed since last
+/// read" (1020), an XA branch rolled back on a deadlock (1614).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn number_is_conflict(number: u16) -> bool {
+    matches!(number, 1213 | 1020 | 1614)
 }
 
 /// [`number_is_transient`], and `4031` when it is MySQL 8's

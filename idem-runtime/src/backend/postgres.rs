@@ -117,7 +117,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
                  FROM (SELECT id, lease_owner AS prev FROM idem_outbox WHERE status = 'pending' \
                    AND topic IN ({topics}) \
                    AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
-                   ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED) c \
+                   ORDER BY next_attempt_at, id LIMIT ? OFFSET ? FOR UPDATE SKIP LOCKED) c \
                  WHERE o.id = c.id \
                  RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, c.prev"
             )
@@ -263,6 +263,13 @@ pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
         // connection, takes the write.
         | "25006"
     ) || code.starts_with("08") // connection_exception and its subclasses
+}
+
+/// SQLSTATEs of a transaction rolled back because another one won a
+/// conflict (serialization_failure, deadlock_detected): an immediate retry
+/// is right.
+pub(crate) fn sqlstate_is_conflict(code: &str) -> bool {
+    matches!(code, "40001" | "40P01")
 }
 
 /// SQLSTATEs that mean the session itself ended (or never was): an answer

@@ -371,12 +371,13 @@ impl Galera {
         );
     }
 
-    /// Node `i`'s `wsrep_%` status (empty when it does not answer).
-    fn status(&self, i: usize) -> Vec<(String, String)> {
+    /// Node `i`'s `wsrep_%` status variables (empty when it does not
+    /// answer), read with the `mariadb` client (blocking).
+    pub fn status(&self, i: usize) -> Vec<(String, String)> {
         let out = self
             .mariadb(i)
             .arg("-e")
-            .arg("SHOW STATUS LIKE 'wsrep_%'")
+            .arg("SHOW GLOBAL STATUS LIKE 'wsrep_%'")
             .output();
         let Ok(out) = out else { return Vec::new() };
         String::from_utf8_lossy(&out.stdout)
@@ -384,6 +385,18 @@ impl Galera {
             .filter_map(|l| l.split_once('\t'))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// The sum over the running nodes of the numeric `wsrep_%` status
+    /// variable `name` (e.g. `wsrep_local_cert_failures`,
+    /// `wsrep_local_bf_aborts`).
+    pub fn status_sum(&self, name: &str) -> u64 {
+        (0..self.nodes.len())
+            .filter(|&i| self.procs.lock().expect("procs")[i].is_some())
+            .flat_map(|i| self.status(i))
+            .filter(|(k, _)| k == name)
+            .filter_map(|(_, v)| v.parse::<u64>().ok())
+            .sum()
     }
 
     /// Runs `sql` on node `i` with the `mariadb` client.
