@@ -125,6 +125,13 @@ impl Galera {
         assert!(nodes >= 1, "a cluster needs a node");
         let begun = Instant::now();
         let user = running_as_root().then_some("mysql");
+        if user.is_some() && !system_user_exists("mysql") {
+            crate::unreachable(
+                "galera: the `mysql` system user",
+                "missing (the nodes run as it when the tests run as root)",
+            );
+            return None;
+        }
         let dir = Scratch::new("galera");
         let nodes: Vec<Node> = (0..nodes)
             .map(|i| Node {
@@ -431,6 +438,14 @@ const INNODB: [&str; 5] = [
     "--innodb-doublewrite=0",
     "--skip-name-resolve",
 ];
+
+fn system_user_exists(user: &str) -> bool {
+    Command::new("id")
+        .arg("-u")
+        .arg(user)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
 
 fn running_as_root() -> bool {
     Command::new("id")
