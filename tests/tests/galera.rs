@@ -15,6 +15,9 @@
 //!   double 0, lost 0, no dead letters; claims, claim conflicts and the
 //!   duration printed, with the claim spread off (the control, node 2
 //!   killed and rejoined after) and on (node 1 killed, left dead).
+//! - **One server** (the shared MariaDB, a second test): three relays with
+//!   the spread off and on drain the same load; nothing changes that
+//!   matters (printed), double 0, lost 0.
 //!
 //! ## Galera, in short (the figures: `--nocapture`)
 //!
@@ -132,6 +135,13 @@ async fn pay(tx: &mut Transaction<'_, MySql>, serial: &str) -> Result<(), sqlx::
 }
 
 async fn setup(cluster: &Galera, pool: &MySqlPool) {
+    create_tables(pool).await;
+    for i in 0..cluster.size() {
+        drop(cluster.synced(i).await);
+    }
+}
+
+async fn create_tables(pool: &MySqlPool) {
     for stmt in [
         "CREATE TABLE IF NOT EXISTS idem_t_gal_coupon (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)",
         "CREATE TABLE IF NOT EXISTS idem_t_gal_deduction (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
@@ -145,9 +155,6 @@ async fn setup(cluster: &Galera, pool: &MySqlPool) {
             .execute(pool)
             .await
             .expect("create a test table");
-    }
-    for i in 0..cluster.size() {
-        drop(cluster.synced(i).await);
     }
 }
 
@@ -584,4 +591,104 @@ async fn galera_three_nodes_strategies_and_relays() {
         cluster.started_in().as_secs_f64(),
         began.elapsed().as_secs_f64()
     );
+}
+
+/// The claim spread on one server (the shared MariaDB): three relays
+/// (three pools, as three application servers) drain `MESSAGES` messages
+/// with the spread off, then on. `SKIP LOCKED` already keeps them apart
+/// there: the spread changes nothing that matters (printed: conflicts and
+/// duration); double 0, lost 0 both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_server_claim_spread_changes_nothing_that_matters() {
+    let Some(first_pool) = idem_testkit::mysql(16).await else {
+        return;
+    };
+    create_tables(&first_pool).await;
+    let mut pools = vec![first_pool];
+    for _ in 1..NODES {
+        pools.push(idem_testkit::mysql(16).await.expect("a second pool"));
+    }
+    for spread in [1, 8] {
+        let topic = idem_testkit::unique(&format!("gal.single.spread{spread}"));
+        let first = coupons(&pools[0], MESSAGES).await;
+        let mut tx = pools[0].begin().await.expect("begin");
+        for id in first..first + MESSAGES {
+            let msg = Deduct {
+                msg_id: format!("gal-single-{id}"),
+                coupon_id: id,
+            };
+            idem_runtime::outbox::enqueue(
+                &mut tx,
+                &topic,
+                &msg.msg_id,
+                &serde_json::to_value(&msg).expect("json"),
+            )
+            .await
+            .expect("enqueue");
+        }
+        tx.commit().await.expect("commit the outbox");
+        let start = Instant::now();
+        let relays: Vec<RelayHandle> = pools
+            .iter()
+            .enumerate()
+            .map(|(i, pool)| {
+                Relay::new(pool.clone())
+                    .owner(format!("gal-single-s{spread}-r{i}-{}", std::process::id()))
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct(d.source(), &m).await
+                    })
+                    .batch_size(16)
+                    .concurrency(8)
+                    .poll_interval(Duration::from_millis(50))
+                    .claim_spread(spread)
+                    .spawn()
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status = 'success'",
+            )
+            .bind(&topic)
+            .fetch_one(&pools[0])
+            .await
+            .expect("count");
+            if done >= MESSAGES {
+                break;
+            }
+            // A guard against a hang, not a timed assertion.
+            assert!(
+                Instant::now() < deadline,
+                "spread={spread}: {done}/{MESSAGES} after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let conflicts: u64 = relays
+            .iter()
+            .map(|r| r.stats().claim_conflicts.load(Ordering::Relaxed))
+            .sum();
+        let claimed: u64 = relays
+            .iter()
+            .map(|r| r.stats().claimed.load(Ordering::Relaxed))
+            .sum();
+        for r in relays {
+            r.shutdown().await;
+        }
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT coupon_id, COUNT(*) FROM idem_t_gal_deduction WHERE coupon_id BETWEEN ? AND ? GROUP BY coupon_id",
+        )
+        .bind(first)
+        .bind(first + MESSAGES - 1)
+        .fetch_all(&pools[0])
+        .await
+        .expect("count effects");
+        let double: i64 = rows.iter().map(|(_, c)| (c - 1).max(0)).sum();
+        let lost = MESSAGES - rows.len() as i64;
+        eprintln!(
+            "single MariaDB, 3 relays, claim_spread={spread}: messages={MESSAGES} double={double} lost={lost} \
+             claims={claimed} claim_conflicts={conflicts} duration={secs:.1}s"
+        );
+        assert_eq!((double, lost), (0, 0));
+    }
 }
