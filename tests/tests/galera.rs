@@ -32,7 +32,13 @@
 //! (route its messages by `entity id % nodes`, a consistent hash, or a
 //! partitioned broker queue per node) and its duplicates meet on one
 //! node's row locks: they wait, find the effect and skip the body (about
-//! one body run per effect).
+//! one body run per effect). Measured here: `state_machine` and
+//! `unique_insert` 1.00 pinned against about 2 spread; `record` about 1.2
+//! pinned: its `INSERT IGNORE` holds next-key locks on the unique index of
+//! `idem_record`, and a write set from another node inserting a
+//! neighbouring key (here consecutive ids routed round-robin) aborts the
+//! local transaction holding them (a brute-force abort, 1213), which then
+//! runs again; with all the keys of a range on one node it is 1.00 too.
 //!
 //! Relays: `FOR UPDATE SKIP LOCKED` does not see the other nodes' locks, so
 //! relays that all claim the oldest due rows collide on every claim; the
