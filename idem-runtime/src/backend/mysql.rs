@@ -396,6 +396,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn conflicts_are_the_rollbacks_for_a_concurrent_winner() {
+        for n in [1213, 1020, 1614] {
+            assert!(number_is_conflict(n) && number_is_transient(n), "{n}");
+        }
+        // Retryable, but not a lost conflict: a lock wait time-out already
+        // waited, a lost connection is no conflict.
+        for n in [1205, 1040, 1053, 1927, 1158, 1062, 1146, 1792] {
+            assert!(!number_is_conflict(n), "{n}");
+        }
+    }
+
+    #[test]
     fn mysql_numbers() {
         for n in [
             1205, 1213, 1020, 1614, 1040, 1203, 1637, 1053, 1927, 1158, 1159, 1160, 1161,

@@ -284,6 +284,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn conflicts_are_serialization_failures_and_deadlocks() {
+        assert!(sqlstate_is_conflict("40001") && sqlstate_is_conflict("40P01"));
+        for code in ["55P03", "57P01", "08006", "23505", "25006"] {
+            assert!(!sqlstate_is_conflict(code), "{code}");
+        }
+    }
+
+    #[test]
     fn postgres_codes() {
         for code in [
             "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "57P05", "53300", "08000",
