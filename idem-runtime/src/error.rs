@@ -377,6 +377,32 @@ pub(crate) fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `e` is a conflict with a concurrent transaction (a deadlock, a
+/// serialization failure, a Galera certification failure: PostgreSQL
+/// `40001`, `40P01`; MariaDB/MySQL `1213`, `1020`, `1614`): the
+/// transaction was rolled back so that the other could go on, and an
+/// immediate retry is right. SQLite's busy is not one: its busy time-out
+/// already waited.
+pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return crate::backend::postgres::sqlstate_is_conflict(pg.code());
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return crate::backend::mysql::number_is_conflict(my.number());
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return false;
+    }
+    db.code()
+        .is_some_and(|code| crate::backend::postgres::sqlstate_is_conflict(&code))
+}
+
 fn database_is_connection_loss(db: &dyn sqlx::error::DatabaseError) -> bool {
     #[cfg(feature = "postgres")]
     if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {

@@ -222,14 +222,17 @@ pub trait OutboxStore: Database {
     ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
 
     /// Claims up to `limit` due pending messages of `topics` under a lease
-    /// of `lease_secs` for `owner` (attempts + 1 each). Concurrent claimers
-    /// never get the same message while its lease runs.
+    /// of `lease_secs` for `owner` (attempts + 1 each), oldest first after
+    /// skipping `offset` of them (the relay's claim spread). Concurrent
+    /// claimers never get the same message while its lease runs.
+    #[allow(clippy::too_many_arguments)]
     fn claim_outbox<'a>(
         pool: &'a Pool<Self>,
         claim: &'a ClaimSql,
         owner: &'a str,
         topics: &'a [String],
         limit: i64,
+        offset: i64,
         lease_secs: f64,
     ) -> impl Future<Output = Result<Claimed, ClaimError>> + Send + 'a;
 

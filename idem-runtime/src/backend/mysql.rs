@@ -125,17 +125,26 @@ pub(crate) const SQL: SqlSet = SqlSet {
         DATE_FORMAT(archived_at, '%Y-%m-%d %H:%i:%s.%f') \
         FROM idem_record_history WHERE idempotency_key = ?",
     insert_id: InsertId::LastInsertId,
-    // No UPDATE … RETURNING: lock the due rows (skipping rows other
-    // relays hold), then lease them, in one transaction.
+    // No UPDATE … RETURNING: pick the due rows (a consistent read, no
+    // locks), lock those still due (skipping rows other relays hold),
+    // then lease them, in one transaction.
     claim: Claim::LockThenLease {
         render: |topics| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
+                "SELECT id FROM idem_outbox \
                  WHERE status = 'pending' AND topic IN ({topics}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
                  AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
-                 ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+                 ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },
+        lock: Some(|ids| {
+            format!(
+                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
+                 WHERE id IN ({ids}) AND status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
+                 ORDER BY next_attempt_at, id FOR UPDATE SKIP LOCKED"
+            )
+        }),
         lease: |ids| {
             format!(
                 "UPDATE idem_outbox SET lease_owner = ?, \
@@ -344,6 +353,16 @@ pub(crate) fn number_is_transient(number: u16) -> bool {
     )
 }
 
+/// Error numbers of a transaction rolled back because another one won a
+/// conflict on the same rows, so that an immediate retry is right: a
+/// deadlock (1213; also how a Galera node reports a write set that failed
+/// certification against another node's), "record has changed since last
+/// read" (1020), an XA branch rolled back on a deadlock (1614).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn number_is_conflict(number: u16) -> bool {
+    matches!(number, 1213 | 1020 | 1614)
+}
+
 /// [`number_is_transient`], and `4031` when it is MySQL 8's
 /// ER_CLIENT_INTERACTION_TIMEOUT (disconnected for inactivity), told apart
 /// from MariaDB's ER_REFERENCED_TRG_DOES_NOT_EXIST by its message.
@@ -375,6 +394,18 @@ pub(crate) fn error_is_connection_loss(number: u16, message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conflicts_are_the_rollbacks_for_a_concurrent_winner() {
+        for n in [1213, 1020, 1614] {
+            assert!(number_is_conflict(n) && number_is_transient(n), "{n}");
+        }
+        // Retryable, but not a lost conflict: a lock wait time-out already
+        // waited, a lost connection is no conflict.
+        for n in [1205, 1040, 1053, 1927, 1158, 1062, 1146, 1792] {
+            assert!(!number_is_conflict(n), "{n}");
+        }
+    }
 
     #[test]
     fn mysql_numbers() {

@@ -117,7 +117,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
                  FROM (SELECT id, lease_owner AS prev FROM idem_outbox WHERE status = 'pending' \
                    AND topic IN ({topics}) \
                    AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
-                   ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED) c \
+                   ORDER BY next_attempt_at, id LIMIT ? OFFSET ? FOR UPDATE SKIP LOCKED) c \
                  WHERE o.id = c.id \
                  RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, c.prev"
             )
@@ -265,6 +265,13 @@ pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
     ) || code.starts_with("08") // connection_exception and its subclasses
 }
 
+/// SQLSTATEs of a transaction rolled back because another one won a
+/// conflict (serialization_failure, deadlock_detected): an immediate retry
+/// is right.
+pub(crate) fn sqlstate_is_conflict(code: &str) -> bool {
+    matches!(code, "40001" | "40P01")
+}
+
 /// SQLSTATEs that mean the session itself ended (or never was): an answer
 /// to `COMMIT` with one of them says nothing about whether the commit
 /// happened.
@@ -275,6 +282,14 @@ pub(crate) fn sqlstate_is_connection_loss(code: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conflicts_are_serialization_failures_and_deadlocks() {
+        assert!(sqlstate_is_conflict("40001") && sqlstate_is_conflict("40P01"));
+        for code in ["55P03", "57P01", "08006", "23505", "25006"] {
+            assert!(!sqlstate_is_conflict(code), "{code}");
+        }
+    }
 
     #[test]
     fn postgres_codes() {

@@ -18,8 +18,9 @@ pub struct StateSql {
 /// The claim statements of a relay, rendered once for its topics.
 #[derive(Debug, Clone)]
 pub struct ClaimSql {
-    /// PostgreSQL / SQLite: one `UPDATE … RETURNING`. MariaDB: the
-    /// `SELECT … FOR UPDATE SKIP LOCKED`.
+    /// PostgreSQL: one `UPDATE … RETURNING`. SQLite: the locking
+    /// `SELECT`. MariaDB: the `SELECT id …` picking the due rows (then
+    /// locked by id).
     pub claim: String,
 }
 
@@ -122,7 +123,7 @@ pub(crate) enum InsertId {
 #[derive(Debug)]
 pub(crate) enum Claim {
     /// One `UPDATE … RETURNING` (binds: owner, lease seconds, topics…,
-    /// limit), after `prelude` in the same transaction. It returns `id,
+    /// limit, offset), after `prelude` in the same transaction. It returns `id,
     /// topic, msg_id, payload, attempts` (as leased) and the row's previous
     /// `lease_owner`.
     Returning {
@@ -133,12 +134,25 @@ pub(crate) enum Claim {
     },
     /// Two statements in one transaction (MariaDB: no `UPDATE …
     /// RETURNING`; SQLite: its `RETURNING` cannot tell the previous lease
-    /// owner): lock the due rows (binds: topics…, limit; returns `id,
+    /// owner): lock the due rows (binds: topics…, limit, offset; returns `id,
     /// topic, msg_id, payload, attempts, lease_owner` before the claim),
     /// then lease them (binds: owner, lease interval, ids…).
     LockThenLease {
-        /// The `SELECT … FOR UPDATE SKIP LOCKED`, for the topics' list.
+        /// The `SELECT … FOR UPDATE SKIP LOCKED`, for the topics' list
+        /// (with `lock`: the plain `SELECT id …` picking them).
         render: Render,
+        /// MariaDB: `render` picks the due ids without locking (a
+        /// consistent read, binds: topics…, limit, offset; returns `id`),
+        /// and this locks those still due by id (binds: ids…; returns what
+        /// `render` returns otherwise) with `FOR UPDATE SKIP LOCKED`. The
+        /// claim then locks its rows only: not the range it scanned, nor
+        /// the rows its offset skipped, nor the leased rows it passed over
+        /// (in REPEATABLE READ a locking scan keeps all of them locked),
+        /// which on Galera are rows that the other nodes' write sets
+        /// change (their claims, their handlers' success marks), and a
+        /// local transaction holding a lock a replicated write set needs
+        /// is aborted (1213).
+        lock: Option<Render>,
         /// The `UPDATE`, for the ids' list.
         lease: Render,
     },

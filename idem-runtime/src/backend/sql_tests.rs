@@ -84,7 +84,10 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
     assert!(pg.contains("SET lease_owner = $1"), "{pg}");
     assert!(pg.contains("make_interval(secs => $2::float8)"), "{pg}");
     assert!(pg.contains("topic IN ($3, $4)"), "{pg}");
-    assert!(pg.contains("LIMIT $5 FOR UPDATE SKIP LOCKED"), "{pg}");
+    assert!(
+        pg.contains("LIMIT $5 OFFSET $6 FOR UPDATE SKIP LOCKED"),
+        "{pg}"
+    );
     assert!(pg.contains("RETURNING o.id"), "{pg}");
     assert!(pg.ends_with("o.attempts, c.prev"), "{pg}");
     // No topics yet: one placeholder, so the statement still parses.
@@ -95,13 +98,26 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
             .contains("topic IN ($3)")
     );
     let my = Dialect::MySql.claim_sql(3).claim;
-    assert!(my.starts_with("SELECT id, topic"), "{my}");
+    // MariaDB picks without locking, then locks the picked rows by id.
+    assert!(my.starts_with("SELECT id FROM"), "{my}");
     assert!(my.contains("topic IN (?, ?, ?)"), "{my}");
-    assert!(my.ends_with("LIMIT ? FOR UPDATE SKIP LOCKED"), "{my}");
+    assert!(my.ends_with("LIMIT ? OFFSET ?"), "{my}");
+    let Claim::LockThenLease {
+        lock: Some(lock), ..
+    } = Dialect::MySql.sql().claim
+    else {
+        panic!("MariaDB locks the picked rows by id");
+    };
+    let lock = lock("?, ?");
+    assert!(
+        lock.contains("WHERE id IN (?, ?) AND status = 'pending'"),
+        "{lock}"
+    );
+    assert!(lock.ends_with("FOR UPDATE SKIP LOCKED"), "{lock}");
     let lite = Dialect::Sqlite.claim_sql(1).claim;
     assert!(lite.contains("topic IN (?)"), "{lite}");
     assert!(
-        lite.ends_with("ORDER BY next_attempt_at, id LIMIT ?"),
+        lite.ends_with("ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"),
         "{lite}"
     );
 }

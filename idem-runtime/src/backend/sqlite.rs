@@ -115,9 +115,10 @@ pub(crate) const SQL: SqlSet = SqlSet {
                  WHERE status = 'pending' AND topic IN ({topics}) \
                  AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
                  AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) \
-                 ORDER BY next_attempt_at, id LIMIT ?"
+                 ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },
+        lock: None,
         lease: |ids| {
             format!(
                 "UPDATE idem_outbox SET lease_owner = ?, \

@@ -6,6 +6,10 @@
 //! [`free_port`], a [`Proc`] (a child process killed on drop, with its log
 //! file), [`wait_port`], and [`need`], the skip rule for a program that is
 //! not installed (skipped locally, a failure when `CI=true`).
+//!
+//! Harnesses: [`galera::Galera`], a MariaDB Galera cluster.
+
+pub mod galera;
 
 pub mod pg_standby;
 pub mod pgbouncer;

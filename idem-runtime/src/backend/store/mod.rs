@@ -364,19 +364,44 @@ impl OutboxStore for DB {
         owner: &'a str,
         topics: &'a [String],
         limit: i64,
+        offset: i64,
         lease_secs: f64,
     ) -> Result<Claimed, ClaimError> {
         let mut tx = begin(pool).await.map_err(ClaimError::Failed)?;
         let sql = sql_of(&tx);
         let chosen: Vec<ClaimTuple> = match &sql.claim {
-            Claim::LockThenLease { lease, .. } => {
-                let mut q =
-                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
-                        .persistent(persist());
-                for t in topics {
-                    q = q.bind(t.as_str());
-                }
-                let mut rows = q.bind(limit).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?;
+            Claim::LockThenLease { lease, lock, .. } => {
+                let mut rows = match lock {
+                    None => {
+                        let mut q =
+                            sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                                .persistent(persist());
+                        for t in topics {
+                            q = q.bind(t.as_str());
+                        }
+                        q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
+                    }
+                    Some(lock) => {
+                        let mut q =
+                            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                                .persistent(persist());
+                        for t in topics {
+                            q = q.bind(t.as_str());
+                        }
+                        let ids = q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?;
+                        if ids.is_empty() {
+                            Vec::new()
+                        } else {
+                            let text = sql.render(&lock(&marks(ids.len())));
+                            let mut q = sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(text))
+                                .persistent(persist());
+                            for id in &ids {
+                                q = q.bind(*id);
+                            }
+                            q.fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
+                        }
+                    }
+                };
                 if !rows.is_empty() {
                     let text = sql.render(&lease(&marks(rows.len())));
                     let q = sqlx::query(sqlx::AssertSqlSafe(text))
@@ -409,7 +434,7 @@ impl OutboxStore for DB {
                 for t in topics {
                     q = q.bind(t.as_str());
                 }
-                q.bind(limit).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
+                q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
             }
         };
         let claimed = Claimed {

@@ -22,6 +22,11 @@ pub struct RelayStats {
     /// acknowledgement: I/O error, closed connection during `COMMIT`).
     /// Only claims that chose rows count: an empty claim leases nothing.
     pub lost_claims: AtomicU64,
+    /// Claims rolled back by a conflict with a concurrent transaction (a
+    /// deadlock, a serialization failure, a Galera certification failure
+    /// against a claim on another node), each claimed again at once (see
+    /// the relay's claim spread, which makes them rare).
+    pub claim_conflicts: AtomicU64,
     /// Messages read back after a lost claim (its commit had landed) and
     /// delivered at once, as claimed: no attempt burnt, no lease waited.
     pub recovered: AtomicU64,

@@ -22,6 +22,26 @@
 //! twice: a claim's rows are delivered either from its statement (commit
 //! acknowledged) or from its read-back (outcome unknown), never both, and
 //! no other claim writes that owner.
+//!
+//! **Claim spread.** Relays on the nodes of a multi-primary cluster
+//! (MariaDB Galera) do not see each other's row locks: `SKIP LOCKED` skips
+//! only the rows locked on the same node, so relays that all claim the
+//! oldest due rows collide, and all but one of the colliding claims fail
+//! certification at commit (MariaDB 1213). While there is a backlog (the
+//! relay's previous claim filled its limit), each claim therefore starts
+//! at a random one of the first [`claim_spread`](Relay::claim_spread)
+//! slices of the due set (`OFFSET k·limit`, `k` in `0..spread`), and
+//! claims from the oldest again when that slice is empty. Order stays
+//! oldest-first within that window; with no backlog every claim takes the
+//! oldest rows, in one statement. Overlaps stay safe whatever the spread:
+//! the lease fencing settles each attempt once.
+//!
+//! **Claim conflicts.** A claim rolled back by a conflict with a
+//! concurrent transaction (a deadlock, a serialization failure, a Galera
+//! certification failure) is claimed again at once, after a jitter of a
+//! few milliseconds (at most three times in a row, then
+//! after the poll interval), logged at debug and counted in
+//! [`RelayStats::claim_conflicts`].
 
 mod attempt;
 mod delivery;
@@ -42,7 +62,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -55,6 +75,14 @@ const RECOVERY_WAITS: [Duration; 4] = [
     Duration::from_millis(100),
     Duration::from_millis(400),
 ];
+
+/// How many times in a row a claim that lost a conflict (see the module
+/// documentation) is retried at once before the relay waits out its poll
+/// interval.
+const CONFLICT_RETRIES: u32 = 3;
+
+/// The default [`Relay::claim_spread`].
+const DEFAULT_SPREAD: u32 = 8;
 
 /// One claim's rows, and the lease owner that claim wrote.
 struct Batch {
@@ -95,6 +123,8 @@ pub struct RelaySettings {
     pub backoff_base: Duration,
     /// The longest back-off.
     pub backoff_max: Duration,
+    /// Slices of the due set a claim may start at (1: always the oldest).
+    pub claim_spread: u32,
 }
 
 /// A relay for the topics routed on it. Cheap to clone.
@@ -120,6 +150,11 @@ struct Inner<DB: Backend> {
     claims: AtomicU64,
     /// Whether a claim whose commit outcome is unknown is read back.
     recover_claims: bool,
+    /// See [`Relay::claim_spread`].
+    claim_spread: u32,
+    /// Whether the last claim filled its limit (a backlog: spread the
+    /// next one).
+    backlog: AtomicBool,
     batch_size: i64,
     concurrency: usize,
     lease: Duration,
@@ -165,6 +200,8 @@ impl<DB: Backend> Relay<DB> {
                 // a lease owner its previous run wrote.
                 claims: AtomicU64::new(seed.rotate_left(32)),
                 recover_claims: true,
+                claim_spread: DEFAULT_SPREAD,
+                backlog: AtomicBool::new(true),
                 batch_size: 64,
                 concurrency: 16,
                 lease: Duration::from_secs(30),
@@ -271,6 +308,23 @@ impl<DB: Backend> Relay<DB> {
         self.edit(|i| i.owner = owner)
     }
 
+    /// How many slices of the due set a claim may start at while there is
+    /// a backlog (default 8; 1 or 0: every claim takes the oldest due
+    /// rows). A claim of `limit` rows skips `k·limit` due rows, `k` drawn
+    /// at random in `0..n` on each claim, and takes the oldest ones when
+    /// nothing is left past that offset.
+    ///
+    /// For relays on several nodes of a multi-primary cluster (MariaDB
+    /// Galera), which do not see each other's row locks: without the
+    /// spread they all claim the same oldest rows and all but one of them
+    /// fail certification. On a single server it costs nothing measurable
+    /// (`SKIP LOCKED` already keeps relays apart) and only loosens the
+    /// oldest-first order to within `n` claims. See the module
+    /// documentation.
+    pub fn claim_spread(self, n: u32) -> Self {
+        self.edit(|i| i.claim_spread = n.max(1))
+    }
+
     /// Whether a claim whose commit outcome is unknown is read back and
     /// delivered at once (default: yes). Off, its messages wait out their
     /// lease, as they did before claim recovery: for tests showing the
@@ -296,6 +350,7 @@ impl<DB: Backend> Relay<DB> {
             max_attempts: u32::try_from(i.max_attempts).unwrap_or(1),
             backoff_base: i.backoff.base,
             backoff_max: i.backoff.max,
+            claim_spread: i.claim_spread,
         }
     }
 
@@ -407,6 +462,10 @@ impl<DB: Backend> Relay<DB> {
                     });
                     continue;
                 }
+                Err(e) if crate::error::find_sqlx(&e).is_some_and(crate::error::is_conflict) => {
+                    tracing::debug!(error = %e, retries = CONFLICT_RETRIES, "outbox claim kept losing conflicts; claiming again after the poll interval");
+                    Vec::new()
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
                     Vec::new()
@@ -446,40 +505,79 @@ impl<DB: Backend> Relay<DB> {
         }
     }
 
-    /// Claims up to `n` messages.
+    /// Claims up to `n` messages: at a spread offset while there is a
+    /// backlog, again at once (after a few milliseconds of jitter) when
+    /// the claim lost a conflict, at most `CONFLICT_RETRIES` times.
     async fn claim_round(&self, n: i64) -> Result<Round, Error> {
         let i = &self.inner;
-        let owner: Arc<str> = i.claim_owner().into();
-        if i.topics.is_empty() {
-            return Ok(Round::Claimed(Batch {
-                owner,
-                rows: Vec::new(),
-            }));
-        }
-        let claimed = DB::claim_outbox(
-            &i.pool,
-            &i.claim,
-            &owner,
-            &i.topics,
-            n.min(i.batch_size),
-            i.lease.as_secs_f64(),
-        )
-        .await;
-        match claimed {
-            Ok(claimed) => Ok(Round::Claimed(self.counted(owner, claimed))),
-            Err(ClaimError::Failed(e)) => Err(e.into()),
-            Err(ClaimError::CommitUnknown { error, chosen }) => {
-                i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
-                if !i.recover_claims {
-                    return Err(Error::CommitUnknown(error));
-                }
-                Ok(Round::Lost {
+        let limit = n.min(i.batch_size);
+        let mut conflicts = 0;
+        loop {
+            let owner: Arc<str> = i.claim_owner().into();
+            if i.topics.is_empty() {
+                return Ok(Round::Claimed(Batch {
                     owner,
-                    chosen,
-                    error,
-                })
+                    rows: Vec::new(),
+                }));
+            }
+            let offset = i.spread_offset(limit);
+            let mut claimed = self.claim_at(&owner, limit, offset).await;
+            if offset > 0 && matches!(&claimed, Ok(c) if c.rows.is_empty()) {
+                // The due set ends before the offset: from the oldest.
+                claimed = self.claim_at(&owner, limit, 0).await;
+            }
+            match claimed {
+                Ok(claimed) => {
+                    i.backlog
+                        .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
+                    return Ok(Round::Claimed(self.counted(owner, claimed)));
+                }
+                Err(ClaimError::Failed(e)) if crate::error::is_conflict(&e) => {
+                    i.stats.claim_conflicts.fetch_add(1, Ordering::Relaxed);
+                    if conflicts >= CONFLICT_RETRIES {
+                        return Err(e.into());
+                    }
+                    conflicts += 1;
+                    let jitter = Duration::from_micros(500 + random() % 4_500);
+                    tracing::debug!(
+                        error = %e,
+                        offset,
+                        retry = conflicts,
+                        retry_in = ?jitter,
+                        "outbox claim lost a conflict with a concurrent claim; claiming again"
+                    );
+                    tokio::time::sleep(jitter).await;
+                }
+                Err(ClaimError::Failed(e)) => return Err(e.into()),
+                Err(ClaimError::CommitUnknown { error, chosen }) => {
+                    i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
+                    if !i.recover_claims {
+                        return Err(Error::CommitUnknown(error));
+                    }
+                    return Ok(Round::Lost {
+                        owner,
+                        chosen,
+                        error,
+                    });
+                }
             }
         }
+    }
+
+    /// One claim statement of up to `limit` rows, skipping `offset` due
+    /// rows.
+    async fn claim_at(&self, owner: &str, limit: i64, offset: i64) -> Result<Claimed, ClaimError> {
+        let i = &self.inner;
+        DB::claim_outbox(
+            &i.pool,
+            &i.claim,
+            owner,
+            &i.topics,
+            limit,
+            offset,
+            i.lease.as_secs_f64(),
+        )
+        .await
     }
 
     /// The rows of a claim by `owner`, counted.
@@ -535,6 +633,17 @@ impl<DB: Backend> Relay<DB> {
 }
 
 impl<DB: Backend> Inner<DB> {
+    /// Where the next claim of `limit` rows starts in the due set: 0 with
+    /// no backlog or no spread, else `k·limit` for a random `k` in
+    /// `0..claim_spread`.
+    fn spread_offset(&self, limit: i64) -> i64 {
+        if self.claim_spread <= 1 || !self.backlog.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let k = random() % u64::from(self.claim_spread);
+        i64::try_from(k).unwrap_or(0).saturating_mul(limit)
+    }
+
     /// A lease owner no other claim writes: the relay's owner and the next
     /// sequence number.
     fn claim_owner(&self) -> String {
@@ -544,6 +653,12 @@ impl<DB: Backend> Inner<DB> {
             self.claims.fetch_add(1, Ordering::Relaxed)
         )
     }
+}
+
+/// A random number, drawn afresh on each call.
+fn random() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    std::collections::hash_map::RandomState::new().hash_one(CALLS.fetch_add(1, Ordering::Relaxed))
 }
 
 /// `owner`, shortened to [`Relay::MAX_OWNER_LEN`] bytes if longer (see
