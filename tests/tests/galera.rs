@@ -10,7 +10,8 @@
 //!   0, counted in the tables. The control: the same deliveries to a
 //!   handler without idem deduct twice or three times.
 //! - **Pinned.** The same race with every delivery of an entity sent to one
-//!   node (`entity id % nodes`): the body-run figure drops to about 1.
+//!   node (`idem_runtime::shard::Shards` over the nodes' pools, the
+//!   entity id as the shard key): the body-run figure drops to about 1.
 //! - **A relay per node** draining one outbox, one node SIGKILLed mid-run:
 //!   double 0, lost 0, no dead letters; claims, claim conflicts and the
 //!   duration printed, with the claim spread off (the control, node 2
@@ -29,8 +30,9 @@
 //! What it costs: duplicates on different nodes do not wait on each other
 //! (row locks are local to a node), so each runs its body before it
 //! loses, about three body runs per effect. **Pin an entity to a node**
-//! (route its messages by `entity id % nodes`, a consistent hash, or a
-//! partitioned broker queue per node) and its duplicates meet on one
+//! (`Shards` over the nodes' pools, keyed by the entity, with
+//! `Delivery::source_on` for a relay's calls; or a partitioned broker queue
+//! per node) and its duplicates meet on one
 //! node's row locks: they wait, find the effect and skip the body (about
 //! one body run per effect). Measured here: `state_machine` and
 //! `unique_insert` 1.00 pinned against about 2 spread; `record` about 1.2
@@ -220,7 +222,7 @@ async fn double_lost(cluster: &Galera, node: usize, query: &str, first: i64, n: 
 enum Routing {
     /// The three deliveries of an entity on the three nodes.
     Spread,
-    /// Every delivery of an entity on node `id % nodes`.
+    /// Every delivery of an entity on its node (`Shards` keyed by the id).
     Pinned,
 }
 
@@ -256,6 +258,8 @@ async fn race(cluster: &Galera, pools: &[MySqlPool], handler: Handler, routing: 
         Handler::UniqueInsert => PAY_BODIES.load(Ordering::Relaxed),
     };
     let before = bodies();
+    // One "shard" per node of the same database: pins each entity to a node.
+    let shards = idem_runtime::shard::Shards::new(pools.to_vec()).expect("shards");
     let next = AtomicUsize::new(0);
     let calls = NODES * ENTITIES as usize;
     let retries = concurrently(calls, || {
@@ -263,7 +267,7 @@ async fn race(cluster: &Galera, pools: &[MySqlPool], handler: Handler, routing: 
         let id = first + (n / NODES) as i64;
         let node = match routing {
             Routing::Spread => n % NODES,
-            Routing::Pinned => (id as usize) % NODES,
+            Routing::Pinned => shards.shard_of(&id).expect("shard"),
         };
         let pool = pools[node].clone();
         async move {
