@@ -367,6 +367,29 @@ async fn by_status(cluster: &Galera, node: usize, topic: &str, status: &str) -> 
 /// A relay per node drains `MESSAGES` messages; node `kill` is SIGKILLed
 /// once a third of them are done (and restarted after the run when
 /// `restart`).
+/// `MESSAGES` new coupons and a deduction message for each, in one
+/// transaction; returns the first coupon id.
+async fn enqueue_deductions(pool: &MySqlPool, topic: &str, prefix: &str) -> i64 {
+    let first = coupons(pool, MESSAGES).await;
+    let mut tx = pool.begin().await.expect("begin");
+    for id in first..first + MESSAGES {
+        let msg = Deduct {
+            msg_id: format!("{prefix}-{id}"),
+            coupon_id: id,
+        };
+        idem_runtime::outbox::enqueue(
+            &mut tx,
+            topic,
+            &msg.msg_id,
+            &serde_json::to_value(&msg).expect("json"),
+        )
+        .await
+        .expect("enqueue");
+    }
+    tx.commit().await.expect("commit the outbox");
+    first
+}
+
 async fn relay_run(
     cluster: &Galera,
     pools: &[MySqlPool],
@@ -376,23 +399,7 @@ async fn relay_run(
 ) -> RelayRun {
     let topic = format!("gal.relay.spread{spread}");
     let watcher = (kill + 1) % NODES;
-    let first = coupons(&pools[0], MESSAGES).await;
-    let mut tx = pools[0].begin().await.expect("begin");
-    for id in first..first + MESSAGES {
-        let msg = Deduct {
-            msg_id: format!("gal-relay-{id}"),
-            coupon_id: id,
-        };
-        idem_runtime::outbox::enqueue(
-            &mut tx,
-            &topic,
-            &msg.msg_id,
-            &serde_json::to_value(&msg).expect("json"),
-        )
-        .await
-        .expect("enqueue");
-    }
-    tx.commit().await.expect("commit the outbox");
+    let first = enqueue_deductions(&pools[0], &topic, "gal-relay").await;
     for i in 0..cluster.size() {
         drop(cluster.synced(i).await);
     }
@@ -620,23 +627,7 @@ async fn single_server_claim_spread_changes_nothing_that_matters() {
     }
     for spread in [1, 8] {
         let topic = idem_testkit::unique(&format!("gal.single.spread{spread}"));
-        let first = coupons(&pools[0], MESSAGES).await;
-        let mut tx = pools[0].begin().await.expect("begin");
-        for id in first..first + MESSAGES {
-            let msg = Deduct {
-                msg_id: format!("gal-single-{id}"),
-                coupon_id: id,
-            };
-            idem_runtime::outbox::enqueue(
-                &mut tx,
-                &topic,
-                &msg.msg_id,
-                &serde_json::to_value(&msg).expect("json"),
-            )
-            .await
-            .expect("enqueue");
-        }
-        tx.commit().await.expect("commit the outbox");
+        let first = enqueue_deductions(&pools[0], &topic, "gal-single").await;
         let start = Instant::now();
         let relays: Vec<RelayHandle> = pools
             .iter()

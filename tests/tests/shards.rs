@@ -45,13 +45,7 @@ macro_rules! shard_suite {
 
             #[idempotent(key = "shd-award:{a.order_id}", strategy = record, biz_type = "shd_award")]
             async fn award(tx: &mut Transaction<'_, Db>, a: &Award) -> Result<(), sqlx::Error> {
-                sqlx::query(sql(D, "INSERT INTO idem_t_shd_points (order_id, customer, points) VALUES (?, ?, ?)"))
-                    .bind(a.order_id)
-                    .bind(a.customer)
-                    .bind(a.points)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
+                award_body(tx, a).await
             }
 
             /// The relay's handler: keyed by the delivery.

@@ -141,17 +141,25 @@ pub(crate) async fn notify(
     tx: &mut Transaction<'_, Postgres>,
     msg: &Notice,
 ) -> Result<i64, sqlx::Error> {
+    insert_notice(tx, msg).await?;
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_t_bnc_notice WHERE msg_id = $1")
+        .persistent(pooler::persistent())
+        .bind(&msg.msg_id)
+        .fetch_one(&mut **tx)
+        .await
+}
+
+async fn insert_notice(
+    tx: &mut Transaction<'_, Postgres>,
+    msg: &Notice,
+) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO idem_t_bnc_notice (user_id, msg_id) VALUES ($1, $2)")
         .persistent(pooler::persistent())
         .bind(msg.user_id)
         .bind(&msg.msg_id)
         .execute(&mut **tx)
         .await?;
-    sqlx::query_scalar("SELECT COUNT(*) FROM idem_t_bnc_notice WHERE msg_id = $1")
-        .persistent(pooler::persistent())
-        .bind(&msg.msg_id)
-        .fetch_one(&mut **tx)
-        .await
+    Ok(())
 }
 
 /// `notify` with a record that expires at once (the archiver's rows).
@@ -166,12 +174,7 @@ pub(crate) async fn notify_short(
     tx: &mut Transaction<'_, Postgres>,
     msg: &Notice,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query("INSERT INTO idem_t_bnc_notice (user_id, msg_id) VALUES ($1, $2)")
-        .persistent(pooler::persistent())
-        .bind(msg.user_id)
-        .bind(&msg.msg_id)
-        .execute(&mut **tx)
-        .await?;
+    insert_notice(tx, msg).await?;
     Ok(1)
 }
 
