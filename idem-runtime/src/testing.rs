@@ -34,16 +34,19 @@ pub enum Kind {
     /// A relay's `success` mark after a handler not given its outbox
     /// source.
     Success,
+    /// A relay's commit of a batch of messages (see `Relay::commit_batch`).
+    Batch,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Call,
         Kind::Claim,
         Kind::Renew,
         Kind::Settle,
         Kind::Success,
+        Kind::Batch,
     ];
 
     fn index(self) -> usize {
@@ -91,6 +94,22 @@ pub(crate) fn lose_ack_on(kind: Kind) -> bool {
         INJECTED[kind.index()].fetch_add(1, Ordering::SeqCst);
     }
     lose
+}
+
+static BROKEN_SAVEPOINTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A deliberately broken build, for controls: while on, a failed call
+/// inside a relay batch's transaction *releases* its savepoint instead of
+/// rolling back to it, so its effects (and its success mark) commit with
+/// the batch. Tests use it to show that they catch that bug.
+#[doc(hidden)]
+pub fn set_broken_batch_savepoints(on: bool) {
+    BROKEN_SAVEPOINTS.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`set_broken_batch_savepoints`] is on.
+pub(crate) fn broken_batch_savepoints() -> bool {
+    BROKEN_SAVEPOINTS.load(Ordering::SeqCst)
 }
 
 /// The error a lost acknowledgement produces.

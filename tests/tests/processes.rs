@@ -69,7 +69,21 @@ fn spawn_worker(
     sleep_ms: u64,
     idle_exit_ms: u64,
 ) -> Child {
+    spawn_worker_batched(url, topic, owner, lease_ms, sleep_ms, idle_exit_ms, 1)
+}
+
+/// A relay worker with batched commits of `commit_batch` messages (1: off).
+fn spawn_worker_batched(
+    url: &str,
+    topic: &str,
+    owner: &str,
+    lease_ms: u64,
+    sleep_ms: u64,
+    idle_exit_ms: u64,
+    commit_batch: usize,
+) -> Child {
     Command::new(WORKER)
+        .env("RELAY_COMMIT_BATCH", commit_batch.to_string())
         .args([
             url,
             topic,
@@ -220,6 +234,12 @@ async fn control_expired_leases_let_processes_overlap_and_the_log_shows_it() {
 }
 
 async fn kill_mid_run_then_restart(url: &str) {
+    kill_mid_run_then_restart_batched(url, 1).await;
+}
+
+/// SIGKILLs a relay worker mid-run (with batched commits of
+/// `commit_batch` messages: mid-batch), restarts one, and counts.
+async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
     let Some(pool) = idem_testkit::any(url, 4).await else {
         return;
     };
@@ -227,13 +247,14 @@ async fn kill_mid_run_then_restart(url: &str) {
     let topic = format!("proc.kill.{}", ids(1));
     let coupons = produce(&pool, d, &topic, 150).await;
     let success = "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status = 'success'";
-    let mut a = spawn_worker(
+    let mut a = spawn_worker_batched(
         url,
         &topic,
         &format!("victim-{}", ids(1)),
         1_500,
         15,
         60_000,
+        commit_batch,
     );
     let start = Instant::now();
     while count(&pool, d, success, &topic).await < 20 {
@@ -247,7 +268,15 @@ async fn kill_mid_run_then_restart(url: &str) {
     a.wait().expect("reap");
     let done_by_a = count(&pool, d, success, &topic).await;
     assert!(done_by_a < 150, "A was killed in the middle of the run");
-    let b = spawn_worker(url, &topic, &format!("restart-{}", ids(1)), 1_500, 0, 2_000);
+    let b = spawn_worker_batched(
+        url,
+        &topic,
+        &format!("restart-{}", ids(1)),
+        1_500,
+        0,
+        2_000,
+        commit_batch,
+    );
     wait_exit(vec![b], Duration::from_secs(120)).await;
     assert_eq!(
         count(&pool, d, success, &topic).await,
@@ -274,4 +303,19 @@ async fn mariadb_relay_killed_mid_run_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_relay_killed_mid_run_loses_nothing() {
     kill_mid_run_then_restart(&idem_testkit::sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_batched_relay_killed_mid_batch_loses_nothing() {
+    kill_mid_run_then_restart_batched(&idem_testkit::postgres_url(), 16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_batched_relay_killed_mid_batch_loses_nothing() {
+    kill_mid_run_then_restart_batched(&idem_testkit::mysql_url(), 16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_batched_relay_killed_mid_batch_loses_nothing() {
+    kill_mid_run_then_restart_batched(&idem_testkit::sqlite_url(), 16).await;
 }

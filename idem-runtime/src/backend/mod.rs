@@ -256,6 +256,15 @@ pub trait OutboxStore: Database {
         lease_secs: f64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
+    /// Like [`OutboxStore::renew_leases`], inside `tx` (a relay's batch
+    /// transaction): the renewed rows stay locked by `tx` until it ends.
+    fn renew_leases_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
     /// Records a failed attempt: back to `pending` after `delay_secs`, or
     /// `failed` when `dead`. Only while the message is still pending and
     /// leased by `owner` as attempt `attempt`: it never overwrites a

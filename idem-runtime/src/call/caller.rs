@@ -150,42 +150,80 @@ impl<DB: Backend> CallerTx<DB> {
     /// Takes the transaction for a call and opens the call's savepoint in
     /// it, in a task of its own that always completes.
     pub(crate) async fn lend(&mut self) -> Result<Lent<'_, DB>, Error> {
-        self.transaction()?;
-        let mut tx = self.tx.take().expect("checked above");
-        let depth = DB::TransactionManager::get_transaction_depth(&*tx);
-        let (back, returned) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let opened = DB::TransactionManager::begin(&mut *tx, None).await;
-            if let Err((tx, _)) = back.send((tx, opened)) {
-                // The call was cancelled meanwhile: the caller's
-                // transaction cannot be handed back; end it cleanly.
-                discard(tx).await;
-            }
-        });
-        // Until the task answers, a cancelled call leaves the transaction
-        // lost (the task rolls it back).
-        let pending = Pending { home: Some(self) };
-        match returned.await {
-            Ok((tx, Ok(()))) => Ok(pending.into_lent(tx)),
-            Ok((tx, Err(e))) => {
-                let home = pending.defuse();
-                if DB::TransactionManager::get_transaction_depth(&*tx) == depth {
-                    // Nothing was undone: the transaction is as it was.
-                    home.tx = Some(tx);
-                } else {
-                    // The driver rolled the caller's level back.
-                    home.lose(tx, format!("the call's savepoint could not be opened: {e}"));
-                }
-                Err(Error::database(e))
-            }
-            // The task panicked or the runtime is shutting down.
-            Err(_) => Err(Error::Database(sqlx::Error::WorkerCrashed)),
-        }
+        Lent::open(Home::Borrowed(self)).await
     }
 
     fn lose(&mut self, tx: Transaction<'static, DB>, reason: String) {
         self.lost = Some(reason);
         tokio::spawn(discard(tx));
+    }
+}
+
+/// A cache marker of a call inside a relay batch, written only after the
+/// batch commits.
+#[cfg(feature = "redis")]
+#[derive(Debug)]
+pub(crate) struct DeferredMarker {
+    pub(crate) cache: crate::cache::RedisCache,
+    pub(crate) scope: &'static str,
+    pub(crate) key: String,
+    pub(crate) marker: String,
+}
+
+/// A relay batch's transaction, shared by the calls of its messages: each
+/// call locks it and runs under a savepoint of it (see
+/// [`Conn::Shared`](super::source::Conn)); the relay commits it once.
+pub(crate) struct SharedTx<DB: Backend> {
+    pub(crate) tx: std::sync::Arc<tokio::sync::Mutex<CallerTx<DB>>>,
+    /// The cache markers of the calls that released their savepoint, to
+    /// write after the batch's commit.
+    #[cfg(feature = "redis")]
+    pub(crate) markers: std::sync::Arc<std::sync::Mutex<Vec<DeferredMarker>>>,
+}
+
+impl<DB: Backend> Clone for SharedTx<DB> {
+    fn clone(&self) -> Self {
+        SharedTx {
+            tx: self.tx.clone(),
+            #[cfg(feature = "redis")]
+            markers: self.markers.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for SharedTx<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedTx")
+    }
+}
+
+impl<DB: Backend> SharedTx<DB> {
+    /// Shares `tx`.
+    pub(crate) fn new(tx: CallerTx<DB>) -> Self {
+        SharedTx {
+            tx: std::sync::Arc::new(tokio::sync::Mutex::new(tx)),
+            #[cfg(feature = "redis")]
+            markers: Default::default(),
+        }
+    }
+
+    /// Why the transaction is gone, if it is.
+    pub(crate) async fn lost(&self) -> Option<String> {
+        let mut tx = self.tx.lock().await;
+        tx.transaction().err().map(|e| e.to_string())
+    }
+
+    /// Takes the transaction out (to commit it); later calls on this
+    /// share fail with [`Error::TransactionLost`].
+    pub(crate) async fn take(&self) -> CallerTx<DB> {
+        let mut tx = self.tx.lock().await;
+        std::mem::replace(
+            &mut *tx,
+            CallerTx {
+                tx: None,
+                lost: Some("the relay's batch has ended".into()),
+            },
+        )
     }
 }
 
@@ -210,11 +248,40 @@ async fn discard<DB: Backend>(mut tx: Transaction<'static, DB>) {
 /// cancelled), the caller's transaction is lost; the task that opens it
 /// rolls it back.
 struct Pending<'c, DB: Backend> {
-    home: Option<&'c mut CallerTx<DB>>,
+    home: Option<Home<'c, DB>>,
+}
+
+/// Where a lent transaction goes back to: the caller's `&mut CallerTx`,
+/// or a [`CallerTx`] shared by the calls of a relay's batch, locked for
+/// the call.
+pub(crate) enum Home<'c, DB: Backend> {
+    /// The caller's, borrowed for the call.
+    Borrowed(&'c mut CallerTx<DB>),
+    /// A shared one, locked for the call.
+    Shared(tokio::sync::OwnedMutexGuard<CallerTx<DB>>),
+}
+
+impl<DB: Backend> std::ops::Deref for Home<'_, DB> {
+    type Target = CallerTx<DB>;
+    fn deref(&self) -> &CallerTx<DB> {
+        match self {
+            Home::Borrowed(tx) => tx,
+            Home::Shared(tx) => tx,
+        }
+    }
+}
+
+impl<DB: Backend> std::ops::DerefMut for Home<'_, DB> {
+    fn deref_mut(&mut self) -> &mut CallerTx<DB> {
+        match self {
+            Home::Borrowed(tx) => tx,
+            Home::Shared(tx) => tx,
+        }
+    }
 }
 
 impl<'c, DB: Backend> Pending<'c, DB> {
-    fn defuse(mut self) -> &'c mut CallerTx<DB> {
+    fn defuse(mut self) -> Home<'c, DB> {
         self.home.take().expect("defused once")
     }
 
@@ -228,7 +295,7 @@ impl<'c, DB: Backend> Pending<'c, DB> {
 
 impl<DB: Backend> Drop for Pending<'_, DB> {
     fn drop(&mut self) {
-        if let Some(home) = self.home.take() {
+        if let Some(mut home) = self.home.take() {
             home.lost = Some("a call inside it was cancelled while it opened its savepoint".into());
         }
     }
@@ -240,10 +307,46 @@ impl<DB: Backend> Drop for Pending<'_, DB> {
 /// the caller's next statement — and goes back to the caller.
 pub(crate) struct Lent<'c, DB: Backend> {
     tx: Option<Transaction<'static, DB>>,
-    home: &'c mut CallerTx<DB>,
+    home: Home<'c, DB>,
 }
 
-impl<DB: Backend> Lent<'_, DB> {
+impl<'c, DB: Backend> Lent<'c, DB> {
+    /// Takes `home`'s transaction for a call and opens the call's
+    /// savepoint in it, in a task of its own that always completes.
+    pub(crate) async fn open(mut home: Home<'c, DB>) -> Result<Self, Error> {
+        home.transaction()?;
+        let mut tx = home.tx.take().expect("checked above");
+        let depth = DB::TransactionManager::get_transaction_depth(&*tx);
+        let (back, returned) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let opened = DB::TransactionManager::begin(&mut *tx, None).await;
+            if let Err((tx, _)) = back.send((tx, opened)) {
+                // The call was cancelled meanwhile: the caller's
+                // transaction cannot be handed back; end it cleanly.
+                discard(tx).await;
+            }
+        });
+        // Until the task answers, a cancelled call leaves the transaction
+        // lost (the task rolls it back).
+        let pending = Pending { home: Some(home) };
+        match returned.await {
+            Ok((tx, Ok(()))) => Ok(pending.into_lent(tx)),
+            Ok((tx, Err(e))) => {
+                let mut home = pending.defuse();
+                if DB::TransactionManager::get_transaction_depth(&*tx) == depth {
+                    // Nothing was undone: the transaction is as it was.
+                    home.tx = Some(tx);
+                } else {
+                    // The driver rolled the caller's level back.
+                    home.lose(tx, format!("the call's savepoint could not be opened: {e}"));
+                }
+                Err(Error::database(e))
+            }
+            // The task panicked or the runtime is shutting down.
+            Err(_) => Err(Error::Database(sqlx::Error::WorkerCrashed)),
+        }
+    }
+
     pub(crate) fn tx(&mut self) -> &mut Transaction<'static, DB> {
         self.tx
             .as_mut()
@@ -254,6 +357,12 @@ impl<DB: Backend> Lent<'_, DB> {
         self.tx
             .as_ref()
             .expect("a lent transaction is present until it is handed back")
+    }
+
+    /// Whether the transaction is a relay batch's (see [`SharedTx`]).
+    #[cfg(feature = "testing")]
+    pub(crate) fn shared(&self) -> bool {
+        matches!(self.home, Home::Shared(_))
     }
 
     /// Releases the savepoint and hands the transaction back.

@@ -19,6 +19,7 @@ mod outcome;
 mod source;
 
 pub use caller::CallerTx;
+pub(crate) use caller::SharedTx;
 pub use outcome::Outcome;
 use source::Conn;
 pub use source::{OutboxLease, Source};
@@ -99,6 +100,10 @@ impl<DB: Backend> CallTx<'_, DB> {
             CallTx::Own(tx) => {
                 let _ = tx.rollback().await;
             }
+            #[cfg(feature = "testing")]
+            CallTx::Caller(lent) if lent.shared() && crate::testing::broken_batch_savepoints() => {
+                let _ = lent.release().await;
+            }
             CallTx::Caller(lent) => lent.roll_back().await,
         }
     }
@@ -116,6 +121,10 @@ pub(crate) struct CallState<'c, DB: Backend> {
     scope: &'static str,
     #[cfg(feature = "redis")]
     cache: Option<crate::cache::RedisCache>,
+    /// In a relay batch: where the marker goes, to be written after the
+    /// batch's commit.
+    #[cfg(feature = "redis")]
+    deferred: Option<std::sync::Arc<std::sync::Mutex<Vec<caller::DeferredMarker>>>>,
 }
 
 impl<'c, DB: Backend> Call<'c, DB> {
@@ -171,6 +180,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
         span: Span,
     ) -> Result<Self, Error> {
         span.record("key", key.as_str());
+        #[cfg(feature = "redis")]
+        let mut deferred = None;
         let tx = match source.conn {
             Conn::Pool(pool) => match DB::begin(pool).await {
                 Ok(tx) => CallTx::Own(tx),
@@ -184,6 +195,19 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 Ok(lent) => CallTx::Caller(lent),
                 Err(e) => return Err(fail(&span, e)),
             },
+            // The same, in a relay batch's shared transaction, locked for
+            // the call.
+            Conn::Shared(shared) => {
+                #[cfg(feature = "redis")]
+                {
+                    deferred = Some(shared.markers.clone());
+                }
+                let home = caller::Home::Shared(shared.tx.lock_owned().await);
+                match caller::Lent::open(home).await {
+                    Ok(lent) => CallTx::Caller(lent),
+                    Err(e) => return Err(fail(&span, e)),
+                }
+            }
         };
         let mut call = Call {
             state: CallState {
@@ -195,6 +219,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 scope,
                 #[cfg(feature = "redis")]
                 cache: source.cache,
+                #[cfg(feature = "redis")]
+                deferred,
             },
             guard: (),
         };
@@ -317,10 +343,11 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
         #[cfg(feature = "redis")]
-        let (cache, key, scope) = (
+        let (cache, key, scope, deferred) = (
             self.state.cache.take(),
             std::mem::take(&mut self.state.key),
             self.state.scope,
+            self.state.deferred.take(),
         );
         let CallState { tx, span, .. } = self.state;
         let nested = tx.nested();
@@ -341,10 +368,23 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
                 // call would skip the action forever. A call inside the
                 // caller's transaction leaves none: its commit is not ours
                 // to see.
+                // A call in a relay batch leaves its marker to the relay,
+                // which writes it after the batch's commit.
                 #[cfg(feature = "redis")]
-                if let Some(cache) = cache.filter(|_| !nested) {
+                if let Some(cache) = cache {
                     let marker = marker.as_deref().unwrap_or(cache_marker::PLAIN_MARKER);
-                    cache.put(scope, &key, marker).await;
+                    if !nested {
+                        cache.put(scope, &key, marker).await;
+                    } else if let Some(deferred) = deferred
+                        && let Ok(mut markers) = deferred.lock()
+                    {
+                        markers.push(caller::DeferredMarker {
+                            cache,
+                            scope,
+                            key,
+                            marker: marker.to_owned(),
+                        });
+                    }
                 }
                 Ok(())
             }

@@ -30,6 +30,9 @@ pub(crate) enum Conn<'a, DB: Backend> {
     Pool(&'a Pool<DB>),
     /// The caller's transaction: the call runs under a savepoint in it.
     Caller(&'a mut crate::CallerTx<DB>),
+    /// A relay batch's transaction, shared by the calls of its messages:
+    /// locked for the call, which runs under a savepoint in it.
+    Shared(super::caller::SharedTx<DB>),
 }
 
 impl<DB: Backend> std::fmt::Debug for Conn<'_, DB> {
@@ -37,6 +40,7 @@ impl<DB: Backend> std::fmt::Debug for Conn<'_, DB> {
         f.write_str(match self {
             Conn::Pool(_) => "Pool",
             Conn::Caller(_) => "Caller",
+            Conn::Shared(_) => "Shared",
         })
     }
 }
@@ -47,6 +51,17 @@ impl<'a, DB: Backend> Source<'a, DB> {
         Source {
             outbox: Some(lease),
             ..Source::from(pool)
+        }
+    }
+
+    /// A call driven by the outbox message that `lease` holds, inside a
+    /// relay batch's shared transaction.
+    pub(crate) fn outbox_shared(shared: super::caller::SharedTx<DB>, lease: OutboxLease) -> Self {
+        Source {
+            conn: Conn::Shared(shared),
+            outbox: Some(lease),
+            #[cfg(feature = "redis")]
+            cache: None,
         }
     }
 

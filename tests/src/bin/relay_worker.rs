@@ -75,6 +75,13 @@ async fn main() {
         .expect("once");
     let log_pool = pool.clone();
     let me = owner.clone();
+    // `RELAY_COMMIT_BATCH=n` (n ≥ 2): batched commits (tests/relay_batch.rs).
+    // The execution log is then not written: the handler would write it on
+    // its own connection while the batch holds SQLite's write lock.
+    let commit_batch: usize = std::env::var("RELAY_COMMIT_BATCH")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     let relay = Relay::new(pool.clone())
         .route(topic.clone(), move |delivery, msg: Deduct| {
             let (log_pool, me) = (log_pool.clone(), me.clone());
@@ -84,6 +91,9 @@ async fn main() {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 let outcome = deduct(delivery.source(), &msg).await;
                 let end = micros();
+                if commit_batch >= 2 {
+                    return outcome;
+                }
                 sqlx::query(sql(d(), "INSERT INTO idem_p_exec_log (msg_id, owner, started_us, ended_us) VALUES (?, ?, ?, ?)"))
                     .bind(delivery.message().id)
                     .bind(&me)
@@ -98,8 +108,9 @@ async fn main() {
         .owner(owner.clone())
         .lease(Duration::from_millis(lease))
         .poll_interval(Duration::from_millis(20))
-        .batch_size(8)
-        .concurrency(4)
+        .batch_size(if commit_batch >= 2 { 16 } else { 8 })
+        .concurrency(if commit_batch >= 2 { 16 } else { 4 })
+        .commit_batch(commit_batch)
         .spawn();
     // Exit once nothing of the topic has been pending for IDLE_EXIT_MS.
     let mut idle_since: Option<Instant> = None;

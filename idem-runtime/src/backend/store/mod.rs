@@ -486,7 +486,24 @@ impl OutboxStore for DB {
             return Ok(0);
         }
         let mut tx = begin(pool).await?;
-        let sql = sql_of(&tx);
+        let renewed = Self::renew_leases_in(&mut tx, owner, ids, lease_secs).await?;
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = crate::testing::after_commit(crate::testing::Kind::Renew, committed);
+        committed?;
+        Ok(renewed)
+    }
+
+    async fn renew_leases_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = sql_of(tx);
         let renewed = match &sql.renew {
             Renew::LockThenUpdate { lock, update } => {
                 let text = sql.render(&lock(&marks(ids.len())));
@@ -496,7 +513,7 @@ impl OutboxStore for DB {
                 for id in ids {
                     q = q.bind(*id);
                 }
-                let free: Vec<i64> = q.fetch_all(&mut *tx).await?;
+                let free: Vec<i64> = q.fetch_all(&mut **tx).await?;
                 if free.is_empty() {
                     0
                 } else {
@@ -506,7 +523,7 @@ impl OutboxStore for DB {
                     for id in &free {
                         q = q.bind(*id);
                     }
-                    DB::rows_affected(&q.execute(&mut *tx).await?)
+                    DB::rows_affected(&q.execute(&mut **tx).await?)
                 }
             }
             Renew::Update(update) => {
@@ -516,13 +533,9 @@ impl OutboxStore for DB {
                 for id in ids {
                     q = q.bind(*id);
                 }
-                DB::rows_affected(&q.execute(&mut *tx).await?)
+                DB::rows_affected(&q.execute(&mut **tx).await?)
             }
         };
-        let committed = tx.commit().await;
-        #[cfg(feature = "testing")]
-        let committed = crate::testing::after_commit(crate::testing::Kind::Renew, committed);
-        committed?;
         Ok(renewed)
     }
 

@@ -30,6 +30,10 @@ const BOOKKEEPING_WAITS: [Duration; 4] = [
 const OUTAGE_WAIT_FIRST: Duration = Duration::from_millis(200);
 const OUTAGE_WAIT_MAX: Duration = Duration::from_secs(1);
 
+/// A failed attempt: whether it may be retried, the reason, and whether
+/// the handler's commit may have landed (its outcome is unknown).
+pub(super) type Failure = (bool, String, bool);
+
 impl<DB: Backend> Relay<DB> {
     /// One attempt of one message, claimed under the lease owner `owner`,
     /// and its bookkeeping.
@@ -44,9 +48,7 @@ impl<DB: Backend> Relay<DB> {
         let marked = Arc::new(AtomicBool::new(false));
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts);
         let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), marked.clone());
-        // Err: (retryable, reason, whether the handler's commit may have
-        // landed).
-        let result = match route(delivery) {
+        let result: Result<bool, Failure> = match route(delivery) {
             Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
             // A panicking handler is a failed attempt, not a dead relay.
             Ok(fut) => match self.heartbeat(&lease, tokio::spawn(fut), &span).await {
@@ -59,6 +61,22 @@ impl<DB: Backend> Relay<DB> {
                 Err(join) => Err((true, format!("handler panicked: {join}"), false)),
             },
         };
+        let marked = marked.load(Ordering::Relaxed);
+        self.settle(&lease, &owner, marked, result, &span).await;
+    }
+
+    /// The bookkeeping of one attempt of the message `lease` holds, whose
+    /// handler came to `result` (`marked`: it marked the message itself).
+    pub(super) async fn settle(
+        &self,
+        lease: &OutboxLease,
+        owner: &str,
+        marked: bool,
+        result: Result<bool, Failure>,
+        span: &tracing::Span,
+    ) {
+        let i = &self.inner;
+        let (id, attempts) = (lease.id(), lease.attempt());
         match result {
             Ok(executed) => {
                 let counter = if executed {
@@ -69,11 +87,11 @@ impl<DB: Backend> Relay<DB> {
                 counter.fetch_add(1, Ordering::Relaxed);
                 // A handler given its outbox source marked the message in
                 // its own transaction; for any other, the relay marks it.
-                if !marked.load(Ordering::Relaxed) {
+                if !marked {
                     let mark = self.fenced(
                         id,
                         || async {
-                            DB::outbox_success_pool(&i.pool, &lease)
+                            DB::outbox_success_pool(&i.pool, lease)
                                 .await
                                 .map(|n| n == 1)
                         },
@@ -83,10 +101,10 @@ impl<DB: Backend> Relay<DB> {
                         Ok(true) => {}
                         Ok(false) => {
                             i.stats.stale.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(parent: &span, "outbox message no longer held by this delivery; its current holder settles it");
+                            tracing::warn!(parent: span, "outbox message no longer held by this delivery; its current holder settles it");
                         }
                         Err(e) => {
-                            tracing::warn!(parent: &span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
+                            tracing::warn!(parent: span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
                         }
                     }
                 }
@@ -114,7 +132,7 @@ impl<DB: Backend> Relay<DB> {
                         DB::outbox_settle_failure(
                             &i.pool,
                             id,
-                            &owner,
+                            owner,
                             attempts,
                             dead,
                             delay.as_secs_f64(),
@@ -127,12 +145,12 @@ impl<DB: Backend> Relay<DB> {
                     Ok(true) if dead => {
                         i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::outbox_dead_letter();
-                        tracing::warn!(parent: &span, %reason, "outbox message dead-lettered");
+                        tracing::warn!(parent: span, %reason, "outbox message dead-lettered");
                     }
                     Ok(true) => {
                         i.stats.retried.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::outbox_retry();
-                        tracing::info!(parent: &span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
+                        tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
                     }
                     Ok(false) => {
                         i.stats.stale.fetch_add(1, Ordering::Relaxed);
@@ -145,7 +163,7 @@ impl<DB: Backend> Relay<DB> {
                     }
                     Err(e) => {
                         // The lease expires and the message is retried.
-                        tracing::warn!(parent: &span, error = %e, "could not record the failed attempt");
+                        tracing::warn!(parent: span, error = %e, "could not record the failed attempt");
                     }
                 }
             }

@@ -1,6 +1,7 @@
 //! One delivery of an outbox message: what a route's handler gets.
 
 use crate::backend::{Backend, OutboxRow};
+use crate::call::SharedTx;
 use crate::{OutboxLease, Source};
 use sqlx::Pool;
 use std::sync::Arc;
@@ -26,6 +27,10 @@ pub struct Delivery<DB: Backend> {
     /// Set when the handler took its outbox source: a successful handler
     /// then marked the message itself, and the relay need not.
     pub(super) marked: Arc<AtomicBool>,
+    /// In a batch ([`Relay::commit_batch`](super::Relay::commit_batch)):
+    /// the batch's shared transaction, which [`source`](Delivery::source)
+    /// runs the call in.
+    pub(super) batch: Option<SharedTx<DB>>,
 }
 
 impl<DB: Backend> Delivery<DB> {
@@ -42,14 +47,21 @@ impl<DB: Backend> Delivery<DB> {
             message,
             lease,
             marked,
+            batch: None,
         }
     }
 
     /// Pass this to the handler: its transaction then marks the message,
-    /// fenced by this delivery's lease (see [`OutboxLease`]).
+    /// fenced by this delivery's lease (see [`OutboxLease`]). On a relay
+    /// with [`commit_batch`](super::Relay::commit_batch), the call runs
+    /// under a savepoint of the batch's transaction, which the relay
+    /// commits once for the whole batch.
     pub fn source(&self) -> Source<'_, DB> {
         self.marked.store(true, Ordering::Relaxed);
-        Source::outbox(&self.pool, self.lease.clone())
+        match &self.batch {
+            Some(shared) => Source::outbox_shared(shared.clone(), self.lease.clone()),
+            None => Source::outbox(&self.pool, self.lease.clone()),
+        }
     }
 
     /// Like [`source`](Delivery::source), with the call on `pool`: another

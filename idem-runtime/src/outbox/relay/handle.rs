@@ -49,6 +49,11 @@ pub struct RelayStats {
     /// `success`: the handler reported a failure (typically
     /// `CommitUnknown`, a lost acknowledgement) after its commit landed.
     pub landed: AtomicU64,
+    /// Batches committed (see [`Relay::commit_batch`](super::Relay::commit_batch)).
+    pub batches: AtomicU64,
+    /// Batches whose commit failed: outcome unknown (each message read
+    /// back), or refused or lost (each message delivered again, alone).
+    pub lost_batches: AtomicU64,
 }
 
 impl<DB: Backend> Inner<DB> {

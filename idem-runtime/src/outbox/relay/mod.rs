@@ -44,6 +44,7 @@
 //! [`RelayStats::claim_conflicts`].
 
 mod attempt;
+mod batch;
 mod delivery;
 mod handle;
 
@@ -156,6 +157,8 @@ struct Inner<DB: Backend> {
     /// next one).
     backlog: AtomicBool,
     batch_size: i64,
+    /// See [`Relay::commit_batch`] (1: off).
+    commit_batch: usize,
     concurrency: usize,
     lease: Duration,
     poll_interval: Duration,
@@ -203,6 +206,7 @@ impl<DB: Backend> Relay<DB> {
                 claim_spread: DEFAULT_SPREAD,
                 backlog: AtomicBool::new(true),
                 batch_size: 64,
+                commit_batch: 1,
                 concurrency: 16,
                 lease: Duration::from_secs(30),
                 poll_interval: Duration::from_millis(100),
@@ -262,6 +266,28 @@ impl<DB: Backend> Relay<DB> {
     /// waits out its lease in a queue.
     pub fn batch_size(self, n: u32) -> Self {
         self.edit(|i| i.batch_size = i64::from(n.max(1)))
+    }
+
+    /// Batched commits (default 1: off): with `n ≥ 2`, the messages of a
+    /// claim are delivered in batches of up to `n`, each batch's handlers
+    /// one after the other in **one** transaction, each under a savepoint
+    /// of its own, and the batch commits once: one commit (one WAL flush)
+    /// for `n` messages instead of `n`. Each batch takes one handler slot
+    /// per message (see [`concurrency`](Relay::concurrency)): to run
+    /// batches side by side, set the concurrency to a multiple of `n`.
+    ///
+    /// Handlers must run their call on [`Delivery::source`], which runs it
+    /// in the batch's transaction; a handler that fails (or panics) rolls
+    /// back to its savepoint, the batch goes on, and its failure is
+    /// recorded after the batch's commit (back-off, dead letter) as
+    /// without batching. The batch's transaction holds its messages' rows
+    /// locked until it ends, so no other relay takes them however long it
+    /// lasts. A lost acknowledgement of the batch's commit is read back
+    /// per message. On SQLite the batch holds the write lock throughout: a
+    /// handler writing on its own connection instead of its source waits
+    /// for it (and times out). See the module `batch.rs` for the details.
+    pub fn commit_batch(self, n: usize) -> Self {
+        self.edit(|i| i.commit_batch = n.max(1))
     }
 
     /// Handlers running at once (default 16).
@@ -394,6 +420,10 @@ impl<DB: Backend> Relay<DB> {
     pub async fn run_once(&self) -> Result<usize, Error> {
         let batch = self.claim_up_to(self.inner.concurrency as i64).await?;
         let n = batch.rows.len();
+        if self.inner.commit_batch >= 2 {
+            self.deliver_batches(batch.rows, batch.owner).await;
+            return Ok(n);
+        }
         let permits = Arc::new(Semaphore::new(self.inner.concurrency));
         let mut tasks = JoinSet::new();
         for row in batch.rows {
@@ -451,12 +481,16 @@ impl<DB: Backend> Relay<DB> {
                     let me = self.clone();
                     tasks.spawn(async move {
                         if let Ok(batch) = me.recover(owner, chosen, error).await {
-                            let mut deliveries = JoinSet::new();
-                            for row in batch.rows {
-                                let (me, owner) = (me.clone(), batch.owner.clone());
-                                deliveries.spawn(async move { me.deliver(row, owner).await });
+                            if me.inner.commit_batch >= 2 {
+                                me.deliver_batches(batch.rows, batch.owner).await;
+                            } else {
+                                let mut deliveries = JoinSet::new();
+                                for row in batch.rows {
+                                    let (me, owner) = (me.clone(), batch.owner.clone());
+                                    deliveries.spawn(async move { me.deliver(row, owner).await });
+                                }
+                                while deliveries.join_next().await.is_some() {}
                             }
-                            while deliveries.join_next().await.is_some() {}
                         }
                         drop(reserved);
                     });
@@ -477,6 +511,23 @@ impl<DB: Backend> Relay<DB> {
                     // A dropped handle stops the relay like a shutdown.
                     changed = stop.changed() => if changed.is_err() { break },
                 }
+                continue;
+            }
+            if self.inner.commit_batch >= 2 {
+                // One claim: one owner. A slot per message, as below.
+                let slots = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+                let reserved = permits
+                    .clone()
+                    .acquire_many_owned(slots)
+                    .await
+                    .expect("never closed");
+                let owner = batch[0].1.clone();
+                let rows = batch.into_iter().map(|(row, _)| row).collect();
+                let me = self.clone();
+                tasks.spawn(async move {
+                    me.deliver_batches(rows, owner).await;
+                    drop(reserved);
+                });
                 continue;
             }
             for (row, owner) in batch {

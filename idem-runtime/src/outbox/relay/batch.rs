@@ -1,0 +1,214 @@
+//! Batched commits (see [`Relay::commit_batch`]): the handlers of one
+//! claimed chunk run one after the other in one transaction, each under a
+//! savepoint of its own, and the chunk commits once.
+//!
+//! - **Leases.** The batch transaction first renews the leases of all its
+//!   messages, which locks their rows until it ends: claims skip locked
+//!   rows (`SKIP LOCKED`; SQLite's write lock is held from `BEGIN
+//!   IMMEDIATE`), so no other relay takes a message of a running batch,
+//!   however long the batch lasts. Each handler's success update is fenced
+//!   by its own lease, inside its savepoint, as on the per-message path.
+//! - **A failing or panicking handler** rolls back to its savepoint (its
+//!   lent transaction goes back to the batch, rolled back to the
+//!   savepoint, also when its task unwinds); the batch goes on, and its
+//!   failure bookkeeping (back-off, dead letter) is written after the
+//!   batch's commit, on the pool, exactly as on the per-message path.
+//! - **The commit.** Acknowledged: every message is settled as its
+//!   handler answered, and the cache markers of its calls are written.
+//!   Outcome unknown (a lost acknowledgement): each message whose handler
+//!   succeeded is read back, a `success` (the commit landed) or retried
+//!   like a per-message attempt whose commit outcome is unknown (the retry
+//!   answers `Duplicate` if it had landed after all). Refused, or the
+//!   transaction lost (a savepoint that could not be opened or closed):
+//!   nothing committed, and every message of the batch is delivered again
+//!   on the per-message path, under the same leases.
+
+use super::Relay;
+use super::attempt::Failure;
+use super::delivery::Delivery;
+use crate::OutboxLease;
+use crate::backend::{Backend, OutboxRow};
+use crate::call::{CallerTx, SharedTx};
+use crate::error::Error;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::task::JoinSet;
+
+/// One message of a batch, once its handler ran.
+struct Ran {
+    row: OutboxRow,
+    lease: OutboxLease,
+    /// Whether the handler took its outbox source (its success mark is in
+    /// the batch's transaction).
+    marked: bool,
+    result: Result<bool, Failure>,
+    span: tracing::Span,
+}
+
+impl<DB: Backend> Relay<DB> {
+    /// Delivers one claim's `rows` in batches of
+    /// [`commit_batch`](Relay::commit_batch) messages, the batches at once.
+    pub(super) async fn deliver_batches(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
+        let n = self.inner.commit_batch.max(1);
+        let mut rows = rows.into_iter().peekable();
+        let mut batches = JoinSet::new();
+        while rows.peek().is_some() {
+            let chunk: Vec<_> = rows.by_ref().take(n).collect();
+            let (me, owner) = (self.clone(), owner.clone());
+            batches.spawn(async move { me.deliver_batch(chunk, owner).await });
+        }
+        while batches.join_next().await.is_some() {}
+    }
+
+    /// One batch: its handlers in one transaction, committed once, then
+    /// the bookkeeping of each message.
+    async fn deliver_batch(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
+        let i = &self.inner;
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let shared = match self.open_batch(&owner, &ids).await {
+            Ok(shared) => shared,
+            Err(e) => {
+                tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
+                return self.deliver_each(rows, owner).await;
+            }
+        };
+        let mut ran = Vec::with_capacity(rows.len());
+        let mut rows = rows.into_iter();
+        let mut lost = None;
+        for row in rows.by_ref() {
+            if let Some(r) = self.run_in_batch(row, &owner, &shared).await {
+                ran.push(r);
+            }
+            if let Some(reason) = shared.lost().await {
+                lost = Some(reason);
+                break;
+            }
+        }
+        let committed = match lost {
+            Some(reason) => Err(Error::TransactionLost { reason }),
+            None => commit(shared.take().await).await,
+        };
+        match committed {
+            Ok(()) => {
+                i.stats.batches.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "redis")]
+                write_markers(&shared).await;
+                for r in ran {
+                    self.settle(&r.lease, &owner, r.marked, r.result, &r.span)
+                        .await;
+                }
+            }
+            Err(Error::CommitUnknown(error)) => {
+                i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, messages = ran.len(), "an outbox batch's commit outcome is unknown; reading back its messages");
+                for r in ran {
+                    // A success mark in the batch: its commit's outcome
+                    // is unknown, like a per-message handler's.
+                    let result = match r.result {
+                        Ok(_) if r.marked => Err((
+                            true,
+                            format!("commit outcome unknown: the batch's commit failed: {error}"),
+                            true,
+                        )),
+                        other => other,
+                    };
+                    self.settle(&r.lease, &owner, r.marked, result, &r.span)
+                        .await;
+                }
+            }
+            Err(e) => {
+                // Nothing of the batch committed: every message again,
+                // one by one, under the same lease.
+                i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "an outbox batch did not commit; delivering its messages one by one");
+                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
+                self.deliver_each(again, owner).await;
+            }
+        }
+    }
+
+    /// Begins a batch's transaction and renews (and so locks) its
+    /// messages' leases in it.
+    async fn open_batch(&self, owner: &str, ids: &[i64]) -> Result<SharedTx<DB>, Error> {
+        let i = &self.inner;
+        let mut tx = CallerTx::begin(&i.pool).await?;
+        let renewed =
+            DB::renew_leases_in(tx.transaction()?, owner, ids, i.lease.as_secs_f64()).await?;
+        crate::metrics::lease_renewals(renewed);
+        Ok(SharedTx::new(tx))
+    }
+
+    /// Delivers `rows` one by one, on the per-message path.
+    async fn deliver_each(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
+        for row in rows {
+            self.deliver(row, owner.clone()).await;
+        }
+    }
+
+    /// Runs one message's handler in the batch's transaction `shared`.
+    async fn run_in_batch(
+        &self,
+        row: OutboxRow,
+        owner: &Arc<str>,
+        shared: &SharedTx<DB>,
+    ) -> Option<Ran> {
+        let i = &self.inner;
+        let (id, attempts) = (row.id, row.attempts);
+        let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts, batch = true);
+        // Not claimable otherwise: claims filter on the routed topics.
+        let route = i.routes.get(&row.topic).cloned()?;
+        let marked = Arc::new(AtomicBool::new(false));
+        let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts);
+        let mut delivery =
+            Delivery::new(i.pool.clone(), row.clone(), lease.clone(), marked.clone());
+        delivery.batch = Some(shared.clone());
+        let result = match route(delivery) {
+            Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
+            // A panicking handler is a failed attempt: its task unwinds,
+            // which rolls its call back to the savepoint and hands the
+            // batch's transaction back.
+            Ok(fut) => match tokio::spawn(fut).await {
+                Ok(Ok(executed)) => Ok(executed),
+                Ok(Err(e)) => Err((
+                    e.is_retryable(),
+                    format!("{}: {e}", e.kind()),
+                    matches!(e, crate::Error::CommitUnknown(_)),
+                )),
+                Err(join) => Err((true, format!("handler panicked: {join}"), false)),
+            },
+        };
+        Some(Ran {
+            row,
+            lease,
+            marked: marked.load(Ordering::Relaxed),
+            result,
+            span,
+        })
+    }
+}
+
+/// Commits a batch's transaction (under the `testing` feature's lost
+/// acknowledgements, [`Kind::Batch`](crate::testing::Kind::Batch)).
+async fn commit<DB: Backend>(tx: CallerTx<DB>) -> Result<(), Error> {
+    let committed = tx.commit().await;
+    #[cfg(feature = "testing")]
+    let committed = match committed {
+        Ok(()) if crate::testing::lose_ack_on(crate::testing::Kind::Batch) => {
+            Err(Error::CommitUnknown(crate::testing::lost_ack_error()))
+        }
+        other => other,
+    };
+    committed
+}
+
+/// Writes the cache markers of a committed batch's calls.
+#[cfg(feature = "redis")]
+async fn write_markers<DB: Backend>(shared: &SharedTx<DB>) {
+    let markers = match shared.markers.lock() {
+        Ok(mut markers) => std::mem::take(&mut *markers),
+        Err(_) => return,
+    };
+    for m in markers {
+        m.cache.put(m.scope, &m.key, &m.marker).await;
+    }
+}

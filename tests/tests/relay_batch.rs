@@ -1,0 +1,389 @@
+//! Batched commits in the relay (`Relay::commit_batch`), on every backend
+//! against the real servers: a batch's handlers run in one transaction,
+//! each under its own savepoint, and the batch commits once. Counted in
+//! the database: every coupon deducted exactly once (double 0, lost 0),
+//! every message's status and attempts; a failing message in the middle
+//! of a batch rolls back alone, is retried alone and dead-letters with its
+//! reason; a panicking handler takes down nothing; lost acknowledgements
+//! of batch commits (the `testing` hook, on every backend) are read back;
+//! a batch slower than its lease is never taken over. SIGKILL mid-batch:
+//! `processes.rs` (`*_batched_relay_killed_mid_batch_loses_nothing`).
+//!
+//! The control breaks the savepoints (a failed call in a batch releases
+//! its savepoint instead of rolling back to it) and shows the
+//! failing-message test catching it.
+//!
+//! The tests of this target run one at a time: the `testing` hooks (lost
+//! acknowledgements, broken savepoints) are process-wide.
+
+#[macro_use]
+#[path = "common/relay.rs"]
+#[allow(unused_imports, unused_macros)]
+mod common;
+use common::*;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Turns the process-wide hooks off when dropped, also on a failed
+/// assertion.
+struct Hooks;
+
+impl Drop for Hooks {
+    fn drop(&mut self) {
+        idem_runtime::testing::set_lost_ack_rate(0.0);
+        idem_runtime::testing::set_broken_batch_savepoints(false);
+    }
+}
+
+macro_rules! batch_tests {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
+        mod $module {
+            #![allow(dead_code)]
+            relay_fixtures!($module, $db, $dialect, $pool);
+            use idem_runtime::testing::{Kind, lost_acks_on};
+
+            /// The deduction, then a refusal: its effects must roll back.
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_then_fail(tx: &mut Transaction<'_, Db>, msg: &Deduct) -> Result<(), Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Err(Error::retryable("downstream refused the deduction"))
+            }
+
+            /// The deduction, then a panic (on the first attempt only).
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_then_panic(tx: &mut Transaction<'_, Db>, msg: &Deduct, attempt: i32) -> Result<(), sqlx::Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                if attempt == 1 {
+                    panic!("handler bug (attempt 1)");
+                }
+                Ok(())
+            }
+
+            /// `n` coupons, each with its message (every third twice).
+            async fn produce_n(pool: &Pool<Db>, topic: &str, n: usize, copies_every_third: bool) -> Vec<i64> {
+                let mut coupons = Vec::with_capacity(n);
+                for k in 0..n {
+                    let copies = if copies_every_third && k % 3 == 0 { 2 } else { 1 };
+                    coupons.push(produce(pool, topic, copies).await);
+                }
+                coupons
+            }
+
+            /// (double, lost) deductions among `coupons`.
+            async fn double_and_lost(pool: &Pool<Db>, coupons: &[i64]) -> (usize, usize) {
+                let (mut double, mut lost) = (0, 0);
+                for c in coupons {
+                    let n = deductions(pool, *c).await;
+                    double += usize::from(n > 1);
+                    lost += usize::from(n == 0);
+                }
+                (double, lost)
+            }
+
+            fn batched(pool: &Pool<Db>) -> Relay<Db> {
+                Relay::new(pool.clone())
+                    .commit_batch(16)
+                    .batch_size(32)
+                    .concurrency(32)
+                    .poll_interval(Duration::from_millis(10))
+                    .backoff(Duration::from_millis(50), Duration::from_millis(100))
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batched_drain_delivers_every_message_once() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchdrain");
+                // 90 coupons, 120 messages: the copies answer Duplicate,
+                // often inside the same batch as the first.
+                let coupons = produce_n(&pool, &topic, 90, true).await;
+                let relay = batched(&pool)
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let s = relay.stats();
+                let (executed, duplicates, batches) = (
+                    s.executed.load(Ordering::Relaxed),
+                    s.duplicates.load(Ordering::Relaxed),
+                    s.batches.load(Ordering::Relaxed),
+                );
+                let (double, lost) = double_and_lost(&pool, &coupons).await;
+                eprintln!(
+                    "{}: batch drain: double={double} lost={lost} executed={executed} duplicates={duplicates} batch_commits={batches} messages_per_commit={:.1}",
+                    stringify!($module),
+                    120.0 / batches.max(1) as f64
+                );
+                assert_eq!((double, lost), (0, 0), "double and lost deductions");
+                assert_eq!(by_status(&pool, &topic, "success").await, 120);
+                assert_eq!(attempts_of(&pool, &topic).await, vec![1; 120], "one attempt each");
+                assert_eq!((executed, duplicates), (90, 30));
+                assert!(batches > 0 && batches < 60, "messages shared their commits: {batches} commits");
+                assert_eq!(s.lost_batches.load(Ordering::Relaxed), 0);
+            }
+
+            /// 31 good coupons and one whose handler deducts and then fails,
+            /// in the middle of the first batch; `broken`: the control's
+            /// broken savepoints. Returns the failing coupon's (deductions,
+            /// status, attempts, reason) and the good ones' (double, lost).
+            async fn failing_message_mid_batch(broken: bool) -> Option<((i64, String, i32, String), (usize, usize), i64)> {
+                let pool = pool().await?;
+                let topic = topic(if broken { "batchfailctl" } else { "batchfail" });
+                let mut good = produce_n(&pool, &topic, 8, false).await;
+                let bad = produce(&pool, &topic, 1).await;
+                good.extend(produce_n(&pool, &topic, 23, false).await);
+                idem_runtime::testing::set_broken_batch_savepoints(broken);
+                let relay = batched(&pool).max_attempts(3).route(topic.clone(), move |d, m: Deduct| async move {
+                    if m.coupon_id == bad {
+                        return deduct_then_fail(d.source(), &m).await;
+                    }
+                    deduct(d.source(), &m).await
+                });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                idem_runtime::testing::set_broken_batch_savepoints(false);
+                let (status, attempts, reason): (String, i32, Option<String>) = sqlx::query_as(sql(
+                    D,
+                    "SELECT status, attempts, last_error FROM idem_outbox WHERE topic = ? AND msg_id = ?",
+                ))
+                .bind(&topic)
+                .bind(format!("m-{bad}-0"))
+                .fetch_one(&pool)
+                .await
+                .expect("the failing message");
+                let bad_row = (deductions(&pool, bad).await, status, attempts, reason.unwrap_or_default());
+                let good_counts = double_and_lost(&pool, &good).await;
+                let success = by_status(&pool, &topic, "success").await;
+                eprintln!(
+                    "{}: failing message mid-batch{}: its deductions={} status={} attempts={} good double={} lost={} successes={success} batch_commits={}",
+                    stringify!($module),
+                    if broken { " (control: broken savepoints)" } else { "" },
+                    bad_row.0,
+                    bad_row.1,
+                    bad_row.2,
+                    good_counts.0,
+                    good_counts.1,
+                    relay.stats().batches.load(Ordering::Relaxed),
+                );
+                Some((bad_row, good_counts, success))
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn failing_message_mid_batch_rolls_back_alone_and_dead_letters() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(((deducted, status, attempts, reason), good, success)) = failing_message_mid_batch(false).await else { return };
+                assert_eq!(good, (0, 0), "the others committed, once each");
+                assert_eq!(success, 31);
+                assert_eq!(deducted, 0, "the failed message's effects rolled back to its savepoint");
+                assert_eq!(status, "failed", "dead-lettered after max_attempts");
+                assert_eq!(attempts, 3);
+                assert!(reason.contains("gave up after 3 attempts") && reason.contains("downstream refused"), "{reason}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn control_broken_savepoints_are_caught() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(((deducted, status, _, _), _, _)) = failing_message_mid_batch(true).await else { return };
+                // The failed call's deduction and success mark committed
+                // with the batch: the real test's assertions fail.
+                assert!(deducted == 1 && status == "success", "the broken build was not caught: deductions={deducted} status={status}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn panicking_handler_mid_batch_takes_down_nothing() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchpanic");
+                let coupons = produce_n(&pool, &topic, 40, false).await;
+                let panicky: Vec<i64> = vec![coupons[5], coupons[20]];
+                let relay = batched(&pool).route(topic.clone(), move |d, m: Deduct| {
+                    let panics = panicky.contains(&m.coupon_id);
+                    async move {
+                        if panics {
+                            return deduct_then_panic(d.source(), &m, d.message().attempts).await;
+                        }
+                        deduct(d.source(), &m).await
+                    }
+                });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let (double, lost) = double_and_lost(&pool, &coupons).await;
+                let attempts = attempts_of(&pool, &topic).await;
+                let retried = relay.stats().retried.load(Ordering::Relaxed);
+                eprintln!(
+                    "{}: panicking handlers mid-batch: double={double} lost={lost} retried={retried} attempts_total={}",
+                    stringify!($module),
+                    attempts.iter().sum::<i32>()
+                );
+                assert_eq!((double, lost), (0, 0), "double and lost deductions");
+                assert_eq!(by_status(&pool, &topic, "success").await, 40);
+                assert_eq!(retried, 2, "the two panicking messages, retried once each");
+                assert_eq!(attempts.iter().filter(|a| **a == 2).count(), 2, "{attempts:?}");
+                assert_eq!(attempts.iter().filter(|a| **a == 1).count(), 38, "{attempts:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn lost_batch_commit_acks_are_read_back() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchlost");
+                let coupons = produce_n(&pool, &topic, 64, false).await;
+                let before = lost_acks_on(Kind::Batch);
+                let relay = Relay::new(pool.clone())
+                    .commit_batch(8)
+                    .batch_size(16)
+                    .concurrency(16)
+                    .lease(Duration::from_secs(60))
+                    .poll_interval(Duration::from_millis(10))
+                    .backoff(Duration::from_millis(500), Duration::from_secs(1))
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
+                idem_runtime::testing::set_lost_ack_rate(0.3);
+                let running = relay.clone().spawn();
+                let start = Instant::now();
+                while by_status(&pool, &topic, "pending").await > 0 {
+                    assert!(start.elapsed() < Duration::from_secs(20), "the drain waited for a lease to expire");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                idem_runtime::testing::set_lost_ack_rate(0.0);
+                running.shutdown().await;
+                let lost_batches = lost_acks_on(Kind::Batch) - before;
+                let s = relay.stats();
+                let (double, lost) = double_and_lost(&pool, &coupons).await;
+                let (landed, retried, duplicates, stale) = (
+                    s.landed.load(Ordering::Relaxed),
+                    s.retried.load(Ordering::Relaxed),
+                    s.duplicates.load(Ordering::Relaxed),
+                    s.stale.load(Ordering::Relaxed),
+                );
+                eprintln!(
+                    "{}: lost batch-commit acks: double={double} lost={lost} batch_acks_lost={lost_batches} landed={landed} retried={retried} duplicates={duplicates} stale={stale} executed={}",
+                    stringify!($module),
+                    s.executed.load(Ordering::Relaxed)
+                );
+                assert!(lost_batches > 0, "no batch commit lost its acknowledgement");
+                assert_eq!((double, lost), (0, 0), "double and lost deductions");
+                assert_eq!(by_status(&pool, &topic, "success").await, 64);
+                assert!(landed > 0, "the lost batches' messages were read back as landed");
+                assert_eq!(retried, 0, "a landed batch is not retried");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batch_slower_than_its_lease_is_not_taken_over() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchslow");
+                let coupons = produce_n(&pool, &topic, 8, false).await;
+                let lease = Duration::from_millis(600);
+                // One batch of 8 handlers of 150 ms: 1.2 s, twice its lease.
+                let owner = format!("batch-slow-{}", ids(1));
+                let slow = Relay::new(pool.clone())
+                    .owner(owner.clone())
+                    .commit_batch(8)
+                    .batch_size(8)
+                    .concurrency(8)
+                    .lease(lease)
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct_slow(d.source(), &m, Duration::from_millis(150)).await
+                    });
+                let rival = Relay::new(pool.clone())
+                    .lease(lease)
+                    .poll_interval(Duration::from_millis(20))
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
+                // The rival starts once the batch holds the messages, and
+                // keeps claiming while the batch outlives its lease.
+                let held = async {
+                    let start = Instant::now();
+                    loop {
+                        let n: i64 = sqlx::query_scalar(sql(D, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND lease_owner LIKE ?"))
+                            .bind(&topic)
+                            .bind(format!("{owner}#%"))
+                            .fetch_one(&pool)
+                            .await
+                            .expect("count");
+                        if n == 8 {
+                            break;
+                        }
+                        assert!(start.elapsed() < Duration::from_secs(20), "the batch never claimed");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    let running = rival.clone().spawn();
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    running.shutdown().await;
+                };
+                let (claimed, ()) = tokio::join!(run_once_retrying(&slow, true), held);
+                assert_eq!(claimed, 8);
+                let rival_claims = rival.stats().claimed.load(Ordering::Relaxed);
+                let attempts = attempts_of(&pool, &topic).await;
+                let (double, lost) = double_and_lost(&pool, &coupons).await;
+                eprintln!(
+                    "{}: slow batch (1.2 s, lease 0.6 s): double={double} lost={lost} attempts={attempts:?} rival_claims={rival_claims}",
+                    stringify!($module)
+                );
+                assert_eq!((double, lost), (0, 0));
+                assert_eq!(attempts, vec![1; 8], "nobody took a message of the running batch over");
+                assert_eq!(rival_claims, 0);
+                assert_eq!(by_status(&pool, &topic, "success").await, 8);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn drain_rate_per_message_vs_batch_16() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let mut rates = Vec::new();
+                for n in [1usize, 16] {
+                    let topic = topic(&format!("batchrate{n}"));
+                    produce_n(&pool, &topic, 160, false).await;
+                    let relay = Relay::new(pool.clone())
+                        .commit_batch(n)
+                        .batch_size(32)
+                        .concurrency(if n > 1 { 32 } else { 16 })
+                        .poll_interval(Duration::from_millis(5))
+                        .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
+                    let start = Instant::now();
+                    let running = relay.spawn();
+                    drained(&pool, &topic).await;
+                    let rate = 160.0 / start.elapsed().as_secs_f64();
+                    running.shutdown().await;
+                    assert_eq!(by_status(&pool, &topic, "success").await, 160);
+                    rates.push(rate);
+                }
+                eprintln!(
+                    "{}: drain rate: per-message {:.0} msg/s, commit_batch(16) {:.0} msg/s ({:.1}x)",
+                    stringify!($module),
+                    rates[0],
+                    rates[1],
+                    rates[1] / rates[0]
+                );
+            }
+        }
+    };
+}
+
+for_each_backend!(batch_tests);
