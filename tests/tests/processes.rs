@@ -283,11 +283,11 @@ async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
         150,
         "every message delivered"
     );
-    assert_eq!(
-        double_and_lost(&pool, d, &coupons).await,
-        (0, 0),
-        "no double, no lost deduction"
+    let (double, lost) = double_and_lost(&pool, d, &coupons).await;
+    eprintln!(
+        "{d:?}: SIGKILL mid-run (commit_batch={commit_batch}): done_by_victim={done_by_a} double={double} lost={lost}"
     );
+    assert_eq!((double, lost), (0, 0), "no double, no lost deduction");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
