@@ -466,3 +466,78 @@ async fn two_record_handlers_with_one_key_template_each_replay_their_own_result(
     );
     assert_eq!(cache.stats().hits.load(Ordering::Relaxed), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_batch_writes_its_markers_only_after_its_commit() {
+    if !redis_up().await {
+        return;
+    }
+    let pool = setup().await;
+    let cache = cache();
+    let topic = format!("cache.batch.{}", ids(1));
+    let mut coupons = Vec::new();
+    for k in 0..4 {
+        let id = coupon(&pool).await;
+        let mut tx = pool.begin().await.unwrap();
+        // The third one fails after its write: no marker, no deduction.
+        let payload = serde_json::json!({ "coupon_id": id, "fail": k == 2 });
+        idem_runtime::outbox::enqueue(&mut tx, &topic, &format!("m-{id}"), &payload)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        coupons.push(id);
+    }
+    let key = |id: i64| cache.marker_key("deduct", &format!("cache-test:{id}"));
+    // The calls that released their savepoint in the batch so far, and
+    // how many of their markers a later handler of the batch saw.
+    let released = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen_early = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (route_cache, r, s) = (cache.clone(), released.clone(), seen_early.clone());
+    let relay = Relay::new(pool.clone())
+        .commit_batch(4)
+        .max_attempts(1)
+        .route(topic.clone(), move |d, m: serde_json::Value| {
+            let (cache, released, seen_early) = (route_cache.clone(), r.clone(), s.clone());
+            async move {
+                let msg = Deduct {
+                    coupon_id: m["coupon_id"].as_i64().unwrap_or(0),
+                    fail: m["fail"].as_bool().unwrap_or(false),
+                };
+                let before: Vec<String> = released.lock().unwrap().clone();
+                for k in before {
+                    if redis_get(&k).await.is_some() {
+                        seen_early.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let outcome = deduct(d.source().cache(&cache), &msg).await;
+                if outcome.is_ok() {
+                    released
+                        .lock()
+                        .unwrap()
+                        .push(cache.marker_key("deduct", &format!("cache-test:{}", msg.coupon_id)));
+                }
+                outcome
+            }
+        });
+    assert_eq!(relay.run_once().await.unwrap(), 4);
+    assert_eq!(relay.stats().batches.load(Ordering::Relaxed), 1);
+    let mut markers = Vec::new();
+    for id in &coupons {
+        markers.push(redis_get(&key(*id)).await.is_some());
+    }
+    let mut counted = Vec::new();
+    for id in &coupons {
+        counted.push(deductions(&pool, *id).await);
+    }
+    let early = seen_early.load(Ordering::Relaxed);
+    eprintln!(
+        "redis: batch markers after commit={markers:?} deductions={counted:?} markers seen before the commit={early}"
+    );
+    assert_eq!(early, 0, "a marker was written before the batch committed");
+    assert_eq!(
+        markers,
+        vec![true, true, false, true],
+        "markers after the commit, none for the failed call"
+    );
+    assert_eq!(counted, vec![1, 1, 0, 1]);
+}
