@@ -361,19 +361,21 @@ macro_rules! batch_tests {
                 let mut rates = Vec::new();
                 for n in [1usize, 16] {
                     let topic = topic(&format!("batchrate{n}"));
-                    produce_n(&pool, &topic, 160, false).await;
+                    produce_n(&pool, &topic, 320, false).await;
+                    // Per-message: the default 16 handlers at once; batched:
+                    // four batches of 16 at once.
                     let relay = Relay::new(pool.clone())
                         .commit_batch(n)
-                        .batch_size(32)
-                        .concurrency(if n > 1 { 32 } else { 16 })
+                        .batch_size(64)
+                        .concurrency(if n > 1 { 64 } else { 16 })
                         .poll_interval(Duration::from_millis(5))
                         .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
                     let start = Instant::now();
                     let running = relay.spawn();
                     drained(&pool, &topic).await;
-                    let rate = 160.0 / start.elapsed().as_secs_f64();
+                    let rate = 320.0 / start.elapsed().as_secs_f64();
                     running.shutdown().await;
-                    assert_eq!(by_status(&pool, &topic, "success").await, 160);
+                    assert_eq!(by_status(&pool, &topic, "success").await, 320);
                     rates.push(rate);
                 }
                 eprintln!(
