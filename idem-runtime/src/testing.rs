@@ -112,6 +112,22 @@ pub(crate) fn broken_batch_savepoints() -> bool {
     BROKEN_SAVEPOINTS.load(Ordering::SeqCst)
 }
 
+static BROKEN_BATCH_LEASES: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// A deliberately broken build, for controls: while on, a relay batch
+/// does not renew (and so lock) its messages' leases in its transaction
+/// when it begins, and a batch slower than its lease can be taken over.
+#[doc(hidden)]
+pub fn set_broken_batch_leases(on: bool) {
+    BROKEN_BATCH_LEASES.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`set_broken_batch_leases`] is on.
+pub(crate) fn broken_batch_leases() -> bool {
+    BROKEN_BATCH_LEASES.load(Ordering::SeqCst)
+}
+
 /// The error a lost acknowledgement produces.
 pub(crate) fn lost_ack_error() -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(

@@ -32,6 +32,7 @@ impl Drop for Hooks {
     fn drop(&mut self) {
         idem_runtime::testing::set_lost_ack_rate(0.0);
         idem_runtime::testing::set_broken_batch_savepoints(false);
+        idem_runtime::testing::set_broken_batch_leases(false);
     }
 }
 
@@ -296,11 +297,14 @@ macro_rules! batch_tests {
                 assert_eq!(retried, 0, "a landed batch is not retried");
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn batch_slower_than_its_lease_is_not_taken_over() {
-                let _one = ONE_AT_A_TIME.lock().await;
-                let Some(pool) = pool().await else { return };
-                let topic = topic("batchslow");
+            /// One batch of 8 handlers of 150 ms (1.2 s, twice its lease)
+            /// and a rival relay claiming meanwhile; `broken`: the
+            /// control's unlocked leases. Returns the attempts of the
+            /// messages, the rival's claims, and (double, lost).
+            async fn slow_batch(broken: bool) -> Option<(Vec<i32>, u64, (usize, usize))> {
+                let pool = pool().await?;
+                let topic = topic(if broken { "batchslowctl" } else { "batchslow" });
+                idem_runtime::testing::set_broken_batch_leases(broken);
                 let coupons = produce_n(&pool, &topic, 8, false).await;
                 let lease = Duration::from_millis(600);
                 // One batch of 8 handlers of 150 ms: 1.2 s, twice its lease.
@@ -344,14 +348,41 @@ macro_rules! batch_tests {
                 let rival_claims = rival.stats().claimed.load(Ordering::Relaxed);
                 let attempts = attempts_of(&pool, &topic).await;
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
+                idem_runtime::testing::set_broken_batch_leases(false);
+                assert_eq!(by_status(&pool, &topic, "success").await, 8);
                 eprintln!(
-                    "{}: slow batch (1.2 s, lease 0.6 s): double={double} lost={lost} attempts={attempts:?} rival_claims={rival_claims}",
-                    stringify!($module)
+                    "{}: slow batch (1.2 s, lease 0.6 s){}: double={double} lost={lost} attempts={attempts:?} rival_claims={rival_claims}",
+                    stringify!($module),
+                    if broken { " (control: leases not locked)" } else { "" }
                 );
-                assert_eq!((double, lost), (0, 0));
+                Some((attempts, rival_claims, (double, lost)))
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batch_slower_than_its_lease_is_not_taken_over() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some((attempts, rival_claims, double_lost)) = slow_batch(false).await else { return };
+                assert_eq!(double_lost, (0, 0));
                 assert_eq!(attempts, vec![1; 8], "nobody took a message of the running batch over");
                 assert_eq!(rival_claims, 0);
-                assert_eq!(by_status(&pool, &topic, "success").await, 8);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn control_unlocked_batch_leases_are_taken_over() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some((attempts, rival_claims, _)) = slow_batch(true).await else { return };
+                if D == Dialect::Sqlite {
+                    // The batch holds SQLite's write lock from BEGIN
+                    // IMMEDIATE: nobody claims meanwhile, locked or not.
+                    assert_eq!(rival_claims, 0);
+                    return;
+                }
+                assert!(
+                    rival_claims > 0 && attempts.iter().any(|a| *a == 2),
+                    "the broken build was not caught: attempts={attempts:?} rival_claims={rival_claims}"
+                );
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
