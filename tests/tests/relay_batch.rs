@@ -250,6 +250,48 @@ macro_rules! batch_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lost_batch_transaction_redelivers_its_messages_alone() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchgone");
+                let coupons = produce_n(&pool, &topic, 16, false).await;
+                let culprit = coupons[6];
+                // On its first attempt, the culprit's handler cancels its
+                // call (a time-out) while the call's savepoint is being opened: the
+                // batch's transaction is lost (rolled back as a whole).
+                let relay = batched(&pool).route(topic.clone(), move |d, m: Deduct| async move {
+                    if m.coupon_id == culprit && d.message().attempts == 1 {
+                        // Polled once (it waits for its SAVEPOINT), then dropped.
+                        let mut call = Box::pin(deduct(d.source(), &m));
+                        if let std::task::Poll::Ready(outcome) = futures::poll!(call.as_mut()) {
+                            return outcome;
+                        }
+                        drop(call);
+                        return Err(Error::retryable("handler timed out"));
+                    }
+                    deduct(d.source(), &m).await
+                });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let (double, lost) = double_and_lost(&pool, &coupons).await;
+                let attempts = attempts_of(&pool, &topic).await;
+                let s = relay.stats();
+                let lost_batches = s.lost_batches.load(Ordering::Relaxed);
+                eprintln!(
+                    "{}: lost batch transaction: double={double} lost={lost} lost_batches={lost_batches} attempts={attempts:?}",
+                    stringify!($module)
+                );
+                assert_eq!((double, lost), (0, 0), "double and lost deductions");
+                assert_eq!(by_status(&pool, &topic, "success").await, 16);
+                assert!(lost_batches >= 1, "the batch's transaction was lost");
+                // The others were delivered again under the same lease: no
+                // attempt burnt. The culprit failed alone and was retried.
+                assert_eq!(attempts.iter().filter(|a| **a == 1).count(), 15, "{attempts:?}");
+                assert_eq!(attempts.iter().filter(|a| **a == 2).count(), 1, "{attempts:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn lost_batch_commit_acks_are_read_back() {
                 let _one = ONE_AT_A_TIME.lock().await;
                 let _hooks = Hooks;
