@@ -436,11 +436,11 @@ macro_rules! batch_tests {
                     let topic = topic(&format!("batchrate{n}"));
                     produce_n(&pool, &topic, 320, false).await;
                     // Per-message: the default 16 handlers at once; batched:
-                    // four batches of 16 at once.
+                    // up to eight batches of 16 at once.
                     let relay = Relay::new(pool.clone())
                         .commit_batch(n)
-                        .batch_size(64)
-                        .concurrency(if n > 1 { 64 } else { 16 })
+                        .batch_size(if n > 1 { 128 } else { 64 })
+                        .concurrency(if n > 1 { 128 } else { 16 })
                         .poll_interval(Duration::from_millis(5))
                         .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
                     let start = Instant::now();
