@@ -49,6 +49,13 @@ pub struct RelayStats {
     /// `success`: the handler reported a failure (typically
     /// `CommitUnknown`, a lost acknowledgement) after its commit landed.
     pub landed: AtomicU64,
+    /// Notifications for one of the relay's topics its listener received
+    /// (see [`Relay::push_wakeup`](super::Relay::push_wakeup)); each woke
+    /// the relay, or found it already awake.
+    pub push_wakeups: AtomicU64,
+    /// Times the relay's listener lost its connection or failed to
+    /// connect (and reconnected, with back-off); polling covered the gap.
+    pub listener_failures: AtomicU64,
 }
 
 impl<DB: Backend> Inner<DB> {
