@@ -175,6 +175,8 @@ struct Inner<DB: Backend> {
     backoff: Backoff,
     /// See [`Relay::push_wakeup`]: `None` for the default.
     push_wakeup: Option<bool>,
+    /// See [`Relay::listener_catch_up`].
+    listener_catch_up: bool,
     stats: RelayStats,
 }
 
@@ -223,6 +225,7 @@ impl<DB: Backend> Relay<DB> {
                 max_attempts: 10,
                 backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
                 push_wakeup: None,
+                listener_catch_up: true,
                 stats: RelayStats::default(),
             }),
         }
@@ -363,13 +366,22 @@ impl<DB: Backend> Relay<DB> {
     /// directly (the mode is process-wide).
     ///
     /// The listener holds one connection of its own (application name
-    /// [`LISTENER_APP`]), opened with the pool's connect options, and
+    /// [`LISTENER_APP`]`:<owner>`), opened with the pool's connect options, and
     /// stops with [`RelayHandle::shutdown`]. A lost connection is
     /// reconnected with back-off, polling covering the gap
     /// ([`RelayStats::listener_failures`]). Only a spawned relay listens:
     /// [`run_once`](Relay::run_once) claims once and returns.
     pub fn push_wakeup(self, on: bool) -> Self {
         self.edit(|i| i.push_wakeup = Some(on))
+    }
+
+    /// Whether the relay claims once each time its listener (re)connects,
+    /// for the messages enqueued while nobody listened (default: yes).
+    /// Off, those wait for the next poll: for tests showing the
+    /// difference.
+    #[doc(hidden)]
+    pub fn listener_catch_up(self, on: bool) -> Self {
+        self.edit(|i| i.listener_catch_up = on)
     }
 
     /// Whether a spawned relay will listen (see [`push_wakeup`](Relay::push_wakeup)):
@@ -470,6 +482,10 @@ impl<DB: Backend> Relay<DB> {
         let listener = match self.pushes() && !self.inner.topics.is_empty() {
             true => wake::spawn_listener(
                 &self.inner.pool,
+                wake::Listen {
+                    owner: &self.inner.owner,
+                    catch_up: self.inner.listener_catch_up,
+                },
                 &self.inner.topics,
                 wake.clone(),
                 stop.clone(),

@@ -6,7 +6,7 @@
 //!
 //! The listener runs on a task of its own, on a connection of its own (a
 //! pool of one, opened with the relay pool's connect options and the
-//! application name [`LISTENER_APP`]): `LISTEN` is session state, so it
+//! application name `idem-listener:<relay owner>`): `LISTEN` is session state, so it
 //! holds that connection for the relay's lifetime and never borrows one
 //! of the relay's pool. Polling stays the fallback: a notification is
 //! only a hint, the claim finds the messages. A lost listener connection
@@ -24,9 +24,20 @@ use std::sync::Arc;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-/// The `application_name` of a relay's listener connection (find it in
-/// `pg_stat_activity`).
-pub const LISTENER_APP: &str = "idem-relay-listener";
+/// The start of the `application_name` of a relay's listener connection:
+/// `idem-listener:` and the relay's [owner](super::Relay::owner) (at most
+/// 61 bytes, within PostgreSQL's 63), so `pg_stat_activity` tells each
+/// relay's listener apart.
+pub const LISTENER_APP: &str = "idem-listener";
+
+/// How a relay listens: its owner (in the application name), and whether
+/// it wakes up once after each (re)connection of its listener, for the
+/// messages enqueued while nobody listened.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Listen<'a> {
+    pub(super) owner: &'a str,
+    pub(super) catch_up: bool,
+}
 
 /// Spawns the listener of a relay on `pool` for `topics`, if the pool is
 /// a PostgreSQL one (native, or `sqlx::Any` on a `postgres://` URL);
@@ -34,6 +45,7 @@ pub const LISTENER_APP: &str = "idem-relay-listener";
 /// turns `true` or its sender is dropped.
 pub(super) fn spawn_listener<DB: Backend>(
     pool: &Pool<DB>,
+    how: Listen<'_>,
     topics: &[String],
     wake: Arc<Notify>,
     stop: watch::Receiver<bool>,
@@ -41,13 +53,16 @@ pub(super) fn spawn_listener<DB: Backend>(
 ) -> Option<JoinHandle<()>> {
     #[cfg(feature = "postgres")]
     {
-        let options = pg_options(pool)?;
+        let options = pg_options(pool)?.application_name(&format!("{LISTENER_APP}:{}", how.owner));
         let topics = topics.to_vec();
-        Some(tokio::spawn(pg::listen(options, topics, wake, stop, stats)))
+        let catch_up = how.catch_up;
+        Some(tokio::spawn(pg::listen(
+            options, catch_up, topics, wake, stop, stats,
+        )))
     }
     #[cfg(not(feature = "postgres"))]
     {
-        let _ = (pool, topics, wake, stop, stats);
+        let _ = (pool, how, topics, wake, stop, stats);
         None
     }
 }
@@ -72,7 +87,7 @@ fn pg_options<DB: Backend>(pool: &Pool<DB>) -> Option<sqlx::postgres::PgConnectO
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use super::{LISTENER_APP, StatsView};
+    use super::StatsView;
     use crate::backoff::Backoff;
     use crate::outbox::NOTIFY_CHANNEL;
     use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
@@ -91,6 +106,7 @@ mod pg {
 
     pub(super) async fn listen(
         options: PgConnectOptions,
+        catch_up: bool,
         topics: Vec<String>,
         wake: Arc<Notify>,
         mut stop: watch::Receiver<bool>,
@@ -105,12 +121,12 @@ mod pg {
             .max_lifetime(None)
             .idle_timeout(None)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.application_name(LISTENER_APP));
+            .connect_lazy_with(options);
         let mut failures = 0u32;
         while !*stop.borrow() {
             let mut connected = false;
             let error = tokio::select! {
-                e = session(&pool, &topics, &wake, &stats, &mut connected) => e,
+                e = session(&pool, catch_up, &topics, &wake, &stats, &mut connected) => e,
                 _ = stop.changed() => break,
             };
             if connected {
@@ -135,6 +151,7 @@ mod pg {
     /// each notification for its topics until an error, which it returns.
     async fn session(
         pool: &sqlx::PgPool,
+        catch_up: bool,
         topics: &HashSet<String>,
         wake: &Notify,
         stats: &Arc<dyn StatsView>,
@@ -153,7 +170,9 @@ mod pg {
             "outbox relay listening for enqueued messages"
         );
         // What was enqueued while nobody listened.
-        wake.notify_one();
+        if catch_up {
+            wake.notify_one();
+        }
         loop {
             match listener.try_recv().await {
                 Ok(Some(n)) => {
@@ -173,7 +192,9 @@ mod pg {
                     tracing::warn!(
                         "outbox relay's listener reconnected; claiming once for what it missed"
                     );
-                    wake.notify_one();
+                    if catch_up {
+                        wake.notify_one();
+                    }
                 }
                 Err(e) => return e,
             }
