@@ -373,3 +373,79 @@ mod postgres {
         assert_eq!(deductions(&pool, coupon).await, 1);
     }
 }
+
+/// Through `sqlx::Any` on PostgreSQL: `enqueue` notifies and the relay
+/// listens (on the URL's connect options), the same as natively.
+mod any_postgres {
+    use super::*;
+    use idem_runtime::outbox::enqueue;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn push_wakeup_works_through_any() {
+        let Some(pool) = idem_testkit::any(&idem_testkit::postgres_url(), 8).await else {
+            return;
+        };
+        let topic = format!("relay-test.any.push.{}", ids(1));
+        let relay = Relay::new(pool.clone())
+            .route(topic.clone(), |_d, _m: serde_json::Value| async move {
+                Ok::<_, Error>(Outcome::Executed(()))
+            })
+            .poll_interval(Duration::from_secs(10));
+        assert!(
+            relay.pushes(),
+            "push is the default on PostgreSQL through Any"
+        );
+        let handle = relay.spawn();
+        // Its first claim done and its listener up (the probe is delivered
+        // by the first claim or the listener's catch-up claim).
+        let count = |status: &'static str| {
+            let (pool, topic) = (pool.clone(), topic.clone());
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = $2",
+                )
+                .bind(topic)
+                .bind(status)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+            }
+        };
+        let start = Instant::now();
+        while handle.stats().push_wakeups.load(Ordering::Relaxed) == 0 {
+            // Probes until the listener answers one.
+            let mut tx = pool.begin().await.expect("begin");
+            enqueue(
+                &mut tx,
+                &topic,
+                &format!("probe-{}", ids(1)),
+                &serde_json::json!({}),
+            )
+            .await
+            .expect("enqueue");
+            tx.commit().await.expect("commit");
+            assert!(start.elapsed() < Duration::from_secs(20), "never woken");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = count("success").await;
+        for n in 0..20 {
+            let mut tx = pool.begin().await.expect("begin");
+            enqueue(
+                &mut tx,
+                &topic,
+                &format!("m-{n}"),
+                &serde_json::json!({ "n": n }),
+            )
+            .await
+            .expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let in_window = count("success").await - before;
+        let pending = count("pending").await;
+        handle.shutdown().await;
+        eprintln!("relay_push: through Any, poll 10 s: {in_window}/20 delivered within 2 s");
+        assert_eq!((in_window, pending), (20, 0));
+    }
+}

@@ -386,6 +386,24 @@ impl<DB: Backend> Relay<DB> {
 
     /// Whether a spawned relay will listen (see [`push_wakeup`](Relay::push_wakeup)):
     /// its setting or the default, and a PostgreSQL pool.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use idem_runtime::outbox::Relay;
+    /// let sqlite = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// assert!(!Relay::new(sqlite).push_wakeup(true).pushes(), "SQLite only polls");
+    /// # #[cfg(feature = "postgres")] {
+    /// let pg = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
+    /// assert!(Relay::new(pg.clone()).pushes());
+    /// assert!(!Relay::new(pg.clone()).push_wakeup(false).pushes());
+    /// idem_runtime::pooler::transaction_mode(true);
+    /// assert!(!Relay::new(pg.clone()).pushes(), "no LISTEN through a transaction-mode pooler");
+    /// assert!(Relay::new(pg).push_wakeup(true).pushes());
+    /// # idem_runtime::pooler::transaction_mode(false);
+    /// # }
+    /// # }
+    /// ```
     pub fn pushes(&self) -> bool {
         let i = &self.inner;
         crate::backend::Dialect::Postgres == DB::pool_dialect(&i.pool)
