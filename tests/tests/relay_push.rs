@@ -132,6 +132,15 @@ mod postgres {
         handle.shutdown().await;
         if push {
             assert_eq!(double_lost(pool, &coupons).await, (0, 0));
+            // The listener stopped with the relay: its backend is gone.
+            let start = Instant::now();
+            while !listener_pids(pool, &owner).await.is_empty() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{owner}'s listener outlived its relay's shutdown"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         (in_window, wakeups)
     }
