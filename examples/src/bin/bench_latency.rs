@@ -9,7 +9,7 @@
 //! itself: sequential enqueue-and-commit transactions with
 //! `notify_on_enqueue` on and off, alternating in rounds.
 //!
-//! `cargo run --release -p idem-examples --bin bench_latency [-- --rate 200 --seconds 10 --rounds 2 --poll-ms 100 --enqueues 2000 --enqueue-rounds 5 --url URL]`
+//! `cargo run --release -p idem-examples --bin bench_latency [-- --rate 200 --seconds 10 --rounds 2 --poll-ms 100 --enqueues 2000 --enqueue-rounds 5 --enqueue-concurrency 1 --url URL]`
 
 use clap::Parser;
 use idem_runtime::Outcome;
@@ -43,6 +43,9 @@ struct Args {
     /// Rounds of the enqueue cost, each running both modes.
     #[arg(long, value_name = "N", default_value_t = 5)]
     enqueue_rounds: usize,
+    /// Concurrent producers (and connections) for the enqueue cost.
+    #[arg(long, value_name = "C", default_value_t = 1)]
+    enqueue_concurrency: usize,
     /// PostgreSQL URL.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     url: String,
@@ -138,28 +141,45 @@ fn line(mode: &str, l: &[u64]) -> String {
     )
 }
 
-/// `n` sequential enqueue-and-commit transactions; the time of each, in
-/// microseconds.
+/// `n` enqueue-and-commit transactions on `c` workers (sequential on
+/// each); the time of each, in microseconds, and the rate per second.
 async fn enqueue_times(
     pool: &PgPool,
     topic: &str,
     n: usize,
-) -> Result<Vec<u64>, idem_runtime::Error> {
-    let mut times = Vec::with_capacity(n);
-    for i in 0..n {
-        let start = Instant::now();
-        let mut tx = pool.begin().await?;
-        enqueue(
-            &mut tx,
-            topic,
-            &format!("e-{i}"),
-            &serde_json::json!({ "i": i }),
-        )
-        .await?;
-        tx.commit().await?;
-        times.push(start.elapsed().as_micros() as u64);
+    c: usize,
+) -> Result<(Vec<u64>, f64), Box<dyn std::error::Error + Send + Sync>> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..c.max(1) {
+        let (pool, topic, next) = (pool.clone(), topic.to_string(), next.clone());
+        workers.spawn(async move {
+            let mut times = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<_, idem_runtime::Error>(times);
+                }
+                let start = Instant::now();
+                let mut tx = pool.begin().await?;
+                enqueue(
+                    &mut tx,
+                    &topic,
+                    &format!("e-{i}"),
+                    &serde_json::json!({ "i": i }),
+                )
+                .await?;
+                tx.commit().await?;
+                times.push(start.elapsed().as_micros() as u64);
+            }
+        });
     }
-    Ok(times)
+    let mut times = Vec::with_capacity(n);
+    while let Some(done) = workers.join_next().await {
+        times.extend(done??);
+    }
+    Ok((times, n as f64 / start.elapsed().as_secs_f64()))
 }
 
 #[tokio::main]
@@ -195,21 +215,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     if args.enqueues > 0 {
         let pool = PgPoolOptions::new()
-            .max_connections(1)
+            .max_connections(args.enqueue_concurrency.max(1) as u32)
             .connect(&args.url)
             .await?;
         let mut all = [Vec::new(), Vec::new()];
+        let mut rates = [0.0f64; 2];
         let rounds = args.enqueue_rounds.max(1);
         for round in 0..rounds {
             for (m, on) in [true, false].into_iter().enumerate() {
                 notify_on_enqueue(on);
                 let topic = format!("bench_latency.enqueue.{stamp}.{round}.{m}");
-                let mut t = enqueue_times(&pool, &topic, args.enqueues).await?;
+                let (mut t, rate) =
+                    enqueue_times(&pool, &topic, args.enqueues, args.enqueue_concurrency)
+                        .await
+                        .map_err(|e| e as Box<dyn std::error::Error>)?;
                 t.sort_unstable();
                 println!(
-                    "enqueue round {round} {}",
+                    "enqueue round {round} {}  {rate:.0}/s",
                     line(if on { "notify on" } else { "notify off" }, &t)
                 );
+                rates[m] += rate / rounds as f64;
                 all[m].extend(t);
             }
         }
@@ -217,9 +242,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for l in &mut all {
             l.sort_unstable();
         }
-        println!("enqueue + commit, 1 connection, sequential, all rounds:");
-        println!("  {}", line("notify on", &all[0]));
-        println!("  {}", line("notify off", &all[1]));
+        println!(
+            "enqueue + commit, {} concurrent, all rounds:",
+            args.enqueue_concurrency
+        );
+        println!("  {}  {:.0}/s", line("notify on", &all[0]), rates[0]);
+        println!("  {}  {:.0}/s", line("notify off", &all[1]), rates[1]);
         // The bench's messages: delivered by nobody, removed.
         sqlx::query("DELETE FROM idem_outbox WHERE topic LIKE $1")
             .bind(format!("bench_latency.%{stamp}%"))
