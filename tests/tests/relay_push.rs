@@ -300,6 +300,14 @@ mod postgres {
         let failures = handle.stats().listener_failures.load(Ordering::Relaxed);
         handle.shutdown().await;
         pool.close().await;
+        // The role owns nothing: it goes (a failed run leaves it, and the
+        // next run takes it over).
+        let dropped = sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}")))
+            .execute(admin)
+            .await;
+        if let Err(e) = dropped {
+            eprintln!("relay_push: could not drop {role}: {e}");
+        }
         assert_eq!(double_lost(admin, &coupons).await, (0, 0));
         assert_eq!(by_status(admin, &topic, "success").await, 11);
         (in_window, failures)
