@@ -84,6 +84,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     // other producer's commit that made the insert a duplicate).
     outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = ? AND msg_id = ? \
         LOCK IN SHARE MODE",
+    outbox_insert_notify: None,
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
         WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",

@@ -63,6 +63,18 @@ pub(crate) const SQL: SqlSet = SqlSet {
         (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
         VALUES ($1, $2, $3, now(), now(), now()) \
         ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id",
+    // The insert and its notification in one statement (no extra round
+    // trip): the lateral `pg_notify` runs once per inserted row, so a
+    // duplicate notifies nobody. The channel is `outbox::NOTIFY_CHANNEL`
+    // (checked by a unit test); NOTIFY is sent at commit, never on
+    // rollback, and works through a transaction-mode pooler.
+    outbox_insert_notify: Some(
+        "WITH ins AS (INSERT INTO idem_outbox \
+        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
+        VALUES ($1, $2, $3, now(), now(), now()) \
+        ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id, topic) \
+        SELECT ins.id FROM ins, LATERAL pg_notify('idem_outbox', ins.topic::text) AS n",
+    ),
     outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = $1 AND msg_id = $2",
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = now(), lease_owner = NULL, locked_until = NULL \

@@ -65,6 +65,13 @@ pub(crate) struct SqlSet {
     /// The id and payload of the message `(topic, msg_id)`, read after an
     /// ignored insert. Binds: topic, msg_id. Native placeholders.
     pub outbox_find: &'static str,
+    /// `outbox_insert` that also sends `pg_notify('idem_outbox', topic)`
+    /// when it inserts (not for a duplicate), in the same statement, so
+    /// the notification is delivered on commit only: the push wake-up of
+    /// relays (see [`outbox::NOTIFY_CHANNEL`](crate::outbox::NOTIFY_CHANNEL)).
+    /// `None` where the dialect has no `NOTIFY`. Same binds and result as
+    /// `outbox_insert`.
+    pub outbox_insert_notify: Option<&'static str>,
     /// How `outbox_insert` tells the new id (no row or no affected row:
     /// the duplicate).
     pub insert_id: InsertId,

@@ -66,6 +66,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
         strftime('%Y-%m-%d %H:%M:%f', 'now')) \
         ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id",
     outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = ? AND msg_id = ?",
+    outbox_insert_notify: None,
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
         locked_until = NULL \

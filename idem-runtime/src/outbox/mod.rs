@@ -71,5 +71,8 @@ pub mod admin;
 mod enqueue;
 mod relay;
 pub use crate::backend::OutboxRow;
-pub use enqueue::{Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, enqueue};
-pub use relay::{Delivery, Relay, RelayHandle, RelaySettings, RelayStats};
+pub use enqueue::{
+    Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, notify_on_enqueue,
+    notify_on_enqueue_enabled,
+};
+pub use relay::{Delivery, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats};

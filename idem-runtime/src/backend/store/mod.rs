@@ -266,9 +266,13 @@ impl OutboxStore for DB {
         payload: &'a str,
     ) -> Result<OutboxInsert, sqlx::Error> {
         let sql = DB::dialect_of_conn(conn).sql();
+        let insert = match sql.outbox_insert_notify {
+            Some(notify) if crate::outbox::notify_on_enqueue_enabled() => notify,
+            _ => sql.outbox_insert,
+        };
         let new = match sql.insert_id {
             InsertId::Returning => {
-                sqlx::query_scalar(stmt(sql.outbox_insert))
+                sqlx::query_scalar(stmt(insert))
                     .persistent(persist())
                     .bind(topic)
                     .bind(msg_id)
@@ -277,7 +281,7 @@ impl OutboxStore for DB {
                     .await?
             }
             InsertId::LastInsertId => {
-                let done = sqlx::query(stmt(sql.outbox_insert))
+                let done = sqlx::query(stmt(insert))
                     .persistent(persist())
                     .bind(topic)
                     .bind(msg_id)

@@ -54,6 +54,13 @@ pub struct RelayStats {
     /// Batches whose commit failed: outcome unknown (each message read
     /// back), or refused or lost (each message delivered again, alone).
     pub lost_batches: AtomicU64,
+    /// Notifications for one of the relay's topics its listener received
+    /// (see [`Relay::push_wakeup`](super::Relay::push_wakeup)); each woke
+    /// the relay, or found it already awake.
+    pub push_wakeups: AtomicU64,
+    /// Times the relay's listener lost its connection or failed to
+    /// connect (and reconnected, with back-off); polling covered the gap.
+    pub listener_failures: AtomicU64,
 }
 
 impl<DB: Backend> Inner<DB> {

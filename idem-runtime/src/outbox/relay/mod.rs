@@ -42,14 +42,26 @@
 //! few milliseconds (at most three times in a row, then
 //! after the poll interval), logged at debug and counted in
 //! [`RelayStats::claim_conflicts`].
+//!
+//! **Push wake-up.** On PostgreSQL, [`enqueue`](crate::outbox::enqueue)
+//! notifies [`NOTIFY_CHANNEL`](crate::outbox::NOTIFY_CHANNEL) on commit,
+//! and a relay with [`push_wakeup`](Relay::push_wakeup) (the default there
+//! outside transaction-pooling mode) listens on a connection of its own
+//! and claims at once when a message for one of its topics is committed,
+//! instead of at its next poll. Polling stays: a lost notification (a
+//! listener reconnecting, a producer with
+//! [`notify_on_enqueue`](crate::outbox::notify_on_enqueue) off) only
+//! delays a message to the next poll, never loses it.
 
 mod attempt;
 mod batch;
 mod delivery;
 mod handle;
+mod wake;
 
 pub use delivery::Delivery;
 pub use handle::{RelayHandle, RelayStats};
+pub use wake::LISTENER_APP;
 
 use crate::archive::RetentionPolicy;
 use crate::backend::{Backend, ClaimError, ClaimSql, Claimed, OutboxRow};
@@ -65,7 +77,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 /// The waits before each read-back of a claim whose commit outcome is
@@ -164,6 +176,10 @@ struct Inner<DB: Backend> {
     poll_interval: Duration,
     max_attempts: i32,
     backoff: Backoff,
+    /// See [`Relay::push_wakeup`]: `None` for the default.
+    push_wakeup: Option<bool>,
+    /// See [`Relay::listener_catch_up`].
+    listener_catch_up: bool,
     stats: RelayStats,
 }
 
@@ -212,6 +228,8 @@ impl<DB: Backend> Relay<DB> {
                 poll_interval: Duration::from_millis(100),
                 max_attempts: 10,
                 backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
+                push_wakeup: None,
+                listener_catch_up: true,
                 stats: RelayStats::default(),
             }),
         }
@@ -360,6 +378,65 @@ impl<DB: Backend> Relay<DB> {
         self.edit(|i| i.recover_claims = on)
     }
 
+    /// Whether the spawned relay listens for
+    /// [`NOTIFY_CHANNEL`](crate::outbox::NOTIFY_CHANNEL) notifications and
+    /// claims as soon as a message for one of its topics is committed,
+    /// rather than at its next poll (see the module documentation).
+    ///
+    /// Default: on for PostgreSQL (the native backend, and `sqlx::Any` on
+    /// a `postgres://` URL with idem's `any` and `postgres` features),
+    /// unless [transaction-pooling mode](crate::pooler) is on — `LISTEN`
+    /// is session state, which a pooler in transaction mode does not keep.
+    /// A no-op on MariaDB and SQLite, which only poll. `true` in
+    /// transaction-pooling mode is for a pool that reaches the server
+    /// directly (the mode is process-wide).
+    ///
+    /// The listener holds one connection of its own (application name
+    /// [`LISTENER_APP`]`:<owner>`), opened with the pool's connect options, and
+    /// stops with [`RelayHandle::shutdown`]. A lost connection is
+    /// reconnected with back-off, polling covering the gap
+    /// ([`RelayStats::listener_failures`]). Only a spawned relay listens:
+    /// [`run_once`](Relay::run_once) claims once and returns.
+    pub fn push_wakeup(self, on: bool) -> Self {
+        self.edit(|i| i.push_wakeup = Some(on))
+    }
+
+    /// Whether the relay claims once each time its listener (re)connects,
+    /// for the messages enqueued while nobody listened (default: yes).
+    /// Off, those wait for the next poll: for tests showing the
+    /// difference.
+    #[doc(hidden)]
+    pub fn listener_catch_up(self, on: bool) -> Self {
+        self.edit(|i| i.listener_catch_up = on)
+    }
+
+    /// Whether a spawned relay will listen (see [`push_wakeup`](Relay::push_wakeup)):
+    /// its setting or the default, and a PostgreSQL pool.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use idem_runtime::outbox::Relay;
+    /// let sqlite = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// assert!(!Relay::new(sqlite).push_wakeup(true).pushes(), "SQLite only polls");
+    /// # #[cfg(feature = "postgres")] {
+    /// let pg = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
+    /// assert!(Relay::new(pg.clone()).pushes());
+    /// assert!(!Relay::new(pg.clone()).push_wakeup(false).pushes());
+    /// idem_runtime::pooler::transaction_mode(true);
+    /// assert!(!Relay::new(pg.clone()).pushes(), "no LISTEN through a transaction-mode pooler");
+    /// assert!(Relay::new(pg).push_wakeup(true).pushes());
+    /// # idem_runtime::pooler::transaction_mode(false);
+    /// # }
+    /// # }
+    /// ```
+    pub fn pushes(&self) -> bool {
+        let i = &self.inner;
+        crate::backend::Dialect::Postgres == DB::pool_dialect(&i.pool)
+            && i.push_wakeup
+                .unwrap_or_else(|| !crate::pooler::transaction_mode_enabled())
+    }
+
     /// The counters.
     pub fn stats(&self) -> &RelayStats {
         &self.inner.stats
@@ -447,6 +524,23 @@ impl<DB: Backend> Relay<DB> {
     }
 
     async fn run(self, mut stop: watch::Receiver<bool>) {
+        // Woken by the listener (push wake-up); a wake-up while the relay
+        // is busy is kept as Notify's one permit.
+        let wake = Arc::new(Notify::new());
+        let listener = match self.pushes() && !self.inner.topics.is_empty() {
+            true => wake::spawn_listener(
+                &self.inner.pool,
+                wake::Listen {
+                    owner: &self.inner.owner,
+                    catch_up: self.inner.listener_catch_up,
+                },
+                &self.inner.topics,
+                wake.clone(),
+                stop.clone(),
+                self.inner.stats_owner(),
+            ),
+            false => None,
+        };
         let permits = Arc::new(Semaphore::new(self.inner.concurrency));
         let mut tasks = JoinSet::new();
         while !*stop.borrow() {
@@ -508,6 +602,7 @@ impl<DB: Backend> Relay<DB> {
             if batch.is_empty() {
                 tokio::select! {
                     _ = tokio::time::sleep(self.inner.poll_interval) => {}
+                    _ = wake.notified() => {}
                     // A dropped handle stops the relay like a shutdown.
                     changed = stop.changed() => if changed.is_err() { break },
                 }
@@ -541,6 +636,10 @@ impl<DB: Backend> Relay<DB> {
         }
         // Graceful shutdown: claim nothing more, finish what is in flight.
         while tasks.join_next().await.is_some() {}
+        // The listener saw the same stop signal.
+        if let Some(listener) = listener {
+            let _ = listener.await;
+        }
     }
 
     /// Claims up to `n` messages, reading back a claim whose commit
