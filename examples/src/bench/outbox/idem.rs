@@ -1,8 +1,7 @@
 //! The idem side: enqueue, then drain through a [`Relay`] into an
 //! `#[idempotent]` handler, and check the database.
 
-use super::args::Args;
-use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET};
+use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET, Setup};
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{State, idempotent};
 use serde::{Deserialize, Serialize};
@@ -49,23 +48,26 @@ async fn deduct(tx: &mut Transaction<'_, Postgres>, msg: &DeductCoupon) -> Resul
 // ---- the idem side -------------------------------------------------------------------
 
 /// One idem run.
-pub(super) struct IdemRun {
-    pub(super) enqueue: Duration,
-    pub(super) drain: Duration,
+#[derive(Debug, Clone)]
+pub struct IdemRun {
+    /// Time to enqueue the messages (with their coupons).
+    pub enqueue: Duration,
+    /// Time to drain them.
+    pub drain: Duration,
     /// Messages per second through the relay.
-    pub(super) rate: f64,
+    pub rate: f64,
     /// Claim statements per message (the due index's scans; approximate if
     /// something else uses `idem_outbox` at the same time).
-    pub(super) claims_per_msg: f64,
+    pub claims_per_msg: f64,
     /// Committed transactions per message, the database's count.
-    pub(super) commits_per_msg: f64,
+    pub commits_per_msg: f64,
     /// Mean time of one handler call (begin to commit).
-    pub(super) handler_avg: Duration,
+    pub handler_avg: Duration,
     /// Mean time between two claims of the relay's loop (it claims, hands
     /// the batch out, claims again): in effect the time of one claim.
-    pub(super) claim_period: Duration,
+    pub claim_period: Duration,
     /// Share of the handler slots' time spent in handler calls.
-    pub(super) utilization: f64,
+    pub utilization: f64,
 }
 
 /// Counters read from the statistics views.
@@ -92,13 +94,32 @@ async fn counters(pool: &PgPool) -> Result<PgCounters, BoxError> {
     })
 }
 
-pub(super) async fn idem_run(
+/// How the relay commits its handlers' work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commits {
+    /// One transaction per message (the relay's default).
+    PerMessage,
+    /// Up to `n` messages' handler work in one transaction
+    /// (`Relay::commit_batch(n)`).
+    Batched(u32),
+}
+
+/// One idem run of `n` messages: enqueue them, drain them through a relay
+/// committing as `commits` says, check the database. `run` names the run
+/// (in the topic and in errors).
+pub async fn idem_run(
     admin: &PgPool,
     url: &str,
-    opts: &Args,
+    opts: &Setup,
     n: i64,
     run: &str,
+    commits: Commits,
 ) -> Result<IdemRun, BoxError> {
+    if let Commits::Batched(_) = commits {
+        // TODO(commit_batch): remove this check once `Relay::commit_batch`
+        // is merged (and enable the line below).
+        return Err("idem batched commits: `Relay::commit_batch` is not in this build".into());
+    }
     let c = opts.concurrency;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("TRUNCATE {LEDGER}, {COUPON}")))
         .execute(admin)
@@ -175,7 +196,7 @@ pub(super) async fn idem_run(
     let handler_nanos = Arc::new(AtomicU64::new(0));
     let hn = handler_nanos.clone();
     let started = Instant::now();
-    let relay = Relay::new(pool.clone())
+    let builder = Relay::new(pool.clone())
         .route(topic.clone(), move |d, m: DeductCoupon| {
             let hn = hn.clone();
             async move {
@@ -188,8 +209,13 @@ pub(super) async fn idem_run(
         .batch_size(opts.batch)
         .concurrency(c)
         .poll_interval(Duration::from_millis(5))
-        .lease(Duration::from_secs(LEASE_SECS))
-        .spawn();
+        .lease(Duration::from_secs(LEASE_SECS));
+    let builder = match commits {
+        Commits::PerMessage => builder,
+        // TODO(commit_batch): `Commits::Batched(k) => builder.commit_batch(k),`
+        Commits::Batched(_) => builder,
+    };
+    let relay = builder.spawn();
     let mut last = (0u64, Instant::now());
     let drain = loop {
         let s = relay.stats();
