@@ -5,24 +5,28 @@ use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET, Setup};
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{State, idempotent};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// A coupon's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-enum CouponState {
+pub enum CouponState {
     Unused,
     Used,
 }
 
 /// The message: "deduct this coupon for this order".
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct DeductCoupon {
-    msg_id: String,
-    coupon_id: i64,
-    order_id: i64,
+pub struct DeductCoupon {
+    /// The message id (the idempotency key's part).
+    pub msg_id: String,
+    /// The coupon to deduct.
+    pub coupon_id: i64,
+    /// The order it pays for.
+    pub order_id: i64,
 }
 
 /// The handler the relay drives: lock the coupon, a duplicate if `USED`,
@@ -84,7 +88,8 @@ async fn counters(pool: &PgPool) -> Result<PgCounters, BoxError> {
     let (commits, due_index_scans): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), \
                 COALESCE((SELECT idx_scan FROM pg_stat_user_indexes \
-                          WHERE indexrelname = 'idx_idem_outbox_pending'), 0)",
+                          WHERE indexrelname = 'idx_idem_outbox_pending' \
+                            AND schemaname = current_schema()), 0)",
     )
     .fetch_one(pool)
     .await?;
@@ -115,11 +120,6 @@ pub async fn idem_run(
     run: &str,
     commits: Commits,
 ) -> Result<IdemRun, BoxError> {
-    if let Commits::Batched(_) = commits {
-        // TODO(commit_batch): remove this check once `Relay::commit_batch`
-        // is merged (and enable the line below).
-        return Err("idem batched commits: `Relay::commit_batch` is not in this build".into());
-    }
     let c = opts.concurrency;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("TRUNCATE {LEDGER}, {COUPON}")))
         .execute(admin)
@@ -179,12 +179,110 @@ pub async fn idem_run(
     .execute(admin)
     .await?;
 
+    let connect: PgConnectOptions = url.parse()?;
+    let d = drain(admin, &connect, opts, &topic, n, commits).await?;
+    // Verify in the database.
+    let (success, other, wrong, ledger): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT \
+           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'success'), \
+           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status <> 'success'), \
+           (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
+              OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
+           (SELECT COUNT(*) FROM bench_outbox_ledger)",
+    )
+    .bind(&topic)
+    .fetch_one(admin)
+    .await?;
+    let Drained {
+        executed,
+        duplicates,
+        retried,
+        dead,
+        claimed,
+        ..
+    } = d;
+    if success != n || other != 0 || wrong != 0 || ledger != n || executed != n as u64 {
+        return Err(format!(
+            "idem run {run}: VERIFY FAILED: {success} of {n} messages success, {other} not, \
+             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows; \
+             relay: {executed} executed, {duplicates} duplicates, {retried} retried, \
+             {dead} dead-lettered, {claimed} claimed"
+        )
+        .into());
+    }
+    // Leave idem_outbox as it was: every run starts on the same table.
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .execute(admin)
+        .await?;
+    Ok(d.run(enqueue_time, n, c))
+}
+
+/// What [`drain`] saw.
+#[derive(Debug, Clone)]
+pub struct Drained {
+    /// From the relay's start until `n` messages were handled.
+    pub drain: Duration,
+    /// The relay's counters when it was shut down.
+    pub executed: u64,
+    /// Deliveries that found the coupon `USED`.
+    pub duplicates: u64,
+    /// Attempts retried.
+    pub retried: u64,
+    /// Messages dead-lettered.
+    pub dead: u64,
+    /// Messages claimed.
+    pub claimed: u64,
+    handler_total: Duration,
+    before: PgCounters,
+    after: PgCounters,
+}
+
+impl Drained {
+    /// Messages per second.
+    pub fn rate(&self, n: i64) -> f64 {
+        n as f64 / self.drain.as_secs_f64()
+    }
+
+    fn run(&self, enqueue: Duration, n: i64, c: usize) -> IdemRun {
+        let claims = (self.after.due_index_scans - self.before.due_index_scans).max(1);
+        IdemRun {
+            enqueue,
+            drain: self.drain,
+            rate: self.rate(n),
+            claims_per_msg: claims as f64 / n as f64,
+            claim_period: self.drain / claims as u32,
+            commits_per_msg: (self.after.commits - self.before.commits) as f64 / n as f64,
+            handler_avg: self.handler_total / n as u32,
+            utilization: self.handler_total.as_secs_f64() / (self.drain.as_secs_f64() * c as f64),
+        }
+    }
+}
+
+/// Drains `n` messages of `topic` (pending in `idem_outbox`, their coupons
+/// `UNUSED` in `bench_outbox_coupon`, both where `connect`'s search path
+/// finds them) through a relay into the `#[idempotent]` handler, then shuts
+/// the relay down. `admin` reads the statistics (on the same schema).
+pub async fn drain(
+    admin: &PgPool,
+    connect: &PgConnectOptions,
+    opts: &Setup,
+    topic: &str,
+    n: i64,
+    commits: Commits,
+) -> Result<Drained, BoxError> {
+    if let Commits::Batched(_) = commits {
+        // TODO(commit_batch): remove this check once `Relay::commit_batch`
+        // is merged (and enable the line below).
+        return Err("idem batched commits: `Relay::commit_batch` is not in this build".into());
+    }
+    let c = opts.concurrency;
     // Drain: the relay's own pool, C handlers plus the claiming loop.
     let pool = PgPoolOptions::new()
         .max_connections(c as u32 + 1)
         .min_connections(c as u32 + 1)
         .acquire_timeout(Duration::from_secs(30))
-        .connect(url)
+        .connect_with(connect.clone())
         .await?;
     // Every connection open before the statistics snapshot.
     let mut held = Vec::new();
@@ -197,7 +295,7 @@ pub async fn idem_run(
     let hn = handler_nanos.clone();
     let started = Instant::now();
     let builder = Relay::new(pool.clone())
-        .route(topic.clone(), move |d, m: DeductCoupon| {
+        .route(topic.to_string(), move |d, m: DeductCoupon| {
             let hn = hn.clone();
             async move {
                 let t = Instant::now();
@@ -246,42 +344,15 @@ pub async fn idem_run(
     pool.close().await;
     let after = counters(admin).await?;
 
-    // Verify in the database.
-    let (success, other, wrong, ledger): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT \
-           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'success'), \
-           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status <> 'success'), \
-           (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
-              OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
-           (SELECT COUNT(*) FROM bench_outbox_ledger)",
-    )
-    .bind(&topic)
-    .fetch_one(admin)
-    .await?;
-    if success != n || other != 0 || wrong != 0 || ledger != n || executed != n as u64 {
-        return Err(format!(
-            "idem run {run}: VERIFY FAILED: {success} of {n} messages success, {other} not, \
-             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows; \
-             relay: {executed} executed, {duplicates} duplicates, {retried} retried, \
-             {dead} dead-lettered, {claimed} claimed"
-        )
-        .into());
-    }
-    // Leave idem_outbox as it was: every run starts on the same table.
-    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
-        .bind(&topic)
-        .execute(admin)
-        .await?;
-    let handler_total = Duration::from_nanos(handler_nanos.load(Ordering::Relaxed));
-    let claims = (after.due_index_scans - before.due_index_scans).max(1);
-    Ok(IdemRun {
-        enqueue: enqueue_time,
+    Ok(Drained {
         drain,
-        rate: n as f64 / drain.as_secs_f64(),
-        claims_per_msg: claims as f64 / n as f64,
-        claim_period: drain / claims as u32,
-        commits_per_msg: (after.commits - before.commits) as f64 / n as f64,
-        handler_avg: handler_total / n as u32,
-        utilization: handler_total.as_secs_f64() / (drain.as_secs_f64() * c as f64),
+        executed,
+        duplicates,
+        retried,
+        dead,
+        claimed,
+        handler_total: Duration::from_nanos(handler_nanos.load(Ordering::Relaxed)),
+        before,
+        after,
     })
 }
