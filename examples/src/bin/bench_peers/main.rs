@@ -92,9 +92,10 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The workspace root (examples/..).
+/// The workspace root (the examples crate's parent).
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR"));
+    examples.parent().unwrap_or(examples).to_path_buf()
 }
 
 /// Builds benches/peers (release) and runs its sqlxmq drain; its last
