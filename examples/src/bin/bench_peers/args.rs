@@ -25,6 +25,9 @@ pub(crate) struct Args {
     /// Seconds of the pgbench run.
     #[arg(long, value_name = "S", default_value_t = 10)]
     pub(crate) pgbench_seconds: u32,
+    /// Rounds: every variant once per round, in turn; the best round counts.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    pub(crate) rounds: usize,
     /// The pgbench binary.
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/pgbench")]
     pub(crate) pgbench: String,
@@ -85,9 +88,10 @@ impl Args {
             || self.pgbench_seconds < 1
             || self.sqlite_messages < 1
             || self.sqlite_concurrency < 1
+            || self.rounds < 1
         {
             return Err("--messages, --pgbench-seconds, --sqlite-messages and \
-                        --sqlite-concurrency must be at least 1, --concurrency at least 2"
+                        --sqlite-concurrency and --rounds must be at least 1, --concurrency at least 2"
                 .into());
         }
         if self.scale_drain > self.scale_small || self.scale_small > self.scale_large {
