@@ -285,7 +285,10 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
     println!();
     println!(
         "{:<28}{:>8}{:>12}{:>12}",
-        "PostgreSQL", "msg/s", "/ pgbench", "/ sqlxmq"
+        format!("PostgreSQL (best of {})", opts.rounds),
+        "msg/s",
+        "/ pgbench",
+        "/ sqlxmq"
     );
     for (name, rate) in &rows {
         println!(
@@ -337,9 +340,9 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace().join("docs/bench.svg"));
         let note = format!(
-            "coupon deduction per message, {} messages, {c} handlers; made by: cargo run --release \
-             -p idem-examples --bin bench_peers",
-            opts.messages
+            "coupon deduction per message, {} messages, {c} handlers, best of {} rounds; made by: \
+             cargo run --release -p idem-examples --bin bench_peers -- --rounds {}",
+            opts.messages, opts.rounds, opts.rounds
         );
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
