@@ -200,8 +200,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         l.mean(),
         l.p99()
     );
-    println!("ratio 1M/10k mean latency: {:.2}", l.mean() / s.mean());
-    println!("ratio 1M/10k p99 latency: {:.2}", l.p99() / s.p99());
+    println!(
+        "ratio {large}/{small} mean latency: {:.2}",
+        l.mean() / s.mean()
+    );
+    println!(
+        "ratio {large}/{small} p99 latency: {:.2}",
+        l.p99() / s.p99()
+    );
 
     // The archiver: expire `archive` records of the large table, move them.
     sqlx::query(

@@ -62,44 +62,15 @@
 //! only flatter pgbench's amortization.
 
 mod args;
-mod idem_side;
-mod pgbench;
 
 use args::Args;
 use clap::Parser;
-use idem_runtime::__private::Dialect;
-use idem_side::idem_run;
-use pgbench::{pgbench_rows, pgbench_run, pgbench_scripts};
+use idem_examples::bench::outbox::{
+    BoxError, Commits, Setup, best, idem_run, median, pgbench_rows, pgbench_run, pgbench_scripts,
+    prepare,
+};
 use sqlx::postgres::PgPoolOptions;
 use std::process::ExitCode;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The idem side's tables (the outbox is idem's own `idem_outbox`).
-const COUPON: &str = "bench_outbox_coupon";
-const LEDGER: &str = "bench_outbox_ledger";
-/// The pgbench side's tables.
-const PGB_COUPON: &str = "bench_outbox_pgb_coupon";
-const PGB_LEDGER: &str = "bench_outbox_pgb_ledger";
-const PGB_OUTBOX: &str = "bench_outbox_pgb_outbox";
-/// The lease both sides claim with (the relay's default).
-const LEASE_SECS: u64 = 30;
-/// Order ids are the coupon id plus this.
-const ORDER_OFFSET: i64 = 2_000_000_000;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn best(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NAN, f64::max)
-}
 
 // ---- main ----------------------------------------------------------------------------
 
@@ -131,44 +102,13 @@ async fn run() -> Result<ExitCode, BoxError> {
         .max_connections(2)
         .connect(&url)
         .await?;
-    idem_runtime::migrate(&admin).await?;
-    // Messages of earlier runs that were interrupted: pending rows of a
-    // topic nobody routes would be scanned by every claim.
-    sqlx::query("DELETE FROM idem_outbox WHERE topic LIKE 'bench-outbox.%'")
-        .execute(&admin)
-        .await?;
-
-    // Fresh bench tables. The pgbench outbox is idem's own DDL, renamed.
-    let mut ddl = vec![
-        format!(
-            "DROP TABLE IF EXISTS {LEDGER}, {COUPON}, {PGB_LEDGER}, {PGB_COUPON}, {PGB_OUTBOX}"
-        ),
-        format!("CREATE TABLE {COUPON} (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)"),
-        format!("CREATE TABLE {PGB_COUPON} (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)"),
-    ];
-    for ledger in [LEDGER, PGB_LEDGER] {
-        ddl.push(format!(
-            "CREATE TABLE {ledger} (coupon_id BIGINT NOT NULL, order_id BIGINT NOT NULL, \
-             msg_id VARCHAR(64) NOT NULL)"
-        ));
-        ddl.push(format!(
-            "CREATE INDEX idx_{ledger}_coupon ON {ledger} (coupon_id)"
-        ));
-    }
-    ddl.extend(
-        Dialect::Postgres
-            .schema()
-            .iter()
-            .filter(|s| {
-                s.contains("idem_outbox") && !s.contains("advisory") && !s.contains("history")
-            })
-            .map(|s| s.replace("idem_outbox", PGB_OUTBOX)),
-    );
-    for stmt in ddl {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
-            .execute(&admin)
-            .await?;
-    }
+    prepare(&admin).await?;
+    let setup = Setup {
+        messages: opts.messages,
+        concurrency: opts.concurrency,
+        batch: opts.batch,
+        pgbench: opts.pgbench.clone(),
+    };
     let dir = std::env::temp_dir().join(format!("bench_outbox.{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
@@ -197,13 +137,21 @@ async fn run() -> Result<ExitCode, BoxError> {
     // The rate pgbench is expected to reach, to size its data.
     let mut expected = 20_000.0f64;
     if opts.warmup() {
-        let r = idem_run(&admin, &url, &opts, opts.messages.min(2000), "warmup").await?;
+        let r = idem_run(
+            &admin,
+            &url,
+            &setup,
+            opts.messages.min(2000),
+            "warmup",
+            Commits::PerMessage,
+        )
+        .await?;
         let p = pgbench_run(
             &admin,
             &url,
-            &opts,
+            &setup,
             2,
-            pgbench_rows(expected, 2, &opts),
+            pgbench_rows(expected, 2, &setup),
             &dir,
         )
         .await?;
@@ -222,7 +170,15 @@ async fn run() -> Result<ExitCode, BoxError> {
     let (mut idem_rates, mut pg_rates) = (Vec::new(), Vec::new());
     let mut last_idem = None;
     for round in 1..=opts.rounds {
-        let r = idem_run(&admin, &url, &opts, opts.messages, &round.to_string()).await?;
+        let r = idem_run(
+            &admin,
+            &url,
+            &setup,
+            opts.messages,
+            &round.to_string(),
+            Commits::PerMessage,
+        )
+        .await?;
         println!(
             "{:<11}{:>8.0}{:>11.0}{:>8.2}s{:>11.3}{:>11.1}{:>8.2}ms{:>10.2}ms{:>6.0}%",
             format!("A{round} idem"),
@@ -237,8 +193,8 @@ async fn run() -> Result<ExitCode, BoxError> {
         );
         idem_rates.push(r.rate);
         last_idem = Some(r);
-        let rows = pgbench_rows(expected, opts.pgbench_seconds, &opts);
-        let p = pgbench_run(&admin, &url, &opts, opts.pgbench_seconds, rows, &dir).await?;
+        let rows = pgbench_rows(expected, opts.pgbench_seconds, &setup);
+        let p = pgbench_run(&admin, &url, &setup, opts.pgbench_seconds, rows, &dir).await?;
         expected = expected.max(p.rate);
         println!(
             "{:<11}{:>8.0}{:>11}{:>8}s{:>11.3}{:>11.1}{:>8.2}ms{:>10.2}ms{:>7}",

@@ -1,22 +1,24 @@
 //! The pgbench side: the same statements as the relay and the handler,
 //! run by `pgbench -M prepared` on copies of the tables, and checked.
 
-use super::args::Args;
-use super::{BoxError, LEASE_SECS, ORDER_OFFSET, PGB_COUPON, PGB_LEDGER, PGB_OUTBOX};
+use super::{BoxError, LEASE_SECS, ORDER_OFFSET, PGB_COUPON, PGB_LEDGER, PGB_OUTBOX, Setup};
 use idem_runtime::__private::Dialect;
 use sqlx::PgPool;
 
 // ---- the pgbench side ----------------------------------------------------------------
 
 /// One pgbench run.
-pub(super) struct PgbenchRun {
+#[derive(Debug, Clone)]
+pub struct PgbenchRun {
     /// Script-1 transactions (messages) per second.
-    pub(super) rate: f64,
-    pub(super) messages: i64,
-    pub(super) claims: i64,
+    pub rate: f64,
+    /// Script-1 transactions (messages).
+    pub messages: i64,
+    /// Script-2 transactions (claims).
+    pub claims: i64,
     /// Mean latency of script 1 (one message) and script 2 (one claim).
-    pub(super) message_latency_ms: f64,
-    pub(super) claim_latency_ms: f64,
+    pub message_latency_ms: f64,
+    pub claim_latency_ms: f64,
 }
 
 /// Replaces the numbered placeholders `$1`, `$2`, … of `sql` by pgbench
@@ -31,7 +33,7 @@ fn pgbench_vars(sql: &str, vars: &[&str]) -> String {
 
 /// The relay's and the handler's PostgreSQL statements, on the pgbench
 /// tables, with pgbench variables for their parameters.
-pub(super) fn pgbench_scripts() -> (String, String) {
+pub fn pgbench_scripts() -> (String, String) {
     let pg = Dialect::Postgres;
     let state = pg.state_sql(PGB_COUPON, "id", "status", None);
     let lock = pgbench_vars(&state.lock, &["id"]);
@@ -59,7 +61,7 @@ pub(super) fn pgbench_scripts() -> (String, String) {
     );
     let claim = pgbench_vars(
         &pg.claim_sql(1).claim,
-        &["owner", "lease", "topic", "batch"],
+        &["owner", "lease", "topic", "batch", "offset"],
     )
     .replace("idem_outbox", PGB_OUTBOX);
     let claim = format!(
@@ -138,10 +140,12 @@ fn script_stats(out: &str, n: usize) -> Option<(i64, f64, f64)> {
     Some((count, tps, latency))
 }
 
-pub(super) async fn pgbench_run(
+/// One pgbench run of `seconds` on `rows` fresh coupons and messages,
+/// checked in the database afterwards; `dir` holds its scripts.
+pub async fn pgbench_run(
     admin: &PgPool,
     url: &str,
-    opts: &Args,
+    opts: &Setup,
     seconds: u32,
     rows: i64,
     dir: &std::path::Path,
@@ -170,6 +174,8 @@ pub(super) async fn pgbench_run(
             &format!("topic={topic}"),
             "-D",
             &format!("batch={}", opts.batch),
+            "-D",
+            "offset=0",
         ])
         .arg("-f")
         .arg(format!("{}@{}", mpath.display(), opts.batch))
@@ -232,7 +238,7 @@ pub(super) async fn pgbench_run(
 
 /// Rows to create for a pgbench run: what the rate seen so far needs, with
 /// room to spare.
-pub(super) fn pgbench_rows(expected_rate: f64, seconds: u32, opts: &Args) -> i64 {
+pub fn pgbench_rows(expected_rate: f64, seconds: u32, opts: &Setup) -> i64 {
     ((expected_rate * f64::from(seconds) * 1.6) as i64 + 2000).max(opts.messages)
 }
 

@@ -1,29 +1,32 @@
 //! The idem side: enqueue, then drain through a [`Relay`] into an
 //! `#[idempotent]` handler, and check the database.
 
-use super::args::Args;
-use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET};
+use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET, Setup};
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{State, idempotent};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// A coupon's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-enum CouponState {
+pub enum CouponState {
     Unused,
     Used,
 }
 
 /// The message: "deduct this coupon for this order".
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct DeductCoupon {
-    msg_id: String,
-    coupon_id: i64,
-    order_id: i64,
+pub struct DeductCoupon {
+    /// The message id (the idempotency key's part).
+    pub msg_id: String,
+    /// The coupon to deduct.
+    pub coupon_id: i64,
+    /// The order it pays for.
+    pub order_id: i64,
 }
 
 /// The handler the relay drives: lock the coupon, a duplicate if `USED`,
@@ -49,23 +52,26 @@ async fn deduct(tx: &mut Transaction<'_, Postgres>, msg: &DeductCoupon) -> Resul
 // ---- the idem side -------------------------------------------------------------------
 
 /// One idem run.
-pub(super) struct IdemRun {
-    pub(super) enqueue: Duration,
-    pub(super) drain: Duration,
+#[derive(Debug, Clone)]
+pub struct IdemRun {
+    /// Time to enqueue the messages (with their coupons).
+    pub enqueue: Duration,
+    /// Time to drain them.
+    pub drain: Duration,
     /// Messages per second through the relay.
-    pub(super) rate: f64,
+    pub rate: f64,
     /// Claim statements per message (the due index's scans; approximate if
     /// something else uses `idem_outbox` at the same time).
-    pub(super) claims_per_msg: f64,
+    pub claims_per_msg: f64,
     /// Committed transactions per message, the database's count.
-    pub(super) commits_per_msg: f64,
+    pub commits_per_msg: f64,
     /// Mean time of one handler call (begin to commit).
-    pub(super) handler_avg: Duration,
+    pub handler_avg: Duration,
     /// Mean time between two claims of the relay's loop (it claims, hands
     /// the batch out, claims again): in effect the time of one claim.
-    pub(super) claim_period: Duration,
+    pub claim_period: Duration,
     /// Share of the handler slots' time spent in handler calls.
-    pub(super) utilization: f64,
+    pub utilization: f64,
 }
 
 /// Counters read from the statistics views.
@@ -82,7 +88,8 @@ async fn counters(pool: &PgPool) -> Result<PgCounters, BoxError> {
     let (commits, due_index_scans): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), \
                 COALESCE((SELECT idx_scan FROM pg_stat_user_indexes \
-                          WHERE indexrelname = 'idx_idem_outbox_pending'), 0)",
+                          WHERE indexrelname = 'idx_idem_outbox_pending' \
+                            AND schemaname = current_schema()), 0)",
     )
     .fetch_one(pool)
     .await?;
@@ -92,12 +99,26 @@ async fn counters(pool: &PgPool) -> Result<PgCounters, BoxError> {
     })
 }
 
-pub(super) async fn idem_run(
+/// How the relay commits its handlers' work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commits {
+    /// One transaction per message (the relay's default).
+    PerMessage,
+    /// Up to `n` messages' handler work in one transaction
+    /// (`Relay::commit_batch(n)`).
+    Batched(u32),
+}
+
+/// One idem run of `n` messages: enqueue them, drain them through a relay
+/// committing as `commits` says, check the database. `run` names the run
+/// (in the topic and in errors).
+pub async fn idem_run(
     admin: &PgPool,
     url: &str,
-    opts: &Args,
+    opts: &Setup,
     n: i64,
     run: &str,
+    commits: Commits,
 ) -> Result<IdemRun, BoxError> {
     let c = opts.concurrency;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("TRUNCATE {LEDGER}, {COUPON}")))
@@ -158,12 +179,110 @@ pub(super) async fn idem_run(
     .execute(admin)
     .await?;
 
+    let connect: PgConnectOptions = url.parse()?;
+    let d = drain(admin, &connect, opts, &topic, n, commits).await?;
+    // Verify in the database.
+    let (success, other, wrong, ledger): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT \
+           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'success'), \
+           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status <> 'success'), \
+           (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
+              OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
+           (SELECT COUNT(*) FROM bench_outbox_ledger)",
+    )
+    .bind(&topic)
+    .fetch_one(admin)
+    .await?;
+    let Drained {
+        executed,
+        duplicates,
+        retried,
+        dead,
+        claimed,
+        ..
+    } = d;
+    if success != n || other != 0 || wrong != 0 || ledger != n || executed != n as u64 {
+        return Err(format!(
+            "idem run {run}: VERIFY FAILED: {success} of {n} messages success, {other} not, \
+             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows; \
+             relay: {executed} executed, {duplicates} duplicates, {retried} retried, \
+             {dead} dead-lettered, {claimed} claimed"
+        )
+        .into());
+    }
+    // Leave idem_outbox as it was: every run starts on the same table.
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .execute(admin)
+        .await?;
+    Ok(d.run(enqueue_time, n, c))
+}
+
+/// What [`drain`] saw.
+#[derive(Debug, Clone)]
+pub struct Drained {
+    /// From the relay's start until `n` messages were handled.
+    pub drain: Duration,
+    /// The relay's counters when it was shut down.
+    pub executed: u64,
+    /// Deliveries that found the coupon `USED`.
+    pub duplicates: u64,
+    /// Attempts retried.
+    pub retried: u64,
+    /// Messages dead-lettered.
+    pub dead: u64,
+    /// Messages claimed.
+    pub claimed: u64,
+    handler_total: Duration,
+    before: PgCounters,
+    after: PgCounters,
+}
+
+impl Drained {
+    /// Messages per second.
+    pub fn rate(&self, n: i64) -> f64 {
+        n as f64 / self.drain.as_secs_f64()
+    }
+
+    fn run(&self, enqueue: Duration, n: i64, c: usize) -> IdemRun {
+        let claims = (self.after.due_index_scans - self.before.due_index_scans).max(1);
+        IdemRun {
+            enqueue,
+            drain: self.drain,
+            rate: self.rate(n),
+            claims_per_msg: claims as f64 / n as f64,
+            claim_period: self.drain / claims as u32,
+            commits_per_msg: (self.after.commits - self.before.commits) as f64 / n as f64,
+            handler_avg: self.handler_total / n as u32,
+            utilization: self.handler_total.as_secs_f64() / (self.drain.as_secs_f64() * c as f64),
+        }
+    }
+}
+
+/// Drains `n` messages of `topic` (pending in `idem_outbox`, their coupons
+/// `UNUSED` in `bench_outbox_coupon`, both where `connect`'s search path
+/// finds them) through a relay into the `#[idempotent]` handler, then shuts
+/// the relay down. `admin` reads the statistics (on the same schema).
+pub async fn drain(
+    admin: &PgPool,
+    connect: &PgConnectOptions,
+    opts: &Setup,
+    topic: &str,
+    n: i64,
+    commits: Commits,
+) -> Result<Drained, BoxError> {
+    if let Commits::Batched(_) = commits {
+        // TODO(commit_batch): remove this check once `Relay::commit_batch`
+        // is merged (and enable the line below).
+        return Err("idem batched commits: `Relay::commit_batch` is not in this build".into());
+    }
+    let c = opts.concurrency;
     // Drain: the relay's own pool, C handlers plus the claiming loop.
     let pool = PgPoolOptions::new()
         .max_connections(c as u32 + 1)
         .min_connections(c as u32 + 1)
         .acquire_timeout(Duration::from_secs(30))
-        .connect(url)
+        .connect_with(connect.clone())
         .await?;
     // Every connection open before the statistics snapshot.
     let mut held = Vec::new();
@@ -175,8 +294,8 @@ pub(super) async fn idem_run(
     let handler_nanos = Arc::new(AtomicU64::new(0));
     let hn = handler_nanos.clone();
     let started = Instant::now();
-    let relay = Relay::new(pool.clone())
-        .route(topic.clone(), move |d, m: DeductCoupon| {
+    let builder = Relay::new(pool.clone())
+        .route(topic.to_string(), move |d, m: DeductCoupon| {
             let hn = hn.clone();
             async move {
                 let t = Instant::now();
@@ -188,8 +307,13 @@ pub(super) async fn idem_run(
         .batch_size(opts.batch)
         .concurrency(c)
         .poll_interval(Duration::from_millis(5))
-        .lease(Duration::from_secs(LEASE_SECS))
-        .spawn();
+        .lease(Duration::from_secs(LEASE_SECS));
+    let builder = match commits {
+        Commits::PerMessage => builder,
+        // TODO(commit_batch): `Commits::Batched(k) => builder.commit_batch(k),`
+        Commits::Batched(_) => builder,
+    };
+    let relay = builder.spawn();
     let mut last = (0u64, Instant::now());
     let drain = loop {
         let s = relay.stats();
@@ -220,42 +344,15 @@ pub(super) async fn idem_run(
     pool.close().await;
     let after = counters(admin).await?;
 
-    // Verify in the database.
-    let (success, other, wrong, ledger): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT \
-           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'success'), \
-           (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status <> 'success'), \
-           (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
-              OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
-           (SELECT COUNT(*) FROM bench_outbox_ledger)",
-    )
-    .bind(&topic)
-    .fetch_one(admin)
-    .await?;
-    if success != n || other != 0 || wrong != 0 || ledger != n || executed != n as u64 {
-        return Err(format!(
-            "idem run {run}: VERIFY FAILED: {success} of {n} messages success, {other} not, \
-             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows; \
-             relay: {executed} executed, {duplicates} duplicates, {retried} retried, \
-             {dead} dead-lettered, {claimed} claimed"
-        )
-        .into());
-    }
-    // Leave idem_outbox as it was: every run starts on the same table.
-    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
-        .bind(&topic)
-        .execute(admin)
-        .await?;
-    let handler_total = Duration::from_nanos(handler_nanos.load(Ordering::Relaxed));
-    let claims = (after.due_index_scans - before.due_index_scans).max(1);
-    Ok(IdemRun {
-        enqueue: enqueue_time,
+    Ok(Drained {
         drain,
-        rate: n as f64 / drain.as_secs_f64(),
-        claims_per_msg: claims as f64 / n as f64,
-        claim_period: drain / claims as u32,
-        commits_per_msg: (after.commits - before.commits) as f64 / n as f64,
-        handler_avg: handler_total / n as u32,
-        utilization: handler_total.as_secs_f64() / (drain.as_secs_f64() * c as f64),
+        executed,
+        duplicates,
+        retried,
+        dead,
+        claimed,
+        handler_total: Duration::from_nanos(handler_nanos.load(Ordering::Relaxed)),
+        before,
+        after,
     })
 }

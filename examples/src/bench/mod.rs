@@ -1,6 +1,8 @@
 //! What the benchmark binaries share: the PostgreSQL they measure, checked
 //! before anything runs, and a warning when they are not built optimized.
 
+pub mod outbox;
+
 use sqlx::Connection;
 
 /// The benchmarks' database: `DATABASE_URL`, default (also when set but

@@ -1,0 +1,133 @@
+//! The command line.
+
+use clap::Parser;
+use idem_examples::bench::outbox::BoxError;
+
+/// idem's relay beside pgbench's per-message limit and sqlxmq, on the same
+/// PostgreSQL in one run; SQLite per message; optionally the cost as the
+/// queue grows.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "bench_peers",
+    args_override_self = true,
+    after_help = "DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/test"
+)]
+pub(crate) struct Args {
+    /// Messages per idem and sqlxmq run.
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    pub(crate) messages: i64,
+    /// Handlers of the relay, pgbench clients, sqlxmq's maximum concurrency.
+    #[arg(long, value_name = "C", default_value_t = 16)]
+    pub(crate) concurrency: usize,
+    /// Messages per claim (0: as many as the concurrency).
+    #[arg(long, value_name = "B", default_value_t = 0)]
+    pub(crate) batch: u32,
+    /// Seconds of the pgbench run.
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    pub(crate) pgbench_seconds: u32,
+    /// Rounds: every variant once per round, in turn; the best round counts.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    pub(crate) rounds: usize,
+    /// The pgbench binary.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/pgbench")]
+    pub(crate) pgbench: String,
+    /// sqlxmq's minimum concurrency (it polls for more below it; 0: C/2).
+    #[arg(long, value_name = "M", default_value_t = 0)]
+    pub(crate) sqlxmq_min: usize,
+    /// Leave sqlxmq out (it is built from benches/peers on first use).
+    #[arg(long)]
+    pub(crate) no_sqlxmq: bool,
+    /// Messages of the SQLite drain.
+    #[arg(long, value_name = "N", default_value_t = 5000)]
+    pub(crate) sqlite_messages: i64,
+    /// Handlers of the SQLite relay.
+    #[arg(long, value_name = "C", default_value_t = 4)]
+    pub(crate) sqlite_concurrency: usize,
+    /// Skip the unmeasured warm-up.
+    #[arg(long)]
+    pub(crate) no_warmup: bool,
+    /// Where to write the chart (SVG); default docs/bench.svg of the
+    /// workspace.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) chart: Option<String>,
+    /// Do not write the chart.
+    #[arg(long)]
+    pub(crate) no_chart: bool,
+    /// Only the queue-growth runs (`--scale`), not the peers.
+    #[arg(long)]
+    pub(crate) scale_only: bool,
+    /// Also measure the cost as the queue grows: claim latency and drain
+    /// rate with `--scale-large` pending messages against `--scale-small`.
+    #[arg(long)]
+    pub(crate) scale: bool,
+    /// Pending messages of the small queue.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub(crate) scale_small: i64,
+    /// Pending messages of the large queue.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub(crate) scale_large: i64,
+    /// Messages drained off each queue.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub(crate) scale_drain: i64,
+    /// Claim statements timed per queue.
+    #[arg(long, value_name = "N", default_value_t = 300)]
+    pub(crate) scale_claims: usize,
+}
+
+impl Args {
+    /// The batch resolved (0 becomes the concurrency) and the counts checked.
+    pub(crate) fn check(mut self) -> Result<Self, BoxError> {
+        if self.batch == 0 {
+            self.batch = self.concurrency as u32;
+        }
+        if self.sqlxmq_min == 0 {
+            self.sqlxmq_min = self.concurrency / 2;
+        }
+        if self.messages < 1
+            || self.concurrency < 2
+            || self.pgbench_seconds < 1
+            || self.sqlite_messages < 1
+            || self.sqlite_concurrency < 1
+            || self.rounds < 1
+        {
+            return Err("--messages, --pgbench-seconds, --sqlite-messages and \
+                        --sqlite-concurrency and --rounds must be at least 1, --concurrency at least 2"
+                .into());
+        }
+        if self.scale_drain > self.scale_small || self.scale_small > self.scale_large {
+            return Err("--scale-drain ≤ --scale-small ≤ --scale-large".into());
+        }
+        if self.scale_only {
+            self.scale = true;
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let a = Args::parse_from(["bench_peers"]).check().unwrap();
+        assert_eq!(
+            (a.messages, a.concurrency, a.batch, a.sqlxmq_min),
+            (20_000, 16, 16, 8)
+        );
+        assert_eq!(
+            (a.scale_small, a.scale_large, a.scale_drain),
+            (10_000, 1_000_000, 10_000)
+        );
+        assert!(!a.scale && !a.no_sqlxmq);
+        let a = Args::parse_from(["bench_peers", "--scale-only"])
+            .check()
+            .unwrap();
+        assert!(a.scale);
+        assert!(
+            Args::parse_from(["bench_peers", "--scale-drain", "20000"])
+                .check()
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! # Benchmark: idem beside its peers, on the same PostgreSQL in one run
+//!
+//! The coupon work of `bench_outbox` — deduct a coupon once per "deduct
+//! this coupon" message: the coupon's state under a row lock, one ledger
+//! row, `UNUSED` → `USED`, the message marked done, one transaction — run
+//! by each variant of [`VARIANTS`] on the same PostgreSQL, one after the
+//! other, with the same message count and concurrency:
+//!
+//! - **idem per-message**: `bench_outbox`'s idem side (enqueue N coupons
+//!   and messages, then a [`Relay`](idem_runtime::outbox::Relay) drains
+//!   them into an `#[idempotent(strategy = state_machine)]` handler, one
+//!   commit per message);
+//! - **idem batched 16 / 64**: the same with `Relay::commit_batch(n)` — a
+//!   TODO variant, enabled once that API is merged (see [`VARIANTS`]);
+//! - **pgbench per-message**: `bench_outbox`'s pgbench side, the physical
+//!   limit of the per-message design: `pgbench -M prepared` running the
+//!   relay's and the handler's statements for `--pgbench-seconds`;
+//! - **sqlxmq**: the job queue a peer would pick, sqlxmq 0.6 from
+//!   crates.io, running the same work in its own harness (`benches/peers`,
+//!   built here on first use: it is its own workspace, since its sqlx 0.8
+//!   and idem's sqlx 0.9 cannot share one lockfile's libsqlite3-sys);
+//!
+//! then the embedded default, the same drain on a SQLite file. Each run is
+//! checked in the database (every coupon `USED` with exactly one ledger
+//! row). Printed: msg/s, and the ratios to pgbench and to sqlxmq; written:
+//! the chart `docs/bench.svg`.
+//!
+//! `--scale` adds the cost as the queue grows: the p50 of the relay's
+//! claim statement and the drain rate with 1M pending messages against 10k
+//! (`--scale-only` runs just that; the 1M fill takes a minute or so). The
+//! duplicate check against 10M records is `bench_archive --large 10000000`.
+//!
+//! ```text
+//! cargo run --release -p idem-examples --bin bench_peers
+//! cargo run --release -p idem-examples --bin bench_peers -- --messages 5000 --pgbench-seconds 5
+//! cargo run --release -p idem-examples --bin bench_peers -- --scale-only
+//! ```
+
+mod args;
+mod chart;
+mod scale;
+mod sqlite;
+
+use args::Args;
+use chart::Bar;
+use clap::Parser;
+use idem_examples::bench::outbox::{
+    BoxError, Commits, Setup, best, idem_run, pgbench_rows, pgbench_run, prepare,
+};
+use sqlx::postgres::PgPoolOptions;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// What one variant runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Variant {
+    /// idem's relay, committing as given.
+    Idem(Commits),
+    /// pgbench running the per-message statements.
+    Pgbench,
+    /// sqlxmq's runner (benches/peers).
+    Sqlxmq,
+}
+
+/// The PostgreSQL variants, in the order they run.
+const VARIANTS: &[(&str, Variant)] = &[
+    ("idem per-message", Variant::Idem(Commits::PerMessage)),
+    // TODO(commit_batch): enable once `Relay::commit_batch` is merged (and
+    // remove the two TODO(commit_batch) checks in bench/outbox/idem.rs and
+    // sqlite.rs):
+    // ("idem batched 16", Variant::Idem(Commits::Batched(16))),
+    // ("idem batched 64", Variant::Idem(Commits::Batched(64))),
+    ("pgbench per-message", Variant::Pgbench),
+    ("sqlxmq", Variant::Sqlxmq),
+];
+
+/// The SQLite variants.
+const SQLITE_VARIANTS: &[(&str, Commits)] = &[
+    ("idem per-message", Commits::PerMessage),
+    // TODO(commit_batch): ("idem batched 16", Commits::Batched(16)),
+    // TODO(commit_batch): ("idem batched 64", Commits::Batched(64)),
+];
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the examples crate's parent).
+fn workspace() -> PathBuf {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR"));
+    examples.parent().unwrap_or(examples).to_path_buf()
+}
+
+/// Builds benches/peers (release) and runs its sqlxmq drain; its last
+/// stdout line is a JSON object with `rate`.
+async fn sqlxmq_run(url: &str, opts: &Args) -> Result<f64, BoxError> {
+    let manifest = workspace().join("benches/peers/Cargo.toml");
+    let status = tokio::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .status()
+        .await?;
+    if !status.success() {
+        return Err(format!("cannot build {} ({status})", manifest.display()).into());
+    }
+    let out = tokio::process::Command::new(
+        workspace().join("benches/peers/target/release/idem-bench-peers"),
+    )
+    .args(["--url", url])
+    .args(["--messages", &opts.messages.to_string()])
+    .args(["--concurrency", &opts.concurrency.to_string()])
+    .args(["--min-concurrency", &opts.sqlxmq_min.to_string()])
+    .stderr(std::process::Stdio::inherit())
+    .output()
+    .await?;
+    if !out.status.success() {
+        return Err(format!("the sqlxmq run failed ({})", out.status).into());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout
+        .lines()
+        .last()
+        .ok_or("no output from the sqlxmq run")?;
+    let v: serde_json::Value = serde_json::from_str(last)?;
+    v["rate"]
+        .as_f64()
+        .ok_or_else(|| format!("no rate in the sqlxmq run's output: {last}").into())
+}
+
+fn ratio(a: f64, b: Option<f64>) -> String {
+    match b {
+        Some(b) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "-".into(),
+    }
+}
+
+async fn run() -> Result<ExitCode, BoxError> {
+    let opts = Args::parse().check()?;
+    idem_examples::bench::warn_if_debug("bench_peers");
+    let Some(url) = idem_examples::bench::reachable_postgres().await else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let setup = Setup {
+        messages: opts.messages,
+        concurrency: opts.concurrency,
+        batch: opts.batch,
+        pgbench: opts.pgbench.clone(),
+    };
+    if !opts.scale_only {
+        peers(&opts, &setup, &url).await?;
+    }
+    if opts.scale {
+        let c = opts.concurrency;
+        println!();
+        println!(
+            "cost as the queue grows: {} vs {} pending messages; the relay's claim of {} \
+             ({} claims timed, rolled back), then {} messages drained off each ({c} handlers)",
+            opts.scale_large, opts.scale_small, opts.batch, opts.scale_claims, opts.scale_drain
+        );
+        let [s, l] = scale::scale(
+            &url,
+            &setup,
+            opts.scale_small,
+            opts.scale_large,
+            opts.scale_drain,
+            opts.scale_claims,
+        )
+        .await?;
+        println!(
+            "{:>10}{:>10}{:>12}{:>12}{:>12}",
+            "pending", "fill", "claim p50", "claim p90", "drain msg/s"
+        );
+        for q in [&s, &l] {
+            println!(
+                "{:>10}{:>9.1}s{:>10.3}ms{:>10.3}ms{:>12.0}",
+                q.pending,
+                q.fill.as_secs_f64(),
+                q.claim_p50_ms,
+                q.claim_p90_ms,
+                q.drain_rate
+            );
+        }
+        println!(
+            "ratio {}/{}: claim p50 {:.2}, drain time per message {:.2} (target ≤ 1.2)",
+            l.pending,
+            s.pending,
+            l.claim_p50_ms / s.claim_p50_ms,
+            s.drain_rate / l.drain_rate
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
+    let c = opts.concurrency;
+    if !Path::new(&opts.pgbench).exists() {
+        return Err(format!(
+            "pgbench not found at {} (install postgresql-client, or pass --pgbench PATH)",
+            opts.pgbench
+        )
+        .into());
+    }
+    let admin = PgPoolOptions::new().max_connections(2).connect(url).await?;
+    prepare(&admin).await?;
+    let dir = std::env::temp_dir().join(format!("bench_peers.{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "peers on PostgreSQL: {} messages per run, {c} handlers / clients, claims of {}; \
+         pgbench -M prepared for {} s; sqlxmq concurrency {}..{c}",
+        opts.messages, opts.batch, opts.pgbench_seconds, opts.sqlxmq_min
+    );
+    let mut expected = 20_000.0f64;
+    if !opts.no_warmup {
+        let r = idem_run(
+            &admin,
+            url,
+            setup,
+            opts.messages.min(2000),
+            "warmup",
+            Commits::PerMessage,
+        )
+        .await?;
+        let p = pgbench_run(
+            &admin,
+            url,
+            setup,
+            2,
+            pgbench_rows(expected, 2, setup),
+            &dir,
+        )
+        .await?;
+        expected = p.rate;
+        println!(
+            "warm-up (not counted): idem {:.0} msg/s, pgbench {:.0} msg/s",
+            r.rate, p.rate
+        );
+    }
+
+    let mut runs: Vec<(&str, Vec<f64>)> = Vec::new();
+    for round in 1..=opts.rounds {
+        for &(name, v) in VARIANTS {
+            let rate = match v {
+                Variant::Idem(commits) => {
+                    idem_run(&admin, url, setup, opts.messages, name, commits)
+                        .await?
+                        .rate
+                }
+                Variant::Pgbench => {
+                    let n = pgbench_rows(expected, opts.pgbench_seconds, setup);
+                    let p = pgbench_run(&admin, url, setup, opts.pgbench_seconds, n, &dir).await?;
+                    expected = expected.max(p.rate);
+                    p.rate
+                }
+                Variant::Sqlxmq if opts.no_sqlxmq => continue,
+                Variant::Sqlxmq => sqlxmq_run(url, opts).await?,
+            };
+            println!("  round {round}: {name:<22}{rate:>8.0} msg/s");
+            match runs.iter_mut().find(|r| r.0 == name) {
+                Some(r) => r.1.push(rate),
+                None => runs.push((name, vec![rate])),
+            }
+        }
+    }
+    let rows: Vec<(&str, f64)> = runs.iter().map(|(n, v)| (*n, best(v))).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    admin.close().await;
+
+    let mut sqlite_rows = Vec::new();
+    for &(name, commits) in SQLITE_VARIANTS {
+        let rate =
+            sqlite::sqlite_run(opts.sqlite_messages, opts.sqlite_concurrency, commits).await?;
+        println!("  SQLite {name:<15}{rate:>8.0} msg/s");
+        sqlite_rows.push((name, rate));
+    }
+
+    let of = |label: &str| rows.iter().find(|r| r.0 == label).map(|r| r.1);
+    let (pg, mq) = (of("pgbench per-message"), of("sqlxmq"));
+    println!();
+    println!(
+        "{:<28}{:>8}{:>12}{:>12}",
+        format!("PostgreSQL (best of {})", opts.rounds),
+        "msg/s",
+        "/ pgbench",
+        "/ sqlxmq"
+    );
+    for (name, rate) in &rows {
+        println!(
+            "{name:<28}{rate:>8.0}{:>12}{:>12}",
+            ratio(*rate, pg),
+            ratio(*rate, mq)
+        );
+    }
+    println!(
+        "{:<28}{:>8}{:>12}",
+        format!("SQLite ({} handlers)", opts.sqlite_concurrency),
+        "msg/s",
+        "/ per-msg"
+    );
+    let per = sqlite_rows.first().map(|r| r.1);
+    for (name, rate) in &sqlite_rows {
+        println!("{name:<28}{rate:>8.0}{:>12}", ratio(*rate, per));
+    }
+    if let (Some(i), Some(p)) = (of("idem per-message"), pg) {
+        println!("idem per-message / pgbench: {:.2} (target ≥ 0.9)", i / p);
+    }
+    for b in ["idem batched 16", "idem batched 64"] {
+        if let (Some(r), Some(p)) = (of(b), pg) {
+            print!("{b} / pgbench: {:.2} (target ≥ 2.0)", r / p);
+            if let Some(m) = mq {
+                print!(", / sqlxmq: {:.2} (target ≥ 4)", r / m);
+            }
+            println!();
+        }
+    }
+
+    if !opts.no_chart {
+        let mut bars: Vec<Bar> = rows
+            .iter()
+            .map(|(name, rate)| Bar {
+                group: "PostgreSQL".into(),
+                label: (*name).into(),
+                rate: *rate,
+            })
+            .collect();
+        bars.extend(sqlite_rows.iter().map(|(name, rate)| Bar {
+            group: format!("SQLite, {} handlers", opts.sqlite_concurrency),
+            label: (*name).into(),
+            rate: *rate,
+        }));
+        let path = opts
+            .chart
+            .clone()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace().join("docs/bench.svg"));
+        let note = format!(
+            "coupon deduction per message, {} messages, {c} handlers, best of {} rounds; made by: \
+             cargo run --release -p idem-examples --bin bench_peers -- --rounds {}",
+            opts.messages, opts.rounds, opts.rounds
+        );
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(
+            &path,
+            chart::svg("idem and its peers: messages per second", &note, &bars),
+        )?;
+        println!("chart: {}", path.display());
+    }
+    Ok(())
+}
