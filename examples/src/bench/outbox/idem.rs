@@ -271,11 +271,6 @@ pub async fn drain(
     n: i64,
     commits: Commits,
 ) -> Result<Drained, BoxError> {
-    if let Commits::Batched(_) = commits {
-        // TODO(commit_batch): remove this check once `Relay::commit_batch`
-        // is merged (and enable the line below).
-        return Err("idem batched commits: `Relay::commit_batch` is not in this build".into());
-    }
     let c = opts.concurrency;
     // Drain: the relay's own pool, C handlers plus the claiming loop.
     let pool = PgPoolOptions::new()
@@ -310,8 +305,11 @@ pub async fn drain(
         .lease(Duration::from_secs(LEASE_SECS));
     let builder = match commits {
         Commits::PerMessage => builder,
-        // TODO(commit_batch): `Commits::Batched(k) => builder.commit_batch(k),`
-        Commits::Batched(_) => builder,
+        // A batch takes one handler slot per message: room for two at once.
+        Commits::Batched(k) => builder
+            .commit_batch(k)
+            .concurrency(c.max(2 * k))
+            .batch_size(opts.batch.max(2 * k as u32)),
     };
     let relay = builder.spawn();
     let mut last = (0u64, Instant::now());

@@ -65,11 +65,8 @@ enum Variant {
 /// The PostgreSQL variants, in the order they run.
 const VARIANTS: &[(&str, Variant)] = &[
     ("idem per-message", Variant::Idem(Commits::PerMessage)),
-    // TODO(commit_batch): enable once `Relay::commit_batch` is merged (and
-    // remove the two TODO(commit_batch) checks in bench/outbox/idem.rs and
-    // sqlite.rs):
-    // ("idem batched 16", Variant::Idem(Commits::Batched(16))),
-    // ("idem batched 64", Variant::Idem(Commits::Batched(64))),
+    ("idem batched 16", Variant::Idem(Commits::Batched(16))),
+    ("idem batched 64", Variant::Idem(Commits::Batched(64))),
     ("pgbench per-message", Variant::Pgbench),
     ("sqlxmq", Variant::Sqlxmq),
 ];
@@ -77,8 +74,8 @@ const VARIANTS: &[(&str, Variant)] = &[
 /// The SQLite variants.
 const SQLITE_VARIANTS: &[(&str, Commits)] = &[
     ("idem per-message", Commits::PerMessage),
-    // TODO(commit_batch): ("idem batched 16", Commits::Batched(16)),
-    // TODO(commit_batch): ("idem batched 64", Commits::Batched(64)),
+    ("idem batched 16", Commits::Batched(16)),
+    ("idem batched 64", Commits::Batched(64)),
 ];
 
 #[tokio::main]

@@ -31,10 +31,6 @@ async fn deduct(tx: &mut Transaction<'_, Sqlite>, msg: &DeductCoupon) -> Result<
 /// otherwise) through a relay of `c` handlers; the database is checked
 /// afterwards. Returns messages per second.
 pub(crate) async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64, BoxError> {
-    if let Commits::Batched(_) = commits {
-        // TODO(commit_batch): remove once `Relay::commit_batch` is merged.
-        return Err("idem batched commits: `Relay::commit_batch` is not in this build".into());
-    }
     let dir = Scratch::new("bench-peers-sqlite");
     let opts = SqliteConnectOptions::new()
         .filename(dir.join("bench.db"))
@@ -83,8 +79,11 @@ pub(crate) async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64
         .poll_interval(Duration::from_millis(5));
     let builder = match commits {
         Commits::PerMessage => builder,
-        // TODO(commit_batch): `Commits::Batched(k) => builder.commit_batch(k),`
-        Commits::Batched(_) => builder,
+        // One batch at a time: SQLite's write lock serializes them anyway.
+        Commits::Batched(k) => builder
+            .commit_batch(k)
+            .concurrency(c.max(k))
+            .batch_size(c.max(k) as u32),
     };
     let relay = builder.spawn();
     let mut last = (0u64, Instant::now());
