@@ -307,9 +307,9 @@ pub async fn drain(
         Commits::PerMessage => builder,
         // A batch takes one handler slot per message: room for two at once.
         Commits::Batched(k) => builder
-            .commit_batch(k)
-            .concurrency(c.max(2 * k))
-            .batch_size(opts.batch.max(2 * k as u32)),
+            .commit_batch(k as usize)
+            .concurrency(c.max(2 * k as usize))
+            .batch_size(opts.batch.max(2 * k)),
     };
     let relay = builder.spawn();
     let mut last = (0u64, Instant::now());

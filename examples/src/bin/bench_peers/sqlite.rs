@@ -80,10 +80,13 @@ pub(crate) async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64
     let builder = match commits {
         Commits::PerMessage => builder,
         // One batch at a time: SQLite's write lock serializes them anyway.
-        Commits::Batched(k) => builder
-            .commit_batch(k)
-            .concurrency(c.max(k))
-            .batch_size(c.max(k) as u32),
+        Commits::Batched(k) => {
+            let k = k as usize;
+            builder
+                .commit_batch(k)
+                .concurrency(c.max(k))
+                .batch_size(c.max(k) as u32)
+        }
     };
     let relay = builder.spawn();
     let mut last = (0u64, Instant::now());
