@@ -305,11 +305,13 @@ pub async fn drain(
         .lease(Duration::from_secs(LEASE_SECS));
     let builder = match commits {
         Commits::PerMessage => builder,
-        // A batch takes one handler slot per message: room for two at once.
+        // A batch takes one handler slot per message: room for as many
+        // batches at once as per-message mode has handlers (one connection
+        // each), claimed in one round.
         Commits::Batched(k) => builder
             .commit_batch(k as usize)
-            .concurrency(c.max(2 * k as usize))
-            .batch_size(opts.batch.max(2 * k)),
+            .concurrency(c * k as usize)
+            .batch_size((c as u32) * k),
     };
     let relay = builder.spawn();
     let mut last = (0u64, Instant::now());

@@ -72,6 +72,13 @@ pub(crate) struct Args {
     /// Claim statements timed per queue.
     #[arg(long, value_name = "N", default_value_t = 300)]
     pub(crate) scale_claims: usize,
+    /// Seconds of steady load per mode for the enqueue→effect latency,
+    /// push wake-up on and off (0: skip it).
+    #[arg(long, value_name = "S", default_value_t = 5)]
+    pub(crate) latency_seconds: u64,
+    /// Messages per second of that steady load.
+    #[arg(long, value_name = "R", default_value_t = 200)]
+    pub(crate) latency_rate: u32,
 }
 
 impl Args {

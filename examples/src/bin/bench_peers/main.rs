@@ -10,8 +10,8 @@
 //!   and messages, then a [`Relay`](idem_runtime::outbox::Relay) drains
 //!   them into an `#[idempotent(strategy = state_machine)]` handler, one
 //!   commit per message);
-//! - **idem batched 16 / 64**: the same with `Relay::commit_batch(n)` — a
-//!   TODO variant, enabled once that API is merged (see [`VARIANTS`]);
+//! - **idem batched 16 / 64**: the same with `Relay::commit_batch(n)`: n
+//!   handlers' calls in one transaction, one commit;
 //! - **pgbench per-message**: `bench_outbox`'s pgbench side, the physical
 //!   limit of the per-message design: `pgbench -M prepared` running the
 //!   relay's and the handler's statements for `--pgbench-seconds`;
@@ -23,7 +23,9 @@
 //! then the embedded default, the same drain on a SQLite file. Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
 //! row). Printed: msg/s, and the ratios to pgbench and to sqlxmq; written:
-//! the chart `docs/bench.svg`.
+//! the chart `docs/bench.svg`. Then the enqueue→effect latency at a light
+//! steady load (`--latency-rate`, 200 msg/s, for `--latency-seconds`),
+//! push wake-up on and off (`bench_latency` measures it at length).
 //!
 //! `--scale` adds the cost as the queue grows: the p50 of the relay's
 //! claim statement and the drain rate with 1M pending messages against 10k
@@ -152,6 +154,9 @@ async fn run() -> Result<ExitCode, BoxError> {
     };
     if !opts.scale_only {
         peers(&opts, &setup, &url).await?;
+        if opts.latency_seconds > 0 {
+            latency(&opts, &url).await?;
+        }
     }
     if opts.scale {
         let c = opts.concurrency;
@@ -193,6 +198,33 @@ async fn run() -> Result<ExitCode, BoxError> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Enqueue→effect latency at a light steady load, push wake-up on and
+/// off (the relay polling every 100 ms), side by side.
+async fn latency(opts: &Args, url: &str) -> Result<(), BoxError> {
+    use idem_examples::bench::latency::{Steady, line, run};
+    let steady = Steady {
+        url: url.to_string(),
+        rate: opts.latency_rate,
+        seconds: opts.latency_seconds,
+        poll_ms: 100,
+    };
+    println!();
+    println!(
+        "enqueue→effect latency: {} msg/s for {} s per mode, the relay polling every 100 ms",
+        steady.rate, steady.seconds
+    );
+    let stamp = std::process::id();
+    for push in [true, false] {
+        let mode = if push { "push on" } else { "push off" };
+        let l = run(&steady, push, &format!("peers.{stamp}.{push}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("  {}", line(mode, &l));
+    }
+    println!("  (target: p50 ≤ 10 ms with push wake-up)");
+    Ok(())
 }
 
 async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
