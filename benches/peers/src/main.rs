@@ -18,15 +18,17 @@
 //! - **check**: every coupon `USED` with exactly one ledger row, no job left.
 //!
 //! Everything lives in its own schema (`bench_peers_mq`, dropped and
-//! recreated with sqlxmq's migrations, copied from its repository into
-//! `migrations/`), so the shared database's `public` schema is untouched.
+//! recreated with sqlxmq's migrations, read from the sqlxmq package cargo
+//! fetched: `--migrations DIR`), so the shared database's `public` schema
+//! is untouched.
 //!
 //! The last line of stdout is one JSON object (`rate`, `drain_s`,
 //! `enqueue_rate`, `messages`, `concurrency`, `min_concurrency`) for
 //! `bench_peers` to read.
 //!
 //! ```text
-//! cargo run --release --manifest-path benches/peers/Cargo.toml -- --messages 20000 --concurrency 16
+//! cargo run --release --manifest-path benches/peers/Cargo.toml -- \
+//!     --migrations ~/.cargo/registry/src/<index>/sqlxmq-0.6.0/migrations --messages 20000 --concurrency 16
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -45,15 +47,25 @@ const JOB: &str = "deduct_coupon";
 /// Order ids are the coupon id plus this (as on idem's side).
 const ORDER_OFFSET: i64 = 2_000_000_000;
 
-/// sqlxmq's migrations, in order (its README: "copy the migration files
-/// from this crate into your own migrations folder").
-const MIGRATIONS: [&str; 5] = [
-    include_str!("../migrations/20210316025847_setup.up.sql"),
-    include_str!("../migrations/20210921115907_clear.up.sql"),
-    include_str!("../migrations/20211013151757_fix_mq_latest_message.up.sql"),
-    include_str!("../migrations/20220208120856_fix_concurrent_poll.up.sql"),
-    include_str!("../migrations/20220713122907_fix-clear_all-keep-nil-message.up.sql"),
-];
+/// sqlxmq's migrations (`*.up.sql`) as its crate ships them, in the
+/// order of their timestamped names: its README asks users to apply them.
+/// `dir` is the `migrations` folder of the sqlxmq package this harness
+/// builds against (`bench_peers` finds it with `cargo metadata`).
+fn migrations(dir: &std::path::Path) -> Result<Vec<String>, BoxError> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("sqlxmq's migrations at {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".up.sql"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no *.up.sql in {}", dir.display()).into());
+    }
+    Ok(files
+        .iter()
+        .map(std::fs::read_to_string)
+        .collect::<Result<_, _>>()?)
+}
 
 /// The job's payload: "deduct this coupon for this order".
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -70,6 +82,8 @@ struct Args {
     concurrency: usize,
     /// sqlxmq's minimum concurrency: it polls again when fewer jobs run.
     min_concurrency: usize,
+    /// The `migrations` folder of the sqlxmq package.
+    migrations: std::path::PathBuf,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -81,6 +95,7 @@ fn parse_args() -> Result<Args, BoxError> {
         messages: 20_000,
         concurrency: 16,
         min_concurrency: 0,
+        migrations: std::path::PathBuf::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,15 +105,19 @@ fn parse_args() -> Result<Args, BoxError> {
             "--messages" => a.messages = value()?.parse()?,
             "--concurrency" => a.concurrency = value()?.parse()?,
             "--min-concurrency" => a.min_concurrency = value()?.parse()?,
+            "--migrations" => a.migrations = value()?.into(),
             "-h" | "--help" => {
                 println!(
-                    "usage: idem-bench-peers [--url URL] [--messages N] [--concurrency C] \
-                     [--min-concurrency M (default C/2)]"
+                    "usage: idem-bench-peers --migrations DIR (sqlxmq's) [--url URL] [--messages N] \
+                     [--concurrency C] [--min-concurrency M (default C/2)]"
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown flag {other}").into()),
         }
+    }
+    if a.migrations.as_os_str().is_empty() {
+        return Err("--migrations DIR (the sqlxmq package's migrations folder) is required".into());
     }
     if a.messages < 1 || a.concurrency < 2 {
         return Err("--messages must be at least 1 and --concurrency at least 2".into());
@@ -135,8 +154,8 @@ async fn setup(args: &Args) -> Result<(), BoxError> {
         .await?;
     admin.close().await;
     let p = pool(args, 1).await?;
-    for m in MIGRATIONS {
-        p.execute(sqlx::raw_sql(m)).await?;
+    for m in migrations(&args.migrations)? {
+        p.execute(sqlx::raw_sql(&m)).await?;
     }
     p.execute(sqlx::raw_sql(
         "CREATE TABLE coupon (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL); \

@@ -109,9 +109,12 @@ async fn sqlxmq_run(url: &str, opts: &Args) -> Result<f64, BoxError> {
     if !status.success() {
         return Err(format!("cannot build {} ({status})", manifest.display()).into());
     }
+    let migrations = sqlxmq_migrations(&manifest).await?;
     let out = tokio::process::Command::new(
         workspace().join("benches/peers/target/release/idem-bench-peers"),
     )
+    .arg("--migrations")
+    .arg(&migrations)
     .args(["--url", url])
     .args(["--messages", &opts.messages.to_string()])
     .args(["--concurrency", &opts.concurrency.to_string()])
@@ -131,6 +134,35 @@ async fn sqlxmq_run(url: &str, opts: &Args) -> Result<f64, BoxError> {
     v["rate"]
         .as_f64()
         .ok_or_else(|| format!("no rate in the sqlxmq run's output: {last}").into())
+}
+
+/// The `migrations` folder of the sqlxmq package the harness builds
+/// against, from `cargo metadata` (sqlxmq ships its migrations in its crate
+/// for users to apply).
+async fn sqlxmq_migrations(manifest: &Path) -> Result<PathBuf, BoxError> {
+    let out = tokio::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .args(["metadata", "--format-version", "1", "--manifest-path"])
+        .arg(manifest)
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo metadata for {} failed ({})",
+            manifest.display(),
+            out.status
+        )
+        .into());
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let sqlxmq = meta["packages"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "sqlxmq"))
+        .and_then(|p| p["manifest_path"].as_str())
+        .ok_or("cargo metadata lists no sqlxmq package")?;
+    Ok(Path::new(sqlxmq)
+        .parent()
+        .ok_or("sqlxmq's manifest has no folder")?
+        .join("migrations"))
 }
 
 fn ratio(a: f64, b: Option<f64>) -> String {
