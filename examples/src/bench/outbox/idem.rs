@@ -2,7 +2,7 @@
 //! `#[idempotent]` handler, and check the database.
 
 use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET, Setup};
-use idem_runtime::outbox::{Relay, enqueue};
+use idem_runtime::outbox::{Relay, RelayHandle, enqueue};
 use idem_runtime::{State, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -314,22 +314,7 @@ pub async fn drain(
             .batch_size((c as u32) * k),
     };
     let relay = builder.spawn();
-    let mut last = (0u64, Instant::now());
-    let drain = loop {
-        let s = relay.stats();
-        let done = s.executed.load(Ordering::Relaxed)
-            + s.duplicates.load(Ordering::Relaxed)
-            + s.dead_lettered.load(Ordering::Relaxed);
-        if done >= n as u64 {
-            break started.elapsed();
-        }
-        if done != last.0 {
-            last = (done, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(60) {
-            return Err(format!("relay stalled at {done} of {n} messages for 60 s").into());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
+    let drain = drained(&relay, n, started).await?;
     let (executed, duplicates, retried, dead, claimed) = {
         let s = relay.stats();
         (
@@ -355,4 +340,26 @@ pub async fn drain(
         before,
         after,
     })
+}
+
+/// Waits until `relay` has finished `n` messages (executed, duplicates or
+/// dead letters); the time since `started`. An error when it makes no
+/// progress for 60 s.
+pub async fn drained(relay: &RelayHandle, n: i64, started: Instant) -> Result<Duration, BoxError> {
+    let mut last = (0u64, Instant::now());
+    loop {
+        let s = relay.stats();
+        let done = s.executed.load(Ordering::Relaxed)
+            + s.duplicates.load(Ordering::Relaxed)
+            + s.dead_lettered.load(Ordering::Relaxed);
+        if done >= n as u64 {
+            return Ok(started.elapsed());
+        }
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(60) {
+            return Err(format!("relay stalled at {done} of {n} messages for 60 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }

@@ -7,7 +7,7 @@
 mod idem;
 mod pgbench;
 
-pub use idem::{Commits, CouponState, DeductCoupon, Drained, IdemRun, drain, idem_run};
+pub use idem::{Commits, CouponState, DeductCoupon, Drained, IdemRun, drain, drained, idem_run};
 pub use pgbench::{PgbenchRun, pgbench_rows, pgbench_run, pgbench_scripts};
 
 use idem_runtime::__private::Dialect;

@@ -6,7 +6,6 @@ use idem_runtime::outbox::{Relay, enqueue};
 use idem_testkit::cluster::Scratch;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, Transaction};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The handler of `bench_outbox`'s idem side, on SQLite (`BEGIN
@@ -89,22 +88,7 @@ pub(crate) async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64
         }
     };
     let relay = builder.spawn();
-    let mut last = (0u64, Instant::now());
-    let drain = loop {
-        let s = relay.stats();
-        let done = s.executed.load(Ordering::Relaxed)
-            + s.duplicates.load(Ordering::Relaxed)
-            + s.dead_lettered.load(Ordering::Relaxed);
-        if done >= n as u64 {
-            break started.elapsed();
-        }
-        if done != last.0 {
-            last = (done, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(60) {
-            return Err(format!("SQLite relay stalled at {done} of {n} messages for 60 s").into());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
+    let drain = idem_examples::bench::outbox::drained(&relay, n, started).await?;
     relay.shutdown().await;
 
     let (success, used, ledger): (i64, i64, i64) = sqlx::query_as(
