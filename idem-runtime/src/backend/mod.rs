@@ -258,11 +258,22 @@ pub trait OutboxStore: Database {
 
     /// Like [`OutboxStore::renew_leases`], inside `tx` (a relay's batch
     /// transaction): the renewed rows stay locked by `tx` until it ends.
+    /// Returns the renewed rows' `(id, attempts)`.
     fn renew_leases_in<'a>(
         tx: &'a mut Transaction<'_, Self>,
         owner: &'a str,
         ids: &'a [i64],
         lease_secs: f64,
+    ) -> impl Future<Output = Result<Vec<(i64, i32)>, sqlx::Error>> + Send + 'a;
+
+    /// Marks the messages `ids` of a relay batch `success`, in the batch's
+    /// transaction `tx`, which locked them (with
+    /// [`OutboxStore::renew_leases_in`]) and checked their attempts;
+    /// fenced by `owner` all the same. Returns how many were marked.
+    fn outbox_success_batch<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        owner: &'a str,
+        ids: &'a [i64],
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// Records a failed attempt: back to `pending` after `delay_secs`, or

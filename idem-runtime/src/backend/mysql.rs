@@ -88,6 +88,13 @@ pub(crate) const SQL: SqlSet = SqlSet {
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
         WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_success_batch: |ids| {
+        format!(
+            "UPDATE idem_outbox SET status = 'success', \
+             updated_at = UTC_TIMESTAMP(6), lease_owner = NULL, locked_until = NULL \
+             WHERE lease_owner = ? AND status = 'pending' AND id IN ({ids})"
+        )
+    },
     outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
     outbox_settle: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
@@ -166,7 +173,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     renew: Renew::LockThenUpdate {
         lock: |ids| {
             format!(
-                "SELECT id FROM idem_outbox WHERE lease_owner = ? AND status = 'pending' \
+                "SELECT id, attempts FROM idem_outbox WHERE lease_owner = ? AND status = 'pending' \
                  AND id IN ({ids}) FOR UPDATE SKIP LOCKED"
             )
         },

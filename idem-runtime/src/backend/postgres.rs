@@ -79,6 +79,13 @@ pub(crate) const SQL: SqlSet = SqlSet {
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
         updated_at = now(), lease_owner = NULL, locked_until = NULL \
         WHERE id = $1 AND topic = $2 AND status = 'pending' AND lease_owner = $3 AND attempts = $4",
+    outbox_success_batch: |ids| {
+        format!(
+            "UPDATE idem_outbox SET status = 'success', \
+             updated_at = now(), lease_owner = NULL, locked_until = NULL \
+             WHERE lease_owner = ? AND status = 'pending' AND id IN ({ids})"
+        )
+    },
     outbox_state: "SELECT topic::text, status::text, lease_owner::text, attempts \
         FROM idem_outbox WHERE id = $1",
     outbox_settle: "UPDATE idem_outbox SET status = $1, \
@@ -149,7 +156,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         format!(
             "UPDATE idem_outbox o SET locked_until = now() + make_interval(secs => ?::float8) \
              FROM (SELECT id FROM idem_outbox WHERE lease_owner = ? AND status = 'pending' \
-             AND id IN ({ids}) FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id"
+             AND id IN ({ids}) FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id \
+             RETURNING o.id, o.attempts"
         )
     }),
     archive_begin: None,

@@ -77,6 +77,10 @@ pub(crate) struct SqlSet {
     pub insert_id: InsertId,
     /// Binds: id, topic, owner, attempt. Native placeholders.
     pub outbox_success: &'static str,
+    /// A relay batch's success marks, in one statement at its end, for the
+    /// ids' list (binds: owner, ids…). The batch locked the rows when it
+    /// renewed their leases, and checked their attempts then.
+    pub outbox_success_batch: Render,
     /// Binds: id. Native placeholders.
     pub outbox_state: &'static str,
     /// Binds: status, delay, error, id, owner, attempt. Native.
@@ -169,12 +173,12 @@ pub(crate) enum Claim {
 #[derive(Debug)]
 pub(crate) enum Renew {
     /// One statement skipping rows a handler holds (binds: lease, owner,
-    /// ids…).
+    /// ids…), returning the renewed rows' `id, attempts`.
     Update(Render),
     /// Lock the free rows (binds: owner, ids…), then extend those (binds:
     /// lease microseconds, ids…).
     LockThenUpdate {
-        /// The `SELECT id … FOR UPDATE SKIP LOCKED`.
+        /// The `SELECT id, attempts … FOR UPDATE SKIP LOCKED`.
         lock: Render,
         /// The `UPDATE`.
         update: Render,

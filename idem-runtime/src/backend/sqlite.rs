@@ -71,6 +71,14 @@ pub(crate) const SQL: SqlSet = SqlSet {
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
         locked_until = NULL \
         WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_success_batch: |ids| {
+        format!(
+            "UPDATE idem_outbox SET status = 'success', \
+             updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
+             locked_until = NULL \
+             WHERE lease_owner = ? AND status = 'pending' AND id IN ({ids})"
+        )
+    },
     outbox_state: "SELECT topic, status, lease_owner, attempts FROM idem_outbox WHERE id = ?",
     outbox_settle: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
@@ -141,7 +149,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         format!(
             "UPDATE idem_outbox SET locked_until = \
              strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
-             WHERE lease_owner = ? AND status = 'pending' AND id IN ({ids})"
+             WHERE lease_owner = ? AND status = 'pending' AND id IN ({ids}) \
+             RETURNING id, attempts"
         )
     }),
     // The write lock up front: serialized with every handler.

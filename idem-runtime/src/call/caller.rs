@@ -75,7 +75,19 @@ pub struct CallerTx<DB: Backend> {
     tx: Option<Transaction<'static, DB>>,
     /// Why the transaction is gone, once it is.
     lost: Option<String>,
+    /// A relay batch's call was dropped unfinished: the transaction goes
+    /// back to [`BATCH_SAVEPOINT`] before anything else runs on it.
+    undo: bool,
 }
+
+/// The savepoint each call of a relay batch runs under. One name for all:
+/// a call opens it (`SAVEPOINT` of a name in use makes a new one, which
+/// `ROLLBACK TO` finds first) and never releases it, so that a call costs
+/// one statement of savepoint bookkeeping, not two; a failed call rolls
+/// back to its own. The batch commits them all at once.
+const BATCH_SAVEPOINT: &str = "SAVEPOINT idem_batch_call";
+/// Back to the last [`BATCH_SAVEPOINT`] (it stays open).
+const BATCH_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT idem_batch_call";
 
 impl<DB: Backend> std::fmt::Debug for CallerTx<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,6 +112,7 @@ impl<DB: Backend> CallerTx<DB> {
         CallerTx {
             tx: Some(tx),
             lost: None,
+            undo: false,
         }
     }
 
@@ -128,6 +141,7 @@ impl<DB: Backend> CallerTx<DB> {
     /// commits then); a failure of the `COMMIT` itself is
     /// [`Error::CommitUnknown`].
     pub async fn commit(mut self) -> Result<(), Error> {
+        self.undo_dropped_call().await?;
         self.transaction()?;
         let tx = self.tx.take().expect("checked above");
         tx.commit().await.map_err(|e| {
@@ -153,6 +167,25 @@ impl<DB: Backend> CallerTx<DB> {
         Lent::open(Home::Borrowed(self)).await
     }
 
+    /// Rolls back to the savepoint of a relay batch's call that was
+    /// dropped unfinished, if one was (see [`Lent`]'s drop).
+    pub(crate) async fn undo_dropped_call(&mut self) -> Result<(), Error> {
+        if !self.undo {
+            return Ok(());
+        }
+        self.undo = false;
+        let tx = self.transaction()?;
+        if let Err(e) = DB::exec(tx, BATCH_ROLLBACK).await {
+            let tx = self.tx.take().expect("checked above");
+            self.lose(
+                tx,
+                format!("a dropped call could not roll back to its savepoint: {e}"),
+            );
+            return Err(Error::database(e));
+        }
+        Ok(())
+    }
+
     fn lose(&mut self, tx: Transaction<'static, DB>, reason: String) {
         self.lost = Some(reason);
         tokio::spawn(discard(tx));
@@ -175,6 +208,10 @@ pub(crate) struct DeferredMarker {
 /// [`Conn::Shared`](super::source::Conn)); the relay commits it once.
 pub(crate) struct SharedTx<DB: Backend> {
     pub(crate) tx: std::sync::Arc<tokio::sync::Mutex<CallerTx<DB>>>,
+    /// The outbox messages whose calls ended well (executed or duplicate):
+    /// the relay marks them `success` in one statement before the batch's
+    /// commit.
+    pub(crate) marks: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
     /// The cache markers of the calls that released their savepoint, to
     /// write after the batch's commit.
     #[cfg(feature = "redis")]
@@ -185,6 +222,7 @@ impl<DB: Backend> Clone for SharedTx<DB> {
     fn clone(&self) -> Self {
         SharedTx {
             tx: self.tx.clone(),
+            marks: self.marks.clone(),
             #[cfg(feature = "redis")]
             markers: self.markers.clone(),
         }
@@ -202,6 +240,7 @@ impl<DB: Backend> SharedTx<DB> {
     pub(crate) fn new(tx: CallerTx<DB>) -> Self {
         SharedTx {
             tx: std::sync::Arc::new(tokio::sync::Mutex::new(tx)),
+            marks: Default::default(),
             #[cfg(feature = "redis")]
             markers: Default::default(),
         }
@@ -213,6 +252,14 @@ impl<DB: Backend> SharedTx<DB> {
         tx.transaction().err().map(|e| e.to_string())
     }
 
+    /// The messages whose calls ended well, taken out.
+    pub(crate) fn take_marks(&self) -> Vec<i64> {
+        match self.marks.lock() {
+            Ok(mut marks) => std::mem::take(&mut *marks),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Takes the transaction out (to commit it); later calls on this
     /// share fail with [`Error::TransactionLost`].
     pub(crate) async fn take(&self) -> CallerTx<DB> {
@@ -222,6 +269,7 @@ impl<DB: Backend> SharedTx<DB> {
             CallerTx {
                 tx: None,
                 lost: Some("the relay's batch has ended".into()),
+                undo: false,
             },
         )
     }
@@ -285,10 +333,11 @@ impl<'c, DB: Backend> Pending<'c, DB> {
         self.home.take().expect("defused once")
     }
 
-    fn into_lent(self, tx: Transaction<'static, DB>) -> Lent<'c, DB> {
+    fn into_lent(self, tx: Transaction<'static, DB>, batch: bool) -> Lent<'c, DB> {
         Lent {
             tx: Some(tx),
             home: self.defuse(),
+            batch,
         }
     }
 }
@@ -308,18 +357,36 @@ impl<DB: Backend> Drop for Pending<'_, DB> {
 pub(crate) struct Lent<'c, DB: Backend> {
     tx: Option<Transaction<'static, DB>>,
     home: Home<'c, DB>,
+    /// Under a relay batch's [`BATCH_SAVEPOINT`] rather than a savepoint
+    /// level of sqlx's.
+    batch: bool,
 }
 
 impl<'c, DB: Backend> Lent<'c, DB> {
     /// Takes `home`'s transaction for a call and opens the call's
     /// savepoint in it, in a task of its own that always completes.
     pub(crate) async fn open(mut home: Home<'c, DB>) -> Result<Self, Error> {
+        let batch = matches!(home, Home::Shared(_));
+        let undo = std::mem::take(&mut home.undo);
         home.transaction()?;
         let mut tx = home.tx.take().expect("checked above");
         let depth = DB::TransactionManager::get_transaction_depth(&*tx);
         let (back, returned) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let opened = DB::TransactionManager::begin(&mut *tx, None).await;
+            let opened = if batch {
+                // A dropped call's rollback first, then this call's
+                // savepoint.
+                let undone = match undo {
+                    true => DB::exec(&mut tx, BATCH_ROLLBACK).await,
+                    false => Ok(()),
+                };
+                match undone {
+                    Ok(()) => DB::exec(&mut tx, BATCH_SAVEPOINT).await,
+                    Err(e) => Err(e),
+                }
+            } else {
+                DB::TransactionManager::begin(&mut *tx, None).await
+            };
             if let Err((tx, _)) = back.send((tx, opened)) {
                 // The call was cancelled meanwhile: the caller's
                 // transaction cannot be handed back; end it cleanly.
@@ -330,10 +397,13 @@ impl<'c, DB: Backend> Lent<'c, DB> {
         // lost (the task rolls it back).
         let pending = Pending { home: Some(home) };
         match returned.await {
-            Ok((tx, Ok(()))) => Ok(pending.into_lent(tx)),
+            Ok((tx, Ok(()))) => Ok(pending.into_lent(tx, batch)),
             Ok((tx, Err(e))) => {
                 let mut home = pending.defuse();
-                if DB::TransactionManager::get_transaction_depth(&*tx) == depth {
+                if batch {
+                    // Where a batch's transaction stands is unknown now.
+                    home.lose(tx, format!("the call's savepoint could not be opened: {e}"));
+                } else if DB::TransactionManager::get_transaction_depth(&*tx) == depth {
                     // Nothing was undone: the transaction is as it was.
                     home.tx = Some(tx);
                 } else {
@@ -368,6 +438,11 @@ impl<'c, DB: Backend> Lent<'c, DB> {
     /// Releases the savepoint and hands the transaction back.
     pub(crate) async fn release(mut self) -> Result<(), sqlx::Error> {
         let mut tx = self.tx.take().expect("present");
+        if self.batch {
+            // Left open: the batch's commit ends it.
+            self.home.tx = Some(tx);
+            return Ok(());
+        }
         match DB::TransactionManager::commit(&mut *tx).await {
             Ok(()) => {
                 self.home.tx = Some(tx);
@@ -387,7 +462,11 @@ impl<'c, DB: Backend> Lent<'c, DB> {
     /// Rolls back to the savepoint and hands the transaction back.
     pub(crate) async fn roll_back(mut self) {
         let mut tx = self.tx.take().expect("present");
-        match DB::TransactionManager::rollback(&mut *tx).await {
+        let back = match self.batch {
+            true => DB::exec(&mut tx, BATCH_ROLLBACK).await,
+            false => DB::TransactionManager::rollback(&mut *tx).await,
+        };
+        match back {
             Ok(()) => self.home.tx = Some(tx),
             Err(e) => self.home.lose(
                 tx,
@@ -400,7 +479,12 @@ impl<'c, DB: Backend> Lent<'c, DB> {
 impl<DB: Backend> Drop for Lent<'_, DB> {
     fn drop(&mut self) {
         if let Some(mut tx) = self.tx.take() {
-            DB::TransactionManager::start_rollback(&mut *tx);
+            if self.batch {
+                // Before the next statement of the batch.
+                self.home.undo = true;
+            } else {
+                DB::TransactionManager::start_rollback(&mut *tx);
+            }
             self.home.tx = Some(tx);
         }
     }

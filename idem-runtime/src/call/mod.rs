@@ -125,6 +125,9 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// batch's commit.
     #[cfg(feature = "redis")]
     deferred: Option<std::sync::Arc<std::sync::Mutex<Vec<caller::DeferredMarker>>>>,
+    /// In a relay batch: the batch's list of messages to mark `success`,
+    /// and this call's message, added when the call ends well.
+    batch_mark: Option<(std::sync::Arc<std::sync::Mutex<Vec<i64>>>, i64)>,
 }
 
 impl<'c, DB: Backend> Call<'c, DB> {
@@ -182,6 +185,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         span.record("key", key.as_str());
         #[cfg(feature = "redis")]
         let mut deferred = None;
+        let mut batch_marks = None;
         let tx = match source.conn {
             Conn::Pool(pool) => match DB::begin(pool).await {
                 Ok(tx) => CallTx::Own(tx),
@@ -202,7 +206,21 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 {
                     deferred = Some(shared.markers.clone());
                 }
-                let home = caller::Home::Shared(shared.tx.lock_owned().await);
+                batch_marks = Some(shared.marks.clone());
+                // Never waited for: the handlers of a batch run one at a
+                // time, so the only holder can be another call of the same
+                // delivery (a call inside a call), which would wait forever.
+                let Ok(locked) = shared.tx.clone().try_lock_owned() else {
+                    let err = Error::OutboxMessage {
+                        id: source.outbox.as_ref().map_or(0, OutboxLease::id),
+                        reason:
+                            "another call of this delivery holds the relay batch's transaction: \
+                                 one call per delivery runs on its `source()`"
+                                .into(),
+                    };
+                    return Err(fail(&span, err));
+                };
+                let home = caller::Home::Shared(locked);
                 match caller::Lent::open(home).await {
                     Ok(lent) => CallTx::Caller(lent),
                     Err(e) => return Err(fail(&span, e)),
@@ -221,12 +239,27 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 cache: source.cache,
                 #[cfg(feature = "redis")]
                 deferred,
+                batch_mark: None,
             },
             guard: (),
         };
-        if let Some(lease) = &source.outbox {
+        match (&source.outbox, batch_marks) {
+            // In a relay batch, which locked its messages when it renewed
+            // their leases: marked with the others at the batch's end, if
+            // the call ends well.
+            (Some(lease), Some(marks)) => {
+                let taken = marks.lock().is_ok_and(|m| m.contains(&lease.id));
+                if taken {
+                    return Err(call.fail(Error::OutboxMessage {
+                        id: lease.id,
+                        reason: "the message is `success`, not pending".into(),
+                    }));
+                }
+                call.state.batch_mark = Some((marks, lease.id));
+            }
             // On failure the transaction rolls back when `call` drops.
-            call.mark_outbox(lease).await?;
+            (Some(lease), None) => call.mark_outbox(lease).await?,
+            (None, _) => {}
         }
         Ok(call)
     }
@@ -349,7 +382,12 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             self.state.scope,
             self.state.deferred.take(),
         );
-        let CallState { tx, span, .. } = self.state;
+        let CallState {
+            tx,
+            span,
+            batch_mark,
+            ..
+        } = self.state;
         let nested = tx.nested();
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
@@ -361,6 +399,11 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
         };
         match committed {
             Ok(()) => {
+                if let Some((marks, id)) = batch_mark
+                    && let Ok(mut marks) = marks.lock()
+                {
+                    marks.push(id);
+                }
                 span.record("outcome", outcome);
                 tracing::debug!(parent: &span, outcome, "idempotent call finished");
                 crate::metrics::call(outcome);

@@ -490,7 +490,7 @@ impl OutboxStore for DB {
             return Ok(0);
         }
         let mut tx = begin(pool).await?;
-        let renewed = Self::renew_leases_in(&mut tx, owner, ids, lease_secs).await?;
+        let renewed = Self::renew_leases_in(&mut tx, owner, ids, lease_secs).await?.len() as u64;
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
         let committed = crate::testing::after_commit(crate::testing::Kind::Renew, committed);
@@ -503,44 +503,63 @@ impl OutboxStore for DB {
         owner: &'a str,
         ids: &'a [i64],
         lease_secs: f64,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<Vec<(i64, i32)>, sqlx::Error> {
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         let sql = sql_of(tx);
         let renewed = match &sql.renew {
             Renew::LockThenUpdate { lock, update } => {
                 let text = sql.render(&lock(&marks(ids.len())));
-                let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(text))
+                let mut q = sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(text))
                     .persistent(persist())
                     .bind(owner);
                 for id in ids {
                     q = q.bind(*id);
                 }
-                let free: Vec<i64> = q.fetch_all(&mut **tx).await?;
-                if free.is_empty() {
-                    0
-                } else {
+                let free: Vec<(i64, i32)> = q.fetch_all(&mut **tx).await?;
+                if !free.is_empty() {
                     let text = sql.render(&update(&marks(free.len())));
                     let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
                     let mut q = bind_secs!(q, sql, lease_secs);
-                    for id in &free {
+                    for (id, _) in &free {
                         q = q.bind(*id);
                     }
-                    DB::rows_affected(&q.execute(&mut **tx).await?)
+                    q.execute(&mut **tx).await?;
                 }
+                free
             }
             Renew::Update(update) => {
                 let text = sql.render(&update(&marks(ids.len())));
-                let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
+                let q = sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(text))
+                    .persistent(persist());
                 let mut q = bind_secs!(q, sql, lease_secs).bind(owner);
                 for id in ids {
                     q = q.bind(*id);
                 }
-                DB::rows_affected(&q.execute(&mut **tx).await?)
+                q.fetch_all(&mut **tx).await?
             }
         };
         Ok(renewed)
+    }
+
+    async fn outbox_success_batch<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = sql_of(tx);
+        let text = sql.render(&(sql.outbox_success_batch)(&marks(ids.len())));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(owner);
+        for id in ids {
+            q = q.bind(*id);
+        }
+        Ok(DB::rows_affected(&q.execute(&mut **tx).await?))
     }
 
     async fn outbox_settle_failure<'a>(

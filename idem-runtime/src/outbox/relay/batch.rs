@@ -6,22 +6,34 @@
 //!   messages, which locks their rows until it ends: claims skip locked
 //!   rows (`SKIP LOCKED`; SQLite's write lock is held from `BEGIN
 //!   IMMEDIATE`), so no other relay takes a message of a running batch,
-//!   however long the batch lasts. Each handler's success update is fenced
-//!   by its own lease, inside its savepoint, as on the per-message path.
+//!   however long the batch lasts. Only the messages it renewed as this
+//!   claim's attempt run in the batch; any other is delivered alone after
+//!   it, on the per-message path (fenced by its lease there).
+//! - **Statements per message.** A call opens its savepoint (one name for
+//!   all, never released: the batch's commit ends them) and leaves its
+//!   message's success mark to the batch, which marks every message whose
+//!   call ended well in one `UPDATE` before its commit (fenced by the lease
+//!   owner all the same; a count that does not match commits nothing).
+//!   A message then costs its handler's statements and one `SAVEPOINT`.
 //! - **A failing or panicking handler** rolls back to its savepoint (its
 //!   lent transaction goes back to the batch, rolled back to the
-//!   savepoint, also when its task unwinds); the batch goes on, and its
-//!   failure bookkeeping (back-off, dead letter) is written after the
-//!   batch's commit, on the pool, exactly as on the per-message path.
+//!   savepoint, also when its task unwinds), and its message is not
+//!   marked; the batch goes on, and its failure bookkeeping (back-off,
+//!   dead letter) is written after the batch's commit, on the pool,
+//!   exactly as on the per-message path. A call inside another call of
+//!   the same delivery, both on its `source()`, fails at once with
+//!   [`Error::OutboxMessage`] (waiting for the batch's transaction would
+//!   wait forever).
 //! - **The commit.** Acknowledged: every message is settled as its
 //!   handler answered, and the cache markers of its calls are written.
 //!   Outcome unknown (a lost acknowledgement): each message whose handler
 //!   succeeded is read back, a `success` (the commit landed) or retried
 //!   like a per-message attempt whose commit outcome is unknown (the retry
 //!   answers `Duplicate` if it had landed after all). Refused, or the
-//!   transaction lost (a savepoint that could not be opened or closed):
-//!   nothing committed, and every message of the batch is delivered again
-//!   on the per-message path, under the same leases.
+//!   transaction lost (a savepoint that could not be opened or rolled
+//!   back to): nothing committed, and every message
+//!   of the batch is delivered again on the per-message path, under the
+//!   same leases.
 
 use super::Relay;
 use super::attempt::Failure;
@@ -64,14 +76,21 @@ impl<DB: Backend> Relay<DB> {
     /// the bookkeeping of each message.
     async fn deliver_batch(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
         let i = &self.inner;
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let shared = match self.open_batch(&owner, &ids).await {
-            Ok(shared) => shared,
+        let (shared, held) = match self.open_batch(&owner, &rows).await {
+            Ok(opened) => opened,
             Err(e) => {
                 tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
                 return self.deliver_each(rows, owner).await;
             }
         };
+        // The messages whose lease the batch renewed as this claim's
+        // attempt, and so locked: those run in it. Any other (its row
+        // locked by this relay's lease renewal at that moment, or its
+        // lease lost) is delivered alone after the batch, where its
+        // handler's update is fenced by its lease.
+        let (rows, alone): (Vec<_>, Vec<_>) = rows
+            .into_iter()
+            .partition(|r| held.contains(&(r.id, r.attempts)));
         let mut ran = Vec::with_capacity(rows.len());
         let mut rows = rows.into_iter();
         let mut lost = None;
@@ -86,7 +105,7 @@ impl<DB: Backend> Relay<DB> {
         }
         let committed = match lost {
             Some(reason) => Err(Error::TransactionLost { reason }),
-            None => commit(shared.take().await).await,
+            None => self.finish_batch(&shared, &owner).await,
         };
         match committed {
             Ok(()) => {
@@ -122,24 +141,52 @@ impl<DB: Backend> Relay<DB> {
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "an outbox batch did not commit; delivering its messages one by one");
                 let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
-                self.deliver_each(again, owner).await;
+                self.deliver_each(again, owner.clone()).await;
             }
         }
+        self.deliver_each(alone, owner).await;
+    }
+
+    /// Ends a batch whose handlers all ran: the success marks of the
+    /// messages whose calls ended well, in one statement, then the commit.
+    /// The rows are locked since the batch renewed their leases, so the
+    /// marks cannot miss one; if they did all the same, nothing commits.
+    async fn finish_batch(&self, shared: &SharedTx<DB>, owner: &str) -> Result<(), Error> {
+        let mut tx = shared.take().await;
+        tx.undo_dropped_call().await?;
+        let marks = shared.take_marks();
+        let marked = DB::outbox_success_batch(tx.transaction()?, owner, &marks).await?;
+        if marked != marks.len() as u64 {
+            return Err(Error::TransactionLost {
+                reason: format!(
+                    "the batch marked {marked} of its {} messages whose calls ended well",
+                    marks.len()
+                ),
+            });
+        }
+        commit(tx).await
     }
 
     /// Begins a batch's transaction and renews (and so locks) its
-    /// messages' leases in it.
-    async fn open_batch(&self, owner: &str, ids: &[i64]) -> Result<SharedTx<DB>, Error> {
+    /// messages' leases in it; returns the renewed `(id, attempts)`.
+    async fn open_batch(
+        &self,
+        owner: &str,
+        rows: &[OutboxRow],
+    ) -> Result<(SharedTx<DB>, Vec<(i64, i32)>), Error> {
         let i = &self.inner;
         let mut tx = CallerTx::begin(&i.pool).await?;
         #[cfg(feature = "testing")]
         if crate::testing::broken_batch_leases() {
-            return Ok(SharedTx::new(tx));
+            // The control: every message taken as held, nothing locked.
+            let held = rows.iter().map(|r| (r.id, r.attempts)).collect();
+            return Ok((SharedTx::new(tx), held));
         }
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let renewed =
-            DB::renew_leases_in(tx.transaction()?, owner, ids, i.lease.as_secs_f64()).await?;
-        crate::metrics::lease_renewals(renewed);
-        Ok(SharedTx::new(tx))
+            DB::renew_leases_in(tx.transaction()?, owner, &ids, i.lease.as_secs_f64()).await?;
+        crate::metrics::lease_renewals(renewed.len() as u64);
+        Ok((SharedTx::new(tx), renewed))
     }
 
     /// Delivers `rows` one by one, on the per-message path.

@@ -138,6 +138,12 @@ pub struct RelaySettings {
     pub backoff_max: Duration,
     /// Slices of the due set a claim may start at (1: always the oldest).
     pub claim_spread: u32,
+    /// Messages whose handlers share one commit (1: one commit each; see
+    /// [`Relay::commit_batch`]).
+    pub commit_batch: usize,
+    /// Whether a spawned relay listens for enqueues (see
+    /// [`Relay::pushes`]).
+    pub push_wakeup: bool,
 }
 
 /// A relay for the topics routed on it. Cheap to clone.
@@ -454,6 +460,8 @@ impl<DB: Backend> Relay<DB> {
             backoff_base: i.backoff.base,
             backoff_max: i.backoff.max,
             claim_spread: i.claim_spread,
+            commit_batch: i.commit_batch,
+            push_wakeup: self.pushes(),
         }
     }
 
@@ -543,9 +551,23 @@ impl<DB: Backend> Relay<DB> {
         };
         let permits = Arc::new(Semaphore::new(self.inner.concurrency));
         let mut tasks = JoinSet::new();
+        // While there is a backlog, a claim waits for this many free slots
+        // rather than taking one message each time a handler ends: a claim
+        // is a transaction of its own, and one per message would cost as
+        // much as the handlers' own. (With no backlog, a claim takes what
+        // is free at once: a lone message does not wait.)
+        let refill = (self
+            .inner
+            .concurrency
+            .min(self.inner.batch_size.max(1) as usize)
+            / 2)
+        .max(1);
         while !*stop.borrow() {
             while tasks.try_join_next().is_some() {}
-            if permits.available_permits() == 0 {
+            let starved = self.inner.backlog.load(Ordering::Relaxed)
+                && permits.available_permits() < refill
+                && !tasks.is_empty();
+            if permits.available_permits() == 0 || starved {
                 tokio::select! {
                     _ = tasks.join_next() => {}
                     changed = stop.changed() => if changed.is_err() { break },
