@@ -15,7 +15,9 @@
 //! - **A relay per node** draining one outbox, one node SIGKILLed mid-run:
 //!   double 0, lost 0, no dead letters; claims, claim conflicts and the
 //!   duration printed, with the claim spread off (the control, node 2
-//!   killed and rejoined after) and on (node 1 killed, left dead).
+//!   killed and rejoined after) and on (node 1 killed, left dead), and
+//!   with batched commits (`commit_batch(8)`, node 0 killed and rejoined):
+//!   the batch's commit certifies its messages' marks and effects at once.
 //! - **One server** (the shared MariaDB, a second test): three relays with
 //!   the spread off and on drain the same load; nothing changes that
 //!   matters (printed), double 0, lost 0.
@@ -394,10 +396,11 @@ async fn relay_run(
     cluster: &Galera,
     pools: &[MySqlPool],
     spread: u32,
+    commit_batch: usize,
     kill: usize,
     restart: bool,
 ) -> RelayRun {
-    let topic = format!("gal.relay.spread{spread}");
+    let topic = format!("gal.relay.spread{spread}.batch{commit_batch}");
     let watcher = (kill + 1) % NODES;
     let first = enqueue_deductions(&pools[0], &topic, "gal-relay").await;
     for i in 0..cluster.size() {
@@ -422,6 +425,7 @@ async fn relay_run(
                 .backoff(Duration::from_millis(100), Duration::from_secs(1))
                 .max_attempts(50)
                 .claim_spread(spread)
+                .commit_batch(commit_batch)
                 .spawn()
         })
         .collect();
@@ -519,7 +523,7 @@ async fn relay_run(
     );
     assert_eq!(by_status(cluster, watcher, &topic, "pending").await, 0);
     eprintln!(
-        "galera relay per node, node {kill} killed mid-run, claim_spread={spread}: messages={MESSAGES} double={} lost={} \
+        "galera relay per node, node {kill} killed mid-run, claim_spread={spread} commit_batch={commit_batch}: messages={MESSAGES} double={} lost={} \
          dead_lettered={} claims={} claim_conflicts={} (before the kill: {} in {} claims; \
          Galera certification failures {}, brute-force aborts {}) reclaimed={} executed={} duplicates={} \
          body_runs_per_effect={:.2} duration={:.1}s",
@@ -579,9 +583,11 @@ async fn galera_three_nodes_strategies_and_relays() {
     }
 
     // The relays, the claim spread off (the control) then on.
-    let off = relay_run(&cluster, &pools, 1, 2, true).await;
-    let on = relay_run(&cluster, &pools, 8, 1, false).await;
-    for r in [&off, &on] {
+    let off = relay_run(&cluster, &pools, 1, 1, 2, true).await;
+    // Batched commits (8 messages a commit), node 0 killed mid-run.
+    let batched = relay_run(&cluster, &pools, 8, 8, 0, true).await;
+    let on = relay_run(&cluster, &pools, 8, 1, 1, false).await;
+    for r in [&off, &batched, &on] {
         assert_eq!((r.double, r.lost, r.dead_lettered), (0, 0, 0), "{r:?}");
     }
     // The control provokes claim conflicts (relays on three nodes claiming

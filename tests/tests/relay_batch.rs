@@ -82,6 +82,15 @@ macro_rules! batch_tests {
                 Ok(())
             }
 
+            /// A handler whose body makes a second call on its delivery's
+            /// source, inside its own call: a call inside a call.
+            #[idempotent(key = "nested:{d.topic}:{d.msg_id}", strategy = record, biz_type = "nested")]
+            async fn deduct_nested(tx: &mut Transaction<'_, Db>, d: &idem_runtime::outbox::Delivery<Db>, msg: &Deduct) -> Result<(), Error> {
+                let _ = &tx;
+                let _inner = deduct(d.source(), msg).await?;
+                Ok(())
+            }
+
             /// `n` coupons, each with its message (every third twice).
             async fn produce_n(pool: &Pool<Db>, topic: &str, n: usize, copies_every_third: bool) -> Vec<i64> {
                 let mut coupons = Vec::with_capacity(n);
@@ -210,9 +219,43 @@ macro_rules! batch_tests {
                 let _one = ONE_AT_A_TIME.lock().await;
                 let _hooks = Hooks;
                 let Some(((deducted, status, _, _), _, _)) = failing_message_mid_batch(true).await else { return };
-                // The failed call's deduction and success mark committed
-                // with the batch: the real test's assertions fail.
-                assert!(deducted == 1 && status == "success", "the broken build was not caught: deductions={deducted} status={status}");
+                // The failed call's deduction committed with the batch, on
+                // every attempt (the call failed before its transition): the
+                // real test's `deducted == 0` fails.
+                assert!(deducted >= 1, "the broken build was not caught: deductions={deducted} status={status}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_call_inside_a_call_fails_fast_instead_of_waiting_forever() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchnested");
+                let good = produce_n(&pool, &topic, 6, false).await;
+                let nested = produce(&pool, &topic, 1).await;
+                let relay = batched(&pool).max_attempts(2).route(topic.clone(), move |d, m: Deduct| async move {
+                    if m.coupon_id == nested {
+                        return deduct_nested(d.source(), &d, &m).await;
+                    }
+                    deduct(d.source(), &m).await
+                });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let (status, reason): (String, Option<String>) = sqlx::query_as(sql(
+                    D,
+                    "SELECT status, last_error FROM idem_outbox WHERE topic = ? AND msg_id = ?",
+                ))
+                .bind(&topic)
+                .bind(format!("m-{nested}-0"))
+                .fetch_one(&pool)
+                .await
+                .expect("the nested message");
+                let reason = reason.unwrap_or_default();
+                eprintln!("{}: a call inside a call: status={status} reason={reason}", stringify!($module));
+                assert_eq!(double_and_lost(&pool, &good).await, (0, 0));
+                assert_eq!(deductions(&pool, nested).await, 0, "the inner call never ran");
+                assert_eq!(status, "failed");
+                assert!(reason.contains("another call of this delivery"), "{reason}");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
