@@ -3,6 +3,7 @@
 
 pub mod latency;
 pub mod outbox;
+pub mod records;
 
 use sqlx::Connection;
 

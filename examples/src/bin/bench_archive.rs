@@ -15,27 +15,9 @@
 //! `cargo run --release -p idem-examples --bin bench_archive [-- --large N --small N --calls N --rounds R --archive N]`
 
 use clap::Parser;
+use idem_examples::bench::records::{BoxError, Lat, compare, drop_schema, fill, schema_pool};
 use idem_runtime::archive::Archiver;
-use idem_runtime::{Outcome, idempotent};
-use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Executor, PgPool, Postgres, Transaction};
-use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, Serialize)]
-struct Notice {
-    id: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Receipt {
-    ok: bool,
-}
-
-#[idempotent(key = "bench-rec:{n.id}", strategy = record, biz_type = "bench")]
-async fn notify(_tx: &mut Transaction<'_, Postgres>, n: &Notice) -> Result<Receipt, sqlx::Error> {
-    Ok(Receipt { ok: true })
-}
+use std::time::Instant;
 
 /// Record lifecycle on PostgreSQL: the duplicate check against a small and
 /// a large record table, and the archiver's rate.
@@ -59,137 +41,40 @@ struct Args {
     archive: u64,
 }
 
-async fn schema_pool(url: &str, schema: &'static str) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
-        .max_connections(4)
-        .after_connect(move |conn, _| {
-            Box::pin(async move {
-                conn.execute(sqlx::AssertSqlSafe(format!("SET search_path = {schema}")))
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect(url)
-        .await
-}
-
-/// A schema with idem's tables holding `rows` records: the first through
-/// the runtime (so the fingerprint is the real one), the rest in bulk.
-async fn fill(pool: &PgPool, schema: &str, rows: i64) -> Result<(), Box<dyn std::error::Error>> {
-    let probe = notify(pool, &Notice { id: 1 }).await?;
-    assert!(probe.is_executed());
-    let (fingerprint, result): (String, Option<String>) = sqlx::query_as(
-        "SELECT fingerprint, result FROM idem_record WHERE idempotency_key = 'bench-rec:1'",
-    )
-    .fetch_one(pool)
-    .await?;
-    // Keys 2..=rows get the fingerprint their own payload would have.
-    let _ = fingerprint;
-    let started = Instant::now();
-    let mut next = 2;
-    while next <= rows {
-        let end = (next + 200_000 - 1).min(rows);
-        sqlx::query(
-            "INSERT INTO idem_record (idempotency_key, biz_type, biz_no, fingerprint, result, expire_time) \
-             SELECT 'bench-rec:' || g, 'bench', 'bench-rec:' || g, \
-                    encode(sha256(convert_to('[{\"id\":' || g || '}]', 'UTF8')), 'hex'), $3, \
-                    now() + interval '7 days' \
-             FROM generate_series($1::bigint, $2::bigint) g",
-        )
-        .bind(next)
-        .bind(end)
-        .bind(&result)
-        .execute(pool)
-        .await?;
-        next = end + 1;
-    }
-    sqlx::query("ANALYZE idem_record").execute(pool).await?;
-    println!(
-        "{schema}: {rows} records in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-struct Lat(Vec<Duration>);
-
-impl Lat {
-    fn mean(&self) -> f64 {
-        self.0.iter().map(Duration::as_secs_f64).sum::<f64>() / self.0.len() as f64 * 1e3
-    }
-    fn p99(&mut self) -> f64 {
-        self.0.sort_unstable();
-        self.0[((self.0.len() - 1) as f64 * 0.99) as usize].as_secs_f64() * 1e3
-    }
-}
-
-/// `calls` duplicate checks on random existing keys, one at a time.
-async fn duplicates(pool: &PgPool, rows: i64, calls: u64, seed: u64) -> Lat {
-    let mut lat = Vec::with_capacity(calls as usize);
-    let mut x = seed | 1;
-    for _ in 0..calls {
-        // xorshift: spread lookups over the whole table.
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let id = 1 + (x % rows as u64) as i64;
-        let t = Instant::now();
-        let outcome = notify(pool, &Notice { id }).await.expect("duplicate check");
-        lat.push(t.elapsed());
-        assert_eq!(
-            outcome,
-            Outcome::Duplicate(Some(Receipt { ok: true })),
-            "key {id}"
-        );
-    }
-    Lat(lat)
-}
-
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let (large, small) = (args.large as i64, args.small as i64);
     let (calls, rounds) = (args.calls, args.rounds);
     let archive = args.archive as i64;
-    let url = idem_examples::bench::postgres_url();
-    let admin = match PgPool::connect(&url).await {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("bench_archive needs PostgreSQL at {url}: {e}");
-            std::process::exit(1);
-        }
+    let Some(url) = idem_examples::bench::reachable_postgres().await else {
+        std::process::exit(1);
     };
-    for schema in ["bench_rec_small", "bench_rec_large"] {
-        admin
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-            )))
-            .await?;
-    }
     let small_pool = schema_pool(&url, "bench_rec_small").await?;
     let large_pool = schema_pool(&url, "bench_rec_large").await?;
-    idem_runtime::migrate(&small_pool).await?;
-    idem_runtime::migrate(&large_pool).await?;
-    fill(&small_pool, "bench_rec_small", small).await?;
-    fill(&large_pool, "bench_rec_large", large).await?;
-    // Warm both (index pages into the buffer cache, prepared statements).
-    duplicates(&small_pool, small, calls / 3, 7).await;
-    duplicates(&large_pool, large, calls / 3, 7).await;
-    let (mut all_small, mut all_large) = (Vec::new(), Vec::new());
-    for round in 1..=rounds {
-        let mut s = duplicates(&small_pool, small, calls, round * 31).await;
-        let mut l = duplicates(&large_pool, large, calls, round * 31).await;
-        println!(
-            "round {round}: {small} records mean {:.3} ms p99 {:.3} ms | {large} records mean {:.3} ms p99 {:.3} ms",
-            s.mean(),
-            s.p99(),
-            l.mean(),
-            l.p99()
-        );
-        all_small.extend(s.0);
-        all_large.extend(l.0);
+    for (pool, schema, rows) in [
+        (&small_pool, "bench_rec_small", small),
+        (&large_pool, "bench_rec_large", large),
+    ] {
+        let took = fill(pool, rows).await?;
+        println!("{schema}: {rows} records in {:.1}s", took.as_secs_f64());
     }
-    let (mut s, mut l) = (Lat(all_small), Lat(all_large));
+    let (mut s, mut l) = compare(
+        (&small_pool, small),
+        (&large_pool, large),
+        calls,
+        rounds,
+        |round, s: &mut Lat, l: &mut Lat| {
+            println!(
+                "round {round}: {small} records mean {:.3} ms p99 {:.3} ms | {large} records mean {:.3} ms p99 {:.3} ms",
+                s.mean(),
+                s.p99(),
+                l.mean(),
+                l.p99()
+            );
+        },
+    )
+    .await?;
     println!(
         "duplicate check, {small} records: mean {:.3} ms, p99 {:.3} ms",
         s.mean(),
@@ -236,11 +121,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         report.records as f64 / secs
     );
     for schema in ["bench_rec_small", "bench_rec_large"] {
-        admin
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE"
-            )))
-            .await?;
+        drop_schema(&url, schema).await?;
     }
     Ok(())
 }

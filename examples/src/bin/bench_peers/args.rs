@@ -79,6 +79,13 @@ pub(crate) struct Args {
     /// Messages per second of that steady load.
     #[arg(long, value_name = "R", default_value_t = 200)]
     pub(crate) latency_rate: u32,
+    /// With `--scale`: records of the large table for the duplicate check
+    /// (against `--scale-small`; 0: skip it).
+    #[arg(long, value_name = "N", default_value_t = 10_000_000)]
+    pub(crate) scale_records: i64,
+    /// Duplicate checks timed per table and round (three rounds).
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub(crate) scale_record_calls: u64,
 }
 
 impl Args {
@@ -104,6 +111,9 @@ impl Args {
         if self.scale_drain > self.scale_small || self.scale_small > self.scale_large {
             return Err("--scale-drain ≤ --scale-small ≤ --scale-large".into());
         }
+        if self.scale_records != 0 && self.scale_records < self.scale_small {
+            return Err("--scale-records must be 0 (skip) or at least --scale-small".into());
+        }
         if self.scale_only {
             self.scale = true;
         }
@@ -123,8 +133,8 @@ mod tests {
             (20_000, 16, 16, 8)
         );
         assert_eq!(
-            (a.scale_small, a.scale_large, a.scale_drain),
-            (10_000, 1_000_000, 10_000)
+            (a.scale_small, a.scale_large, a.scale_drain, a.scale_records),
+            (10_000, 1_000_000, 10_000, 10_000_000)
         );
         assert!(!a.scale && !a.no_sqlxmq);
         let a = Args::parse_from(["bench_peers", "--scale-only"])

@@ -29,8 +29,9 @@
 //!
 //! `--scale` adds the cost as the queue grows: the p50 of the relay's
 //! claim statement and the drain rate with 1M pending messages against 10k
-//! (`--scale-only` runs just that; the 1M fill takes a minute or so). The
-//! duplicate check against 10M records is `bench_archive --large 10000000`.
+//! and the duplicate check (a `record` call whose key exists) with 10M
+//! records against 10k (`--scale-records`); `--scale-only` runs just that
+//! (the 1M queue fills in a minute or so, the 10M records in a few).
 //!
 //! ```text
 //! cargo run --release -p idem-examples --bin bench_peers
@@ -228,8 +229,62 @@ async fn run() -> Result<ExitCode, BoxError> {
             l.claim_p50_ms / s.claim_p50_ms,
             s.drain_rate / l.drain_rate
         );
+        if opts.scale_records > 0 {
+            records(
+                &url,
+                opts.scale_small,
+                opts.scale_records,
+                opts.scale_record_calls,
+            )
+            .await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The duplicate check with `large` records against `small`, in
+/// alternating rounds (as `bench_archive` measures it).
+async fn records(url: &str, small: i64, large: i64, calls: u64) -> Result<(), BoxError> {
+    use idem_examples::bench::records::{compare, drop_schema, fill, schema_pool};
+    println!();
+    println!(
+        "the duplicate check as the record table grows: {large} vs {small} records, \
+         {calls} checks per table in each of 3 alternating rounds"
+    );
+    let (ss, ls) = ("bench_peers_rec_small", "bench_peers_rec_large");
+    let small_pool = schema_pool(url, ss).await.map_err(|e| e.to_string())?;
+    let large_pool = schema_pool(url, ls).await.map_err(|e| e.to_string())?;
+    for (pool, rows) in [(&small_pool, small), (&large_pool, large)] {
+        let took = fill(pool, rows).await.map_err(|e| e.to_string())?;
+        println!("  {rows} records filled in {:.1}s", took.as_secs_f64());
+    }
+    let (mut s, mut l) = compare(
+        (&small_pool, small),
+        (&large_pool, large),
+        calls,
+        3,
+        |_, _, _| {},
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    println!(
+        "  {small} records: mean {:.3} ms, p99 {:.3} ms; {large} records: mean {:.3} ms, p99 {:.3} ms",
+        s.mean(),
+        s.p99(),
+        l.mean(),
+        l.p99()
+    );
+    println!(
+        "ratio {large}/{small}: mean {:.2}, p99 {:.2} (target ≤ 1.2)",
+        l.mean() / s.mean(),
+        l.p99() / s.p99()
+    );
+    small_pool.close().await;
+    large_pool.close().await;
+    for schema in [ss, ls] {
+        drop_schema(url, schema).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Enqueue→effect latency at a light steady load, push wake-up on and
