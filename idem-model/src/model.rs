@@ -54,6 +54,9 @@ pub enum Action {
         relay: u8,
         /// The rows it takes.
         rows: u8,
+        /// Message 1 first (the claim orders by `next_attempt_at`: after
+        /// a back-off, either may be older).
+        reversed: bool,
         /// Its commit's outcome.
         outcome: Outcome,
     },
@@ -198,7 +201,13 @@ impl Config {
         }
     }
 
-    fn claim(&self, s: &mut State, x: usize, mask: u8, outcome: Outcome) -> Option<()> {
+    fn claim(
+        &self,
+        s: &mut State,
+        x: usize,
+        (mask, reversed): (u8, bool),
+        outcome: Outcome,
+    ) -> Option<()> {
         if s.relays[x].round != Round::Idle {
             return None;
         }
@@ -215,6 +224,9 @@ impl Config {
                 row.lease = true;
                 tokens.push((m as u8, row.attempts));
             }
+        }
+        if reversed {
+            tokens.reverse();
         }
         if matches!(outcome, Outcome::Ok | Outcome::LostAck) {
             s.db = db;
@@ -599,13 +611,17 @@ impl Model for Config {
                     if !all {
                         continue;
                     }
-                    for outcome in COMMIT_OUTCOMES {
-                        if s.faults > 0 || !outcome.is_fault() {
-                            actions.push(Action::Claim {
-                                relay,
-                                rows,
-                                outcome,
-                            });
+                    let orders: &[bool] = if rows == 3 { &[false, true] } else { &[false] };
+                    for &reversed in orders {
+                        for outcome in COMMIT_OUTCOMES {
+                            if s.faults > 0 || !outcome.is_fault() {
+                                actions.push(Action::Claim {
+                                    relay,
+                                    rows,
+                                    reversed,
+                                    outcome,
+                                });
+                            }
                         }
                     }
                 }
@@ -635,8 +651,9 @@ impl Model for Config {
             Action::Claim {
                 relay,
                 rows,
+                reversed,
                 outcome,
-            } => self.claim(&mut s, relay as usize, rows, outcome)?,
+            } => self.claim(&mut s, relay as usize, (rows, reversed), outcome)?,
             Action::Step { relay, outcome } => {
                 let x = relay as usize;
                 match s.relays[x].round.clone() {

@@ -26,6 +26,9 @@ pub const ATTEMPTS_BOUNDED: &str = "attempts stay bounded";
 
 /// Reachable: some message is dead-lettered.
 pub const SOME_DEAD_LETTER: &str = "some message is dead-lettered";
+/// Reachable (batched mode): a batch commits with one of its handlers
+/// failed and another succeeded.
+pub const BATCH_WITH_A_FAILURE: &str = "a batch commits beside a failed handler";
 /// Reachable: every message succeeds.
 pub const ALL_SUCCEED: &str = "every message succeeds";
 
@@ -70,6 +73,17 @@ pub(crate) fn all() -> Vec<Property<Config>> {
         }),
         Property::sometimes(SOME_DEAD_LETTER, |_, s: &State| {
             s.db.rows.iter().any(|r| r.status == Status::Failed)
+        }),
+        Property::sometimes(BATCH_WITH_A_FAILURE, |c: &Config, s: &State| {
+            !c.batched
+                || s.relays.iter().any(|r| match &r.round {
+                    Round::Batch(b) => {
+                        b.step == BatchStep::Markers
+                            && b.ran.iter().any(|r| r.1)
+                            && b.ran.iter().any(|r| !r.1)
+                    }
+                    _ => false,
+                })
         }),
         Property::sometimes(ALL_SUCCEED, |_, s: &State| {
             s.db.rows.iter().all(|r| r.status == Status::Success)

@@ -11,10 +11,10 @@ fn per_message_three_relays() {
 }
 
 #[test]
-fn per_message_two_relays_two_faults() {
+fn per_message_two_faults() {
     idem_model::check::prove(
-        "per-message, 2 relays, 2 faults",
-        Config::per_message(2, 3, 2),
+        "per-message, 3 relays, 2 faults",
+        Config::per_message(3, 3, 2),
     );
 }
 
@@ -34,5 +34,14 @@ fn batched_one_message_failing() {
 
 #[test]
 fn batched_two_faults() {
-    idem_model::check::prove("batched, 2 relays, 2 faults", Config::batched(2, 3, 2));
+    idem_model::check::prove("batched, 3 relays, 2 faults", Config::batched(3, 3, 2));
+}
+
+#[test]
+fn batched_one_action_enqueued_twice() {
+    let config = Config {
+        copies: true,
+        ..Config::batched(3, 3, 1)
+    };
+    idem_model::check::prove("batched, one action under two msg_ids", config);
 }
