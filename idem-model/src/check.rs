@@ -1,7 +1,8 @@
 //! Running the checker (the tests' helpers): a proof explores every reachable state; a
 //! control stops at the first counterexample of its property.
 
-use crate::{Config, properties};
+use crate::state::{BatchStep, Round, State};
+use crate::{Action, Config, properties};
 use stateright::{Checker, HasDiscoveries, Model};
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -45,8 +46,40 @@ pub fn refute(name: &str, config: Config, property: &'static str) {
         start.elapsed(),
         checker.unique_state_count(),
     );
-    for (i, action) in path.clone().into_actions().iter().enumerate() {
-        println!("  {:2}. {action:?}", i + 1);
+    let steps = path.clone().into_vec();
+    for (i, (state, action)) in steps.iter().enumerate() {
+        if let Some(action) = action {
+            println!("  {:2}. {}", i + 1, describe(state, action));
+        }
     }
-    println!("  final: {:?}", path.last_state());
+    let last = path.last_state();
+    println!("  rows: {:?}", last.db.rows);
+    println!(
+        "  entities: {:?}, cache: {:?}",
+        last.db.entities, last.cache
+    );
+}
+
+/// `action` taken in `state`, with the statement a relay's step runs.
+fn describe(state: &State, action: &Action) -> String {
+    let Action::Step { relay, outcome } = action else {
+        return format!("{action:?}");
+    };
+    let step = match &state.relays[*relay as usize].round {
+        Round::Idle => "idle".to_string(),
+        Round::Recover(tokens) => format!("read back the lost claim of {tokens:?}"),
+        Round::Batch(b) => match b.step {
+            BatchStep::Open | BatchStep::End | BatchStep::Markers => {
+                format!("batch {:?} of {:?}", b.step, b.rows)
+            }
+            step => format!("batch {step:?} of {:?}", b.rows[b.next as usize]),
+        },
+        Round::Work { current, .. } => {
+            format!(
+                "{:?} of (message, attempt) {:?}",
+                current.step, current.token
+            )
+        }
+    };
+    format!("relay {relay}: {step} -> {outcome:?}")
 }

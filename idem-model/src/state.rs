@@ -266,30 +266,3 @@ impl Tx {
         }
     }
 }
-
-impl State {
-    /// The same state with the relays renumbered in a canonical order
-    /// (symmetry reduction: the relays are interchangeable, a row's lease
-    /// owner being the only place their numbers appear).
-    pub fn representative(&self) -> State {
-        let owned = |x: usize| -> u8 {
-            (0..ROWS)
-                .filter(|&m| self.db.rows[m].owner == Some(x as u8))
-                .fold(0, |mask, m| mask | (1 << m))
-        };
-        let mut order: Vec<usize> = (0..self.relays.len()).collect();
-        order.sort_by(|&a, &b| (&self.relays[a], owned(a)).cmp(&(&self.relays[b], owned(b))));
-        let mut s = self.clone();
-        s.relays = order.iter().map(|&x| self.relays[x].clone()).collect();
-        for row in &mut s.db.rows {
-            if let Some(old) = row.owner {
-                let new = order
-                    .iter()
-                    .position(|&x| x == old as usize)
-                    .expect("a relay");
-                row.owner = Some(new as u8);
-            }
-        }
-        s
-    }
-}

@@ -13,12 +13,13 @@
 //!   the dead-letter decision (`attempts >= max_attempts`, taken only by
 //!   the lease holder's bookkeeping) is never taken. A message whose
 //!   handler keeps failing slowly is retried past `max_attempts`.
-//! - On the per-message path after a failed batch (`deliver_each`), the
-//!   messages wait their turn unrenewed: behind a slow handler, a queued
-//!   message's lease runs out, another relay runs it, and then this relay
-//!   runs it too (its fenced update then fails): the heartbeat's promise
-//!   "a handler slower than its lease is not run twice" does not hold
-//!   there.
+//! - The per-message path after a failed batch (`deliver_each`) runs the
+//!   batch's messages under the batch's leases, one after the other, none
+//!   renewed until its turn: a lease that ran out during the batch (or
+//!   while earlier handlers ran) lets another relay claim and run the
+//!   message, and then this relay runs it too (its fenced update fails):
+//!   the heartbeat's promise, "a handler slower than its lease is not run
+//!   twice", does not hold there.
 
 use idem_model::properties::{ATTEMPTS_BOUNDED, ONE_RUN_AT_A_TIME};
 use idem_model::{Config, check};
