@@ -2,7 +2,7 @@
 //! show the model is not vacuous.
 
 use crate::Config;
-use crate::state::{BatchStep, ROWS, Round, State, Status};
+use crate::state::{BatchStep, ROWS, Round, State, Status, Step};
 use stateright::{Model, Property};
 
 /// The effect of a message is applied at most once (committed).
@@ -29,6 +29,12 @@ pub const SOME_DEAD_LETTER: &str = "some message is dead-lettered";
 /// Reachable (batched mode): a batch commits with one of its handlers
 /// failed and another succeeded.
 pub const BATCH_WITH_A_FAILURE: &str = "a batch commits beside a failed handler";
+/// Reachable: a handler's commit whose acknowledgement was lost is read
+/// back as landed.
+pub const LOST_COMMIT_LANDED: &str = "a lost commit is read back as landed";
+/// Reachable: a claim whose acknowledgement was lost is read back and
+/// delivered.
+pub const LOST_CLAIM_RECOVERED: &str = "a lost claim is read back";
 /// Reachable: every message succeeds.
 pub const ALL_SUCCEED: &str = "every message succeeds";
 
@@ -84,6 +90,23 @@ pub(crate) fn all() -> Vec<Property<Config>> {
                     }
                     _ => false,
                 })
+        }),
+        Property::sometimes(LOST_COMMIT_LANDED, |_, s: &State| {
+            s.relays.iter().any(|r| match &r.round {
+                Round::Work { current, .. } => {
+                    current.step == Step::Landed
+                        && s.db.rows[current.token.0 as usize].status == Status::Success
+                }
+                _ => false,
+            })
+        }),
+        Property::sometimes(LOST_CLAIM_RECOVERED, |_, s: &State| {
+            s.relays.iter().enumerate().any(|(x, r)| match &r.round {
+                Round::Recover(tokens) => tokens
+                    .iter()
+                    .any(|&(m, a)| s.db.rows[m as usize].held_by(x as u8, a)),
+                _ => false,
+            })
         }),
         Property::sometimes(ALL_SUCCEED, |_, s: &State| {
             s.db.rows.iter().all(|r| r.status == Status::Success)
