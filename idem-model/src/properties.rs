@@ -49,6 +49,15 @@ pub const SAFETY: [&str; 7] = [
     ATTEMPTS_BOUNDED,
 ];
 
+/// The properties that hold whatever the timing (even with
+/// `long_transactions`): what the fences guarantee on their own.
+pub const TIMING_FREE: [&str; 4] = [
+    AT_MOST_ONCE,
+    NEVER_FAILED_WITH_EFFECT,
+    SUCCESS_WITH_EFFECT,
+    MARKER_AFTER_COMMIT,
+];
+
 pub(crate) fn all() -> Vec<Property<Config>> {
     vec![
         Property::always(AT_MOST_ONCE, |_, s: &State| {

@@ -4,6 +4,9 @@
 //! a fix in the relay shows here (the test then fails: move its
 //! configuration to `proofs.rs`).
 //!
+//! The effects stay safe all the same (the last two tests): the fences
+//! alone guarantee [`TIMING_FREE`], whatever the timing.
+//!
 //! - A handler's transaction, or a batch, that outlives its lease lets the
 //!   lease run out (the heartbeat skips the row that transaction locks; a
 //!   batch renews once, when it begins). When it then fails, another
@@ -21,7 +24,7 @@
 //!   the heartbeat's promise, "a handler slower than its lease is not run
 //!   twice", does not hold there.
 
-use idem_model::properties::{ATTEMPTS_BOUNDED, ONE_RUN_AT_A_TIME};
+use idem_model::properties::{ATTEMPTS_BOUNDED, ONE_RUN_AT_A_TIME, TIMING_FREE};
 use idem_model::{Config, check};
 
 fn long(config: Config) -> Config {
@@ -55,5 +58,23 @@ fn the_per_message_path_after_a_failed_batch_runs_a_queued_handler_twice() {
         "batched, a refused commit, handlers longer than the lease",
         long(Config::batched(2, 3, 1)),
         ONE_RUN_AT_A_TIME,
+    );
+}
+
+#[test]
+fn the_effects_stay_safe_per_message_however_long_the_transactions() {
+    check::prove_only(
+        "per-message, transactions longer than the lease, 3 relays, 1 fault",
+        long(Config::per_message(3, 3, 1)),
+        &TIMING_FREE,
+    );
+}
+
+#[test]
+fn the_effects_stay_safe_batched_however_long_the_batches() {
+    check::prove_only(
+        "batched, batches longer than the lease, 2 relays, 1 fault",
+        long(Config::batched(2, 3, 1)),
+        &TIMING_FREE,
     );
 }
