@@ -1,0 +1,114 @@
+//! A model of the outbox relay's delivery protocol, checked exhaustively
+//! with [stateright]: relays claiming under leases, the handlers'
+//! transactions fenced by those leases, the failure bookkeeping, lost
+//! acknowledgements on every commit, crashes at every step, the Redis
+//! marker, and batched commits with savepoints.
+//!
+//! Each step of the model is one statement (or one transaction) of the
+//! relay as implemented in `idem-runtime`; `MODEL.md` beside this crate
+//! maps every step to the function that issues it. The tests in `tests/`
+//! prove the invariants ([`properties`]) over every interleaving of a
+//! small configuration, and check that each [`Mutation`] of the protocol
+//! yields a counterexample.
+
+#![forbid(unsafe_code)]
+
+pub mod check;
+mod model;
+pub mod properties;
+pub mod state;
+
+pub use model::{Action, Outcome};
+pub use state::State;
+
+/// A deliberate fault in the protocol: each must produce a counterexample
+/// (the controls that show the model can fail).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// The article's fault version: the handler reads the entity's state
+    /// outside its transaction, then a transaction of its own writes the
+    /// effect and the new state unguarded.
+    CheckOutsideTx,
+    /// The handler's outbox success update without the fence: no lease
+    /// owner or attempt in its `WHERE`, and its row count not checked.
+    Unfenced,
+    /// No lease renewal: the heartbeat is off (and a batch does not renew
+    /// its leases), so a lease expires while its handler runs.
+    NoRenewal,
+    /// The cache marker written before the commit.
+    MarkerBeforeCommit,
+    /// A batch whose failing handler does not roll back to its savepoint:
+    /// its writes commit with the batch.
+    KeepFailedSavepoint,
+}
+
+/// The bound and the shape of one run of the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Relays (each runs one claim at a time).
+    pub relays: usize,
+    /// `Relay::max_attempts`.
+    pub max_attempts: u8,
+    /// Batched commits (`commit_batch` ≥ the number of messages): a claim
+    /// takes up to both messages and delivers them in one batch.
+    /// Otherwise each relay claims one message at a time.
+    pub batched: bool,
+    /// Message 1 is message 0's action enqueued again under another
+    /// `msg_id` (the same entity); otherwise it acts on an entity of its
+    /// own. (The same `msg_id` twice is the producer's retry, which the
+    /// model always makes: the insert ignores it.)
+    pub copies: bool,
+    /// Which messages' handler bodies may fail (retryably), on any attempt.
+    pub may_fail: [bool; state::ROWS],
+    /// How many faults (a lost acknowledgement, a refused commit, a crash,
+    /// a failed read, a bookkeeping write given up) one run may inject.
+    pub faults: u8,
+    /// A handler's transaction may outlive its lease without a fault (the
+    /// heartbeat skips the row that transaction locks): see
+    /// `tests/findings.rs`.
+    pub long_transactions: bool,
+    /// The protocol's deliberate fault, if any.
+    pub mutation: Option<Mutation>,
+}
+
+impl Config {
+    /// The per-message relay: `relays` relays, 2 messages (one of which
+    /// may fail), `max_attempts` attempts, `faults` faults.
+    pub fn per_message(relays: usize, max_attempts: u8, faults: u8) -> Self {
+        Config {
+            relays,
+            max_attempts,
+            batched: false,
+            copies: false,
+            may_fail: [false, true],
+            faults,
+            long_transactions: false,
+            mutation: None,
+        }
+    }
+
+    /// The same with batched commits.
+    pub fn batched(relays: usize, max_attempts: u8, faults: u8) -> Self {
+        Config {
+            batched: true,
+            ..Config::per_message(relays, max_attempts, faults)
+        }
+    }
+
+    /// This configuration with `mutation`.
+    pub fn with(self, mutation: Mutation) -> Self {
+        Config {
+            mutation: Some(mutation),
+            ..self
+        }
+    }
+
+    /// The entity message `m` acts on.
+    pub fn entity_of(&self, m: usize) -> usize {
+        if self.copies { 0 } else { m }
+    }
+
+    fn has(&self, mutation: Mutation) -> bool {
+        self.mutation == Some(mutation)
+    }
+}

@@ -1,0 +1,155 @@
+//! The invariants (issue 13, item 2), and a few reachability checks that
+//! show the model is not vacuous.
+
+use crate::Config;
+use crate::state::{BatchStep, ROWS, Round, State, Status, Step};
+use stateright::{Model, Property};
+
+/// The effect of a message is applied at most once (committed).
+pub const AT_MOST_ONCE: &str = "the effect is applied at most once";
+/// A message is never `failed` while its delivery's effect is committed.
+pub const NEVER_FAILED_WITH_EFFECT: &str = "never failed while its effect is committed";
+/// A message is `success` only with its effect committed.
+pub const SUCCESS_WITH_EFFECT: &str = "success only with its effect committed";
+/// A cache marker exists only for a committed effect.
+pub const MARKER_AFTER_COMMIT: &str = "a cache marker only for a committed effect";
+/// Once nothing can happen any more, every message is `success`, or
+/// `failed` with a reason.
+pub const ALL_SETTLED: &str = "every message ends success or failed with a reason";
+/// No message's handler runs twice at once (what the lease renewal buys),
+/// unless a relay stalled longer than its lease.
+pub const ONE_RUN_AT_A_TIME: &str = "a handler never runs twice at once";
+
+/// Attempts past `max_attempts` come only from faults (at most two per
+/// fault): no lease is lost in a loop.
+pub const ATTEMPTS_BOUNDED: &str = "attempts stay bounded";
+
+/// Reachable: some message is dead-lettered.
+pub const SOME_DEAD_LETTER: &str = "some message is dead-lettered";
+/// Reachable (batched mode): a batch commits with one of its handlers
+/// failed and another succeeded.
+pub const BATCH_WITH_A_FAILURE: &str = "a batch commits beside a failed handler";
+/// Reachable: a handler's commit whose acknowledgement was lost is read
+/// back as landed.
+pub const LOST_COMMIT_LANDED: &str = "a lost commit is read back as landed";
+/// Reachable: a claim whose acknowledgement was lost is read back and
+/// delivered.
+pub const LOST_CLAIM_RECOVERED: &str = "a lost claim is read back";
+/// Reachable: every message succeeds.
+pub const ALL_SUCCEED: &str = "every message succeeds";
+
+/// The safety properties (each an `always`).
+pub const SAFETY: [&str; 7] = [
+    AT_MOST_ONCE,
+    NEVER_FAILED_WITH_EFFECT,
+    SUCCESS_WITH_EFFECT,
+    MARKER_AFTER_COMMIT,
+    ALL_SETTLED,
+    ONE_RUN_AT_A_TIME,
+    ATTEMPTS_BOUNDED,
+];
+
+/// The properties that hold whatever the timing (even with
+/// `long_transactions`): what the fences guarantee on their own.
+pub const TIMING_FREE: [&str; 4] = [
+    AT_MOST_ONCE,
+    NEVER_FAILED_WITH_EFFECT,
+    SUCCESS_WITH_EFFECT,
+    MARKER_AFTER_COMMIT,
+];
+
+pub(crate) fn all() -> Vec<Property<Config>> {
+    vec![
+        Property::always(AT_MOST_ONCE, |_, s: &State| {
+            s.db.entities.iter().all(|e| e.effects <= 1)
+        }),
+        Property::always(NEVER_FAILED_WITH_EFFECT, |c: &Config, s: &State| {
+            (0..ROWS).all(|m| {
+                s.db.rows[m].status != Status::Failed
+                    || s.db.entities[c.entity_of(m)].by & (1 << m) == 0
+            })
+        }),
+        Property::always(SUCCESS_WITH_EFFECT, |c: &Config, s: &State| {
+            (0..ROWS).all(|m| {
+                s.db.rows[m].status != Status::Success || s.db.entities[c.entity_of(m)].effects >= 1
+            })
+        }),
+        Property::always(MARKER_AFTER_COMMIT, |_, s: &State| {
+            (0..ROWS).all(|e| !s.cache[e] || s.db.entities[e].effects >= 1)
+        }),
+        Property::always(ALL_SETTLED, |c: &Config, s: &State| {
+            !quiescent(c, s) || settled(s)
+        }),
+        Property::always(ONE_RUN_AT_A_TIME, |_, s: &State| {
+            s.stalled || (0..ROWS).all(|m| running(s, m) <= 1)
+        }),
+        Property::always(ATTEMPTS_BOUNDED, |c: &Config, s: &State| {
+            s.db.rows.iter().all(|r| r.attempts < c.attempts_bound())
+        }),
+        Property::sometimes(SOME_DEAD_LETTER, |_, s: &State| {
+            s.db.rows.iter().any(|r| r.status == Status::Failed)
+        }),
+        Property::sometimes(BATCH_WITH_A_FAILURE, |c: &Config, s: &State| {
+            !c.batched
+                || s.relays.iter().any(|r| match &r.round {
+                    Round::Batch(b) => {
+                        b.step == BatchStep::Markers
+                            && b.ran.iter().any(|r| r.1)
+                            && b.ran.iter().any(|r| !r.1)
+                    }
+                    _ => false,
+                })
+        }),
+        Property::sometimes(LOST_COMMIT_LANDED, |_, s: &State| {
+            s.relays.iter().any(|r| match &r.round {
+                Round::Work { current, .. } => {
+                    current.step == Step::Landed
+                        && s.db.rows[current.token.0 as usize].status == Status::Success
+                }
+                _ => false,
+            })
+        }),
+        Property::sometimes(LOST_CLAIM_RECOVERED, |_, s: &State| {
+            s.relays.iter().enumerate().any(|(x, r)| match &r.round {
+                Round::Recover(tokens) => tokens
+                    .iter()
+                    .any(|&(m, a)| s.db.rows[m as usize].held_by(x as u8, a)),
+                _ => false,
+            })
+        }),
+        Property::sometimes(ALL_SUCCEED, |_, s: &State| {
+            s.db.rows.iter().all(|r| r.status == Status::Success)
+        }),
+    ]
+}
+
+/// Nothing can happen any more (every run of the model is finite: claims
+/// are bounded by the attempts, faults by the budget).
+fn quiescent(c: &Config, s: &State) -> bool {
+    let mut actions = Vec::new();
+    c.actions(s, &mut actions);
+    actions.into_iter().all(|a| c.next_state(s, a).is_none())
+}
+
+fn settled(s: &State) -> bool {
+    s.db.rows.iter().all(|r| {
+        !r.exists || r.status == Status::Success || (r.status == Status::Failed && r.reason)
+    })
+}
+
+/// How many deliveries of message `m` have their handler running.
+fn running(s: &State, m: usize) -> usize {
+    s.relays
+        .iter()
+        .filter(|r| match &r.round {
+            Round::Work { current, .. } => current.token.0 as usize == m && current.step.running(),
+            Round::Batch(b) => {
+                matches!(
+                    b.step,
+                    BatchStep::Guard | BatchStep::Effect | BatchStep::Transition
+                ) && b.rows[b.next as usize].0 as usize == m
+            }
+            _ => false,
+        })
+        .count()
+}
