@@ -147,6 +147,62 @@ impl NatsCluster {
             .unwrap_or_else(|e| panic!("nats cluster: {e}\n{}", self.log_tails(20)))
     }
 
+    /// A JetStream context on node `i` (it learns the others from the
+    /// server, and reconnects to one of them when node `i` dies).
+    ///
+    /// # Panics
+    ///
+    /// When node `i` cannot be reached.
+    pub async fn connect_node(&self, i: usize) -> Context {
+        idem_runtime::nats::connect(&self.url(i))
+            .await
+            .unwrap_or_else(|e| panic!("nats node {i}: {e}\n{}", self.log_tail(i, 20)))
+    }
+
+    /// The node leading the durable `consumer` of `stream` (the consumer's
+    /// own RAFT group, which need not be on the stream's leader), `None`
+    /// while it has none or the API does not answer.
+    pub async fn consumer_leader(
+        &self,
+        js: &Context,
+        stream: &str,
+        consumer: &str,
+    ) -> Option<usize> {
+        let c: idem_runtime::nats::async_nats::jetstream::consumer::PullConsumer =
+            js.get_consumer_from_stream(consumer, stream).await.ok()?;
+        let leader = c.cached_info().cluster.as_ref()?.leader.clone()?;
+        (0..self.nodes.len()).find(|&i| self.name(i) == leader)
+    }
+
+    /// Asks the leader of `consumer` on `stream` to step down
+    /// (`$JS.API.CONSUMER.LEADER.STEPDOWN.<stream>.<consumer>`): another
+    /// replica is elected.
+    ///
+    /// # Errors
+    ///
+    /// The request's failure, or the server's error answer.
+    pub async fn step_down_consumer(
+        &self,
+        js: &Context,
+        stream: &str,
+        consumer: &str,
+    ) -> Result<(), String> {
+        let reply = js
+            .client()
+            .request(
+                format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"),
+                "".into(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&reply.payload);
+        if text.contains("\"success\":true") {
+            Ok(())
+        } else {
+            Err(text.into_owned())
+        }
+    }
+
     /// The node leading `stream` (its RAFT group's leader), `None` while
     /// it has none or the API does not answer.
     pub async fn stream_leader(&self, js: &Context, stream: &str) -> Option<usize> {
@@ -236,7 +292,8 @@ impl NatsCluster {
                     .unwrap_or(false);
             if up
                 && let Ok(js) = idem_runtime::nats::connect(&self.url(i)).await
-                && jetstream_ready(&js).await.is_ok()
+                && let Ok(Ok(())) =
+                    tokio::time::timeout(Duration::from_millis(500), jetstream_ready(&js)).await
             {
                 return;
             }
