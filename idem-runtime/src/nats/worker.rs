@@ -13,7 +13,7 @@ use crate::backoff::Backoff;
 use crate::task::BoxFuture;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
-use async_nats::{HeaderMap, header};
+use async_nats::header;
 use futures_util::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
@@ -296,7 +296,7 @@ impl Shared {
         reason: &str,
         meta: &Meta,
     ) -> Result<(), Error> {
-        let mut headers = m.headers.clone().unwrap_or_else(HeaderMap::new);
+        let mut headers = m.headers.clone().unwrap_or_default();
         headers.insert(DEAD_STREAM_HEADER, self.stream.as_str());
         headers.insert(DEAD_CONSUMER_HEADER, self.consumer.as_str());
         headers.insert(DEAD_SUBJECT_HEADER, m.subject.as_str());
