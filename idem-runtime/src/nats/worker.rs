@@ -11,9 +11,9 @@ use super::{
 use crate::Error;
 use crate::backoff::Backoff;
 use crate::task::BoxFuture;
+use async_nats::header;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
-use async_nats::header;
 use futures_util::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
