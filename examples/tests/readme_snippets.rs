@@ -6,13 +6,15 @@
 //!   from the compiled code fails here, listing the blocks.
 //! - The flows those regions show run against the real servers:
 //!   PostgreSQL (the handlers, the producer and relay, the archiver),
-//!   Redis (the front cache) and RabbitMQ (consumer and publisher). A
+//!   Redis (the front cache), RabbitMQ and NATS JetStream (consumer and
+//!   publisher). A
 //!   server that is down skips its test (SKIPPED), or fails it when
 //!   `CI=true`. Effects are counted in the database.
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, outbox, rabbitmq, record, shards, transaction, unique_insert, using,
+    archive, by_hand, cache, nats, outbox, rabbitmq, record, shards, transaction, unique_insert,
+    using,
 };
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Error, Outcome};
@@ -618,6 +620,55 @@ async fn the_rabbitmq_consumer_deducts_what_the_relay_published() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     rabbitmq::consume_and_publish(pool.clone(), until)
+        .await
+        .expect("consume");
+    assert_eq!(
+        (deductions(&pool, c).await, coupon_status(&pool, c).await),
+        (1, "USED".into())
+    );
+}
+
+/// The NATS JetStream snippet: the relay publishes the outbox message to
+/// the stream, the consumer's handler deducts once; a second message for
+/// the same coupon is a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nats_consumer_deducts_what_the_relay_published() {
+    let url = "nats://127.0.0.1:4222";
+    if let Err(e) = idem_runtime::nats::connect(url).await {
+        idem_testkit::unreachable(&format!("nats-server at {url}"), e);
+        return;
+    }
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let msg = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let ids = [unique("readme-js"), unique("readme-js")];
+    for msg_id in &ids {
+        enqueue_one(&pool, "readme.js.deduct", msg_id, &msg).await;
+    }
+    let db = pool.clone();
+    let until = async move {
+        let start = Instant::now();
+        loop {
+            let mut done = deductions(&db, c).await == 1;
+            for msg_id in &ids {
+                done &= outbox_status(&db, "readme.js.deduct", msg_id)
+                    .await
+                    .as_deref()
+                    == Some("success");
+            }
+            if done {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "not consumed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Time for a second deduction, if there were one.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    nats::consume_and_publish(pool.clone(), until)
         .await
         .expect("consume");
     assert_eq!(

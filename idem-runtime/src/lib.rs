@@ -68,7 +68,7 @@
 //!   always beside the entity's data), [`pooler`] (behind pgbouncer in
 //!   transaction mode: unnamed statements, autocommit statements in
 //!   transactions), `cache` (feature `redis`), `amqp` (feature `amqp`),
-//!   `testing` (feature `testing`).
+//!   `nats` (feature `nats`), `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
 //! specs, SQL dialects) is in a hidden `__private` module and is not API.
@@ -80,6 +80,7 @@
 //! - `uuid`: UUIDs as key parts and entity ids.
 //! - `redis`: the Redis front cache ([`cache`]), never the source of truth.
 //! - `amqp`: the RabbitMQ consumption adapter and outbox publisher.
+//! - `nats`: the NATS JetStream consumption adapter and outbox publisher.
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -97,6 +98,8 @@ mod error;
 mod fingerprint;
 mod key;
 mod metrics;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod outbox;
 pub mod pooler;
 mod schema;

@@ -15,8 +15,8 @@
 //! | `idem_outbox_lease_renewals_total` | | in-flight outbox leases extended by a relay's heartbeat |
 //! | `idem_outbox_retries_total` | | failed outbox attempts put back for a retry |
 //! | `idem_outbox_dead_letters_total` | | outbox messages dead-lettered |
-//! | `idem_mq_retries_total` | | AMQP deliveries scheduled for a delayed retry |
-//! | `idem_mq_dead_letters_total` | | AMQP deliveries rejected to the dead-letter exchange |
+//! | `idem_mq_retries_total` | | AMQP deliveries scheduled for a delayed retry, JetStream deliveries nak'd with a delay |
+//! | `idem_mq_dead_letters_total` | | AMQP deliveries rejected to the dead-letter exchange, JetStream deliveries terminated |
 //! | `idem_archived_total` | `table` = record / outbox | rows moved to the history tables |
 
 use crate::Error;
@@ -78,12 +78,12 @@ pub(crate) fn archived(table: &'static str, n: u64) {
     metrics::counter!("idem_archived_total", "table" => table).increment(n);
 }
 
-#[cfg(feature = "amqp")]
+#[cfg(any(feature = "amqp", feature = "nats"))]
 pub(crate) fn mq_retry() {
     metrics::counter!("idem_mq_retries_total").increment(1);
 }
 
-#[cfg(feature = "amqp")]
+#[cfg(any(feature = "amqp", feature = "nats"))]
 pub(crate) fn mq_dead_letter() {
     metrics::counter!("idem_mq_dead_letters_total").increment(1);
 }

@@ -6,7 +6,7 @@
 //!
 //! `tests/readme_snippets.rs` fails when a README block is not such a
 //! region, and runs the flows against the real servers (PostgreSQL, Redis,
-//! RabbitMQ), asserting their effects in the database.
+//! RabbitMQ, NATS), asserting their effects in the database.
 //!
 //! The files are not formatted by rustfmt (`#[rustfmt::skip]` on each
 //! `mod`): the regions are laid out as the README shows them.
@@ -22,6 +22,8 @@ pub mod archive;
 pub mod by_hand;
 #[rustfmt::skip]
 pub mod cache;
+#[rustfmt::skip]
+pub mod nats;
 #[rustfmt::skip]
 pub mod outbox;
 #[rustfmt::skip]

@@ -7,9 +7,12 @@
 //! file), [`wait_port`], and [`need`], the skip rule for a program that is
 //! not installed (skipped locally, a failure when `CI=true`).
 //!
-//! Harnesses: [`galera::Galera`], a MariaDB Galera cluster.
+//! Harnesses: [`galera::Galera`], a MariaDB Galera cluster; with the
+//! `nats` feature, [`nats::NatsCluster`], a NATS JetStream cluster.
 
 pub mod galera;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 pub mod pg_standby;
 pub mod pgbouncer;

@@ -1,0 +1,290 @@
+//! The [`Consumer`] builder, its counters and its running handle.
+
+use super::error::from_consumer;
+use super::message::Message;
+use super::worker::{Handler, Shared, run};
+use crate::backoff::Backoff;
+use crate::task::{BoxFuture, TaskHandle};
+use crate::{Error, Outcome};
+use async_nats::jetstream::Context;
+use async_nats::jetstream::consumer::PullConsumer;
+use serde::de::DeserializeOwned;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Counters of one consumer, since it started.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    /// Deliveries received.
+    pub received: AtomicU64,
+    /// Of those, redeliveries (`delivered > 1`): nak'd, ack wait run out,
+    /// or handed out again after a consumer or a server failed.
+    pub redelivered: AtomicU64,
+    /// Acknowledged after the handler executed the action.
+    pub executed: AtomicU64,
+    /// Acknowledged after the handler answered `Duplicate`.
+    pub duplicates: AtomicU64,
+    /// Failed attempts nak'd with a back-off delay, for a redelivery.
+    pub retried: AtomicU64,
+    /// Terminated (`+TERM`, after the copy to the dead-letter subject when
+    /// one is set): non-retryable, unparsable, without `Nats-Msg-Id`, or
+    /// out of deliveries.
+    pub dead_lettered: AtomicU64,
+    /// In-progress acks sent while a handler ran.
+    pub progress_acks: AtomicU64,
+    /// Deliveries whose ack could not be sent or was not confirmed (a
+    /// connection or a server gone): the server delivers them again.
+    pub settle_failed: AtomicU64,
+    /// Pull requests that failed (no responders, a connection gone);
+    /// each was made again after a pause.
+    pub pull_failures: AtomicU64,
+}
+
+impl ConsumerStats {
+    pub(super) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Pulls from a durable JetStream consumer and runs an `#[idempotent]`
+/// handler for each delivery; see the [module documentation](super) for
+/// the settlement rules.
+///
+/// The payload is parsed from the body as JSON into the handler's payload
+/// type. Settings: handlers at once (default 16), back-off of nak'd
+/// deliveries (default 1 s doubling to 60 s), in-progress acks (default a
+/// third of the consumer's `ack_wait`), the dead-letter subject (default
+/// none: terminate only). The bound on deliveries is the consumer's
+/// `max_deliver`, read from the server.
+///
+/// ```no_run
+/// use idem_runtime::nats::{self, Consumer, Message, Topology};
+/// use idem_runtime::{idempotent, Outcome};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// #[derive(serde::Deserialize, serde::Serialize)]
+/// struct Notice { user_id: i64 }
+///
+/// #[idempotent(key = "mq:{m.stream}:{m.message_id}", strategy = record, biz_type = "notice", fingerprint = [n])]
+/// async fn notify(tx: &mut Transaction<'_, Sqlite>, m: &Message, n: &Notice) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO sent (user_id) VALUES (?)").bind(n.user_id).execute(&mut **tx).await?;
+///     Ok(())
+/// }
+///
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), idem_runtime::Error> {
+/// let js = nats::connect("nats://127.0.0.1:4222").await?;
+/// let t = Topology::new("NOTICES", "notices.>", "notify");
+/// t.declare(&js).await?;
+/// let consumer = Consumer::new(js, "NOTICES", "notify", move |m: Message, n: Notice| {
+///     let pool = pool.clone();
+///     async move { notify(&pool, &m, &n).await }
+/// })
+/// .max_in_flight(8)
+/// .backoff(std::time::Duration::from_millis(500), std::time::Duration::from_secs(30))
+/// .dead_letter_subject(&t.dead_letter_subject)
+/// .spawn()
+/// .await?;
+/// // … on SIGTERM: stop pulling, finish in-flight deliveries.
+/// consumer.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct Consumer {
+    js: Context,
+    stream: String,
+    consumer: String,
+    handler: Handler,
+    max_in_flight: usize,
+    backoff: Backoff,
+    progress: Progress,
+    pull_wait: Duration,
+    dead_letter_subject: Option<String>,
+}
+
+/// How often a running handler's delivery is kept alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// A third of the consumer's `ack_wait`.
+    Auto,
+    Every(Duration),
+    Off,
+}
+
+impl fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("stream", &self.stream)
+            .field("consumer", &self.consumer)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("backoff", &self.backoff)
+            .field("progress", &self.progress)
+            .field("pull_wait", &self.pull_wait)
+            .field("dead_letter_subject", &self.dead_letter_subject)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// A consumer of the durable pull consumer `consumer` on `stream`
+    /// running `handler(message, payload)` for each delivery. The handler
+    /// returns what an `#[idempotent]` function returns; clone what it
+    /// needs (the pool) into each call.
+    pub fn new<P, F, Fut, T>(
+        js: Context,
+        stream: impl Into<String>,
+        consumer: impl Into<String>,
+        handler: F,
+    ) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Message, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let handler: Handler = Arc::new(move |m: Message| {
+            let payload: P = serde_json::from_slice(&m.body)?;
+            let fut = handler(m, payload);
+            Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
+        });
+        Consumer {
+            js,
+            stream: stream.into(),
+            consumer: consumer.into(),
+            handler,
+            max_in_flight: 16,
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            progress: Progress::Auto,
+            pull_wait: Duration::from_secs(2),
+            dead_letter_subject: None,
+        }
+    }
+
+    /// Handlers running at once (default 16); the consumer never pulls
+    /// more deliveries than it has free slots for.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// The nak delay after the first failed attempt, doubling up to `max`
+    /// (default 1 s to 60 s).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = Backoff::new(base, max);
+        self
+    }
+
+    /// Sends an in-progress ack (`+WPI`) every `every` while a handler
+    /// runs, so a slow handler's delivery is not handed to another
+    /// consumer when `ack_wait` runs out (default: a third of the
+    /// consumer's `ack_wait`). `None` turns them off.
+    pub fn progress_every(mut self, every: Option<Duration>) -> Self {
+        self.progress = match every {
+            Some(d) if !d.is_zero() => Progress::Every(d),
+            _ => Progress::Off,
+        };
+        self
+    }
+
+    /// How long one pull request waits for messages before it is made
+    /// again (default 2 s). A pull request lost with its server (a leader
+    /// killed) costs at most this plus 5 s.
+    pub fn pull_wait(mut self, wait: Duration) -> Self {
+        self.pull_wait = wait.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Where a dead letter is copied (published and stored, as
+    /// [`Topology`](super::Topology)'s `dead_letter_subject`) before the
+    /// delivery is terminated (default: none; terminate only).
+    pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.dead_letter_subject = Some(subject.into());
+        self
+    }
+
+    /// Looks the consumer up (its `ack_wait` and `max_deliver`) and runs
+    /// it as a tokio task. Errors when the stream or consumer does not
+    /// exist, or the server does not answer.
+    pub async fn spawn(self) -> Result<ConsumerHandle, Error> {
+        let pull: PullConsumer = self
+            .js
+            .get_consumer_from_stream(&self.consumer, &self.stream)
+            .await
+            .map_err(|e| from_consumer("consumer info", e))?;
+        let config = &pull.cached_info().config;
+        let progress = match self.progress {
+            Progress::Auto if !config.ack_wait.is_zero() => Some(config.ack_wait / 3),
+            Progress::Auto | Progress::Off => None,
+            Progress::Every(d) => Some(d),
+        };
+        let shared = Arc::new(Shared {
+            js: self.js,
+            stream: self.stream,
+            consumer: self.consumer,
+            handler: self.handler,
+            max_deliver: u32::try_from(config.max_deliver).unwrap_or(0),
+            backoff: self.backoff,
+            progress,
+            pull_wait: self.pull_wait,
+            max_in_flight: self.max_in_flight,
+            dead_letter_subject: self.dead_letter_subject,
+            stats: Arc::default(),
+        });
+        let s = shared.clone();
+        let task = TaskHandle::spawn(move |stop| run(s, pull, stop));
+        Ok(ConsumerHandle { task, shared })
+    }
+}
+
+/// A running [`Consumer`]. Dropping it stops the consumer as
+/// [`ConsumerHandle::shutdown`] does, without waiting.
+#[must_use = "dropping the handle stops the consumer"]
+pub struct ConsumerHandle {
+    task: TaskHandle<Result<(), Error>>,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for ConsumerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerHandle")
+            .field("stream", &self.shared.stream)
+            .field("consumer", &self.shared.consumer)
+            .field("task", &self.task)
+            .field("stats", &self.shared.stats)
+            .finish()
+    }
+}
+
+impl ConsumerHandle {
+    /// The consumer's counters (still readable after
+    /// [`shutdown`](ConsumerHandle::shutdown), where they are final).
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        self.shared.stats.clone()
+    }
+
+    /// The bound on deliveries read from the server (`0`: unbounded).
+    pub fn max_deliver(&self) -> u32 {
+        self.shared.max_deliver
+    }
+
+    /// The in-progress ack interval in use (`None`: off).
+    pub fn progress_every(&self) -> Option<Duration> {
+        self.shared.progress
+    }
+
+    /// Whether the consumer stopped.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Graceful shutdown: stops pulling, waits for the handlers in flight
+    /// and their acks. Deliveries pulled but not started are nak'd, so the
+    /// server hands them out again at once. The connection stays open.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        match self.task.shutdown().await {
+            Ok(r) => r,
+            Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
+        }
+    }
+}
