@@ -62,7 +62,8 @@
 //!     }
 //! }
 //!
-//! # fn main() {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! let orders = Idempotency::new("orders", |parts| {
 //!     // The caller a key belongs to: here an API key header.
 //!     parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
