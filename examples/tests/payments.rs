@@ -7,12 +7,22 @@
 
 use idem_examples::payments::{
     self, Attempt, Callback, ErrorBody, Fault, Faults, Platform, Receipt, SIGNATURE_HEADER,
-    TIMESTAMP_HEADER, unix_now,
+    TIMESTAMP_HEADER,
 };
 use sqlx::PgPool;
 use std::time::Duration;
 
 const SECRET: &[u8] = b"test-shared-secret";
+
+/// The platform's signature of `body` sent at `timestamp`.
+fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    payments::verifier(secret.to_vec()).sign(timestamp, body)
+}
+
+fn unix_now() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.unwrap().as_secs() as i64
+}
 
 struct Service {
     pool: PgPool,
@@ -219,7 +229,7 @@ async fn a_bad_signature_or_a_stale_timestamp_is_refused_and_writes_nothing() {
 
     // Tampered: the right signature of another body (the amount changed).
     let now = unix_now();
-    let signature = payments::sign(SECRET, now, &body);
+    let signature = sign(SECRET, now, &body);
     let tampered = serde_json::to_vec(&Callback::success(&serial, order, 1)).unwrap();
     let (status, text) = svc.post_raw(&tampered, Some(&signature), now).await;
     assert_eq!((status, code_of(&text).as_str()), (401, "BAD_SIGNATURE"));
@@ -245,7 +255,7 @@ async fn a_bad_signature_or_a_stale_timestamp_is_refused_and_writes_nothing() {
     // A genuine callback signed an hour ago (captured, sent again): 401.
     let old = now - 3600;
     let (status, text) = svc
-        .post_raw(&body, Some(&payments::sign(SECRET, old, &body)), old)
+        .post_raw(&body, Some(&sign(SECRET, old, &body)), old)
         .await;
     assert_eq!((status, code_of(&text).as_str()), (401, "BAD_SIGNATURE"));
     assert!(text.contains("ago"), "{text}");
@@ -601,7 +611,7 @@ fn serials_and_signatures() {
     assert!(payments::validate_serial("PAY00000000000000000042").is_err());
     assert!(payments::check_serial("PAY0000000000000000042").is_err());
     let v = payments::verifier(b"k".to_vec());
-    let sig = payments::sign(b"k", 1_000, b"body");
+    let sig = sign(b"k", 1_000, b"body");
     assert_eq!(sig.len(), 64);
     let headers = |sig: &str, ts: i64| {
         let mut h = axum::http::HeaderMap::new();

@@ -1,6 +1,7 @@
 //! Fuzzing the payment-callback endpoint's parsing and verification
-//! (`parse_callback`: signature and timestamp, serial, JSON, status, the
-//! same checks as the endpoint's extractor and handler; `check_serial` /
+//! (the runtime verifier's signature, timestamp and serial checks, then
+//! `read_callback`'s JSON and status: the endpoint's checks in its order;
+//! `check_serial` /
 //! `validate_serial`: the serial's format) with arbitrary bytes and
 //! strings and with mutated valid callbacks: nothing panics, every
 //! rejection is one of the documented answers with a non-empty, bounded
@@ -10,7 +11,7 @@
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use idem_examples::payments::{
     Callback, KEY_PREFIX, Rejection, SERIAL_DIGITS, SERIAL_PREFIX, SIGNATURE_HEADER,
-    TIMESTAMP_HEADER, check_serial, parse_callback, serial, sign, validate_serial, verifier,
+    TIMESTAMP_HEADER, check_serial, read_callback, serial, validate_serial, verifier,
 };
 use proptest::prelude::*;
 
@@ -59,15 +60,26 @@ fn header(sig: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(sig).ok()
 }
 
-/// The checks the endpoint runs before the database, on a callback sent
-/// with `signature` (if any) at [`NOW`].
+/// The checks the endpoint runs before the database, in its order (the
+/// runtime's `SignedCallback`: signature and timestamp, then the serial;
+/// then `read_callback`), on a callback sent with `signature` (if any) at
+/// [`NOW`].
 fn parse(body: &[u8], signature: Option<&HeaderValue>) -> Result<Callback, Rejection> {
     let mut headers = HeaderMap::new();
     headers.insert(TIMESTAMP_HEADER, NOW.into());
     if let Some(s) = signature {
         headers.insert(SIGNATURE_HEADER, s.clone());
     }
-    parse_callback(&verifier(SECRET), &headers, body, NOW)
+    let v = verifier(SECRET);
+    v.verify_at(&headers, body, NOW)
+        .and_then(|_| v.serial_of(&headers, body))
+        .map_err(|e| Rejection::refused(&e))?;
+    read_callback(body)
+}
+
+/// The platform's signature of `body` at `timestamp`.
+fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    verifier(secret).sign(timestamp, body)
 }
 
 fn valid_body(n: u64, order: i64, amount: i64) -> Vec<u8> {

@@ -97,11 +97,9 @@ mod service;
 pub use faults::{Fault, Faults};
 pub use handler::{PaymentError, apply_callback};
 pub use platform::{Attempt, Delivered, GaveUp, Platform};
-pub use protocol::{
-    Callback, ErrorBody, Receipt, check_serial, serial, sign, unix_now, validate_serial, verifier,
-};
+pub use protocol::{Callback, ErrorBody, Receipt, check_serial, serial, validate_serial, verifier};
 pub use schema::{create_order, migrate};
-pub use service::{Rejection, app, error_response, parse_callback, read_callback};
+pub use service::{Rejection, app, error_response, read_callback};
 
 /// The callback endpoint's path.
 pub const CALLBACK_PATH: &str = "/callbacks/payment";

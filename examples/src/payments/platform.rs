@@ -1,7 +1,7 @@
 //! The simulated payment platform: it signs, pushes, and retries.
 
-use super::protocol::{Callback, sign, unix_now};
-use super::{CALLBACK_PATH, REPLAY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use super::protocol::{Callback, verifier};
+use super::{CALLBACK_PATH, REPLAY_HEADER};
 use idem_runtime::backoff::Backoff;
 use std::time::Duration;
 
@@ -104,6 +104,7 @@ impl Platform {
             .build()
             .expect("an HTTP client without TLS builds");
         let url = format!("{}{CALLBACK_PATH}", self.base_url.trim_end_matches('/'));
+        let signer = verifier(self.secret.clone());
         // The `k`-th retry waits `backoff · 2^(k-1)`, at most 32 times `backoff`.
         let backoff = Backoff::new(self.backoff, self.backoff.saturating_mul(32));
         let mut history = Vec::new();
@@ -112,16 +113,14 @@ impl Platform {
             if attempt > 1 {
                 tokio::time::sleep(backoff.delay(attempt - 1)).await;
             }
-            let now = unix_now();
-            let sent = client
+            let mut req = client
                 .post(&url)
                 .timeout(self.timeout)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .header(TIMESTAMP_HEADER, now)
-                .header(SIGNATURE_HEADER, sign(&self.secret, now, &body))
-                .body(body.clone())
-                .send()
-                .await;
+                .header(reqwest::header::CONTENT_TYPE, "application/json");
+            for (name, value) in signer.signed_headers(&body) {
+                req = req.header(name, value);
+            }
+            let sent = req.body(body.clone()).send().await;
             // The answer's body is read under the same time-out.
             let answer = match sent {
                 Ok(resp) => {

@@ -114,17 +114,3 @@ pub fn verifier(secret: impl Into<Vec<u8>>) -> CallbackVerifier {
         .tolerance(std::time::Duration::from_secs(300))
         .serial(SerialFrom::JsonField("serial"), check_serial)
 }
-
-/// The value of [`SIGNATURE_HEADER`](super::SIGNATURE_HEADER) for `body`
-/// sent at `timestamp` (Unix seconds, the value of
-/// [`TIMESTAMP_HEADER`](super::TIMESTAMP_HEADER)): the platform's side.
-pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
-    verifier(secret.to_vec()).sign(timestamp, body)
-}
-
-/// Now, in Unix seconds.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}

@@ -5,7 +5,7 @@ use super::protocol::{Callback, ErrorBody, verifier};
 use super::{CALLBACK_PATH, MAX_BODY, REPLAY_HEADER};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_runtime::Outcome;
@@ -60,19 +60,20 @@ pub struct Rejection {
 
 impl Rejection {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let message = message.into();
         Rejection {
             status,
             code,
-            message: message.into(),
+            message,
         }
     }
 
-    /// The answer to a refusal of the runtime's verifier: 400 or 401
-    /// ([`CallbackError::status`]) with this service's codes.
+    /// The runtime verifier's refusal (400 or 401) with this service's codes.
     pub fn refused(e: &CallbackError) -> Self {
-        let code = match e {
-            CallbackError::BadSerial(_) => "BAD_SERIAL",
-            _ => "BAD_SIGNATURE",
+        let code = if matches!(e, CallbackError::BadSerial(_)) {
+            "BAD_SERIAL"
+        } else {
+            "BAD_SIGNATURE"
         };
         Rejection::new(e.status(), code, e.to_string())
     }
@@ -97,22 +98,6 @@ pub fn read_callback(body: &[u8]) -> Result<Callback, Rejection> {
         ));
     }
     Ok(cb)
-}
-
-/// Every check before the database, as the endpoint runs them, at `now`
-/// (Unix seconds): the signature and timestamp, the serial's format
-/// ([`verifier`]), then [`read_callback`].
-pub fn parse_callback(
-    verifier: &CallbackVerifier,
-    headers: &HeaderMap,
-    body: &[u8],
-    now: i64,
-) -> Result<Callback, Rejection> {
-    verifier
-        .verify_at(headers, body, now)
-        .and_then(|_| verifier.serial_of(headers, body))
-        .map_err(|e| Rejection::refused(&e))?;
-    read_callback(body)
 }
 
 async fn callback(
