@@ -5,7 +5,8 @@
 //! effect; another payload under a used key is 422 with no effect; a
 //! request in flight is 409; a missing or malformed key is 400; a request
 //! that died in flight blocks its key until its lease runs out, then the
-//! key is taken over. Effects are counted in each test's own table.
+//! key is taken over; a route whose key is optional runs keyless requests
+//! without a record. Effects are counted in each test's own table.
 
 #[path = "common/http.rs"]
 mod http;
@@ -127,6 +128,10 @@ macro_rules! backend_tests {
             }
 
             async fn fixture(gate: Arc<Gate>, delay: Duration, lease: Duration) -> Option<Fixture> {
+                fixture_with(gate, delay, lease, false).await
+            }
+
+            async fn fixture_with(gate: Arc<Gate>, delay: Duration, lease: Duration, optional: bool) -> Option<Fixture> {
                 let pool: sqlx::Pool<Db> = $pool?;
                 let table = unique("http_orders");
                 let ddl = match $dialect {
@@ -140,9 +145,12 @@ macro_rules! backend_tests {
                     .expect("create table");
                 // One scope per test: its records never meet another test's.
                 let scope: &'static str = Box::leak(unique("http").into_boxed_str());
-                let policy = Idempotency::new(scope, api_key)
+                let mut policy = Idempotency::new(scope, api_key)
                     .lease(lease)
                     .policy("https://example.invalid/docs/idempotency");
+                if optional {
+                    policy = policy.optional();
+                }
                 let app = App { pool: pool.clone(), table: table.clone(), policy, gate: gate.clone(), delay };
                 let router = Router::new().route("/orders", post(create_order)).with_state(app);
                 Some(Fixture { base: http::serve(router).await, pool, table, scope, gate })
@@ -340,6 +348,24 @@ macro_rules! backend_tests {
                 assert_eq!(anonymous.status(), 401);
                 assert_eq!(f.effects().await, 0);
                 assert_eq!(f.records().await, 0);
+            }
+
+            #[tokio::test]
+            async fn an_optional_key_runs_keyless_requests_without_a_record() {
+                let Some(f) = fixture_with(Gate::open(), Duration::ZERO, Duration::from_secs(60), true).await else { return };
+                for _ in 0..2 {
+                    let (status, replayed, body) = answer(f.post(None, "{}").send().await.unwrap()).await;
+                    assert_eq!((status, replayed), (201, false), "{body}");
+                }
+                assert_eq!(f.effects().await, 2);
+                assert_eq!(f.records().await, 0);
+                // With a key, the same route dedupes.
+                let k = key("optional");
+                for _ in 0..2 {
+                    assert_eq!(f.post(Some(&k), "{}").send().await.unwrap().status(), 201);
+                }
+                assert_eq!(f.effects().await, 3);
+                assert_eq!(f.records().await, 1);
             }
 
             #[tokio::test]

@@ -225,31 +225,29 @@ impl Idempotency {
         };
         let fp = req.fingerprint();
         self.claim(pool, &held, key, &fp).await?;
-        let mut tx = match DB::begin(pool).await {
-            Ok(tx) => tx,
-            Err(e) => {
-                let _ = self.release(pool, &held).await;
-                return Err(self.unavailable(&e));
-            }
+        // From here the key is this request's: a failure, or the request
+        // cancelled, frees it (the call's drop).
+        let mut call = RequestCall {
+            pool: pool.clone(),
+            tx: None,
+            held: Some(held),
+            policy: self.clone(),
         };
-        match DB::request_fence(
-            &mut tx,
-            &held.key,
-            self.scope,
-            &lease_text(&held.lease),
-            self.lease_secs(),
-        )
-        .await
-        {
-            Ok(true) => Ok(RequestCall::new(pool, tx, Some(held), self.clone())),
-            // Taken over after this request's lease ran out (it stalled
-            // between the claim and here).
-            Ok(false) => Err(self.in_flight()),
-            Err(e) => {
-                drop(tx);
-                let _ = self.release(pool, &held).await;
-                Err(self.unavailable(&e))
+        let held = call.held.as_ref().expect("just set");
+        let mut tx = DB::begin(pool).await.map_err(|e| self.unavailable(&e))?;
+        let lease = lease_text(&held.lease);
+        match DB::request_fence(&mut tx, &held.key, self.scope, &lease, self.lease_secs()).await {
+            Ok(true) => {
+                call.tx = Some(tx);
+                Ok(call)
             }
+            // Taken over after this request's lease ran out (it stalled
+            // between the claim and here): the key is no longer ours.
+            Ok(false) => {
+                call.held = None;
+                Err(self.in_flight())
+            }
+            Err(e) => Err(self.unavailable(&e)),
         }
     }
 
