@@ -7,11 +7,22 @@
 
 use idem_examples::payments::{
     self, Attempt, Callback, ErrorBody, Fault, Faults, Platform, Receipt, SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
 };
 use sqlx::PgPool;
 use std::time::Duration;
 
 const SECRET: &[u8] = b"test-shared-secret";
+
+/// The platform's signature of `body` sent at `timestamp`.
+fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    payments::verifier(secret.to_vec()).sign(timestamp, body)
+}
+
+fn unix_now() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.unwrap().as_secs() as i64
+}
 
 struct Service {
     pool: PgPool,
@@ -100,14 +111,21 @@ impl Service {
             .expect("count records")
     }
 
-    /// POSTs `body` with `signature` once; the status and body.
-    async fn post_raw(&self, body: &[u8], signature: Option<&str>) -> (u16, String) {
+    /// POSTs `body` with `signature` and `timestamp` once; the status and
+    /// body.
+    async fn post_raw(
+        &self,
+        body: &[u8],
+        signature: Option<&str>,
+        timestamp: i64,
+    ) -> (u16, String) {
         let mut req = reqwest::Client::builder()
             .no_proxy()
             .build()
             .unwrap()
             .post(format!("{}{}", self.base, payments::CALLBACK_PATH))
             .header("content-type", "application/json")
+            .header(TIMESTAMP_HEADER, timestamp)
             .body(body.to_vec());
         if let Some(s) = signature {
             req = req.header(SIGNATURE_HEADER, s);
@@ -190,46 +208,60 @@ async fn twenty_concurrent_duplicates_book_one_payment() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_bad_signature_is_400_and_writes_nothing() {
+async fn a_bad_signature_or_a_stale_timestamp_is_refused_and_writes_nothing() {
     let Some(svc) = start(None).await else { return };
     let (order, serial) = svc.order(500).await;
     let cb = Callback::success(&serial, order, 500);
     let body = serde_json::to_vec(&cb).unwrap();
 
     // Signed with another secret (a forger), by the platform: it retries,
-    // and gets 400 every time.
+    // and gets 401 every time.
     let forger = Platform {
         secret: b"not-the-secret".to_vec(),
         ..svc.platform(2)
     };
     let gave_up = forger.deliver(&cb).await.expect_err("never acknowledged");
-    assert_eq!(gave_up.history, vec![Attempt::Status(400); 3]);
+    assert_eq!(gave_up.history, vec![Attempt::Status(401); 3]);
     assert_eq!(
         code_of(gave_up.last_body.as_deref().unwrap()),
         "BAD_SIGNATURE"
     );
 
     // Tampered: the right signature of another body (the amount changed).
-    let signature = payments::sign(SECRET, &body);
+    let now = unix_now();
+    let signature = sign(SECRET, now, &body);
     let tampered = serde_json::to_vec(&Callback::success(&serial, order, 1)).unwrap();
-    let (status, text) = svc.post_raw(&tampered, Some(&signature)).await;
-    assert_eq!((status, code_of(&text).as_str()), (400, "BAD_SIGNATURE"));
-    // Missing, not hex, truncated.
-    for sig in [None, Some("zz-not-hex"), Some(&signature[..20])] {
-        let (status, text) = svc.post_raw(&body, sig).await;
+    let (status, text) = svc.post_raw(&tampered, Some(&signature), now).await;
+    assert_eq!((status, code_of(&text).as_str()), (401, "BAD_SIGNATURE"));
+    // Missing, not hex: 400; truncated (hex, but not the HMAC): 401.
+    for (sig, expected) in [
+        (None, 400),
+        (Some("zz-not-hex"), 400),
+        (Some(&signature[..20]), 401),
+    ] {
+        let (status, text) = svc.post_raw(&body, sig, now).await;
         assert_eq!(
             (status, code_of(&text).as_str()),
-            (400, "BAD_SIGNATURE"),
+            (expected, "BAD_SIGNATURE"),
             "{sig:?}"
         );
     }
     // The signature is over the raw bytes: the same JSON re-serialized with
     // other whitespace is another body.
     let spaced = serde_json::to_vec_pretty(&cb).unwrap();
-    assert_eq!(svc.post_raw(&spaced, Some(&signature)).await.0, 400);
+    assert_eq!(svc.post_raw(&spaced, Some(&signature), now).await.0, 401);
+    // The signature covers the timestamp: moving it breaks the signature.
+    assert_eq!(svc.post_raw(&body, Some(&signature), now + 1).await.0, 401);
+    // A genuine callback signed an hour ago (captured, sent again): 401.
+    let old = now - 3600;
+    let (status, text) = svc
+        .post_raw(&body, Some(&sign(SECRET, old, &body)), old)
+        .await;
+    assert_eq!((status, code_of(&text).as_str()), (401, "BAD_SIGNATURE"));
+    assert!(text.contains("ago"), "{text}");
     // Over the body limit: refused before the signature is even computed.
     let huge = vec![b' '; payments::MAX_BODY + 1];
-    assert_eq!(svc.post_raw(&huge, Some(&signature)).await.0, 413);
+    assert_eq!(svc.post_raw(&huge, Some(&signature), now).await.0, 413);
 
     assert_eq!(
         svc.records_with_key(&format!("pay-callback:{serial}"))
@@ -578,12 +610,31 @@ fn serials_and_signatures() {
     assert!(payments::validate_serial("pay-callback:PAY00000000000000000042").is_ok());
     assert!(payments::validate_serial("PAY00000000000000000042").is_err());
     assert!(payments::check_serial("PAY0000000000000000042").is_err());
-    let sig = payments::sign(b"k", b"body");
+    let v = payments::verifier(b"k".to_vec());
+    let sig = sign(b"k", 1_000, b"body");
     assert_eq!(sig.len(), 64);
-    let hv = |s: &str| axum::http::HeaderValue::from_str(s).unwrap();
-    assert!(payments::verify_signature(b"k", b"body", Some(&hv(&sig))).is_ok());
-    assert!(payments::verify_signature(b"k", b"body", Some(&hv(&sig.to_uppercase()))).is_ok());
-    assert!(payments::verify_signature(b"k", b"body!", Some(&hv(&sig))).is_err());
-    assert!(payments::verify_signature(b"k2", b"body", Some(&hv(&sig))).is_err());
-    assert!(payments::verify_signature(b"k", b"body", None).is_err());
+    let headers = |sig: &str, ts: i64| {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(SIGNATURE_HEADER, sig.parse().unwrap());
+        h.insert(TIMESTAMP_HEADER, ts.into());
+        h
+    };
+    assert!(v.verify_at(&headers(&sig, 1_000), b"body", 1_000).is_ok());
+    assert!(
+        v.verify_at(&headers(&sig.to_uppercase(), 1_000), b"body", 1_200)
+            .is_ok()
+    );
+    assert!(v.verify_at(&headers(&sig, 1_000), b"body!", 1_000).is_err());
+    assert!(v.verify_at(&headers(&sig, 1_001), b"body", 1_000).is_err());
+    assert!(v.verify_at(&headers(&sig, 1_000), b"body", 1_301).is_err());
+    let other = payments::verifier(b"k2".to_vec());
+    assert!(
+        other
+            .verify_at(&headers(&sig, 1_000), b"body", 1_000)
+            .is_err()
+    );
+    assert!(
+        v.verify_at(&axum::http::HeaderMap::new(), b"body", 1_000)
+            .is_err()
+    );
 }

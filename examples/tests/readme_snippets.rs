@@ -13,8 +13,8 @@
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, nats, outbox, rabbitmq, record, shards, transaction, unique_insert,
-    using,
+    archive, by_hand, cache, http, nats, outbox, rabbitmq, record, shards, transaction,
+    unique_insert, using,
 };
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Error, Outcome};
@@ -501,6 +501,69 @@ async fn the_record_handler_stores_its_receipt_and_replays_it() {
     assert_eq!(biz_no, user.to_string());
     let stored: record::Receipt = serde_json::from_str(&result.expect("result")).unwrap();
     assert_eq!(stored, receipt);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_routes_run_once_per_key_and_per_callback() {
+    let Some(pool) = pool().await else { return };
+    let secret = b"readme-secret";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = http::app(pool.clone(), secret);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+
+    // The same transfer twice under one key: one row, the answer replayed.
+    let body = unique("readme-transfer");
+    let (caller, key) = (unique("caller"), format!("\"{}\"", unique("k")));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let r = client
+            .post(format!("{base}/transfers"))
+            .header("x-api-key", &caller)
+            .header("idempotency-key", &key)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let replayed = r.headers().contains_key("idempotent-replayed");
+        answers.push((r.status().as_u16(), replayed, r.text().await.unwrap()));
+    }
+    assert_eq!(answers[0], (201, false, "transfer accepted".into()));
+    assert_eq!(answers[1], (201, true, "transfer accepted".into()));
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM readme_transfer WHERE body = $1")
+        .bind(body.as_bytes())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    // Without a key: 400.
+    let r = client
+        .post(format!("{base}/transfers"))
+        .header("x-api-key", &caller)
+        .send()
+        .await;
+    assert_eq!(r.unwrap().status(), 400);
+
+    // A signed callback pushed twice: one notice; forged: 401.
+    let event = format!("evt_{}", ids(1));
+    let cb = format!("{{\"event_id\":\"{event}\"}}");
+    for (sig_secret, expected) in [(&secret[..], 200), (&b"guess"[..], 401), (&secret[..], 200)] {
+        let signer = idem_runtime::http::CallbackVerifier::new(sig_secret.to_vec());
+        let mut req = client
+            .post(format!("{base}/callbacks/notice"))
+            .body(cb.clone());
+        for (name, value) in signer.signed_headers(cb.as_bytes()) {
+            req = req.header(name, value);
+        }
+        assert_eq!(req.send().await.unwrap().status(), expected);
+    }
+    let notices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM readme_notice WHERE text = $1")
+        .bind(&cb)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(notices, 1);
 }
 
 #[tokio::test]

@@ -68,7 +68,8 @@
 //!   always beside the entity's data), [`pooler`] (behind pgbouncer in
 //!   transaction mode: unnamed statements, autocommit statements in
 //!   transactions), `cache` (feature `redis`), `amqp` (feature `amqp`),
-//!   `nats` (feature `nats`), `testing` (feature `testing`).
+//!   `nats` (feature `nats`), `http` (feature `axum`), `testing` (feature
+//!   `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
 //! specs, SQL dialects) is in a hidden `__private` module and is not API.
@@ -81,6 +82,8 @@
 //! - `redis`: the Redis front cache ([`cache`]), never the source of truth.
 //! - `amqp`: the RabbitMQ consumption adapter and outbox publisher.
 //! - `nats`: the NATS JetStream consumption adapter and outbox publisher.
+//! - `axum`: the HTTP entry points ([`http`]): `Idempotency-Key` requests
+//!   and signed third-party callbacks, for axum 0.8.
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -96,6 +99,8 @@ mod call;
 pub mod duration;
 mod error;
 mod fingerprint;
+#[cfg(feature = "axum")]
+pub mod http;
 mod key;
 mod metrics;
 #[cfg(feature = "nats")]
@@ -313,7 +318,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub mod __private {
     pub use crate::backend::{
         AdminStore, ArchiveStore, CallStore, ClaimError, Claimed, Dialect, Migrate, NewRecord,
-        OutboxStore, StateSql, StoredRecord,
+        OutboxStore, RequestStore, StateSql, StoredRecord,
     };
     pub use crate::call::{Call, Open, OutboxLease, Outcome, Source};
     pub use crate::key::KeyBuilder;

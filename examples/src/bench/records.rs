@@ -107,7 +107,9 @@ pub async fn fill(pool: &PgPool, rows: i64) -> Result<Duration, BoxError> {
     // written out, so that the bulk load's own aftermath (a checkpoint
     // flushing gigabytes, the first reads setting hint bits) does not land
     // on the measured calls.
-    sqlx::query("VACUUM ANALYZE idem_record").execute(pool).await?;
+    sqlx::query("VACUUM ANALYZE idem_record")
+        .execute(pool)
+        .await?;
     sqlx::query("CHECKPOINT").execute(pool).await?;
     Ok(started.elapsed())
 }

@@ -3,7 +3,9 @@
 //! *Async Idempotency in Practice* (02.3, 05.2): a payment platform pushes
 //! its callback again after any non-200 answer or time-out, whether or not
 //! the merchant already booked the payment. The merchant keys the callback
-//! by the platform's payment serial (validated: format and HMAC signature)
+//! by the platform's payment serial (validated: format, and the HMAC
+//! signature over the timestamp and body, both checked by the runtime's
+//! `idem_runtime::http` pieces)
 //! and verifies the order's state in the same transaction.
 //!
 //! This example starts the merchant's service ([`idem_examples::payments`])
@@ -241,7 +243,7 @@ async fn run() -> Result<bool, BoxError> {
                 ..hostile_platform.clone()
             },
             callback: Callback::success(payments::serial(untouched as u64), untouched, 500),
-            expected: 400,
+            expected: 401,
         },
         Hostile {
             what: "serial \"../../x\"".into(),

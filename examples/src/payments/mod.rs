@@ -17,17 +17,22 @@
 //!
 //! 1. **Signature first.** The platform signs the raw request body with
 //!    HMAC-SHA256 under a secret shared with the merchant and sends
-//!    `X-Signature: hex(hmac_sha256(secret, body))`. The endpoint verifies it
-//!    over the *raw bytes* (before parsing, in constant time with
-//!    [`hmac::Mac::verify_slice`]) and answers 400 before anything touches
-//!    the database. A forged or tampered callback never reaches the
-//!    idempotency table.
+//!    `X-Timestamp: <unix seconds>` and `X-Signature:
+//!    hex(hmac_sha256(secret, "{timestamp}.{body}"))`. The runtime's
+//!    [`SignedCallback`](idem_runtime::http::SignedCallback) extractor,
+//!    configured by [`verifier`], checks it over the *raw bytes* (before
+//!    parsing, in constant time) and refuses a timestamp more than 5
+//!    minutes from now (a captured callback sent again later): 400 for
+//!    missing or malformed headers, 401 for a signature that does not
+//!    match or a stale timestamp, before anything touches the database. A
+//!    forged or tampered callback never reaches the idempotency table.
 //! 2. **Serial format.** A serial is `PAY` followed by exactly 20 ASCII
-//!    digits (see [`check_serial`]). The `#[idempotent]` handler's
-//!    `validate = validate_serial` rejects anything else (`../../x`, a
-//!    10 KB string, lower case, control characters) as
-//!    [`Error::InvalidKey`](idem_runtime::Error::InvalidKey), before its
-//!    transaction begins: 400, nothing written.
+//!    digits (see [`check_serial`]). The extractor reads it from the body
+//!    and rejects anything else (`../../x`, a 10 KB string, lower case,
+//!    control characters): 400, nothing written. The `#[idempotent]`
+//!    handler's `validate = validate_serial` checks the derived key again
+//!    ([`Error::InvalidKey`](idem_runtime::Error::InvalidKey)) before its
+//!    transaction begins.
 //! 3. **Key and record.** [`apply_callback`] is an
 //!    `#[idempotent(strategy = record)]` handler keyed
 //!    `pay-callback:{serial}`. In one transaction it claims the record
@@ -55,9 +60,10 @@
 //! | status | `code` | when |
 //! |---|---|---|
 //! | 200 | — ([`Receipt`]) | paid now, or a repetition (the stored receipt, byte for byte; `X-Idempotent-Replay: true`) |
-//! | 400 | `BAD_SIGNATURE` | `X-Signature` missing, not hex, or not the HMAC of the raw body; nothing read from or written to the database |
-//! | 400 | `BAD_REQUEST` | the body is not a callback (JSON `{serial, order_id, amount_cents, status}`) |
-//! | 400 | `BAD_SERIAL` | the serial is not `PAY` + 20 digits ([`Error::InvalidKey`](idem_runtime::Error::InvalidKey)); nothing written |
+//! | 400 | `BAD_SIGNATURE` | `X-Signature` or `X-Timestamp` missing or malformed; nothing read from or written to the database |
+//! | 401 | `BAD_SIGNATURE` | not the HMAC of the timestamp and raw body, or a timestamp more than 5 minutes from now; nothing read or written |
+//! | 400 | `BAD_REQUEST` | the body is not a callback (JSON `{serial, order_id, amount_cents, status}`) though its serial is valid |
+//! | 400 | `BAD_SERIAL` | the body is not JSON with a `serial`, or the serial is not `PAY` + 20 digits; nothing written |
 //! | 409 | `SERIAL_REUSED` | the serial was used before with another payload ([`Error::KeyConflict`](idem_runtime::Error::KeyConflict)); nothing written |
 //! | 409 | `ORDER_ALREADY_PAID` | the order is `PAID` by another serial: a second payment for one order, for a human (refund); nothing written |
 //! | 409 | `ORDER_NOT_PAYABLE` | the order is in another state (`CANCELLED`) |
@@ -91,17 +97,16 @@ mod service;
 pub use faults::{Fault, Faults};
 pub use handler::{PaymentError, apply_callback};
 pub use platform::{Attempt, Delivered, GaveUp, Platform};
-pub use protocol::{
-    Callback, ErrorBody, Receipt, SignatureError, check_serial, serial, sign, validate_serial,
-    verify_signature,
-};
+pub use protocol::{Callback, ErrorBody, Receipt, check_serial, serial, validate_serial, verifier};
 pub use schema::{create_order, migrate};
-pub use service::{Rejection, app, error_response, parse_callback};
+pub use service::{Rejection, app, error_response, read_callback};
 
 /// The callback endpoint's path.
 pub const CALLBACK_PATH: &str = "/callbacks/payment";
-/// The header carrying `hex(hmac_sha256(secret, raw_body))`.
+/// The header carrying `hex(hmac_sha256(secret, "{timestamp}.{raw_body}"))`.
 pub const SIGNATURE_HEADER: &str = "x-signature";
+/// The header carrying the signing time, Unix seconds.
+pub const TIMESTAMP_HEADER: &str = "x-timestamp";
 /// Set (`true`) on a 200 that replays the stored receipt of an earlier call.
 pub const REPLAY_HEADER: &str = "x-idempotent-replay";
 /// A serial's prefix.

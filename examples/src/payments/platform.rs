@@ -1,7 +1,7 @@
 //! The simulated payment platform: it signs, pushes, and retries.
 
-use super::protocol::{Callback, sign};
-use super::{CALLBACK_PATH, REPLAY_HEADER, SIGNATURE_HEADER};
+use super::protocol::{Callback, verifier};
+use super::{CALLBACK_PATH, REPLAY_HEADER};
 use idem_runtime::backoff::Backoff;
 use std::time::Duration;
 
@@ -57,9 +57,10 @@ impl std::fmt::Display for GaveUp {
 impl std::error::Error for GaveUp {}
 
 /// A simulated third-party payment platform: it signs each callback with
-/// the shared secret and POSTs it to the merchant, and — its retry policy —
-/// pushes it again after any non-200 answer, a time-out or a connection
-/// error, with exponential back-off, at most `max_retries` more times.
+/// the shared secret and the time of the attempt, POSTs it to the
+/// merchant, and — its retry policy — pushes it again after any non-200
+/// answer, a time-out or a connection error, with exponential back-off, at
+/// most `max_retries` more times.
 #[derive(Debug, Clone)]
 pub struct Platform {
     /// The merchant's base URL, e.g. `http://127.0.0.1:8080`.
@@ -88,21 +89,22 @@ impl Platform {
     }
 
     /// Delivers `callback` until the merchant answers 200 or the retries
-    /// run out. Every attempt sends the same bytes with the same signature.
+    /// run out. Every attempt sends the same bytes, signed anew with the
+    /// time of the attempt.
     pub async fn deliver(&self, callback: &Callback) -> Result<Delivered, GaveUp> {
         let body = serde_json::to_vec(callback).expect("a callback serializes");
-        let signature = sign(&self.secret, &body);
-        self.deliver_raw(body, &signature).await
+        self.deliver_raw(body).await
     }
 
-    /// Delivers a raw body under the given signature (to forge or tamper
-    /// with callbacks in tests and demos).
-    pub async fn deliver_raw(&self, body: Vec<u8>, signature: &str) -> Result<Delivered, GaveUp> {
+    /// Delivers a raw body, signed with this platform's secret (to send
+    /// malformed callbacks in tests and demos).
+    pub async fn deliver_raw(&self, body: Vec<u8>) -> Result<Delivered, GaveUp> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .build()
             .expect("an HTTP client without TLS builds");
         let url = format!("{}{CALLBACK_PATH}", self.base_url.trim_end_matches('/'));
+        let signer = verifier(self.secret.clone());
         // The `k`-th retry waits `backoff · 2^(k-1)`, at most 32 times `backoff`.
         let backoff = Backoff::new(self.backoff, self.backoff.saturating_mul(32));
         let mut history = Vec::new();
@@ -111,14 +113,14 @@ impl Platform {
             if attempt > 1 {
                 tokio::time::sleep(backoff.delay(attempt - 1)).await;
             }
-            let sent = client
+            let mut req = client
                 .post(&url)
                 .timeout(self.timeout)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .header(SIGNATURE_HEADER, signature)
-                .body(body.clone())
-                .send()
-                .await;
+                .header(reqwest::header::CONTENT_TYPE, "application/json");
+            for (name, value) in signer.signed_headers(&body) {
+                req = req.header(name, value);
+            }
+            let sent = req.body(body.clone()).send().await;
             // The answer's body is read under the same time-out.
             let answer = match sent {
                 Ok(resp) => {

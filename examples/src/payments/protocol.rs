@@ -1,12 +1,11 @@
 //! The callback, its answers, and the checks of externally supplied data:
-//! the serial's format and the HMAC signature.
+//! the serial's format, and the platform's signature (the runtime's
+//! [`CallbackVerifier`], configured).
 
-use super::{KEY_PREFIX, SERIAL_DIGITS, SERIAL_PREFIX};
-use axum::http::HeaderValue;
-use hmac::{KeyInit, Mac};
+use super::{KEY_PREFIX, SERIAL_DIGITS, SERIAL_PREFIX, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use axum::http::HeaderName;
+use idem_runtime::http::{CallbackVerifier, SerialFrom};
 use serde::{Deserialize, Serialize};
-
-type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 // ---- the callback and the answers ------------------------------------------
 
@@ -102,47 +101,16 @@ pub fn serial(n: u64) -> String {
     format!("{SERIAL_PREFIX}{n:0width$}", width = SERIAL_DIGITS)
 }
 
-/// `hex(hmac_sha256(secret, body))`: the value of [`SIGNATURE_HEADER`](super::SIGNATURE_HEADER).
-pub fn sign(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
-    mac.update(body);
-    hex::encode(mac.finalize().into_bytes())
-}
-
-/// Why a signature was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SignatureError {
-    /// No `X-Signature` header.
-    Missing,
-    /// The header is not (ASCII) hex.
-    Malformed,
-    /// Not the HMAC of this body under the shared secret.
-    Mismatch,
-}
-
-impl std::fmt::Display for SignatureError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SignatureError::Missing => "the X-Signature header is missing",
-            SignatureError::Malformed => "the X-Signature header is not hex",
-            SignatureError::Mismatch => "the signature does not match the body",
-        })
-    }
-}
-
-impl std::error::Error for SignatureError {}
-
-/// Verifies `signature` (hex) as the HMAC-SHA256 of the raw `body` under
-/// `secret`, comparing in constant time ([`Mac::verify_slice`]).
-pub fn verify_signature(
-    secret: &[u8],
-    body: &[u8],
-    signature: Option<&HeaderValue>,
-) -> Result<(), SignatureError> {
-    let sig = signature.ok_or(SignatureError::Missing)?;
-    let sig = sig.to_str().map_err(|_| SignatureError::Malformed)?;
-    let tag = hex::decode(sig.trim()).map_err(|_| SignatureError::Malformed)?;
-    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
-    mac.update(body);
-    mac.verify_slice(&tag).map_err(|_| SignatureError::Mismatch)
+/// The merchant's check of the platform's callbacks, the runtime's
+/// [`CallbackVerifier`]: `X-Signature: hex(hmac_sha256(secret,
+/// "{X-Timestamp}.{raw body}"))`, compared in constant time; a timestamp
+/// more than 5 minutes from now refused (an old callback sent again); the
+/// serial read from the body's `serial` field and checked by
+/// [`check_serial`] before anything touches the database.
+pub fn verifier(secret: impl Into<Vec<u8>>) -> CallbackVerifier {
+    CallbackVerifier::new(secret)
+        .signature_header(HeaderName::from_static(SIGNATURE_HEADER))
+        .timestamp_header(HeaderName::from_static(TIMESTAMP_HEADER))
+        .tolerance(std::time::Duration::from_secs(300))
+        .serial(SerialFrom::JsonField("serial"), check_serial)
 }

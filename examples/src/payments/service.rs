@@ -1,17 +1,16 @@
 //! The HTTP service: `POST` [`CALLBACK_PATH`] and its answers.
 
 use super::handler::{PaymentError, apply_callback};
-use super::protocol::{Callback, ErrorBody, verify_signature};
-use super::{CALLBACK_PATH, MAX_BODY, REPLAY_HEADER, SIGNATURE_HEADER};
+use super::protocol::{Callback, ErrorBody, verifier};
+use super::{CALLBACK_PATH, MAX_BODY, REPLAY_HEADER};
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRef, State};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_runtime::Outcome;
+use idem_runtime::http::{CallbackError, CallbackRejection, CallbackVerifier, SignedCallback};
 use sqlx::PgPool;
-use std::sync::Arc;
 
 /// An error answer: `status` with an [`ErrorBody`].
 pub(super) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -25,7 +24,13 @@ pub(super) fn error(status: StatusCode, code: &str, message: impl Into<String>) 
 #[derive(Clone)]
 struct AppState {
     pool: PgPool,
-    secret: Arc<[u8]>,
+    verifier: CallbackVerifier,
+}
+
+impl FromRef<AppState> for CallbackVerifier {
+    fn from_ref(app: &AppState) -> Self {
+        app.verifier.clone()
+    }
 }
 
 /// The service: `POST` [`CALLBACK_PATH`] (see the module's table of status
@@ -33,7 +38,7 @@ struct AppState {
 pub fn app(pool: PgPool, secret: impl Into<Vec<u8>>) -> Router {
     let state = AppState {
         pool,
-        secret: secret.into().into(),
+        verifier: verifier(secret),
     };
     Router::new()
         .route(CALLBACK_PATH, post(callback))
@@ -45,9 +50,9 @@ pub fn app(pool: PgPool, secret: impl Into<Vec<u8>>) -> Router {
 /// [`ErrorBody`] code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
-    /// 400 or 422.
+    /// 400, 401 or 422.
     pub status: StatusCode,
-    /// `BAD_SIGNATURE`, `BAD_REQUEST` or `UNSUPPORTED_STATUS`.
+    /// `BAD_SIGNATURE`, `BAD_SERIAL`, `BAD_REQUEST` or `UNSUPPORTED_STATUS`.
     pub code: &'static str,
     /// What is wrong.
     pub message: String,
@@ -55,25 +60,28 @@ pub struct Rejection {
 
 impl Rejection {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let message = message.into();
         Rejection {
             status,
             code,
-            message: message.into(),
+            message,
         }
+    }
+
+    /// The runtime verifier's refusal (400 or 401) with this service's codes.
+    pub fn refused(e: &CallbackError) -> Self {
+        let code = if matches!(e, CallbackError::BadSerial(_)) {
+            "BAD_SERIAL"
+        } else {
+            "BAD_SIGNATURE"
+        };
+        Rejection::new(e.status(), code, e.to_string())
     }
 }
 
-/// The endpoint's checks before anything touches the database, in order:
-/// the signature over the raw `body` ([`verify_signature`]), the JSON
-/// ([`Callback`]), and the status (`SUCCESS`). The serial's format is
-/// checked next, by [`apply_callback`]'s `validate` ([`validate_serial`](super::validate_serial)).
-pub fn parse_callback(
-    secret: &[u8],
-    body: &[u8],
-    signature: Option<&HeaderValue>,
-) -> Result<Callback, Rejection> {
-    verify_signature(secret, body, signature)
-        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, "BAD_SIGNATURE", e.to_string()))?;
+/// The callback in a verified body: the JSON ([`Callback`]) and its status
+/// (`SUCCESS`).
+pub fn read_callback(body: &[u8]) -> Result<Callback, Rejection> {
     let cb: Callback = serde_json::from_slice(body)
         .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.to_string()))?;
     if cb.status != "SUCCESS" {
@@ -92,14 +100,27 @@ pub fn parse_callback(
     Ok(cb)
 }
 
-async fn callback(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    // 1. The signature, over the raw bytes, before anything else; the
-    //    JSON; the status.
-    let cb = match parse_callback(&app.secret, &body, headers.get(SIGNATURE_HEADER)) {
+async fn callback(
+    State(app): State<AppState>,
+    signed: Result<SignedCallback, CallbackRejection>,
+) -> Response {
+    // 1. The signature and timestamp over the raw bytes, then the serial's
+    //    format (the runtime's extractor); the JSON; the status.
+    let signed = match signed {
+        Ok(signed) => signed,
+        Err(CallbackRejection::Refused(e)) => {
+            let r = Rejection::refused(&e);
+            return error(r.status, r.code, r.message);
+        }
+        // Over the body limit: axum's 413.
+        Err(other) => return other.into_response(),
+    };
+    let cb = match read_callback(&signed.body) {
         Ok(cb) => cb,
         Err(r) => return error(r.status, r.code, r.message),
     };
-    // 2. The serial's format (validate = …), the record, the order's state.
+    // 2. The record and the order's state (the key's format checked again
+    //    by `validate`).
     match apply_callback(&app.pool, &cb).await {
         Ok(Outcome::Executed(r)) => (StatusCode::OK, axum::Json(r)).into_response(),
         Ok(Outcome::Duplicate(Some(r))) => (

@@ -23,6 +23,8 @@ pub mod by_hand;
 #[rustfmt::skip]
 pub mod cache;
 #[rustfmt::skip]
+pub mod http;
+#[rustfmt::skip]
 pub mod nats;
 #[rustfmt::skip]
 pub mod outbox;
@@ -57,6 +59,7 @@ pub async fn create_tables(pool: &PgPool) -> sqlx::Result<()> {
         "CREATE TABLE IF NOT EXISTS readme_notice (id BIGSERIAL PRIMARY KEY, user_id BIGINT NOT NULL, text TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS readme_payment (serial VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
         "CREATE UNIQUE INDEX IF NOT EXISTS uk_readme_payment_serial ON readme_payment (serial)",
+        "CREATE TABLE IF NOT EXISTS readme_transfer (id BIGSERIAL PRIMARY KEY, body BYTEA NOT NULL)",
     ] {
         sqlx::query(stmt).execute(&mut *tx).await?;
     }

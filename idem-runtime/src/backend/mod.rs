@@ -84,7 +84,14 @@ pub(crate) mod sealed {
 /// `<DB as Backend>::claim_record` (a qualified path does not look into
 /// supertraits); its code too is the shared one.
 pub trait Backend:
-    Database + sealed::Sealed + CallStore + OutboxStore + ArchiveStore + AdminStore + Migrate
+    Database
+    + sealed::Sealed
+    + CallStore
+    + OutboxStore
+    + ArchiveStore
+    + AdminStore
+    + Migrate
+    + RequestStore
 {
     /// A short name, for traces.
     const NAME: &'static str;
@@ -179,6 +186,67 @@ pub trait CallStore: Database {
         tx: &'a mut Transaction<'_, Self>,
         sql: &'static str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
+
+/// The statements of HTTP requests made idempotent by an `Idempotency-Key`
+/// ([`crate::http`], feature `axum`; the statements exist without it). The
+/// row is `idem_record`'s `(key, biz_type)`; the in-flight lease `lease` is
+/// the `result` column's text while the request runs.
+pub trait RequestStore: Database {
+    /// The row: its fingerprint, its `result` (the lease or the stored
+    /// answer) and whether `expire_time` has passed. Never waits on locks.
+    fn request_find<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: &'a str,
+    ) -> impl Future<Output = Result<Option<(String, Option<String>, bool)>, sqlx::Error>> + Send + 'a;
+
+    /// Inserts the in-flight row unless the pair exists; true if inserted.
+    fn request_insert<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a NewRecord<'a>,
+        lease: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Replaces the expired lease `old` by `lease`; true if it did.
+    fn request_take_over<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        old: &'a str,
+        lease: &'a str,
+        lease_secs: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// In the handler's transaction: the row, still held by `lease`,
+    /// locked until the commit; true if it is.
+    fn request_fence<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        lease: &'a str,
+        lease_secs: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// In the handler's transaction: the stored answer in place of the
+    /// lease, expiring in `ttl_secs`; true if the lease still held.
+    fn request_complete<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        lease: &'a str,
+        answer: &'a str,
+        ttl_secs: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Deletes the in-flight row held by `lease` (a request that ended
+    /// without an answer to keep); true if it did.
+    fn request_release<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        lease: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
 
 /// The outbox's statements: enqueue, claim, renew, settle.
@@ -405,6 +473,15 @@ impl Dialect {
             Dialect::Postgres => &postgres::SQL,
             Dialect::MySql => &mysql::SQL,
             Dialect::Sqlite => &sqlite::SQL,
+        }
+    }
+
+    /// The dialect's statements of `Idempotency-Key` requests.
+    pub(crate) fn requests(self) -> &'static sql::RequestSql {
+        match self {
+            Dialect::Postgres => &postgres::REQUESTS,
+            Dialect::MySql => &mysql::REQUESTS,
+            Dialect::Sqlite => &sqlite::REQUESTS,
         }
     }
 

@@ -2,7 +2,9 @@
 //! which of their error numbers a retry can heal.
 
 use super::Dialect;
-use super::sql::{AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, SqlSet};
+use super::sql::{
+    AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
+};
 
 #[cfg(feature = "mysql")]
 mod driver {
@@ -398,6 +400,29 @@ pub(crate) fn error_is_connection_loss(number: u16, message: &str) -> bool {
     matches!(number, 1053 | 1927 | 1158..=1161)
         || (number == 4031 && message.contains("because of inactivity"))
 }
+
+/// The MariaDB / MySQL statements of `Idempotency-Key` requests. The find
+/// is a consistent read (no `LOCK IN SHARE MODE`): it must not wait for
+/// the handler's transaction that holds the row. INSERT IGNORE can only
+/// ignore the duplicate: every value is length-checked before.
+pub(crate) const REQUESTS: RequestSql = RequestSql {
+    find: "SELECT fingerprint, result, \
+        CAST(CASE WHEN expire_time < UTC_TIMESTAMP(6) THEN 1 ELSE 0 END AS SIGNED) \
+        FROM idem_record WHERE idempotency_key = ? AND biz_type = ?",
+    insert: "INSERT IGNORE INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+        VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND))",
+    take_over: "UPDATE idem_record SET result = ?, \
+        expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
+        WHERE idempotency_key = ? AND biz_type = ? AND result = ? \
+        AND expire_time < UTC_TIMESTAMP(6)",
+    fence: "UPDATE idem_record SET expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
+        WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+    complete: "UPDATE idem_record SET result = ?, \
+        expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
+        WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+    release: "DELETE FROM idem_record WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+};
 
 #[cfg(test)]
 mod tests {

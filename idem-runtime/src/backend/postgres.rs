@@ -2,7 +2,9 @@
 //! its SQLSTATEs a retry can heal.
 
 use super::Dialect;
-use super::sql::{AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, SqlSet};
+use super::sql::{
+    AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
+};
 
 #[cfg(feature = "postgres")]
 mod driver {
@@ -298,6 +300,26 @@ pub(crate) fn sqlstate_is_conflict(code: &str) -> bool {
 pub(crate) fn sqlstate_is_connection_loss(code: &str) -> bool {
     matches!(code, "57P01" | "57P02" | "57P03" | "57P05") || code.starts_with("08")
 }
+
+/// The PostgreSQL statements of `Idempotency-Key` requests.
+pub(crate) const REQUESTS: RequestSql = RequestSql {
+    find: "SELECT fingerprint::text, result, \
+        CAST(CASE WHEN expire_time < now() THEN 1 ELSE 0 END AS BIGINT) \
+        FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2",
+    insert: "INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+        VALUES ($1, $2, $3, $4, $5, now(), now() + make_interval(secs => $6::float8)) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    take_over: "UPDATE idem_record SET result = $1, \
+        expire_time = now() + make_interval(secs => $2::float8) \
+        WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5 AND expire_time < now()",
+    fence: "UPDATE idem_record SET expire_time = now() + make_interval(secs => $1::float8) \
+        WHERE idempotency_key = $2 AND biz_type = $3 AND result = $4",
+    complete: "UPDATE idem_record SET result = $1, \
+        expire_time = now() + make_interval(secs => $2::float8) \
+        WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5",
+    release: "DELETE FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2 AND result = $3",
+};
 
 #[cfg(test)]
 mod tests {

@@ -342,3 +342,32 @@ pub(crate) fn marks(n: usize) -> String {
 #[cfg(test)]
 #[path = "sql_tests.rs"]
 mod tests;
+
+/// The statements of HTTP requests made idempotent by an
+/// `Idempotency-Key` (feature `axum`, [`crate::http`]): rows of
+/// `idem_record` whose `result` holds an in-flight lease (`{"lease": …}`)
+/// or the stored answer, and whose `expire_time` is the lease's end while
+/// in flight and the key's expiry once answered. Every statement names its
+/// row by `(idempotency_key, biz_type)`; the ones that change it are
+/// fenced by the lease (`result = ?`). Bind order is given per statement.
+#[derive(Debug)]
+pub(crate) struct RequestSql {
+    /// `key, biz_type` → `fingerprint, result, expired (0/1)`: a plain,
+    /// non-locking read (it never waits for the request in flight).
+    pub find: &'static str,
+    /// `key, biz_type, biz_no, fingerprint, lease, lease_secs`: the
+    /// in-flight row, unless the pair exists (0 rows, never an error).
+    pub insert: &'static str,
+    /// `lease, lease_secs, key, biz_type, old_lease`: takes over an
+    /// in-flight row whose lease ran out.
+    pub take_over: &'static str,
+    /// `lease_secs, key, biz_type, lease`: in the handler's transaction,
+    /// the row still held by this lease, locked until the commit.
+    pub fence: &'static str,
+    /// `answer, ttl_secs, key, biz_type, lease`: the stored answer, in the
+    /// handler's transaction.
+    pub complete: &'static str,
+    /// `key, biz_type, lease`: the in-flight row of a request that ended
+    /// without an answer to keep.
+    pub release: &'static str,
+}

@@ -2,7 +2,9 @@
 //! result codes a retry can heal.
 
 use super::Dialect;
-use super::sql::{AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, SqlSet};
+use super::sql::{
+    AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
+};
 
 #[cfg(feature = "sqlite")]
 mod driver {
@@ -274,6 +276,30 @@ const LITE_V2: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
      ON idem_record_history (idempotency_key, biz_type)",
 ];
+
+/// The SQLite statements of `Idempotency-Key` requests (times as the
+/// record strategy writes them: UTC text with milliseconds).
+pub(crate) const REQUESTS: RequestSql = RequestSql {
+    find: "SELECT fingerprint, result, \
+        CASE WHEN expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 1 ELSE 0 END \
+        FROM idem_record WHERE idempotency_key = ? AND biz_type = ?",
+    insert: "INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+        VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+        strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds')) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    take_over: "UPDATE idem_record SET result = ?, \
+        expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
+        WHERE idempotency_key = ? AND biz_type = ? AND result = ? \
+        AND expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    fence: "UPDATE idem_record \
+        SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
+        WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+    complete: "UPDATE idem_record SET result = ?, \
+        expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
+        WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+    release: "DELETE FROM idem_record WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+};
 
 /// SQLite result codes (primary or extended) a retry can heal: the primary
 /// code `SQLITE_BUSY` (5: another connection holds the lock) or

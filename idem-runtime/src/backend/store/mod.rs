@@ -590,6 +590,7 @@ impl OutboxStore for DB {
 
 mod admin;
 mod archive;
+mod requests;
 
 for_every_backend! {
 impl Migrate for DB {

@@ -1,0 +1,114 @@
+//! [`RequestStore`] for every backend.
+
+use super::super::types::NewRecord;
+use super::super::{RequestStore, sealed::Sealed};
+use super::{persist, stmt};
+use sqlx::{Database, Pool, Transaction};
+
+for_every_backend! {
+impl RequestStore for DB {
+    async fn request_find<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: &'a str,
+    ) -> Result<Option<(String, Option<String>, bool)>, sqlx::Error> {
+        let q = sqlx::query_as::<_, (String, Option<String>, i64)>(stmt(
+            DB::dialect_of_pool(pool).requests().find,
+        ))
+        .persistent(persist())
+        .bind(key)
+        .bind(biz_type);
+        let row = on_pool!(pool, |conn| q.fetch_optional(conn))?;
+        Ok(row.map(|(fingerprint, result, expired)| (fingerprint, result, expired != 0)))
+    }
+
+    async fn request_insert<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a NewRecord<'a>,
+        lease: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).requests().insert))
+            .persistent(persist())
+            .bind(row.key)
+            .bind(row.biz_type)
+            .bind(row.biz_no)
+            .bind(row.fingerprint)
+            .bind(lease)
+            .bind(row.ttl_secs);
+        let done = on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn request_take_over<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        old: &'a str,
+        lease: &'a str,
+        lease_secs: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).requests().take_over))
+            .persistent(persist())
+            .bind(lease)
+            .bind(lease_secs)
+            .bind(key)
+            .bind(biz_type)
+            .bind(old);
+        let done = on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn request_fence<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        lease: &'a str,
+        lease_secs: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(stmt(DB::dialect_of_tx(tx).requests().fence))
+            .persistent(persist())
+            .bind(lease_secs)
+            .bind(key)
+            .bind(biz_type)
+            .bind(lease)
+            .execute(&mut **tx)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn request_complete<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        lease: &'a str,
+        answer: &'a str,
+        ttl_secs: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(stmt(DB::dialect_of_tx(tx).requests().complete))
+            .persistent(persist())
+            .bind(answer)
+            .bind(ttl_secs)
+            .bind(key)
+            .bind(biz_type)
+            .bind(lease)
+            .execute(&mut **tx)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn request_release<'a>(
+        pool: &'a Pool<Self>,
+        key: &'a str,
+        biz_type: &'a str,
+        lease: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).requests().release))
+            .persistent(persist())
+            .bind(key)
+            .bind(biz_type)
+            .bind(lease);
+        let done = on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+}
+}

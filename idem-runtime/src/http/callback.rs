@@ -1,0 +1,502 @@
+//! Third-party callbacks: the platform's HMAC-SHA256 signature over the
+//! raw body, checked in constant time, a timestamp within a tolerance
+//! (an old callback captured and sent again is refused even once its
+//! idempotency record has expired), and the platform's serial — its event
+//! or transaction id — as the idempotency key, validated before use.
+
+use super::key::hex;
+use super::problem::Problem;
+use super::stored::unhex;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRef, FromRequest, Request};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hmac::{KeyInit, Mac};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// A platform's serial format: why a serial is refused.
+type SerialCheck = fn(&str) -> Result<(), String>;
+
+/// The longest serial accepted, in bytes.
+pub const MAX_SERIAL_LEN: usize = 128;
+
+/// Where the platform puts its serial.
+#[derive(Debug, Clone)]
+pub enum SerialFrom {
+    /// A header (e.g. `x-event-id`).
+    Header(HeaderName),
+    /// A top-level field of the JSON body, a string or an integer.
+    JsonField(&'static str),
+}
+
+/// How a platform signs its callbacks, and where its serial is.
+///
+/// The signature is `hex(hmac_sha256(secret, message))` in
+/// [`signature_header`](Self::signature_header) (default `x-signature`),
+/// where `message` is `"{timestamp}.{raw body}"` with the timestamp (Unix
+/// seconds) sent in [`timestamp_header`](Self::timestamp_header) (default
+/// `x-timestamp`), or the raw body alone
+/// [`without_timestamp`](Self::without_timestamp). The timestamp is signed,
+/// so it cannot be refreshed by whoever replays a captured callback; one
+/// further than [`tolerance`](Self::tolerance) (default 5 min) from now, in
+/// either direction, is refused.
+///
+/// | refused | status |
+/// |---|---|
+/// | signature or timestamp header missing, not hex, not a number | 400 |
+/// | signature not the HMAC of this body (and timestamp) | 401 |
+/// | timestamp outside the tolerance | 401 |
+/// | serial missing, longer than [`MAX_SERIAL_LEN`], not printable ASCII, or refused by the check | 400 |
+#[derive(Clone)]
+pub struct CallbackVerifier {
+    secret: Arc<[u8]>,
+    signature_header: HeaderName,
+    timestamp_header: Option<HeaderName>,
+    tolerance: Duration,
+    serial: Option<(SerialFrom, SerialCheck)>,
+}
+
+impl std::fmt::Debug for CallbackVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackVerifier")
+            .field("secret", &"…")
+            .field("signature_header", &self.signature_header)
+            .field("timestamp_header", &self.timestamp_header)
+            .field("tolerance", &self.tolerance)
+            .field("serial", &self.serial.as_ref().map(|s| &s.0))
+            .finish()
+    }
+}
+
+/// Why a callback was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallbackError {
+    /// No signature header.
+    MissingSignature,
+    /// The signature header is not hex.
+    MalformedSignature,
+    /// Not the HMAC of this body (and timestamp) under the secret.
+    BadSignature,
+    /// No timestamp header.
+    MissingTimestamp,
+    /// The timestamp is not Unix seconds.
+    MalformedTimestamp,
+    /// The timestamp is further from now than the tolerance.
+    StaleTimestamp {
+        /// Seconds between the timestamp and now (negative: ahead).
+        age_secs: i64,
+    },
+    /// The serial is missing or refused: why.
+    BadSerial(String),
+}
+
+impl std::fmt::Display for CallbackError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallbackError::MissingSignature => f.write_str("the signature header is missing"),
+            CallbackError::MalformedSignature => f.write_str("the signature header is not hex"),
+            CallbackError::BadSignature => f.write_str("the signature does not match the body"),
+            CallbackError::MissingTimestamp => f.write_str("the timestamp header is missing"),
+            CallbackError::MalformedTimestamp => {
+                f.write_str("the timestamp header is not a number of Unix seconds")
+            }
+            CallbackError::StaleTimestamp { age_secs } if *age_secs >= 0 => {
+                write!(
+                    f,
+                    "the callback was signed {age_secs} s ago, beyond the tolerance"
+                )
+            }
+            CallbackError::StaleTimestamp { age_secs } => write!(
+                f,
+                "the callback is dated {} s ahead, beyond the tolerance",
+                -age_secs
+            ),
+            CallbackError::BadSerial(why) => write!(f, "bad serial: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for CallbackError {}
+
+impl CallbackError {
+    /// 400 for what is malformed, 401 for what fails authentication.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            CallbackError::BadSignature | CallbackError::StaleTimestamp { .. } => {
+                StatusCode::UNAUTHORIZED
+            }
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// A stable code for the problem's title.
+    pub fn title(&self) -> &'static str {
+        match self {
+            CallbackError::MissingSignature | CallbackError::MalformedSignature => {
+                "Malformed signature"
+            }
+            CallbackError::BadSignature => "Bad signature",
+            CallbackError::MissingTimestamp | CallbackError::MalformedTimestamp => {
+                "Malformed timestamp"
+            }
+            CallbackError::StaleTimestamp { .. } => "Stale callback",
+            CallbackError::BadSerial(_) => "Bad serial",
+        }
+    }
+}
+
+impl IntoResponse for CallbackError {
+    fn into_response(self) -> Response {
+        Problem::new(self.status(), self.title(), self.to_string()).into_response()
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl CallbackVerifier {
+    /// Callbacks signed with `secret`, timestamped in `x-timestamp`, signed
+    /// in `x-signature`, 5 minutes of tolerance, no serial.
+    pub fn new(secret: impl Into<Vec<u8>>) -> Self {
+        CallbackVerifier {
+            secret: secret.into().into(),
+            signature_header: HeaderName::from_static("x-signature"),
+            timestamp_header: Some(HeaderName::from_static("x-timestamp")),
+            tolerance: Duration::from_secs(300),
+            serial: None,
+        }
+    }
+
+    /// The header carrying the signature.
+    pub fn signature_header(mut self, name: HeaderName) -> Self {
+        self.signature_header = name;
+        self
+    }
+
+    /// The header carrying the signed timestamp.
+    pub fn timestamp_header(mut self, name: HeaderName) -> Self {
+        self.timestamp_header = Some(name);
+        self
+    }
+
+    /// The platform signs the body alone and sends no timestamp: an old
+    /// callback replayed is then told apart by its serial only, for as long
+    /// as its record lives.
+    pub fn without_timestamp(mut self) -> Self {
+        self.timestamp_header = None;
+        self
+    }
+
+    /// How far from now a timestamp may be, either way.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// Where the serial is, and the platform's format for it (`check`
+    /// answers why a serial is refused). [`SignedCallback::serial`] is then
+    /// always present.
+    pub fn serial(mut self, from: SerialFrom, check: fn(&str) -> Result<(), String>) -> Self {
+        self.serial = Some((from, check));
+        self
+    }
+
+    fn mac(&self, timestamp: Option<i64>, body: &[u8]) -> HmacSha256 {
+        let mut mac =
+            <HmacSha256 as KeyInit>::new_from_slice(&self.secret).expect("HMAC takes any key");
+        if let Some(ts) = timestamp {
+            mac.update(ts.to_string().as_bytes());
+            mac.update(b".");
+        }
+        mac.update(body);
+        mac
+    }
+
+    /// The signature header's value for `body` signed at `timestamp` (the
+    /// platform's side: for tests and simulators). `timestamp` is ignored
+    /// [`without_timestamp`](Self::without_timestamp).
+    pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
+        let ts = self.timestamp_header.as_ref().map(|_| timestamp);
+        hex(&self.mac(ts, body).finalize().into_bytes())
+    }
+
+    /// The headers a platform sends with `body`, signed now.
+    pub fn signed_headers(&self, body: &[u8]) -> Vec<(HeaderName, String)> {
+        let now = unix_now();
+        let mut h = vec![(self.signature_header.clone(), self.sign(now, body))];
+        if let Some(name) = &self.timestamp_header {
+            h.push((name.clone(), now.to_string()));
+        }
+        h
+    }
+
+    /// Checks the signature (and timestamp) of `body` against the clock.
+    pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<i64>, CallbackError> {
+        self.verify_at(headers, body, unix_now())
+    }
+
+    /// The same at `now` (Unix seconds). Returns the signed timestamp.
+    /// The header's syntax first (400), then the signature in constant time
+    /// (401), and the timestamp's age only once it is known to be the
+    /// platform's (401).
+    pub fn verify_at(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Option<i64>, CallbackError> {
+        let sig = headers
+            .get(&self.signature_header)
+            .ok_or(CallbackError::MissingSignature)?;
+        let tag = std::str::from_utf8(sig.as_bytes())
+            .ok()
+            .and_then(|s| unhex(s.trim()))
+            .ok_or(CallbackError::MalformedSignature)?;
+        let ts = match &self.timestamp_header {
+            None => None,
+            Some(name) => {
+                let v = headers.get(name).ok_or(CallbackError::MissingTimestamp)?;
+                let ts = std::str::from_utf8(v.as_bytes())
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .ok_or(CallbackError::MalformedTimestamp)?;
+                Some(ts)
+            }
+        };
+        // `verify_slice` compares in constant time.
+        self.mac(ts, body)
+            .verify_slice(&tag)
+            .map_err(|_| CallbackError::BadSignature)?;
+        if let Some(ts) = ts {
+            let age = now.saturating_sub(ts);
+            if age.unsigned_abs() > self.tolerance.as_secs() {
+                return Err(CallbackError::StaleTimestamp { age_secs: age });
+            }
+        }
+        Ok(ts)
+    }
+
+    /// The serial of a verified callback, per [`serial`](Self::serial)
+    /// (`None` when the verifier names none); what [`SignedCallback`]
+    /// does after [`verify`](Self::verify).
+    pub fn serial_of(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Option<String>, CallbackError> {
+        let Some((from, check)) = &self.serial else {
+            return Ok(None);
+        };
+        let bad = |why: String| CallbackError::BadSerial(why);
+        let raw = match from {
+            SerialFrom::Header(name) => {
+                let v = headers
+                    .get(name)
+                    .ok_or_else(|| bad(format!("the {name} header is missing")))?;
+                String::from_utf8(v.as_bytes().to_vec())
+                    .map_err(|_| bad("the serial is not printable ASCII".into()))?
+            }
+            SerialFrom::JsonField(field) => {
+                let v: serde_json::Value = serde_json::from_slice(body)
+                    .map_err(|e| bad(format!("the body is not JSON: {e}")))?;
+                match v.get(*field) {
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                    Some(_) => return Err(bad(format!("`{field}` is not a string or an integer"))),
+                    None => return Err(bad(format!("the body has no `{field}`"))),
+                }
+            }
+        };
+        if raw.is_empty() || raw.len() > MAX_SERIAL_LEN {
+            return Err(bad(format!(
+                "the serial is {} bytes long; 1 to {MAX_SERIAL_LEN} are accepted",
+                raw.len()
+            )));
+        }
+        if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(bad("the serial is not printable ASCII".into()));
+        }
+        check(&raw).map_err(bad)?;
+        Ok(Some(raw))
+    }
+}
+
+/// A callback whose signature (and timestamp) checked out, with its raw
+/// body and its serial. An extractor: the [`CallbackVerifier`] comes from
+/// the router's state (`CallbackVerifier: FromRef<S>`). Refused callbacks
+/// are answered with a problem ([`CallbackError`]) before the handler,
+/// and so before the database.
+#[derive(Debug, Clone)]
+pub struct SignedCallback {
+    /// The raw body, as signed.
+    pub body: Bytes,
+    /// The signed timestamp, unless the verifier has none.
+    pub timestamp: Option<i64>,
+    serial: Option<String>,
+}
+
+impl SignedCallback {
+    /// The platform's serial, validated (present when the verifier names
+    /// one, see [`CallbackVerifier::serial`]): the idempotency key.
+    pub fn serial(&self) -> &str {
+        self.serial.as_deref().unwrap_or_default()
+    }
+
+    /// The body as JSON; `Err` is the 400 problem to answer.
+    #[allow(clippy::result_large_err)]
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, Response> {
+        serde_json::from_slice(&self.body).map_err(|e| {
+            Problem::new(StatusCode::BAD_REQUEST, "Invalid body", e.to_string()).into_response()
+        })
+    }
+}
+
+/// Why [`SignedCallback`] refused a request: its answer is a problem
+/// (`application/problem+json`); take `Result<SignedCallback,
+/// CallbackRejection>` to answer in the application's own format.
+#[derive(Debug)]
+pub enum CallbackRejection {
+    /// The body could not be read (over the body limit: 413).
+    Body(BytesRejection),
+    /// The signature, timestamp or serial was refused.
+    Refused(CallbackError),
+}
+
+impl IntoResponse for CallbackRejection {
+    fn into_response(self) -> Response {
+        match self {
+            CallbackRejection::Body(r) => r.into_response(),
+            CallbackRejection::Refused(e) => e.into_response(),
+        }
+    }
+}
+
+impl<S> FromRequest<S> for SignedCallback
+where
+    S: Send + Sync,
+    CallbackVerifier: FromRef<S>,
+{
+    type Rejection = CallbackRejection;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, CallbackRejection> {
+        let verifier = CallbackVerifier::from_ref(state);
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(CallbackRejection::Body)?;
+        let timestamp = verifier
+            .verify(&headers, &body)
+            .map_err(CallbackRejection::Refused)?;
+        let serial = verifier
+            .serial_of(&headers, &body)
+            .map_err(CallbackRejection::Refused)?;
+        Ok(SignedCallback {
+            body,
+            timestamp,
+            serial,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(HeaderName, String)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.insert(n.clone(), HeaderValue::try_from(v.as_str()).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn rfc4231_case_2() {
+        // HMAC-SHA256("Jefe", "what do ya want for nothing?").
+        let v = CallbackVerifier::new(b"Jefe".to_vec()).without_timestamp();
+        assert_eq!(
+            v.sign(0, b"what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn signed_timestamped_and_refused() {
+        let v = CallbackVerifier::new(b"s3cret".to_vec());
+        let body = br#"{"id":"ev_1"}"#;
+        let ok = headers(&v.signed_headers(body));
+        let ts = v.verify(&ok, body).unwrap().unwrap();
+        // Another body, another secret: 401.
+        assert_eq!(v.verify(&ok, b"{}"), Err(CallbackError::BadSignature));
+        let other = CallbackVerifier::new(b"guess".to_vec());
+        assert_eq!(other.verify(&ok, body), Err(CallbackError::BadSignature));
+        // Old and future callbacks: 401, once the signature holds.
+        let stale = v.verify_at(&ok, body, ts + 301).unwrap_err();
+        assert_eq!(stale, CallbackError::StaleTimestamp { age_secs: 301 });
+        assert_eq!(stale.status(), StatusCode::UNAUTHORIZED);
+        assert!(v.verify_at(&ok, body, ts - 301).is_err());
+        assert!(v.verify_at(&ok, body, ts + 300).is_ok());
+        // A refreshed timestamp breaks the signature.
+        let mut moved = ok.clone();
+        moved.insert("x-timestamp", HeaderValue::from(ts + 1));
+        assert_eq!(v.verify(&moved, body), Err(CallbackError::BadSignature));
+        // Syntax: 400.
+        let mut h = ok.clone();
+        h.insert("x-signature", HeaderValue::from_static("zz"));
+        assert_eq!(v.verify(&h, body), Err(CallbackError::MalformedSignature));
+        h.remove("x-signature");
+        assert_eq!(v.verify(&h, body), Err(CallbackError::MissingSignature));
+        let mut h = ok.clone();
+        h.insert("x-timestamp", HeaderValue::from_static("-5"));
+        assert_eq!(v.verify(&h, body), Err(CallbackError::MalformedTimestamp));
+        assert_eq!(
+            CallbackError::MalformedTimestamp.status(),
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    fn serials() {
+        fn evt(s: &str) -> Result<(), String> {
+            s.starts_with("ev_")
+                .then_some(())
+                .ok_or_else(|| "not an event id".into())
+        }
+        let v = CallbackVerifier::new(b"k".to_vec()).serial(SerialFrom::JsonField("id"), evt);
+        let h = HeaderMap::new();
+        assert_eq!(
+            v.serial_of(&h, br#"{"id":"ev_1"}"#).unwrap().as_deref(),
+            Some("ev_1")
+        );
+        for bad in [
+            r#"{"id":"x"}"#,
+            r#"{"id":""}"#,
+            r#"{"id":true}"#,
+            r#"{}"#,
+            "nope",
+        ] {
+            assert!(v.serial_of(&h, bad.as_bytes()).is_err(), "{bad}");
+        }
+        let long = format!(r#"{{"id":"ev_{}"}}"#, "9".repeat(200));
+        assert!(v.serial_of(&h, long.as_bytes()).is_err());
+        let v = CallbackVerifier::new(b"k".to_vec()).serial(
+            SerialFrom::Header(HeaderName::from_static("x-event-id")),
+            |_| Ok(()),
+        );
+        let mut h = HeaderMap::new();
+        h.insert("x-event-id", HeaderValue::from_static("42"));
+        assert_eq!(v.serial_of(&h, b"").unwrap().as_deref(), Some("42"));
+        h.insert("x-event-id", HeaderValue::from_static("a b"));
+        assert!(v.serial_of(&h, b"").is_err());
+    }
+}
