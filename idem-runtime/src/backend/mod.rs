@@ -324,6 +324,16 @@ pub trait OutboxStore: Database {
         lease_secs: f64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
+    /// Extends the lease of message `id` if `owner` still holds it,
+    /// waiting for a transaction that locks its row (a batch rolling back,
+    /// a claim) rather than skipping it; true if extended.
+    fn renew_held<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        id: i64,
+        lease_secs: f64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
     /// Like [`OutboxStore::renew_leases`], inside `tx` (a relay's batch
     /// transaction): the renewed rows stay locked by `tx` until it ends.
     /// Returns the renewed rows' `(id, attempts)`.

@@ -172,6 +172,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     // Rows a running handler transaction holds are skipped: no claim can
     // take them while it runs.
+    renew_held: "UPDATE idem_outbox SET locked_until = \
+        DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) \
+        WHERE id = ? AND lease_owner = ? AND status = 'pending'",
     renew: Renew::LockThenUpdate {
         lock: |ids| {
             format!(

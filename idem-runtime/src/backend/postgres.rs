@@ -154,6 +154,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
              WHERE lease_owner = ? AND status = 'pending' AND locked_until > now() AND id IN ({ids})"
         )
     },
+    renew_held: "UPDATE idem_outbox SET locked_until = now() + make_interval(secs => $1::float8) \
+        WHERE id = $2 AND lease_owner = $3 AND status = 'pending'",
     renew: Renew::Update(|ids| {
         format!(
             "UPDATE idem_outbox o SET locked_until = now() + make_interval(secs => ?::float8) \

@@ -94,6 +94,10 @@ pub(crate) struct SqlSet {
     pub claim_recover: Render,
     /// The relay's lease renewal.
     pub renew: Renew,
+    /// One message's lease renewed before a delivery on the per-message
+    /// path after a batch, waiting for a row lock rather than skipping it
+    /// (binds: lease, id, owner). Native placeholders.
+    pub renew_held: &'static str,
 
     /// The archiver's statements for `idem_record`.
     pub archive_record: ArchiveSql,

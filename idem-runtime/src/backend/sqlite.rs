@@ -147,6 +147,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
         )
     },
     // BEGIN IMMEDIATE: no handler transaction runs meanwhile.
+    renew_held: "UPDATE idem_outbox SET locked_until = \
+        strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
+        WHERE id = ? AND lease_owner = ? AND status = 'pending'",
     renew: Renew::Update(|ids| {
         format!(
             "UPDATE idem_outbox SET locked_until = \

@@ -498,6 +498,19 @@ impl OutboxStore for DB {
         Ok(renewed)
     }
 
+    async fn renew_held<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        id: i64,
+        lease_secs: f64,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = DB::dialect_of_pool(pool).sql();
+        let q = sqlx::query(stmt(sql.renew_held)).persistent(persist());
+        let q = bind_secs!(q, sql, lease_secs).bind(id).bind(owner);
+        let done = on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
     async fn renew_leases_in<'a>(
         tx: &'a mut Transaction<'_, Self>,
         owner: &'a str,

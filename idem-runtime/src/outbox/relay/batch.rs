@@ -189,10 +189,28 @@ impl<DB: Backend> Relay<DB> {
         Ok((SharedTx::new(tx), renewed))
     }
 
-    /// Delivers `rows` one by one, on the per-message path.
+    /// Delivers `rows` one by one, on the per-message path, each after its
+    /// lease is renewed: the batch before them may have outlived their
+    /// leases, and a message another relay claimed meanwhile must not run
+    /// here too. A message whose lease is not renewed (claimed by another
+    /// relay, or settled) is left to its holder; one whose renewal failed
+    /// waits out its lease.
     async fn deliver_each(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
+        let lease = self.inner.lease.as_secs_f64();
         for row in rows {
-            self.deliver(row, owner.clone()).await;
+            match DB::renew_held(&self.inner.pool, &owner, row.id, lease).await {
+                Ok(true) => self.deliver(row, owner.clone()).await,
+                Ok(false) => {
+                    self.inner.stats.stale.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        id = row.id,
+                        "outbox message no longer held by this claim; left to its holder"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(id = row.id, error = %e, "could not renew an outbox message's lease; it is retried once the lease runs out");
+                }
+            }
         }
     }
 
