@@ -185,6 +185,24 @@ impl Config {
         }
     }
 
+    /// The per-message path after a batch that did not commit: each
+    /// message's lease renewed before its attempt (`Relay::deliver_each`).
+    fn fallback(&self, tokens: &[Token]) -> Round {
+        match self.deliveries(tokens) {
+            Round::Work {
+                mut current,
+                mut queue,
+            } => {
+                current.step = Step::Renew;
+                for d in &mut queue {
+                    d.step = Step::Renew;
+                }
+                Round::Work { current, queue }
+            }
+            other => other,
+        }
+    }
+
     /// The round that delivers a claim's `tokens`.
     fn deliver(&self, tokens: Vec<Token>) -> Round {
         match (tokens.is_empty(), self.batched) {
@@ -267,6 +285,18 @@ impl Config {
         let e = self.entity_of(m);
         let me = x as u8;
         let next = match step {
+            Step::Renew => {
+                // It waits for a transaction that locks the row.
+                if s.row_locked_by_other(x, m) {
+                    return None;
+                }
+                if s.db.rows[m].held_by(me, a) {
+                    s.db.rows[m].lease = true;
+                    Some(self.first_step())
+                } else {
+                    None
+                }
+            }
             Step::Check => Some(Step::Begin {
                 dup: s.db.entities[e].done,
             }),
@@ -398,7 +428,7 @@ impl Config {
         match b.step {
             BatchStep::Open => {
                 if outcome == Outcome::BeginFailed {
-                    s.relays[x].round = self.deliveries(&b.rows);
+                    s.relays[x].round = self.fallback(&b.rows);
                     return Some(());
                 }
                 if b.rows
@@ -500,7 +530,7 @@ impl Config {
                 if updated < done.len() {
                     // Fewer rows than expected: the batch rolls back, its
                     // messages go the per-message path.
-                    s.relays[x].round = self.deliveries(&b.rows);
+                    s.relays[x].round = self.fallback(&b.rows);
                     return Some(());
                 }
                 if matches!(outcome, Outcome::Ok | Outcome::LostAck) {
@@ -513,7 +543,7 @@ impl Config {
                         return Some(());
                     }
                     _ => {
-                        s.relays[x].round = self.deliveries(&b.rows);
+                        s.relays[x].round = self.fallback(&b.rows);
                         return Some(());
                     }
                 }

@@ -99,6 +99,10 @@ pub type Token = (u8, u8);
 /// (`Relay::deliver`, the call's `open`/`finish`, `Relay::settle`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Step {
+    /// The per-message path after a batch that did not commit: the lease
+    /// renewed (fenced by the claim's owner, waiting for a row lock)
+    /// before the attempt; not renewed, the message is left to its holder.
+    Renew,
     /// The fault version only: the state read outside the transaction.
     Check,
     /// `BEGIN` and the fenced outbox success update (`dup`: the fault
@@ -132,7 +136,7 @@ pub enum Step {
 impl Step {
     /// Whether the handler is running (its heartbeat renews the lease).
     pub fn running(self) -> bool {
-        !matches!(self, Step::Landed | Step::Settle { .. })
+        !matches!(self, Step::Renew | Step::Landed | Step::Settle { .. })
     }
 }
 
