@@ -6,7 +6,8 @@
 //! of a batch rolls back alone, is retried alone and dead-letters with its
 //! reason; a panicking handler takes down nothing; lost acknowledgements
 //! of batch commits (the `testing` hook, on every backend) are read back;
-//! a batch slower than its lease is never taken over. SIGKILL mid-batch:
+//! a batch slower than its lease is never taken over; a call cancelled
+//! mid-body leaves nothing in the batch. SIGKILL mid-batch:
 //! `processes.rs` (`*_batched_relay_killed_mid_batch_loses_nothing`).
 //!
 //! The control breaks the savepoints (a failed call in a batch releases
@@ -79,6 +80,25 @@ macro_rules! batch_tests {
                 if attempt == 1 {
                     panic!("handler bug (attempt 1)");
                 }
+                Ok(())
+            }
+
+            /// The deduction, then a stall longer than its caller waits.
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_then_stall(tx: &mut Transaction<'_, Db>, msg: &Deduct) -> Result<(), sqlx::Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 Ok(())
             }
 
@@ -223,6 +243,43 @@ macro_rules! batch_tests {
                 // every attempt (the call failed before its transition): the
                 // real test's `deducted == 0` fails.
                 assert!(deducted >= 1, "the broken build was not caught: deductions={deducted} status={status}");
+            }
+
+            /// A call cancelled mid-body (its caller's time-out) after its
+            /// deduction: the batch rolls back to the call's savepoint
+            /// before its next statement, and goes on.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_call_cancelled_mid_body_leaves_nothing_in_the_batch() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("batchcancel");
+                let coupons = produce_n(&pool, &topic, 12, false).await;
+                let culprit = coupons[4];
+                let relay = batched(&pool).route(topic.clone(), move |d, m: Deduct| async move {
+                    if m.coupon_id == culprit && d.message().attempts == 1 {
+                        let timed = tokio::time::timeout(Duration::from_millis(100), deduct_then_stall(d.source(), &m)).await;
+                        return match timed {
+                            Ok(outcome) => outcome,
+                            Err(_) => Err(Error::retryable("handler timed out")),
+                        };
+                    }
+                    deduct(d.source(), &m).await
+                });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let (double, lost) = double_and_lost(&pool, &coupons).await;
+                let attempts = attempts_of(&pool, &topic).await;
+                let lost_batches = relay.stats().lost_batches.load(Ordering::Relaxed);
+                eprintln!(
+                    "{}: a call cancelled mid-body: double={double} lost={lost} lost_batches={lost_batches} attempts={attempts:?}",
+                    stringify!($module)
+                );
+                assert_eq!((double, lost), (0, 0), "double and lost deductions");
+                assert_eq!(by_status(&pool, &topic, "success").await, 12);
+                assert_eq!(lost_batches, 0, "the batch went on");
+                assert_eq!(attempts.iter().filter(|a| **a == 2).count(), 1, "{attempts:?}");
+                assert_eq!(attempts.iter().filter(|a| **a == 1).count(), 11, "{attempts:?}");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
