@@ -59,6 +59,10 @@ use tokio::sync::watch;
 mod retention;
 pub use retention::RetentionPolicy;
 
+/// The outbox retention of [`Archiver::new`]: finished messages last
+/// updated longer ago than this move to `idem_outbox_history`.
+pub const DEFAULT_OUTBOX_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+
 /// The largest batch (bind parameters per statement stay far below every
 /// database's limit).
 const MAX_BATCH: u32 = 10_000;
@@ -124,7 +128,7 @@ impl<DB: Backend> Archiver<DB> {
         Archiver {
             pool,
             batch_size: 1000,
-            outbox_retention: Duration::from_secs(7 * 86_400),
+            outbox_retention: DEFAULT_OUTBOX_RETENTION,
             pause: Duration::ZERO,
         }
     }
@@ -137,11 +141,11 @@ impl<DB: Backend> Archiver<DB> {
     }
 
     /// Finished (`success` / `failed`) outbox messages last updated longer
-    /// ago than this move to `idem_outbox_history` (default 7 days).
-    /// Pending messages never move. Once a message has moved, its
-    /// `(topic, msg_id)` can be enqueued again.
+    /// ago than this move to `idem_outbox_history` (default 7 days,
+    /// [`DEFAULT_OUTBOX_RETENTION`]). Pending messages never move. Once a
+    /// message has moved, its `(topic, msg_id)` can be enqueued again.
     pub fn outbox_retention(mut self, d: Duration) -> Self {
-        self.outbox_retention = d.min(MAX_RETENTION);
+        self.outbox_retention = retention(d);
         self
     }
 
@@ -340,4 +344,75 @@ pub async fn find_record<DB: Backend>(
     biz_type: Option<&str>,
 ) -> Result<Vec<RecordInfo>, Error> {
     Ok(DB::lookup_record(pool, key, biz_type).await?)
+}
+
+/// The outbox retention honoured for `d`.
+fn retention(d: Duration) -> Duration {
+    d.min(MAX_RETENTION)
+}
+
+/// What the archiver would move now, and what it moved (see [`status`]).
+#[derive(Debug, Serialize, Clone, PartialEq)]
+pub struct ArchiveStatus {
+    /// `idem_record` rows an archiver would move now (expired records).
+    pub records_eligible: i64,
+    /// `idem_outbox` rows an archiver with the given retention would move
+    /// now (finished messages last updated longer ago than it).
+    pub outbox_eligible: i64,
+    /// Rows in `idem_record_history`.
+    pub record_history: i64,
+    /// Rows in `idem_outbox_history`.
+    pub outbox_history: i64,
+    /// The latest `archived_at` of `idem_record_history`, `YYYY-MM-DD
+    /// HH:MM:SS.ffffff` UTC (SQLite: milliseconds); none when empty.
+    pub last_record_archived_at: Option<String>,
+    /// The latest `archived_at` of `idem_outbox_history`, in the same
+    /// format.
+    pub last_outbox_archived_at: Option<String>,
+    /// The outbox retention counted with, in seconds (the one an
+    /// [`Archiver`] honours: at most 100 years).
+    pub outbox_retention_secs: f64,
+}
+
+/// The archive's state: the rows an [`Archiver`] with `outbox_retention`
+/// would move now (the same condition as its batches: records whose
+/// `expire_time` has passed; `success` and `failed` messages last updated
+/// longer ago than the retention, never pending ones), the rows already in
+/// the history tables, and when each last received one. Counted without
+/// locks: rows live traffic holds are counted, and a run moves them later.
+/// Pass [`DEFAULT_OUTBOX_RETENTION`] for an archiver left at its default.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::Error> {
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// use idem_runtime::archive::{self, DEFAULT_OUTBOX_RETENTION};
+/// let status = archive::status(&pool, DEFAULT_OUTBOX_RETENTION).await?;
+/// assert_eq!((status.records_eligible, status.outbox_history), (0, 0));
+/// assert_eq!(status.last_outbox_archived_at, None);
+/// # Ok(()) }
+/// ```
+pub async fn status<DB: Backend>(
+    pool: &Pool<DB>,
+    outbox_retention: Duration,
+) -> Result<ArchiveStatus, Error> {
+    let secs = retention(outbox_retention).as_secs_f64();
+    let (
+        records_eligible,
+        outbox_eligible,
+        record_history,
+        outbox_history,
+        last_record,
+        last_outbox,
+    ) = DB::archive_status(pool, secs).await?;
+    Ok(ArchiveStatus {
+        records_eligible,
+        outbox_eligible,
+        record_history,
+        outbox_history,
+        last_record_archived_at: last_record,
+        last_outbox_archived_at: last_outbox,
+        outbox_retention_secs: secs,
+    })
 }

@@ -160,6 +160,7 @@ async fn migrate_twice_archiver_and_admin_through_pgbouncer() {
     assert_eq!(listed.len(), 1);
     let what = admin::Requeue {
         target: admin::RequeueTarget::Id(id),
+        max_id: None,
         dry_run: false,
     };
     let report = admin::requeue(&rig.pool, &what).await.unwrap();

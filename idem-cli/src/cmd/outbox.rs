@@ -82,6 +82,7 @@ pub(crate) async fn requeue(pool: &AnyPool, args: RequeueArgs, out: Out) -> Resu
     };
     let what = Requeue {
         target,
+        max_id: None,
         dry_run: args.dry_run,
     };
     let report = admin::requeue(pool, &what).await?;

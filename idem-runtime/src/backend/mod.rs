@@ -390,6 +390,20 @@ pub trait ArchiveStore: Database {
         retention_secs: f64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
+    /// What the archiver would move now with an outbox retention of
+    /// `retention_secs`, and what it moved: the rows of `idem_record` and
+    /// of `idem_outbox` its batches' condition takes, the rows of
+    /// `idem_record_history` and `idem_outbox_history`, and the latest
+    /// `archived_at` of each history table as text.
+    #[allow(clippy::type_complexity)]
+    fn archive_status<'a>(
+        pool: &'a Pool<Self>,
+        retention_secs: f64,
+    ) -> impl Future<
+        Output = Result<(i64, i64, i64, i64, Option<String>, Option<String>), sqlx::Error>,
+    > + Send
+    + 'a;
+
     /// The records of `key`, one per business type (only `biz_type`'s
     /// when given), ordered by business type: the online one, else the
     /// latest archived one.
@@ -417,23 +431,47 @@ pub trait AdminStore: Database {
         topic: Option<&'a str>,
     ) -> impl Future<Output = Result<Vec<(String, Option<f64>)>, sqlx::Error>> + Send + 'a;
 
-    /// Messages of `status` (and `topic`), oldest first, at most `limit`.
+    /// Messages of `status` (and `topic`; with `after`, only ids above
+    /// it), oldest first, at most `limit`.
     fn outbox_list<'a>(
         pool: &'a Pool<Self>,
         status: &'a str,
         topic: Option<&'a str>,
+        after: Option<i64>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
 
-    /// The failed messages `target` selects, locked; unless `dry_run`, set
-    /// back to pending (attempts 0, due now, lease cleared, `last_error`
-    /// prefixed with `requeued: `). Returns them (as they were) and how
-    /// many changed (dry run: would change).
+    /// The failed messages `target` selects (with `max_id`, only ids up to
+    /// it), locked; unless `dry_run`, set back to pending (attempts 0, due
+    /// now, lease cleared, `last_error` prefixed with `requeued: `).
+    /// Returns them (as they were) and how many changed (dry run: would
+    /// change).
     fn outbox_requeue<'a>(
         pool: &'a Pool<Self>,
         target: &'a RequeueTarget,
+        max_id: Option<i64>,
         dry_run: bool,
     ) -> impl Future<Output = Result<(Vec<OutboxMessage>, u64), sqlx::Error>> + Send + 'a;
+
+    /// Per lease owner of pending messages, ordered by owner: its
+    /// messages, how many of their leases still run, and the earliest and
+    /// latest `locked_until` as text.
+    #[allow(clippy::type_complexity)]
+    fn outbox_leases<'a>(
+        pool: &'a Pool<Self>,
+    ) -> impl Future<
+        Output = Result<Vec<(String, i64, i64, Option<String>, Option<String>)>, sqlx::Error>,
+    > + Send
+    + 'a;
+
+    /// Messages that reached `success` less than `window_secs` ago, per
+    /// bucket of `bucket_secs` by the age of their `updated_at`: `(bucket,
+    /// messages)`, bucket 0 the newest, one row per bucket with messages.
+    fn outbox_deliveries<'a>(
+        pool: &'a Pool<Self>,
+        window_secs: f64,
+        bucket_secs: f64,
+    ) -> impl Future<Output = Result<Vec<(i64, i64)>, sqlx::Error>> + Send + 'a;
 
     /// The status of outbox message `id`, if it exists.
     fn outbox_status<'a>(

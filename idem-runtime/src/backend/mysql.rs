@@ -105,6 +105,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6) \
             ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
+        count: "SELECT COUNT(*) FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6)",
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
             SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, UTC_TIMESTAMP(6) \
@@ -115,6 +116,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
             AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) \
             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+        count: "SELECT COUNT(*) FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
             locked_until, last_error, created_at, updated_at, archived_at) \
@@ -223,6 +226,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
         now: "UTC_TIMESTAMP(6)",
         pending_age: "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6",
         requeued_error: "CONCAT('requeued: ', COALESCE(last_error, ''))",
+        age_secs: |col| format!("(TIMESTAMPDIFF(MICROSECOND, {col}, UTC_TIMESTAMP(6)) / 1e6)"),
+        floor_int: |e| format!("CAST(FLOOR({e}) AS SIGNED)"),
+        ago: "DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
     },
 };
 

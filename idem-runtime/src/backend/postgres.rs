@@ -97,6 +97,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < now() \
             ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED",
+        count: "SELECT COUNT(*) FROM idem_record WHERE expire_time < now()",
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
             SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, now() \
@@ -109,6 +110,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
             AND updated_at < now() - make_interval(secs => $1::float8) \
             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        count: "SELECT COUNT(*) FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < now() - make_interval(secs => $1::float8)",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
             locked_until, last_error, created_at, updated_at, archived_at) \
@@ -183,6 +186,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
         now: "now()",
         pending_age: "CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) AS DOUBLE PRECISION)",
         requeued_error: "'requeued: ' || COALESCE(last_error, '')",
+        age_secs: |col| format!("CAST(EXTRACT(EPOCH FROM now() - {col}) AS DOUBLE PRECISION)"),
+        floor_int: |e| format!("CAST(FLOOR({e}) AS BIGINT)"),
+        ago: "now() - make_interval(secs => ?::float8)",
     },
 };
 

@@ -195,6 +195,9 @@ pub(crate) enum Renew {
 pub(crate) struct ArchiveSql {
     /// Locks the candidates' ids: `[retention,] limit`.
     pub select: &'static str,
+    /// Counts the rows `select` would find now, without locking (the
+    /// same condition, no limit): `[retention]`.
+    pub count: &'static str,
     /// `INSERT INTO …_history … SELECT … WHERE <condition> AND id IN (`:
     /// `[retention,] ids…`; the id list and `)` are appended.
     pub copy: &'static str,
@@ -248,6 +251,16 @@ pub(crate) struct AdminSql {
     pub pending_age: &'static str,
     /// `last_error` prefixed with `requeued: `.
     pub requeued_error: &'static str,
+    /// Seconds since a timestamp column (not an aggregate), as a float.
+    pub age_secs: fn(&str) -> String,
+    /// A float expression rounded down to a 64-bit integer (SQLite:
+    /// truncated toward zero, the same for the non-negative values it is
+    /// given).
+    pub floor_int: fn(&str) -> String,
+    /// "Now" minus an interval of one bind, bound as `bind_secs!` binds it
+    /// (fractional seconds, or whole microseconds where `micros`), in the
+    /// format of the timestamp columns: the archiver's way.
+    pub ago: &'static str,
 }
 
 impl SqlSet {

@@ -178,3 +178,36 @@ fn every_dialect_knows_its_name_and_schema() {
         assert!((d.sql().admin.ts_text)("c").contains('c'));
     }
 }
+
+#[test]
+fn archive_counts_have_the_condition_of_their_batches() {
+    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+        for stmts in [&d.sql().archive_record, &d.sql().archive_outbox] {
+            let (_, select) = stmts.select.split_once(" WHERE ").expect("a condition");
+            let (condition, _) = select.split_once(" ORDER BY ").expect("an order");
+            let (head, counted) = stmts.count.split_once(" WHERE ").expect("a condition");
+            assert!(
+                head.starts_with("SELECT COUNT(*) FROM idem_"),
+                "{d:?}: {head}"
+            );
+            assert_eq!(counted, condition, "{d:?}");
+        }
+    }
+}
+
+#[test]
+fn admin_pieces_bind_like_the_archiver() {
+    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+        let admin = &d.sql().admin;
+        assert_eq!(admin.ago.matches('?').count(), 1, "{d:?}");
+        assert!(
+            d.sql()
+                .archive_outbox
+                .count
+                .contains(&d.sql().render(admin.ago)),
+            "{d:?}"
+        );
+        assert!((admin.age_secs)("updated_at").contains("updated_at"));
+        assert!((admin.floor_int)("x").contains('x'));
+    }
+}

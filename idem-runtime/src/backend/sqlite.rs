@@ -90,6 +90,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') \
             ORDER BY expire_time LIMIT ?",
+        count: "SELECT COUNT(*) FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now')",
         copy: "INSERT INTO idem_record_history \
             (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
             SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, \
@@ -101,6 +102,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
             AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') \
             ORDER BY id LIMIT ?",
+        count: "SELECT COUNT(*) FROM idem_outbox WHERE status IN ('success', 'failed') \
+            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds')",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
             locked_until, last_error, created_at, updated_at, archived_at) \
@@ -180,6 +183,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
         now: "strftime('%Y-%m-%d %H:%M:%f', 'now')",
         pending_age: "CAST((julianday('now') - julianday(MIN(created_at))) * 86400.0 AS REAL)",
         requeued_error: "'requeued: ' || COALESCE(last_error, '')",
+        age_secs: |col| format!("((julianday('now') - julianday({col})) * 86400.0)"),
+        floor_int: |e| format!("CAST({e} AS INTEGER)"),
+        ago: "strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds')",
     },
 };
 

@@ -178,6 +178,9 @@ pub enum RequeueTarget {
     Topic(String),
     /// Every failed message.
     AllFailed,
+    /// The failed messages among these ids (an operator's selection; at
+    /// least 1 and at most 1000 ids).
+    Ids(Vec<i64>),
 }
 
 /// One delivery's hold on one outbox message: the message, its topic, and

@@ -3,6 +3,7 @@
 //!
 //! ```
 //! use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
+//! use std::time::Duration;
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), idem_runtime::Error> {
 //! # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
@@ -11,8 +12,11 @@
 //! assert_eq!(stats.totals.total, 0);
 //! let dead = admin::list(&pool, idem_runtime::outbox::Status::Failed, None, 100).await?;
 //! assert!(dead.is_empty());
-//! let plan = admin::requeue(&pool, &Requeue { target: RequeueTarget::AllFailed, dry_run: true }).await?;
+//! let plan = admin::requeue(&pool, &Requeue { target: RequeueTarget::AllFailed, max_id: None, dry_run: true }).await?;
 //! assert_eq!(plan.requeued, 0);
+//! assert!(admin::leases(&pool).await?.is_empty());
+//! let minutes = admin::deliveries(&pool, Duration::from_secs(600), Duration::from_secs(60)).await?;
+//! assert_eq!(minutes, vec![0; 10]);
 //! # Ok(()) }
 //! ```
 
@@ -23,6 +27,16 @@ pub use crate::backend::{OutboxMessage, RequeueTarget};
 use serde::Serialize;
 use sqlx::Pool;
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The most messages one [`page`] returns.
+const MAX_PAGE: i64 = 1000;
+/// The most ids one [`RequeueTarget::Ids`] selection holds.
+const MAX_IDS: usize = 1000;
+/// The longest window of [`deliveries`].
+const MAX_WINDOW: Duration = Duration::from_secs(3600);
+/// The most buckets of [`deliveries`].
+const MAX_BUCKETS: u128 = 600;
 
 /// One topic's messages per status.
 #[derive(Debug, Serialize, Default, Clone, PartialEq)]
@@ -107,7 +121,72 @@ pub async fn list<DB: Backend>(
             reason: format!("the limit must be at least 1, not {limit}"),
         });
     }
-    Ok(DB::outbox_list(pool, status.as_str(), topic, limit).await?)
+    Ok(DB::outbox_list(pool, status.as_str(), topic, None, limit).await?)
+}
+
+/// One page of messages, oldest first.
+#[derive(Debug, Serialize, Clone, PartialEq)]
+pub struct Page {
+    /// The page's messages, in id order.
+    pub messages: Vec<OutboxMessage>,
+    /// the id to pass as `after` for the next page; None on the last page
+    pub next_after: Option<i64>,
+}
+
+/// Messages of `status` (and `topic`) with an id above `after` (all of
+/// them without), oldest (lowest id) first, at most `limit` (1 to 1000,
+/// else [`Error::Config`]): keyset pagination. Pass the page's
+/// `next_after` as `after` for the next page; messages that change status
+/// meanwhile never make a page skip or repeat another message.
+///
+/// ```
+/// use idem_runtime::outbox::{Status, admin};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::Error> {
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// let mut tx = pool.begin().await?;
+/// for n in 0..5 {
+///     idem_runtime::outbox::enqueue(&mut tx, "mail", &format!("m-{n}"), &serde_json::json!({ "n": n })).await?;
+/// }
+/// tx.commit().await?;
+/// let (mut seen, mut after) = (Vec::new(), None);
+/// loop {
+///     let page = admin::page(&pool, Status::Pending, Some("mail"), after, 2).await?;
+///     seen.extend(page.messages.iter().map(|m| m.msg_id.clone()));
+///     match page.next_after {
+///         Some(id) => after = Some(id),
+///         None => break,
+///     }
+/// }
+/// assert_eq!(seen, ["m-0", "m-1", "m-2", "m-3", "m-4"]);
+/// assert!(admin::page(&pool, Status::Failed, None, None, 0).await.is_err());
+/// # Ok(()) }
+/// ```
+pub async fn page<DB: Backend>(
+    pool: &Pool<DB>,
+    status: Status,
+    topic: Option<&str>,
+    after: Option<i64>,
+    limit: i64,
+) -> Result<Page, Error> {
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Error::Config {
+            reason: format!("the page size must be 1 to {MAX_PAGE}, not {limit}"),
+        });
+    }
+    // One more than asked: whether a next page exists.
+    let mut messages = DB::outbox_list(pool, status.as_str(), topic, after, limit + 1).await?;
+    let next_after = if messages.len() as i64 > limit {
+        messages.truncate(limit as usize);
+        messages.last().map(|m| m.id)
+    } else {
+        None
+    };
+    Ok(Page {
+        messages,
+        next_after,
+    })
 }
 
 /// What to requeue.
@@ -115,6 +194,10 @@ pub async fn list<DB: Backend>(
 pub struct Requeue {
     /// Which failed messages.
     pub target: RequeueTarget,
+    /// Only messages with id ≤ max_id (what a preview showed), so a
+    /// confirmation never takes messages that failed after its preview.
+    /// Applies to every target; `None`: no bound.
+    pub max_id: Option<i64>,
     /// Report what would change; change nothing.
     pub dry_run: bool,
 }
@@ -135,8 +218,25 @@ pub struct RequeueReport {
 /// `requeued: `. Only failed messages change; pending and successful ones
 /// are never touched. The messages are locked while they change (SQLite:
 /// the write lock), so the messages reported are the messages changed.
+///
+/// A preview and its confirmation: run it with `dry_run`, show the
+/// messages, then run it again with `max_id` set to the highest id shown,
+/// so that messages which failed in between are left alone. A
+/// [`RequeueTarget::Ids`] selection of no ids or of more than 1000 is an
+/// [`Error::Config`].
 pub async fn requeue<DB: Backend>(pool: &Pool<DB>, what: &Requeue) -> Result<RequeueReport, Error> {
-    let (messages, requeued) = DB::outbox_requeue(pool, &what.target, what.dry_run).await?;
+    if let RequeueTarget::Ids(ids) = &what.target
+        && (ids.is_empty() || ids.len() > MAX_IDS)
+    {
+        return Err(Error::Config {
+            reason: format!(
+                "a requeue selection holds 1 to {MAX_IDS} ids, not {}",
+                ids.len()
+            ),
+        });
+    }
+    let (messages, requeued) =
+        DB::outbox_requeue(pool, &what.target, what.max_id, what.dry_run).await?;
     Ok(RequeueReport {
         dry_run: what.dry_run,
         requeued,
@@ -148,4 +248,86 @@ pub async fn requeue<DB: Backend>(pool: &Pool<DB>, what: &Requeue) -> Result<Req
 /// exists: why a requeue of one id changed nothing.
 pub async fn status_of<DB: Backend>(pool: &Pool<DB>, id: i64) -> Result<Option<String>, Error> {
     Ok(DB::outbox_status(pool, id).await?)
+}
+
+/// One relay's hold on pending messages (see [`leases`]).
+#[derive(Debug, Serialize, Clone, PartialEq)]
+pub struct LeaseHolder {
+    /// The lease owner (a relay's claim owner).
+    pub owner: String,
+    /// pending messages whose lease_owner is this owner
+    pub messages: i64,
+    /// of them, leases not yet expired (locked_until > now)
+    pub live: i64,
+    /// The earliest `locked_until` of its messages, `YYYY-MM-DD
+    /// HH:MM:SS.ffffff` UTC (SQLite: milliseconds).
+    pub earliest_expiry: Option<String>,
+    /// The latest `locked_until` of its messages, in the same format.
+    pub latest_expiry: Option<String>,
+}
+
+/// Who holds leases on pending messages, ordered by owner: per lease
+/// owner, its pending messages, how many of those leases still run, and
+/// when they end. An owner whose leases all expired is a relay that
+/// stopped (or lost its database) mid-delivery: its messages are claimed
+/// again once due.
+pub async fn leases<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<LeaseHolder>, Error> {
+    let mut holders: Vec<LeaseHolder> = DB::outbox_leases(pool)
+        .await?
+        .into_iter()
+        .map(
+            |(owner, messages, live, earliest_expiry, latest_expiry)| LeaseHolder {
+                owner,
+                messages,
+                live,
+                earliest_expiry,
+                latest_expiry,
+            },
+        )
+        .collect();
+    // The same order on every database, whatever its collation.
+    holders.sort_by(|a, b| a.owner.cmp(&b.owner));
+    Ok(holders)
+}
+
+/// Messages delivered (that reached `success`, by their `updated_at`) per
+/// `bucket` over the last `window`, oldest bucket first: exactly
+/// ceil(window / bucket) counts, the last one the most recent `bucket`
+/// (the oldest bucket is the shorter one when `bucket` does not divide
+/// `window`). The messages are grouped by the database, one row per
+/// bucket. `bucket` at least 1 s, `window` at most 1 hour and at most 600
+/// buckets, else [`Error::Config`]. Archived messages are not counted:
+/// keep the archiver's outbox retention above the window.
+pub async fn deliveries<DB: Backend>(
+    pool: &Pool<DB>,
+    window: Duration,
+    bucket: Duration,
+) -> Result<Vec<u64>, Error> {
+    let config = |reason: String| Err(Error::Config { reason });
+    if bucket < Duration::from_secs(1) {
+        return config(format!("a bucket lasts at least 1 s, not {bucket:?}"));
+    }
+    if window.is_zero() || window > MAX_WINDOW {
+        return config(format!(
+            "the window lasts more than 0 s and at most 1 hour, not {window:?}"
+        ));
+    }
+    let n = window.as_micros().div_ceil(bucket.as_micros());
+    if n > MAX_BUCKETS {
+        return config(format!(
+            "at most {MAX_BUCKETS} buckets, not {n} ({window:?} in buckets of {bucket:?})"
+        ));
+    }
+    let n = n as usize;
+    let mut counts = vec![0u64; n];
+    for (b, messages) in
+        DB::outbox_deliveries(pool, window.as_secs_f64(), bucket.as_secs_f64()).await?
+    {
+        // Bucket 0 is the newest. A clock read a little apart (a row
+        // updated "after" the statement's now) lands in it; one on the
+        // window's edge, in the oldest.
+        let from_newest = usize::try_from(b.max(0)).unwrap_or(usize::MAX).min(n - 1);
+        counts[n - 1 - from_newest] += u64::try_from(messages).unwrap_or(0);
+    }
+    Ok(counts)
 }

@@ -77,12 +77,14 @@ impl AdminStore for DB {
         pool: &'a Pool<Self>,
         status: &'a str,
         topic: Option<&'a str>,
+        after: Option<i64>,
         limit: i64,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let sql = sql_of_pool(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
+        let above = if after.is_some() { " AND id > ?" } else { "" };
         let text = sql.render(&format!(
-            "SELECT {} FROM idem_outbox WHERE status = ?{and} ORDER BY id LIMIT ?",
+            "SELECT {} FROM idem_outbox WHERE status = ?{and}{above} ORDER BY id LIMIT ?",
             message_columns(sql)
         ));
         let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
@@ -90,6 +92,9 @@ impl AdminStore for DB {
             .bind(status);
         if let Some(t) = topic {
             q = q.bind(t);
+        }
+        if let Some(a) = after {
+            q = q.bind(a);
         }
         let q = q.bind(limit);
         let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
@@ -99,16 +104,21 @@ impl AdminStore for DB {
     async fn outbox_requeue<'a>(
         pool: &'a Pool<Self>,
         target: &'a RequeueTarget,
+        max_id: Option<i64>,
         dry_run: bool,
     ) -> Result<(Vec<OutboxMessage>, u64), sqlx::Error> {
         let sql = sql_of_pool(pool);
         let filter = match target {
-            RequeueTarget::Id(_) => " AND id = ?",
-            RequeueTarget::Topic(_) => " AND topic = ?",
-            RequeueTarget::AllFailed => "",
+            RequeueTarget::Id(_) => " AND id = ?".to_string(),
+            RequeueTarget::Topic(_) => " AND topic = ?".to_string(),
+            RequeueTarget::AllFailed => String::new(),
+            // No ids select nothing.
+            RequeueTarget::Ids(ids) if ids.is_empty() => " AND 1 = 0".to_string(),
+            RequeueTarget::Ids(ids) => format!(" AND id IN ({})", marks(ids.len())),
         };
+        let upto = if max_id.is_some() { " AND id <= ?" } else { "" };
         let text = sql.render(&format!(
-            "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter} ORDER BY id{}",
+            "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter}{upto} ORDER BY id{}",
             message_columns(sql),
             sql.row_lock
         ));
@@ -124,6 +134,14 @@ impl AdminStore for DB {
             RequeueTarget::Id(id) => q = q.bind(*id),
             RequeueTarget::Topic(topic) => q = q.bind(topic.as_str()),
             RequeueTarget::AllFailed => {}
+            RequeueTarget::Ids(ids) => {
+                for id in ids {
+                    q = q.bind(*id);
+                }
+            }
+        }
+        if let Some(m) = max_id {
+            q = q.bind(m);
         }
         let messages: Vec<OutboxMessage> =
             q.fetch_all(&mut *tx).await?.into_iter().map(message).collect();
@@ -149,6 +167,44 @@ impl AdminStore for DB {
         }
         tx.commit().await?;
         Ok((messages, requeued))
+    }
+
+    async fn outbox_leases<'a>(
+        pool: &'a Pool<Self>,
+    ) -> Result<Vec<(String, i64, i64, Option<String>, Option<String>)>, sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let ts = sql.admin.ts_text;
+        let text = sql.render(&format!(
+            "SELECT lease_owner, COUNT(*), COUNT(CASE WHEN locked_until > {} THEN 1 END), {}, {} \
+             FROM idem_outbox WHERE status = 'pending' AND lease_owner IS NOT NULL \
+             GROUP BY lease_owner ORDER BY lease_owner",
+            sql.admin.now,
+            ts("MIN(locked_until)"),
+            ts("MAX(locked_until)"),
+        ));
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
+        on_pool!(pool, |conn| q.fetch_all(conn))
+    }
+
+    async fn outbox_deliveries(
+        pool: &Pool<Self>,
+        window_secs: f64,
+        bucket_secs: f64,
+    ) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let a = &sql.admin;
+        let bucket = (a.floor_int)(&format!("{} / ?", (a.age_secs)("updated_at")));
+        // One row per bucket: the messages are grouped by the server.
+        let text = sql.render(&format!(
+            "SELECT b, COUNT(*) FROM (SELECT {bucket} AS b FROM idem_outbox \
+             WHERE status = 'success' AND updated_at > {}) d GROUP BY b",
+            a.ago
+        ));
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(bucket_secs);
+        let q = bind_secs!(q, sql, window_secs);
+        on_pool!(pool, |conn| q.fetch_all(conn))
     }
 
     async fn outbox_status(

@@ -131,6 +131,32 @@ impl ArchiveStore for DB {
         Ok(deleted)
     }
 
+    async fn archive_status(
+        pool: &Pool<Self>,
+        retention_secs: f64,
+    ) -> Result<(i64, i64, i64, i64, Option<String>, Option<String>), sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let records = sqlx::query_scalar::<_, i64>(stmt(sql.archive_record.count))
+            .persistent(persist());
+        let records = on_pool!(pool, |conn| records.fetch_one(conn))?;
+        let outbox = sqlx::query_scalar::<_, i64>(stmt(sql.archive_outbox.count))
+            .persistent(persist());
+        let outbox = bind_secs!(outbox, sql, retention_secs);
+        let outbox = on_pool!(pool, |conn| outbox.fetch_one(conn))?;
+        let mut history = [(0i64, None::<String>), (0, None)];
+        for (n, table) in ["idem_record_history", "idem_outbox_history"].into_iter().enumerate() {
+            let text = format!(
+                "SELECT COUNT(*), {} FROM {table}",
+                (sql.admin.ts_text)("MAX(archived_at)")
+            );
+            let q = sqlx::query_as::<_, (i64, Option<String>)>(sqlx::AssertSqlSafe(text))
+                .persistent(persist());
+            history[n] = on_pool!(pool, |conn| q.fetch_one(conn))?;
+        }
+        let [(record_history, last_record), (outbox_history, last_outbox)] = history;
+        Ok((records, outbox, record_history, outbox_history, last_record, last_outbox))
+    }
+
     async fn lookup_record<'a>(
         pool: &'a Pool<Self>,
         key: &'a str,
