@@ -109,7 +109,11 @@ async fn run(cli: Cli) -> Result<(), Fail> {
             "no database URL{why}: pass --database-url or set DATABASE_URL"
         )));
     };
-    let pool = connect(url, cli.connect_timeout).await?;
+    let connections = match &cli.command {
+        Command::Serve(args) => args.connections,
+        _ => 2,
+    };
+    let pool = connect(url, cli.connect_timeout, connections).await?;
     let out = Out { json: cli.json };
     let result = match cli.command {
         Command::Migrate => cmd::migrate::run(&pool, url, out).await,
@@ -128,6 +132,7 @@ async fn run(cli: Cli) -> Result<(), Fail> {
         Command::Record(RecordCommand::Show { key, biz_type }) => {
             cmd::record::show(&pool, &key, biz_type.as_deref(), out).await
         }
+        Command::Serve(args) => cmd::serve::run(&pool, args).await,
     };
     pool.close().await;
     result
@@ -156,7 +161,7 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-async fn connect(url: &str, timeout: Duration) -> Result<AnyPool, Fail> {
+async fn connect(url: &str, timeout: Duration, connections: u32) -> Result<AnyPool, Fail> {
     sqlx::any::install_default_drivers();
     let shown = redact(url);
     let cannot = |e: String| Fail {
@@ -173,7 +178,7 @@ async fn connect(url: &str, timeout: Duration) -> Result<AnyPool, Fail> {
         }
     }
     AnyPoolOptions::new()
-        .max_connections(2)
+        .max_connections(connections)
         .acquire_timeout(timeout)
         .after_connect(|conn, _| {
             Box::pin(async move {

@@ -68,6 +68,36 @@ pub(crate) enum Command {
     /// Look up idempotency records.
     #[command(subcommand)]
     Record(RecordCommand),
+    /// Serve the operator's web console, /metrics and /health.
+    #[command(
+        long_about = "Serve the operator's web console over HTTP: the outbox by topic and status \
+            with a live chart of the backlog and deliveries, the relays holding leases, dead \
+            letters with their reasons and a requeue behind a preview and a confirmation, record \
+            lookup (online or archived) and the archiving state; plus /metrics (Prometheus text \
+            format: the outbox gauges per topic, read from the database at each scrape) and \
+            /health. Read-only unless a write token is given (prefer IDEM_WRITE_TOKEN to the \
+            flag, which other users can see in the process list). Stops on Ctrl-C or SIGTERM."
+    )]
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on. The default serves this machine only; to serve others, put the
+    /// console behind a TLS proxy.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Allow requeues to whoever signs in with this token (at least 16 characters). Without
+    /// it the console is read-only.
+    #[arg(long, env = "IDEM_WRITE_TOKEN", hide_env_values = true)]
+    pub(crate) write_token: Option<String>,
+    /// The outbox retention the archiving page measures eligibility with (as `idem archive
+    /// --outbox-retention`).
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub(crate) outbox_retention: Duration,
+    /// Database connections the console may hold.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) connections: u32,
 }
 
 #[derive(Subcommand, Debug)]

@@ -4,3 +4,4 @@ pub(crate) mod archive;
 pub(crate) mod migrate;
 pub(crate) mod outbox;
 pub(crate) mod record;
+pub(crate) mod serve;

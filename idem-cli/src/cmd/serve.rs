@@ -1,0 +1,79 @@
+//! `idem serve`: the web console of [`idem_console`], on its own.
+
+use crate::Fail;
+use crate::opt::ServeArgs;
+use idem_console::Console;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use sqlx::AnyPool;
+
+pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
+    // The console's own counters (requeues, refused writes) land here; the
+    // outbox gauges are read from the database at each scrape.
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Fail {
+            code: 3,
+            msg: format!("cannot install the metrics recorder: {e}"),
+        })?;
+    let mut console = Console::new(pool.clone())
+        .prometheus(prometheus)
+        .outbox_retention(args.outbox_retention);
+    let writable = match args.write_token.as_deref().map(str::trim) {
+        Some(token) if !token.is_empty() => {
+            console = console
+                .write_token(token)
+                .map_err(|e| Fail::usage(e.to_string()))?;
+            true
+        }
+        _ => false,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Fail::usage(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    eprintln!(
+        "idem: console on http://{addr}/ ({}); Ctrl-C stops it",
+        if writable {
+            "requeues allowed after signing in with the write token"
+        } else {
+            "read-only: no write token"
+        }
+    );
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "idem: warning: {addr} is reachable from other machines and the console speaks plain \
+             HTTP; put it behind a TLS proxy"
+        );
+    }
+    axum::serve(listener, console.router())
+        .with_graceful_shutdown(stopped())
+        .await
+        .map_err(|e| Fail {
+            code: 3,
+            msg: format!("the console stopped: {e}"),
+        })?;
+    eprintln!("idem: console stopped");
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stopped() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

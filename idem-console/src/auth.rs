@@ -1,0 +1,350 @@
+//! Who may change what: the write token, the signed session cookie that
+//! stands for it in a browser, and the CSRF token every form carries.
+//!
+//! Nothing is stored on the server: a session cookie is
+//! `<issued>.<nonce>.<mac>`, its MAC keyed by a secret drawn at start-up
+//! (so a restart signs everyone out), and a session's CSRF token is a MAC
+//! of its nonce under the same key. Comparisons of tokens and MACs run in
+//! constant time (`Mac::verify_slice`).
+
+use crate::error::PageError;
+use axum::http::{HeaderMap, header};
+use hmac::{KeyInit, Mac};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The cookie holding a signed-in session.
+pub(crate) const COOKIE: &str = "idem_session";
+/// How long a session lasts.
+const SESSION_SECS: u64 = 12 * 3600;
+/// The shortest write token accepted.
+const MIN_TOKEN: usize = 16;
+
+/// A write token that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenError {
+    reason: String,
+}
+
+impl std::fmt::Display for TokenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unusable write token: {}", self.reason)
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+pub(crate) struct Auth {
+    key: [u8; 32],
+    /// MAC of the write token (none: read-only).
+    token_tag: Option<Vec<u8>>,
+}
+
+/// A valid session cookie.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    nonce: String,
+}
+
+/// What the person asking may do, for the page to show.
+#[derive(Debug, Clone)]
+pub(crate) struct Viewer {
+    /// The console has a write token.
+    pub(crate) writable: bool,
+    /// Signed in: the CSRF token its forms carry.
+    pub(crate) csrf: Option<String>,
+}
+
+fn random_key() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    // No entropy source at all is a broken machine; the console must not
+    // then sign sessions with a known key.
+    getrandom::getrandom(&mut key).expect("the operating system's random source");
+    key
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Auth {
+    pub(crate) fn read_only() -> Self {
+        Auth {
+            key: random_key(),
+            token_tag: None,
+        }
+    }
+
+    pub(crate) fn with_token(token: &str) -> Result<Self, TokenError> {
+        let bad = |reason: &str| {
+            Err(TokenError {
+                reason: reason.into(),
+            })
+        };
+        if token.chars().count() < MIN_TOKEN {
+            return bad(&format!("it must be at least {MIN_TOKEN} characters long"));
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return bad("it must not hold spaces or control characters");
+        }
+        let mut auth = Auth::read_only();
+        auth.token_tag = Some(auth.mac(&[b"token", token.as_bytes()]).to_vec());
+        Ok(auth)
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        self.token_tag.is_some()
+    }
+
+    fn hmac(&self, parts: &[&[u8]]) -> HmacSha256 {
+        let mut m = <HmacSha256 as KeyInit>::new_from_slice(&self.key).expect("HMAC takes any key");
+        for p in parts {
+            m.update(&(p.len() as u64).to_be_bytes());
+            m.update(p);
+        }
+        m
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> Vec<u8> {
+        self.hmac(parts).finalize().into_bytes().to_vec()
+    }
+
+    fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        self.hmac(parts).verify_slice(tag).is_ok()
+    }
+
+    /// Whether `given` is the write token (false when there is none).
+    pub(crate) fn token_matches(&self, given: &str) -> bool {
+        match &self.token_tag {
+            Some(tag) => self.verify(&[b"token", given.as_bytes()], tag),
+            None => false,
+        }
+    }
+
+    /// A fresh session cookie's value.
+    pub(crate) fn new_session(&self) -> String {
+        let mut nonce = [0u8; 16];
+        getrandom::getrandom(&mut nonce).expect("the operating system's random source");
+        let (issued, nonce) = (now_secs().to_string(), hex(&nonce));
+        let mac = hex(&self.mac(&[b"session", issued.as_bytes(), nonce.as_bytes()]));
+        format!("{issued}.{nonce}.{mac}")
+    }
+
+    /// The `Set-Cookie` value of a session.
+    pub(crate) fn set_cookie(value: &str) -> String {
+        format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}")
+    }
+
+    /// The `Set-Cookie` value ending a session.
+    pub(crate) fn clear_cookie() -> String {
+        format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    }
+
+    /// The request's session, when its cookie is valid and not expired
+    /// (and the console is writable: a read-only console has no sessions).
+    pub(crate) fn session(&self, headers: &HeaderMap) -> Option<Session> {
+        if !self.writable() {
+            return None;
+        }
+        let value = headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|kv| kv.trim().split_once('='))
+            .find(|(k, _)| *k == COOKIE)
+            .map(|(_, v)| v)?;
+        let mut parts = value.split('.');
+        let (issued, nonce, mac) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let tag = unhex(mac)?;
+        if !self.verify(&[b"session", issued.as_bytes(), nonce.as_bytes()], &tag) {
+            return None;
+        }
+        let at: u64 = issued.parse().ok()?;
+        let now = now_secs();
+        if at > now + 60 || now - at.min(now) > SESSION_SECS {
+            return None;
+        }
+        Some(Session {
+            nonce: nonce.to_string(),
+        })
+    }
+
+    /// The CSRF token of a session.
+    pub(crate) fn csrf(&self, s: &Session) -> String {
+        hex(&self.mac(&[b"csrf", s.nonce.as_bytes()]))
+    }
+
+    /// What the request's sender may do.
+    pub(crate) fn viewer(&self, headers: &HeaderMap) -> Viewer {
+        Viewer {
+            writable: self.writable(),
+            csrf: self.session(headers).map(|s| self.csrf(&s)),
+        }
+    }
+
+    /// Lets a state-changing request through, or says why not: the console
+    /// is read-only; the request comes from another origin; it carries
+    /// neither the token as a bearer nor a session with its CSRF token.
+    pub(crate) fn authorize(
+        &self,
+        headers: &HeaderMap,
+        form_csrf: Option<&str>,
+    ) -> Result<(), PageError> {
+        if !self.writable() {
+            return Err(PageError::Forbidden(
+                "this console is read-only: start it with a write token (idem serve \
+                 --write-token, or IDEM_WRITE_TOKEN) to change anything"
+                    .into(),
+            ));
+        }
+        same_origin(headers)?;
+        if let Some(given) = bearer(headers) {
+            return if self.token_matches(given) {
+                Ok(())
+            } else {
+                Err(PageError::Forbidden("wrong write token".into()))
+            };
+        }
+        let Some(session) = self.session(headers) else {
+            return Err(PageError::Forbidden(
+                "sign in with the write token first (/login)".into(),
+            ));
+        };
+        // `verify_slice` compares in constant time.
+        let ok = form_csrf
+            .and_then(unhex)
+            .is_some_and(|given| self.verify(&[b"csrf", session.nonce.as_bytes()], &given));
+        if ok {
+            Ok(())
+        } else {
+            Err(PageError::Forbidden(
+                "the form's CSRF token is missing or wrong: reload the page and try again".into(),
+            ))
+        }
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Refuses a request a browser sent from another origin: its `Origin`
+/// must name this host (as the `Host` header gives it), and
+/// `Sec-Fetch-Site`, when present, must not say cross-site. Requests with
+/// neither header (curl, scripts) pass on to the token checks.
+pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), PageError> {
+    let refuse = || {
+        Err(PageError::Forbidden(
+            "cross-origin request refused: submit the console's own forms".into(),
+        ))
+    };
+    if let Some(site) = headers.get("sec-fetch-site") {
+        if !matches!(site.to_str(), Ok("same-origin" | "none")) {
+            return refuse();
+        }
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin_host = origin.to_str().ok().and_then(|o| {
+        o.strip_prefix("http://")
+            .or_else(|| o.strip_prefix("https://"))
+    });
+    match (origin_host, host) {
+        (Some(o), Some(h)) if o.eq_ignore_ascii_case(h) => Ok(()),
+        _ => refuse(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn cookie(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("other=1; {COOKIE}={value}")).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn short_or_spaced_tokens_are_refused() {
+        assert!(Auth::with_token("short").is_err());
+        assert!(Auth::with_token("sixteen chars ok").is_err());
+        assert!(Auth::with_token("0123456789abcdef").is_ok());
+    }
+
+    #[test]
+    fn the_token_matches_only_itself() {
+        let a = Auth::with_token("0123456789abcdef").unwrap();
+        assert!(a.token_matches("0123456789abcdef"));
+        assert!(!a.token_matches("0123456789abcdeF"));
+        assert!(!a.token_matches(""));
+        assert!(!Auth::read_only().token_matches("0123456789abcdef"));
+    }
+
+    #[test]
+    fn sessions_are_signed_and_carry_their_csrf_token() {
+        let a = Auth::with_token("0123456789abcdef").unwrap();
+        let v = a.new_session();
+        let s = a.session(&cookie(&v)).expect("own cookie");
+        let csrf = a.csrf(&s);
+        assert!(a.authorize(&cookie(&v), Some(&csrf)).is_ok());
+        assert!(a.authorize(&cookie(&v), None).is_err());
+        assert!(a.authorize(&cookie(&v), Some("00")).is_err());
+        // Another console's cookie (another key), or a tampered one.
+        let b = Auth::with_token("0123456789abcdef").unwrap();
+        assert!(b.session(&cookie(&v)).is_none());
+        let mut forged = v.clone();
+        forged.replace_range(0..1, "9");
+        assert!(a.session(&cookie(&forged)).is_none());
+        assert!(a.session(&cookie("1.2")).is_none());
+    }
+
+    #[test]
+    fn cross_origin_posts_are_refused() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert!(same_origin(&h).is_ok());
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        assert!(same_origin(&h).is_ok());
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.test"));
+        assert!(same_origin(&h).is_err());
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(same_origin(&h).is_err());
+        let mut h = HeaderMap::new();
+        h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert!(same_origin(&h).is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! idem's operator console: server-rendered pages over idem's tables, a
+//! Prometheus `/metrics` endpoint and `/health`, as one axum [`Router`].
+//!
+//! `idem serve` (the CLI) runs it on its own; an application can also
+//! mount it beside its own routes, so that `/metrics` carries the counters
+//! its relay and handlers record:
+//!
+//! ```no_run
+//! use idem_console::Console;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::sqlite::SqlitePoolOptions::new().connect("sqlite://app.db?mode=rwc").await?;
+//! idem_runtime::migrate(&pool).await?;
+//! let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! let console = Console::new(pool)
+//!     .write_token(std::env::var("IDEM_WRITE_TOKEN")?)?
+//!     .prometheus(prometheus);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, console.router()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! | path | method | what |
+//! |---|---|---|
+//! | `/` | GET | the outbox by topic and status, the oldest pending age, a live chart of the backlog and deliveries/s, the relays holding leases |
+//! | `/live` | GET | the live part of `/` alone (the page refreshes it every 3 s) |
+//! | `/messages?status=&topic=&after=&limit=` | GET | messages of one status, oldest first, paginated |
+//! | `/dead-letters?topic=&after=&limit=` | GET | failed messages with their reasons, to select for a requeue |
+//! | `/requeue?id=…&id=…` / `?topic=` / `?all=1` | GET | the preview: how many failed messages a requeue would take, and which |
+//! | `/requeue` | POST | the confirmation: requeues what the preview showed (write token, CSRF) |
+//! | `/records?key=&biz_type=` | GET | an idempotency record, online or archived |
+//! | `/archive` | GET | rows eligible for archiving, the last pass, the history tables' sizes |
+//! | `/login`, `/logout` | GET, POST | sign in with the write token (a signed session cookie) |
+//! | `/metrics` | GET | Prometheus text format: idem's counters and the outbox gauges read from the database |
+//! | `/health` | GET | 200 when the database answers, 503 when not |
+//!
+//! **Safety.** Without a write token the console is read-only: every POST
+//! but sign-in is refused with 403. With one, a state-changing request is a
+//! POST that carries either a session cookie (from `/login`) and its CSRF
+//! token, or `Authorization: Bearer <token>`; a POST from another origin is
+//! refused either way. Requeues go through
+//! [`idem_runtime::outbox::admin::requeue`], the guarded function the CLI
+//! uses: only failed messages change, never successful or pending ones.
+//! Nothing from a request reaches SQL except as a bound value.
+
+use axum::Router;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use idem_runtime::Backend;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sqlx::Pool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+mod auth;
+mod chart;
+mod error;
+mod fmt;
+mod layout;
+mod metrics_page;
+mod pages;
+mod params;
+
+pub use auth::TokenError;
+pub use chart::Samples;
+
+/// The console: its database, its write token, its metrics.
+pub struct Console<DB: Backend> {
+    inner: Inner<DB>,
+}
+
+impl<DB: Backend> std::fmt::Debug for Console<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console")
+            .field("writable", &self.inner.auth.writable())
+            .field("outbox_retention", &self.inner.outbox_retention)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner<DB: Backend> {
+    pub(crate) pool: Pool<DB>,
+    pub(crate) auth: auth::Auth,
+    pub(crate) prometheus: Option<PrometheusHandle>,
+    pub(crate) outbox_retention: Duration,
+    pub(crate) samples: Mutex<Samples>,
+    pub(crate) sample_every: Duration,
+}
+
+pub(crate) type Shared<DB> = Arc<Inner<DB>>;
+
+impl<DB: Backend> Console<DB> {
+    /// A read-only console over `pool` (whose idem tables exist: see
+    /// [`idem_runtime::migrate`]).
+    pub fn new(pool: Pool<DB>) -> Self {
+        Console {
+            inner: Inner {
+                pool,
+                auth: auth::Auth::read_only(),
+                prometheus: None,
+                outbox_retention: idem_runtime::archive::DEFAULT_OUTBOX_RETENTION,
+                samples: Mutex::new(Samples::new(chart::WINDOW)),
+                sample_every: Duration::from_secs(2),
+            },
+        }
+    }
+
+    /// Allows requeues to whoever presents `token` (at least 16 characters,
+    /// no spaces or control characters): signed in through `/login`, or as
+    /// `Authorization: Bearer <token>`.
+    pub fn write_token(mut self, token: impl Into<String>) -> Result<Self, TokenError> {
+        self.inner.auth = auth::Auth::with_token(&token.into())?;
+        Ok(self)
+    }
+
+    /// Serves the counters of this recorder (the one the application
+    /// installed, so its relay's and handlers' counters) in `/metrics`,
+    /// beside the gauges read from the database.
+    pub fn prometheus(mut self, handle: PrometheusHandle) -> Self {
+        self.inner.prometheus = Some(handle);
+        self
+    }
+
+    /// The outbox retention the archive page measures eligibility with
+    /// (the archiver's: default
+    /// [`DEFAULT_OUTBOX_RETENTION`](idem_runtime::archive::DEFAULT_OUTBOX_RETENTION)).
+    pub fn outbox_retention(mut self, retention: Duration) -> Self {
+        self.inner.outbox_retention = retention;
+        self
+    }
+
+    /// How often the backlog is sampled for the chart (default 2 s, at
+    /// least 100 ms).
+    pub fn sample_every(mut self, every: Duration) -> Self {
+        self.inner.sample_every = every.max(Duration::from_millis(100));
+        self
+    }
+
+    /// The routes. Inside a Tokio runtime this also starts the backlog
+    /// sampler for the chart, which stops when the router is dropped.
+    pub fn router(self) -> Router {
+        let shared: Shared<DB> = Arc::new(self.inner);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            chart::spawn_sampler(Arc::downgrade(&shared));
+        }
+        let secure = |mut r: Response| {
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'self'; img-src 'self' data:; style-src 'self'; \
+                     script-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+                ),
+            );
+            h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+            h.insert(
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            );
+            h.insert(
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            );
+            h.entry(header::CACHE_CONTROL)
+                .or_insert(HeaderValue::from_static("no-store"));
+            r
+        };
+        Router::new()
+            .route("/", get(pages::overview::page::<DB>))
+            .route("/live", get(pages::overview::live::<DB>))
+            .route("/messages", get(pages::messages::messages::<DB>))
+            .route("/dead-letters", get(pages::messages::dead_letters::<DB>))
+            .route(
+                "/requeue",
+                get(pages::requeue::preview::<DB>).post(pages::requeue::confirm::<DB>),
+            )
+            .route("/records", get(pages::records::page::<DB>))
+            .route("/archive", get(pages::archive::page::<DB>))
+            .route(
+                "/login",
+                get(pages::login::form_page::<DB>).post(pages::login::login::<DB>),
+            )
+            .route("/logout", axum::routing::post(pages::login::logout::<DB>))
+            .route("/metrics", get(metrics_page::metrics::<DB>))
+            .route("/health", get(metrics_page::health::<DB>))
+            .route("/static/console.css", get(css))
+            .route("/static/console.js", get(js))
+            .fallback(not_found)
+            .layer(axum::middleware::map_response(move |r: Response| {
+                let r = secure(r);
+                async move { r }
+            }))
+            .with_state(shared)
+    }
+}
+
+async fn css() -> Response {
+    static_file(
+        "text/css; charset=utf-8",
+        include_str!("../static/console.css"),
+    )
+}
+
+async fn js() -> Response {
+    static_file(
+        "text/javascript; charset=utf-8",
+        include_str!("../static/console.js"),
+    )
+}
+
+fn static_file(kind: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    error::PageError::NotFound("no such page".into()).into_response()
+}

@@ -1,0 +1,122 @@
+//! `/login` and `/logout`: a browser signs in with the write token once and
+//! then holds a signed session cookie (`HttpOnly`, `SameSite=Strict`).
+
+use crate::auth::{Auth, same_origin};
+use crate::error::PageError;
+use crate::params::Params;
+use crate::{Shared, layout};
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idem_runtime::Backend;
+use maud::html;
+
+/// Where to go after signing in: a path of this console only (no
+/// `//host`, no scheme), else the overview.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control) =>
+        {
+            n.to_string()
+        }
+        _ => "/".into(),
+    }
+}
+
+fn form<DB: Backend>(
+    c: &Shared<DB>,
+    headers: &HeaderMap,
+    next: &str,
+    error: Option<&str>,
+) -> Response {
+    let viewer = c.auth.viewer(headers);
+    let body = html! {
+        h1 { "Sign in" }
+        @if !viewer.writable {
+            p.error #read-only { "This console is read-only: it was started without a write token, so there is nothing to sign in to." }
+        } @else {
+            @if let Some(e) = error { p.error #login-error { (e) } }
+            form method="post" action="/login" #login {
+                input type="hidden" name="next" value=(next);
+                label { "Write token " input type="password" name="token" #token autocomplete="off" required; }
+                " " button type="submit" #sign-in-submit { "Sign in" }
+            }
+            p.note { "The token is the one the console was started with (idem serve --write-token, or IDEM_WRITE_TOKEN). It is kept in no cookie: the session cookie is signed by the console and ends when it restarts." }
+        }
+    };
+    let status = if error.is_some() {
+        StatusCode::FORBIDDEN
+    } else {
+        StatusCode::OK
+    };
+    (status, layout::page("Sign in", "", &viewer, body)).into_response()
+}
+
+pub(crate) async fn form_page<DB: Backend>(
+    State(c): State<Shared<DB>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let p = Params::query(q.as_deref());
+    form(&c, &headers, &safe_next(p.get("next")), None)
+}
+
+pub(crate) async fn login<DB: Backend>(
+    State(c): State<Shared<DB>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, PageError> {
+    if !c.auth.writable() {
+        return Err(PageError::Forbidden(
+            "this console is read-only: there is nothing to sign in to".into(),
+        ));
+    }
+    same_origin(&headers)?;
+    let p = Params::body(&body);
+    let next = safe_next(p.get("next"));
+    if !c.auth.token_matches(p.get("token").unwrap_or("")) {
+        metrics::counter!("idem_console_refused_writes_total").increment(1);
+        return Ok(form(&c, &headers, &next, Some("Wrong write token.")));
+    }
+    let cookie = Auth::set_cookie(&c.auth.new_session());
+    Ok((
+        StatusCode::SEE_OTHER,
+        [(header::SET_COOKIE, cookie), (header::LOCATION, next)],
+    )
+        .into_response())
+}
+
+pub(crate) async fn logout<DB: Backend>(
+    State(c): State<Shared<DB>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, PageError> {
+    let p = Params::body(&body);
+    c.auth.authorize(&headers, p.get("csrf"))?;
+    Ok((
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, Auth::clear_cookie()),
+            (header::LOCATION, "/".to_string()),
+        ],
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn next_stays_on_the_console() {
+        use super::safe_next;
+        assert_eq!(safe_next(Some("/requeue?id=3")), "/requeue?id=3");
+        assert_eq!(safe_next(Some("//evil.test/")), "/");
+        assert_eq!(safe_next(Some("https://evil.test/")), "/");
+        assert_eq!(safe_next(Some("/\\evil.test")), "/");
+        assert_eq!(safe_next(None), "/");
+    }
+}

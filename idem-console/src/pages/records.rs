@@ -1,0 +1,69 @@
+//! `/records`: an idempotency record by key, online or archived.
+
+use crate::error::PageError;
+use crate::params::Params;
+use crate::{Shared, layout};
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use idem_runtime::archive::find_record;
+use idem_runtime::{Backend, MAX_KEY_LEN};
+use maud::html;
+
+pub(crate) async fn page<DB: Backend>(
+    State(c): State<Shared<DB>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, PageError> {
+    let viewer = c.auth.viewer(&headers);
+    let p = Params::query(q.as_deref());
+    let key = p.get("key");
+    let biz_type = p.get("biz_type");
+    if key.is_some_and(|k| k.len() > MAX_KEY_LEN) {
+        return Err(PageError::BadRequest(format!(
+            "an idempotency key is at most {MAX_KEY_LEN} bytes long"
+        )));
+    }
+    let found = match key {
+        Some(k) => Some(find_record(&c.pool, k, biz_type).await?),
+        None => None,
+    };
+    let form = html! {
+        form.filter method="get" action="/records" #lookup {
+            label { "Key " input type="text" name="key" #key size="48" value=(key.unwrap_or("")) required; }
+            label { " biz_type " input type="text" name="biz_type" #biz-type size="16" value=(biz_type.unwrap_or("")) placeholder="(any)"; }
+            " " button type="submit" #look-up { "Look up" }
+        }
+    };
+    let body = html! {
+        h1 { "Idempotency records" }
+        (form)
+        @match &found {
+            None => p.note { "Look up a record by its key (and, when several business types share it, its biz_type); archived records are found too." },
+            Some(rs) if rs.is_empty() => p.note #not-found { "No record with this key" @if let Some(t) = biz_type { " and biz_type " code { (t) } } ", neither online nor archived." },
+            Some(rs) => {
+                @for r in rs {
+                    table.record data-biz-type=(r.biz_type) {
+                        tr { th { "Key" } td.key { code { (r.key) } } }
+                        tr { th { "biz_type" } td.biz-type { (r.biz_type) } }
+                        tr { th { "biz_no" } td { (r.biz_no) } }
+                        tr { th { "Fingerprint" } td.fingerprint { code { (r.fingerprint) } } }
+                        tr { th { "Stored result" } td.result { @if let Some(res) = &r.result { pre { (res) } } @else { "-" } } }
+                        tr { th { "Created (UTC)" } td.created { (r.create_time) } }
+                        tr { th { "Expires (UTC)" } td.expires { (r.expire_time) } }
+                        tr { th { "Where" } td.where {
+                            @if r.archived { span.badge.archived { "archived" } " at " (r.archived_at.as_deref().unwrap_or("-")) }
+                            @else { span.badge.online { "online" } }
+                        } }
+                    }
+                }
+            }
+        }
+    };
+    let status = match &found {
+        Some(rs) if rs.is_empty() => StatusCode::NOT_FOUND,
+        _ => StatusCode::OK,
+    };
+    let html: Html<String> = layout::page("Records", "/records", &viewer, body);
+    Ok((status, html).into_response())
+}

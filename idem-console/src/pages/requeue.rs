@@ -1,0 +1,160 @@
+//! `GET /requeue`: the preview of a requeue (a dry run: how many failed
+//! messages it takes, and which); `POST /requeue`: its confirmation,
+//! bounded by the preview's highest id so it never takes a message that
+//! failed after the operator looked.
+
+use super::messages::message_table;
+use crate::error::PageError;
+use crate::params::{Params, query_string};
+use crate::{Shared, layout};
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Html;
+use idem_runtime::Backend;
+use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
+use maud::html;
+
+/// Messages a preview lists (it counts them all).
+const SHOWN: usize = 100;
+/// The most messages one selection may name.
+const MAX_SELECTION: usize = 1000;
+
+fn target(p: &Params) -> Result<RequeueTarget, PageError> {
+    let ids = p.ints("id")?;
+    let topic = p.get("topic");
+    let all = p.get("all") == Some("1");
+    match (ids.is_empty(), topic, all) {
+        (false, None, false) => {
+            if ids.len() > MAX_SELECTION {
+                return Err(PageError::BadRequest(format!(
+                    "select at most {MAX_SELECTION} messages at once (or requeue their topic)"
+                )));
+            }
+            Ok(RequeueTarget::Ids(ids))
+        }
+        (true, Some(t), false) => Ok(RequeueTarget::Topic(t.to_string())),
+        (true, None, true) => Ok(RequeueTarget::AllFailed),
+        (true, None, false) => Err(PageError::BadRequest(
+            "nothing selected: tick the messages to requeue, or choose a topic or all".into(),
+        )),
+        _ => Err(PageError::BadRequest(
+            "choose one of: a selection (id=…), a topic (topic=…) or all (all=1)".into(),
+        )),
+    }
+}
+
+/// The form fields naming `t`.
+fn fields(t: &RequeueTarget) -> Vec<(&'static str, String)> {
+    match t {
+        RequeueTarget::Id(id) => vec![("id", id.to_string())],
+        RequeueTarget::Ids(ids) => ids.iter().map(|id| ("id", id.to_string())).collect(),
+        RequeueTarget::Topic(t) => vec![("topic", t.clone())],
+        RequeueTarget::AllFailed => vec![("all", "1".into())],
+    }
+}
+
+fn describe(t: &RequeueTarget) -> String {
+    match t {
+        RequeueTarget::Id(id) => format!("message {id}"),
+        RequeueTarget::Ids(ids) => format!("the {} selected message(s)", ids.len()),
+        RequeueTarget::Topic(t) => format!("every dead letter of topic {t}"),
+        RequeueTarget::AllFailed => "every dead letter".into(),
+    }
+}
+
+pub(crate) async fn preview<DB: Backend>(
+    State(c): State<Shared<DB>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Html<String>, PageError> {
+    let viewer = c.auth.viewer(&headers);
+    let p = Params::query(q.as_deref());
+    let target = target(&p)?;
+    let plan = admin::requeue(
+        &c.pool,
+        &Requeue {
+            target: target.clone(),
+            dry_run: true,
+            max_id: None,
+        },
+    )
+    .await?;
+    let max_id = plan.messages.iter().map(|m| m.id).max();
+    let here = format!("/requeue?{}", query_string(fields(&target)));
+    let login = format!("/login?{}", query_string([("next", here)]));
+    let left_alone = match &target {
+        RequeueTarget::Ids(ids) => ids.len().saturating_sub(plan.messages.len()),
+        _ => 0,
+    };
+    let body = html! {
+        h1 { "Requeue: preview" }
+        p { "Requeue " (describe(&target)) ": " strong #preview-count { (plan.requeued) } " failed message(s) would go back to pending (attempts reset to 0, due now; the last error is kept, prefixed with “requeued:”)." }
+        @if left_alone > 0 {
+            p.note #not-failed { (left_alone) " of the selected messages are not dead letters (pending, delivered or gone) and are left alone." }
+        }
+        @if !plan.messages.is_empty() {
+            (message_table(&plan.messages[..plan.messages.len().min(SHOWN)], false))
+            @if plan.messages.len() > SHOWN { p.note { "The first " (SHOWN) " of " (plan.messages.len()) " are shown." } }
+        }
+        @if let (Some(max_id), true) = (max_id, plan.requeued > 0) {
+            @if let Some(csrf) = viewer.csrf.as_ref().filter(|_| viewer.writable) {
+                form method="post" action="/requeue" #confirm-form {
+                    input type="hidden" name="csrf" value=(csrf);
+                    input type="hidden" name="max_id" value=(max_id);
+                    input type="hidden" name="previewed" value=(plan.requeued);
+                    @for (k, v) in fields(&target) { input type="hidden" name=(k) value=(v); }
+                    p.actions {
+                        button.danger type="submit" #confirm { "Requeue " (plan.requeued) " message(s)" }
+                        " " a href="/dead-letters" { "Cancel" }
+                    }
+                }
+            } @else if viewer.writable {
+                p.note #need-sign-in { a href=(login) { "Sign in with the write token" } " to requeue them." }
+            } @else {
+                p.note #read-only { "This console is read-only (started without a write token): nothing can be requeued from here." }
+            }
+        }
+    };
+    Ok(layout::page("Requeue", "/dead-letters", &viewer, body))
+}
+
+pub(crate) async fn confirm<DB: Backend>(
+    State(c): State<Shared<DB>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Html<String>, PageError> {
+    let p = Params::body(&body);
+    if let Err(refused) = c.auth.authorize(&headers, p.get("csrf")) {
+        metrics::counter!("idem_console_refused_writes_total").increment(1);
+        return Err(refused);
+    }
+    let target = target(&p)?;
+    let Some(max_id) = p.int("max_id")? else {
+        return Err(PageError::BadRequest(
+            "`max_id` is missing: confirm a requeue from its preview (GET /requeue)".into(),
+        ));
+    };
+    let previewed = p.int("previewed")?;
+    let done = admin::requeue(
+        &c.pool,
+        &Requeue {
+            target: target.clone(),
+            dry_run: false,
+            max_id: Some(max_id),
+        },
+    )
+    .await?;
+    metrics::counter!("idem_console_requeued_total").increment(done.requeued);
+    tracing::info!(requeued = done.requeued, target = ?target, max_id, "idem console: requeue");
+    let viewer = c.auth.viewer(&headers);
+    let body = html! {
+        h1 { "Requeued" }
+        p { "Requeued " strong #requeued-count { (done.requeued) } " message(s) of " (describe(&target)) ": they are pending again, for the relay to deliver." }
+        @if let Some(n) = previewed.filter(|n| *n > done.requeued as i64) {
+            p.note #fewer { (n - done.requeued as i64) " of the " (n) " previewed were no longer dead letters (requeued, delivered or archived meanwhile) and were left alone." }
+        }
+        p { a href="/dead-letters" { "Back to the dead letters" } " · " a href="/" { "Overview" } }
+    };
+    Ok(layout::page("Requeued", "/dead-letters", &viewer, body))
+}

@@ -1,0 +1,79 @@
+//! Query strings and form bodies, decoded (`application/x-www-form-urlencoded`).
+//! A selection repeats its field (`id=1&id=2`), which is why this is not
+//! serde: every value stays a string until a page parses it, with a clear
+//! error naming the field.
+
+use crate::error::PageError;
+
+#[derive(Debug, Default)]
+pub(crate) struct Params(Vec<(String, String)>);
+
+impl Params {
+    pub(crate) fn query(q: Option<&str>) -> Self {
+        Self::body(q.unwrap_or("").as_bytes())
+    }
+
+    pub(crate) fn body(b: &[u8]) -> Self {
+        Params(form_urlencoded::parse(b).into_owned().collect())
+    }
+
+    /// The first value of `key`, trimmed; none when absent or blank.
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Every non-blank value of `key`.
+    pub(crate) fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// `key` as an integer, if given.
+    pub(crate) fn int(&self, key: &str) -> Result<Option<i64>, PageError> {
+        self.get(key).map(|v| parse_int(key, v)).transpose()
+    }
+
+    /// Every `key` as an integer.
+    pub(crate) fn ints(&self, key: &str) -> Result<Vec<i64>, PageError> {
+        self.all(key).map(|v| parse_int(key, v)).collect()
+    }
+}
+
+fn parse_int(key: &str, v: &str) -> Result<i64, PageError> {
+    v.parse().map_err(|_| {
+        let shown: String = v.chars().take(40).collect();
+        PageError::BadRequest(format!("`{key}` must be a whole number, not {shown:?}"))
+    })
+}
+
+/// A query string of these pairs (values encoded).
+pub(crate) fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, &v);
+    }
+    s.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_fields_and_blanks() {
+        let p = Params::query(Some("id=1&id=+2+&id=&topic=a%20b&x=%E2%9C%93"));
+        assert_eq!(p.ints("id").unwrap(), vec![1, 2]);
+        assert_eq!(p.get("topic"), Some("a b"));
+        assert_eq!(p.get("x"), Some("✓"));
+        assert_eq!(p.get("missing"), None);
+        assert!(Params::query(Some("id=1;DROP")).ints("id").is_err());
+        assert_eq!(Params::query(None).int("after").unwrap(), None);
+    }
+}
