@@ -200,4 +200,15 @@ pub(super) fn print_summary(s: &Summary, location: &str) {
              as lost deductions."
         );
     }
+    // The database stays as the run left it, for the operator's console.
+    let url = if location.starts_with('/') {
+        format!("sqlite://{location}")
+    } else {
+        "$DATABASE_URL".to_string()
+    };
+    println!();
+    println!(
+        "Its outbox in the web console: cargo run -p idem-cli -- --database-url {url} serve, \
+         then open http://127.0.0.1:8080/"
+    );
 }
