@@ -169,8 +169,8 @@ impl AdminStore for DB {
         Ok((messages, requeued))
     }
 
-    async fn outbox_leases<'a>(
-        pool: &'a Pool<Self>,
+    async fn outbox_leases(
+        pool: &Pool<Self>,
     ) -> Result<Vec<(String, i64, i64, Option<String>, Option<String>)>, sqlx::Error> {
         let sql = sql_of_pool(pool);
         let ts = sql.admin.ts_text;
