@@ -15,7 +15,10 @@
 //! network services) inherit. Dropping a [`Browser`], also without
 //! [`close`](Browser::close) (a test that panicked), kills the whole group
 //! with SIGKILL, then any process left whose command line names the
-//! scratch directory (one that left the group), and removes the directory.
+//! scratch directory (one that left the group: Chromium's crash handlers
+//! run in sessions of their own, their database in the directory), and
+//! removes the directory. Everything Chromium writes (profile, config,
+//! cache, crash database) is in that directory, not in the user's home.
 //! [`close`](Browser::close) ends the WebDriver session first (Chromium
 //! exits cleanly), then does the same.
 //!
@@ -105,6 +108,13 @@ impl Browser {
         let mut cmd = Command::new(&driver_path);
         cmd.arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
+            // Chromium's default config and cache folders (its crash
+            // reports' database, which it sets up before reading
+            // `--user-data-dir`) in the scratch directory too: nothing is
+            // written to the user's home, and the crash handlers, which run
+            // in sessions of their own, name the directory as well.
+            .env("XDG_CONFIG_HOME", scratch.join("config"))
+            .env("XDG_CACHE_HOME", scratch.join("cache"))
             // Its own process group, inherited by Chromium: one kill ends
             // them all.
             .process_group(0);

@@ -154,6 +154,8 @@ async fn dropped_without_close_leaves_no_process() {
         dir.display()
     );
 
+    eprintln!("running before the drop:\n{running}");
+
     // As when a test panics: no close(), the handle just drops.
     drop(browser);
     let left = pgrep(&dir);
