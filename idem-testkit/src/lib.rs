@@ -18,6 +18,9 @@
 //! - With the `redis` feature: [`redis_url`], [`redis_up`], [`redis_get`].
 //! - [`cluster`]: servers a test starts for itself (clusters, poolers,
 //!   proxies) on their own ports and directories, torn down on drop.
+//! - With the `browser` feature: [`browser::Browser`], a headless
+//!   Chromium on a `chromedriver` of its own (WebDriver, through the
+//!   re-exported `fantoccini`), for tests of web pages.
 //! - [`env_setting`]: an environment variable, where set-but-empty
 //!   (`DATABASE_URL=`) means unset.
 //!
@@ -43,6 +46,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "browser")]
+pub mod browser;
 mod burst;
 pub mod cluster;
 mod env;
