@@ -158,9 +158,11 @@ impl<DB: Backend> Console<DB> {
                 header::X_CONTENT_TYPE_OPTIONS,
                 HeaderValue::from_static("nosniff"),
             );
+            // Not `no-referrer`: under it browsers send `Origin: null` with
+            // a form's POST, and the same-origin check needs the origin.
             h.insert(
                 header::REFERRER_POLICY,
-                HeaderValue::from_static("no-referrer"),
+                HeaderValue::from_static("same-origin"),
             );
             h.entry(header::CACHE_CONTROL)
                 .or_insert(HeaderValue::from_static("no-store"));
