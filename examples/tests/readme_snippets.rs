@@ -13,7 +13,7 @@
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, http, nats, outbox, rabbitmq, record, shards, transaction,
+    archive, by_hand, cache, console, http, nats, outbox, rabbitmq, record, shards, transaction,
     unique_insert, using,
 };
 use idem_runtime::outbox::{Relay, enqueue};
@@ -787,6 +787,77 @@ async fn the_archiver_moves_expired_records_and_find_record_finds_them() {
             .await
             .expect("count");
     assert_eq!(online, 1, "the live record stays");
+}
+
+/// The console of the README: served on its admin port, its overview
+/// shows the outbox, /metrics carries the recorder's counters and the
+/// database's gauges, and the token opens a requeue.
+#[tokio::test]
+async fn the_console_serves_the_outbox_and_its_metrics() {
+    let Some(pool) = pool().await else { return };
+    let topic = format!("readme.console.{}", ids(1));
+    sqlx::query(
+        "INSERT INTO idem_outbox (topic, msg_id, payload, status, attempts, last_error) \
+         VALUES ($1, 'm1', '{}', 'failed', 3, 'boom')",
+    )
+    .bind(&topic)
+    .execute(&pool)
+    .await
+    .expect("a dead letter");
+    let id: i64 = sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .fetch_one(&pool)
+        .await
+        .expect("its id");
+    let token = "readme-console-token-0123".to_string();
+    let at = console::serve_console(pool.clone(), "127.0.0.1:0", token.clone())
+        .await
+        .expect("serve");
+    metrics::counter!("idem_readme_console_probe_total").increment(1);
+    let http = reqwest::Client::new();
+    let page = http
+        .get(format!("http://{at}/dead-letters?topic={topic}"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("boom"));
+    let metrics = http
+        .get(format!("http://{at}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("idem_outbox_failed{{topic=\"{topic}\"}} 1")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("idem_readme_console_probe_total 1"),
+        "{metrics}"
+    );
+    let done = http
+        .post(format!("http://{at}/requeue"))
+        .bearer_auth(&token)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("id={id}&max_id={id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "pending");
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .execute(&pool)
+        .await
+        .unwrap();
 }
 
 /// The retention check passes for 7-day records, and its comment shows

@@ -262,10 +262,10 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), PageError> {
             "cross-origin request refused: submit the console's own forms".into(),
         ))
     };
-    if let Some(site) = headers.get("sec-fetch-site") {
-        if !matches!(site.to_str(), Ok("same-origin" | "none")) {
-            return refuse();
-        }
+    if let Some(site) = headers.get("sec-fetch-site")
+        && !matches!(site.to_str(), Ok("same-origin" | "none"))
+    {
+        return refuse();
     }
     let Some(origin) = headers.get(header::ORIGIN) else {
         return Ok(());

@@ -101,7 +101,8 @@ pub(crate) fn svg(backlog: &Samples, deliveries: &[u64], now: f64) -> Markup {
     let span = WINDOW.as_secs_f64();
     let x = |t: f64| PAD_L + (W - PAD_L - PAD_R) * ((t - (now - span)) / span).clamp(0.0, 1.0);
     let plot_h = H - PAD_T - PAD_B;
-    let max_backlog = nice_max(backlog.points().map(|(_, p)| p as f64).fold(0.0, f64::max));
+    // Whole messages: at least 5, so the five grid steps are whole too.
+    let max_backlog = nice_max(backlog.points().map(|(_, p)| p as f64).fold(5.0, f64::max));
     let rates: Vec<f64> = deliveries
         .iter()
         .map(|n| *n as f64 / BUCKET.as_secs_f64())
@@ -116,8 +117,8 @@ pub(crate) fn svg(backlog: &Samples, deliveries: &[u64], now: f64) -> Markup {
         m = span / 60.0
     );
     // Grid and axes' labels.
-    for i in 0..=4 {
-        let f = f64::from(i) / 4.0;
+    for i in 0..=5 {
+        let f = f64::from(i) / 5.0;
         let gy = PAD_T + plot_h * (1.0 - f);
         let _ = write!(
             s,
@@ -203,6 +204,7 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains(">50<"), "the backlog axis tops at 50: {svg}");
+        assert!(svg.contains(">10<"), "in steps of 10: {svg}");
         assert!(svg.contains(">5<"), "3.5/s tops at 5: {svg}");
         assert_eq!(nice_max(0.0), 1.0);
         assert_eq!(nice_max(101.0), 200.0);

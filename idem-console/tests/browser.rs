@@ -4,9 +4,6 @@
 //! MariaDB: the overview's counts are the database's and refresh by
 //! themselves; a dead letter requeued through the pages is delivered once
 //! by a relay; a record is looked up; a write without the token is refused.
-//!
-//! `IDEM_CONSOLE_SCREENSHOT=path.png` saves the overview (the README's
-//! picture) on the first backend.
 
 mod common;
 use common::*;
@@ -174,11 +171,6 @@ async fn an_operator_requeues_a_dead_letter_and_the_relay_delivers_it_once() {
             async move { try_text(&b, "#total-pending").await.as_deref() == Some("4") }
         })
         .await;
-        if round == 0 {
-            if let Some(path) = idem_testkit::env_setting("IDEM_CONSOLE_SCREENSHOT") {
-                browser.screenshot(std::path::Path::new(&path)).await;
-            }
-        }
 
         // 2. Without the token, a write is refused: the preview offers a
         // sign-in instead of a confirmation, and a forged POST gets 403.

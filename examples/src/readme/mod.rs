@@ -23,6 +23,8 @@ pub mod by_hand;
 #[rustfmt::skip]
 pub mod cache;
 #[rustfmt::skip]
+pub mod console;
+#[rustfmt::skip]
 pub mod http;
 #[rustfmt::skip]
 pub mod nats;

@@ -58,15 +58,21 @@ async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
     };
     let last_minute: u64 = deliveries.iter().rev().take(6).sum();
     let t = &stats.totals;
-    let row = |s: &TopicStats| {
+    // `totals`: the sum row, whose "topic" is no topic to filter on.
+    let row = |s: &TopicStats, totals: bool| {
         html! {
-            tr data-topic=(s.topic) {
-                td.topic { a href=(topic_link("/messages", vec![("status", "pending".into()), ("topic", s.topic.clone())])) { (s.topic) } }
+            tr data-topic=[(!totals).then_some(&s.topic)] {
+                td.topic {
+                    @if totals { "(all topics)" }
+                    @else { a href=(topic_link("/messages", vec![("status", "pending".into()), ("topic", s.topic.clone())])) { (s.topic) } }
+                }
                 td.num.pending { (s.pending) }
                 td.num.success { (s.success) }
                 td.num.failed {
-                    @if s.failed > 0 {
+                    @if s.failed > 0 && !totals {
                         a href=(topic_link("/dead-letters", vec![("topic", s.topic.clone())])) { (s.failed) }
+                    } @else if s.failed > 0 {
+                        a href="/dead-letters" { (s.failed) }
                     } @else { "0" }
                 }
                 td.num.total { (s.total) }
@@ -95,8 +101,8 @@ async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
             } @else {
                 table #topics {
                     thead { tr { th { "Topic" } th.num { "Pending" } th.num { "Delivered" } th.num { "Dead letters" } th.num { "Total" } th.num { "Oldest pending" } } }
-                    tbody { @for s in &stats.topics { (row(s)) } }
-                    tfoot { (row(t)) }
+                    tbody { @for s in &stats.topics { (row(s, false)) } }
+                    tfoot { (row(t, true)) }
                 }
             }
         }
