@@ -1,0 +1,170 @@
+//! `idem serve` as a process: it says where it listens, serves the console,
+//! `/health` and `/metrics` (with its own counters), refuses writes without
+//! its token, and stops cleanly on SIGTERM. On SQLite (a fresh file) and,
+//! when reachable, PostgreSQL and MariaDB.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const TOKEN: &str = "cli-serve-token-0123456789";
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `idem serve` on a free port; its first line on stderr names it.
+fn serve(url: &str, token: Option<&str>) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.env_remove("DATABASE_URL")
+        .env_remove("IDEM_WRITE_TOKEN")
+        .args(["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(t) = token {
+        cmd.env("IDEM_WRITE_TOKEN", t);
+    }
+    let mut child = cmd.spawn().expect("start idem serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("a line").expect("utf-8");
+    let base = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .map(|hostport| format!("http://{hostport}"))
+        .unwrap_or_else(|| panic!("no address in {first:?}"));
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, base }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_the_console_and_stops_on_sigterm() {
+    for (url, pool) in databases().await {
+        let d = dialect(&pool);
+        let topic = format!("cli-serve-{}", ids(1));
+        let dead = insert_message(&pool, &topic, "m1", "{}", "failed", 4, Some("boom")).await;
+
+        // Read-only: pages and metrics, and a refused write.
+        let ro = serve(&url, None);
+        let health = http()
+            .get(format!("{}/health", ro.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), 200, "{d:?}");
+        let page = http()
+            .get(format!("{}/dead-letters?topic={topic}", ro.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("boom") && page.contains("read-only"), "{d:?}");
+        let refused = http()
+            .post(format!("{}/requeue", ro.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("id={dead}&max_id={dead}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 403, "{d:?}");
+        drop(ro);
+        assert_eq!(rows_of(&pool, &topic).await[0].1, "failed", "{d:?}");
+
+        // With the token: a requeue, counted in /metrics.
+        let mut rw = serve(&url, Some(TOKEN));
+        let done = http()
+            .post(format!("{}/requeue", rw.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("id={dead}&max_id={dead}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(done.status(), 200, "{d:?}");
+        assert_eq!(rows_of(&pool, &topic).await[0].1, "pending", "{d:?}");
+        let metrics = http()
+            .get(format!("{}/metrics", rw.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "idem_console_requeued_total 1"),
+            "{d:?}: {metrics}"
+        );
+        assert!(
+            metrics.contains(&format!("idem_outbox_pending{{topic=\"{topic}\"}} 1")),
+            "{d:?}: {metrics}"
+        );
+        // SIGTERM: a clean stop, exit 0.
+        let pid = rw.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let mut status = None;
+        for _ in 0..100 {
+            if let Some(s) = rw.child.try_wait().unwrap() {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = status.expect("idem serve stops within 5 s of SIGTERM");
+        assert!(status.success(), "{d:?}: {status:?}");
+    }
+}
+
+#[test]
+fn serve_refuses_a_short_token_and_a_taken_port() {
+    let url = sqlite_url();
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .env("IDEM_WRITE_TOKEN", "short")
+        .args(["--database-url", &url, "serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at least 16 characters"), "{err}");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEM_WRITE_TOKEN")
+        .args(["--database-url", &url, "serve", "--listen", &addr])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on"), "{err}");
+}
