@@ -464,6 +464,39 @@ async fn a_requeue_takes_what_its_preview_showed_and_only_dead_letters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_preview_counts_every_dead_letter_and_lists_the_first_hundred() {
+    for db in databases("bigpreview").await {
+        let d = db.d;
+        let mut ids = Vec::new();
+        for i in 0..130 {
+            ids.push(
+                db.message("bulk", &format!("f{i:03}"), "failed", 5, Some("boom"))
+                    .await,
+            );
+        }
+        let console = Console::new(db.pool.clone()).write_token(TOKEN).unwrap();
+        let served = serve(console).await;
+        let cookie = sign_in(&served.base).await;
+        let (status, html) =
+            get_with(&format!("{}/requeue?topic=bulk", served.base), &cookie).await;
+        assert_eq!(status, StatusCode::OK, "{d:?}");
+        assert_eq!(number_of(&html, "preview-count"), 130, "{d:?}");
+        assert_eq!(html.matches(r#"<tr data-id=""#).count(), 100, "{d:?}");
+        assert!(html.contains(r#"id="shown""#), "{d:?}");
+        assert_eq!(input_value(&html, "max_id"), Some(ids[129].to_string()));
+        assert_eq!(input_value(&html, "previewed").as_deref(), Some("130"));
+        assert_eq!(
+            db.count(
+                "SELECT COUNT(*) FROM idem_outbox WHERE status = 'failed'",
+                &[]
+            )
+            .await,
+            130
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_are_found_online_and_archived() {
     for db in databases("records").await {
         let d = db.d;

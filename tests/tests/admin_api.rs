@@ -274,6 +274,68 @@ macro_rules! admin_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_preview_counts_every_target_and_lists_only_the_first() {
+                let Some(pool) = pool("preview").await else { return };
+                let failed = enqueue(&pool, "prev", 0, 25).await;
+                for id in &failed {
+                    finish(&pool, *id, "failed", 0).await;
+                }
+                let pending = enqueue(&pool, "prev", 25, 2).await;
+                let other = enqueue(&pool, "prev-other", 0, 1).await[0];
+                finish(&pool, other, "failed", 0).await;
+                let before = ids_where(&pool, "status = 'failed'").await;
+
+                let p = admin::preview(&pool, &RequeueTarget::Topic("prev".into()), 10).await.expect("preview");
+                assert_eq!(p.count, 25);
+                assert_eq!(p.max_id, failed.last().copied());
+                assert_eq!(p.first.iter().map(|m| m.id).collect::<Vec<_>>(), failed[..10]);
+                let all = admin::preview(&pool, &RequeueTarget::AllFailed, 1000).await.expect("all");
+                assert_eq!((all.count, all.max_id, all.first.len()), (26, Some(other), 26));
+                // A selection: only its failed ids count.
+                let sel = RequeueTarget::Ids(vec![failed[3], pending[0], other]);
+                let p = admin::preview(&pool, &sel, 100).await.expect("ids");
+                assert_eq!((p.count, p.max_id), (2, Some(other)));
+                let p = admin::preview(&pool, &RequeueTarget::Id(pending[1]), 100).await.expect("id");
+                assert_eq!((p.count, p.max_id, p.first.len()), (0, None, 0));
+                // Its count is what the confirmation, bounded by its max id, takes.
+                let p = admin::preview(&pool, &RequeueTarget::Topic("prev".into()), 1).await.expect("preview");
+                let done = admin::requeue(
+                    &pool,
+                    &Requeue { target: RequeueTarget::Topic("prev".into()), max_id: p.max_id, dry_run: false },
+                )
+                .await
+                .expect("confirm");
+                assert_eq!(done.requeued, p.count);
+                assert_eq!(ids_where(&pool, "status = 'failed'").await, [other]);
+                assert_eq!(before.len(), 26);
+                // Bad arguments.
+                assert!(is_config(admin::preview(&pool, &RequeueTarget::AllFailed, 0).await));
+                assert!(is_config(admin::preview(&pool, &RequeueTarget::AllFailed, 1001).await));
+                assert!(is_config(admin::preview(&pool, &RequeueTarget::Ids(vec![]), 10).await));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_confirmations_at_once_requeue_each_message_once() {
+                let Some(pool) = pool("twice").await else { return };
+                let failed = enqueue(&pool, "twice", 0, 40).await;
+                for id in &failed {
+                    finish(&pool, *id, "failed", 0).await;
+                }
+                let what = Requeue {
+                    target: RequeueTarget::Topic("twice".into()),
+                    max_id: failed.last().copied(),
+                    dry_run: false,
+                };
+                let (a, b) = tokio::join!(admin::requeue(&pool, &what), admin::requeue(&pool, &what));
+                let (a, b) = (a.expect("first"), b.expect("second"));
+                assert_eq!(a.requeued + b.requeued, 40, "{} + {}", a.requeued, b.requeued);
+                assert_eq!(ids_where(&pool, "status = 'pending' AND attempts = 0").await, failed);
+                // Prefixed once: no message went through both.
+                let twice = ids_where(&pool, "last_error LIKE 'requeued: requeued:%'").await;
+                assert!(twice.is_empty(), "requeued twice: {twice:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn leases_count_each_owners_pending_messages_and_live_leases() {
                 let Some(pool) = pool("leases").await else { return };
                 assert!(admin::leases(&pool).await.expect("leases").is_empty());

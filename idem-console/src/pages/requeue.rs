@@ -71,41 +71,33 @@ pub(crate) async fn preview<DB: Backend>(
     let viewer = c.auth.viewer(&headers);
     let p = Params::query(q.as_deref());
     let target = target(&p)?;
-    let plan = admin::requeue(
-        &c.pool,
-        &Requeue {
-            target: target.clone(),
-            dry_run: true,
-            max_id: None,
-        },
-    )
-    .await?;
-    let max_id = plan.messages.iter().map(|m| m.id).max();
+    let plan = admin::preview(&c.pool, &target, SHOWN as i64).await?;
+    let max_id = plan.max_id;
     let here = format!("/requeue?{}", query_string(fields(&target)));
     let login = format!("/login?{}", query_string([("next", here)]));
     let left_alone = match &target {
-        RequeueTarget::Ids(ids) => ids.len().saturating_sub(plan.messages.len()),
+        RequeueTarget::Ids(ids) => ids.len().saturating_sub(plan.count as usize),
         _ => 0,
     };
     let body = html! {
         h1 { "Requeue: preview" }
-        p { "Requeue " (describe(&target)) ": " strong #preview-count { (plan.requeued) } " failed message(s) would go back to pending (attempts reset to 0, due now; the last error is kept, prefixed with “requeued:”)." }
+        p { "Requeue " (describe(&target)) ": " strong #preview-count { (plan.count) } " failed message(s) would go back to pending (attempts reset to 0, due now; the last error is kept, prefixed with “requeued:”)." }
         @if left_alone > 0 {
             p.note #not-failed { (left_alone) " of the selected messages are not dead letters (pending, delivered or gone) and are left alone." }
         }
-        @if !plan.messages.is_empty() {
-            (message_table(&plan.messages[..plan.messages.len().min(SHOWN)], false))
-            @if plan.messages.len() > SHOWN { p.note { "The first " (SHOWN) " of " (plan.messages.len()) " are shown." } }
+        @if !plan.first.is_empty() {
+            (message_table(&plan.first, false))
+            @if plan.count > plan.first.len() as u64 { p.note #shown { "The first " (plan.first.len()) " of " (plan.count) " are shown." } }
         }
-        @if let (Some(max_id), true) = (max_id, plan.requeued > 0) {
+        @if let (Some(max_id), true) = (max_id, plan.count > 0) {
             @if let Some(csrf) = viewer.csrf.as_ref().filter(|_| viewer.writable) {
                 form method="post" action="/requeue" #confirm-form {
                     input type="hidden" name="csrf" value=(csrf);
                     input type="hidden" name="max_id" value=(max_id);
-                    input type="hidden" name="previewed" value=(plan.requeued);
+                    input type="hidden" name="previewed" value=(plan.count);
                     @for (k, v) in fields(&target) { input type="hidden" name=(k) value=(v); }
                     p.actions {
-                        button.danger type="submit" #confirm { "Requeue " (plan.requeued) " message(s)" }
+                        button.danger type="submit" #confirm { "Requeue " (plan.count) " message(s)" }
                         " " a href="/dead-letters" { "Cancel" }
                     }
                 }

@@ -453,6 +453,15 @@ pub trait AdminStore: Database {
         dry_run: bool,
     ) -> impl Future<Output = Result<(Vec<OutboxMessage>, u64), sqlx::Error>> + Send + 'a;
 
+    /// What [`outbox_requeue`](Self::outbox_requeue) of `target` would
+    /// take, without locking or loading it all: how many failed messages,
+    /// the highest id, and the first `shown` of them by id.
+    fn outbox_requeue_preview<'a>(
+        pool: &'a Pool<Self>,
+        target: &'a RequeueTarget,
+        shown: i64,
+    ) -> impl Future<Output = Result<(u64, Option<i64>, Vec<OutboxMessage>), sqlx::Error>> + Send + 'a;
+
     /// Per lease owner of pending messages, ordered by owner: its
     /// messages, how many of their leases still run, and the earliest and
     /// latest `locked_until` as text.

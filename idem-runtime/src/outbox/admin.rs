@@ -225,16 +225,7 @@ pub struct RequeueReport {
 /// [`RequeueTarget::Ids`] selection of no ids or of more than 1000 is an
 /// [`Error::Config`].
 pub async fn requeue<DB: Backend>(pool: &Pool<DB>, what: &Requeue) -> Result<RequeueReport, Error> {
-    if let RequeueTarget::Ids(ids) = &what.target
-        && (ids.is_empty() || ids.len() > MAX_IDS)
-    {
-        return Err(Error::Config {
-            reason: format!(
-                "a requeue selection holds 1 to {MAX_IDS} ids, not {}",
-                ids.len()
-            ),
-        });
-    }
+    check_selection(&what.target)?;
     let (messages, requeued) =
         DB::outbox_requeue(pool, &what.target, what.max_id, what.dry_run).await?;
     Ok(RequeueReport {
@@ -242,6 +233,65 @@ pub async fn requeue<DB: Backend>(pool: &Pool<DB>, what: &Requeue) -> Result<Req
         requeued,
         messages,
     })
+}
+
+fn check_selection(target: &RequeueTarget) -> Result<(), Error> {
+    match target {
+        RequeueTarget::Ids(ids) if ids.is_empty() || ids.len() > MAX_IDS => Err(Error::Config {
+            reason: format!(
+                "a requeue selection holds 1 to {MAX_IDS} ids, not {}",
+                ids.len()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What a requeue of `target` would take, for a preview that stays cheap
+/// however many dead letters there are: how many failed messages it
+/// selects now, the highest of their ids (pass it as
+/// [`Requeue::max_id`] to the confirmation), and the first `shown` (1 to
+/// 1000) by id. Nothing is locked or changed; unlike a dry run of
+/// [`requeue`], the messages are not all loaded.
+///
+/// ```
+/// use idem_runtime::outbox::admin::{self, RequeueTarget};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::Error> {
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// let p = admin::preview(&pool, &RequeueTarget::Topic("payments".into()), 100).await?;
+/// assert_eq!((p.count, p.max_id, p.first.len()), (0, None, 0));
+/// # Ok(()) }
+/// ```
+pub async fn preview<DB: Backend>(
+    pool: &Pool<DB>,
+    target: &RequeueTarget,
+    shown: i64,
+) -> Result<RequeuePreview, Error> {
+    check_selection(target)?;
+    if !(1..=1000).contains(&shown) {
+        return Err(Error::Config {
+            reason: format!("a preview shows 1 to 1000 messages, not {shown}"),
+        });
+    }
+    let (count, max_id, first) = DB::outbox_requeue_preview(pool, target, shown).await?;
+    Ok(RequeuePreview {
+        count,
+        max_id,
+        first,
+    })
+}
+
+/// What a requeue would take (see [`preview`]).
+#[derive(Debug, Serialize, Clone, PartialEq)]
+pub struct RequeuePreview {
+    /// Failed messages the target selects now.
+    pub count: u64,
+    /// The highest of their ids (none: no message).
+    pub max_id: Option<i64>,
+    /// The first of them by id, at most as many as asked for.
+    pub first: Vec<OutboxMessage>,
 }
 
 /// The status of message `id` (`pending`, `success`, `failed`), if it

@@ -35,6 +35,34 @@ fn message_columns(sql: &SqlSet) -> String {
     )
 }
 
+/// The condition selecting `target`'s messages (binds: [`target_binds`]).
+fn target_filter(target: &RequeueTarget) -> String {
+    match target {
+        RequeueTarget::Id(_) => " AND id = ?".to_string(),
+        RequeueTarget::Topic(_) => " AND topic = ?".to_string(),
+        RequeueTarget::AllFailed => String::new(),
+        // No ids select nothing.
+        RequeueTarget::Ids(ids) if ids.is_empty() => " AND 1 = 0".to_string(),
+        RequeueTarget::Ids(ids) => format!(" AND id IN ({})", marks(ids.len())),
+    }
+}
+
+/// The values [`target_filter`]'s condition binds, in order: ids as
+/// numbers, a topic as text.
+enum TargetBind<'a> {
+    Id(i64),
+    Topic(&'a str),
+}
+
+fn target_binds(target: &RequeueTarget) -> Vec<TargetBind<'_>> {
+    match target {
+        RequeueTarget::Id(id) => vec![TargetBind::Id(*id)],
+        RequeueTarget::Topic(t) => vec![TargetBind::Topic(t)],
+        RequeueTarget::AllFailed => Vec::new(),
+        RequeueTarget::Ids(ids) => ids.iter().map(|id| TargetBind::Id(*id)).collect(),
+    }
+}
+
 fn sql_of_pool<DB: Sealed>(pool: &Pool<DB>) -> &'static SqlSet {
     DB::dialect_of_pool(pool).sql()
 }
@@ -108,14 +136,7 @@ impl AdminStore for DB {
         dry_run: bool,
     ) -> Result<(Vec<OutboxMessage>, u64), sqlx::Error> {
         let sql = sql_of_pool(pool);
-        let filter = match target {
-            RequeueTarget::Id(_) => " AND id = ?".to_string(),
-            RequeueTarget::Topic(_) => " AND topic = ?".to_string(),
-            RequeueTarget::AllFailed => String::new(),
-            // No ids select nothing.
-            RequeueTarget::Ids(ids) if ids.is_empty() => " AND 1 = 0".to_string(),
-            RequeueTarget::Ids(ids) => format!(" AND id IN ({})", marks(ids.len())),
-        };
+        let filter = target_filter(target);
         let upto = if max_id.is_some() { " AND id <= ?" } else { "" };
         let text = sql.render(&format!(
             "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter}{upto} ORDER BY id{}",
@@ -205,6 +226,42 @@ impl AdminStore for DB {
             .bind(bucket_secs);
         let q = bind_secs!(q, sql, window_secs);
         on_pool!(pool, |conn| q.fetch_all(conn))
+    }
+
+    async fn outbox_requeue_preview<'a>(
+        pool: &'a Pool<Self>,
+        target: &'a RequeueTarget,
+        shown: i64,
+    ) -> Result<(u64, Option<i64>, Vec<OutboxMessage>), sqlx::Error> {
+        let sql = sql_of_pool(pool);
+        let filter = target_filter(target);
+        let count = sql.render(&format!(
+            "SELECT COUNT(*), MAX(id) FROM idem_outbox WHERE status = 'failed'{filter}"
+        ));
+        let first = sql.render(&format!(
+            "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter} ORDER BY id LIMIT ?",
+            message_columns(sql)
+        ));
+        let mut q = sqlx::query_as::<_, (i64, Option<i64>)>(sqlx::AssertSqlSafe(count))
+            .persistent(persist());
+        for b in target_binds(target) {
+            q = match b {
+                TargetBind::Id(id) => q.bind(id),
+                TargetBind::Topic(t) => q.bind(t),
+            };
+        }
+        let (n, max_id) = on_pool!(pool, |conn| q.fetch_one(conn))?;
+        let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(first))
+            .persistent(persist());
+        for b in target_binds(target) {
+            q = match b {
+                TargetBind::Id(id) => q.bind(id),
+                TargetBind::Topic(t) => q.bind(t),
+            };
+        }
+        let q = q.bind(shown);
+        let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
+        Ok((n.max(0) as u64, max_id, rows.into_iter().map(message).collect()))
     }
 
     async fn outbox_status(

@@ -34,6 +34,8 @@ pub const LISTENER_APP: &str = "idem-listener";
 /// it wakes up once after each (re)connection of its listener, for the
 /// messages enqueued while nobody listened.
 #[derive(Debug, Clone, Copy)]
+// Read by the PostgreSQL listener only.
+#[cfg_attr(not(any(feature = "postgres", feature = "any")), allow(dead_code))]
 pub(super) struct Listen<'a> {
     pub(super) owner: &'a str,
     pub(super) catch_up: bool,
