@@ -205,6 +205,12 @@ async fn lists_walk_every_message_once_a_page_at_a_time() {
             }
         }
         assert_eq!(seen, failed, "{d:?}: every dead letter once, in id order");
+        // Each row offers the preview of its own requeue.
+        let (_, html) = get(&format!("{}/dead-letters", served.base)).await;
+        assert!(
+            html.contains(&format!(r#"href="/requeue?id={}""#, failed[0])),
+            "{d:?}"
+        );
         assert_eq!(pages, 3, "{d:?}");
         // Another status, filtered by topic.
         let (_, html) = get(&format!(

@@ -188,6 +188,7 @@ pub(crate) fn message_table(messages: &[OutboxMessage], select: bool) -> Markup 
             thead { tr {
                 @if select { th { "" } }
                 th.num { "Id" } th { "Topic" } th { "Message id" } th { "Status" } th.num { "Attempts" } th { "Last error" } th { "Updated (UTC)" }
+                @if select { th { "" } }
             } }
             tbody {
                 @for m in messages {
@@ -200,6 +201,7 @@ pub(crate) fn message_table(messages: &[OutboxMessage], select: bool) -> Markup 
                         td.num { (m.attempts) }
                         td.error { (m.last_error.as_deref().unwrap_or("")) }
                         td { (m.updated_at) }
+                        @if select { td { a.requeue-one href=(format!("/requeue?id={}", m.id)) { "Requeue…" } } }
                     }
                 }
             }
