@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod auth;
+mod cache;
 mod chart;
 mod error;
 mod fmt;
@@ -86,6 +87,7 @@ pub(crate) struct Inner<DB: Backend> {
     pub(crate) outbox_retention: Duration,
     pub(crate) samples: Mutex<Samples>,
     pub(crate) sample_every: Duration,
+    pub(crate) figures: cache::Figures,
 }
 
 pub(crate) type Shared<DB> = Arc<Inner<DB>>;
@@ -102,6 +104,7 @@ impl<DB: Backend> Console<DB> {
                 outbox_retention: idem_runtime::archive::DEFAULT_OUTBOX_RETENTION,
                 samples: Mutex::new(Samples::new(chart::WINDOW)),
                 sample_every: Duration::from_secs(2),
+                figures: cache::Figures::new(),
             },
         }
     }
@@ -131,7 +134,10 @@ impl<DB: Backend> Console<DB> {
     }
 
     /// How often the backlog is sampled for the chart (default 2 s, at
-    /// least 100 ms).
+    /// least 100 ms); also the oldest the overview's and `/metrics`'
+    /// figures may be: they are read once per interval however many tabs
+    /// refresh and scrapers ask (a requeue through the console shows at
+    /// once).
     pub fn sample_every(mut self, every: Duration) -> Self {
         self.inner.sample_every = every.max(Duration::from_millis(100));
         self

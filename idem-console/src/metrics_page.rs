@@ -13,14 +13,17 @@
 //! | `idem_outbox_success` | `topic` | delivered messages not yet archived |
 //! | `idem_outbox_oldest_pending_age_seconds` | `topic` | age of the oldest pending message (0: none) |
 //! | `idem_outbox_lease_holders` | | relays holding leases on pending messages |
-//! | `idem_console_database_up` | | 1 when the database answered this scrape |
+//! | `idem_console_database_up` | | 1 when the database answered a ping during this scrape |
+//!
+//! The gauges are read at most once per sampling interval
+//! ([`Console::sample_every`](crate::Console::sample_every), 2 s by
+//! default), shared with the overview.
 
 use crate::Shared;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_runtime::Backend;
-use idem_runtime::outbox::admin;
 use metrics::{Unit, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use sqlx::Connection;
@@ -29,10 +32,12 @@ use std::time::Duration;
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
-    let stats = admin::stats(&c.pool, None).await;
-    let leases = admin::leases(&c.pool).await;
+    let stats = c.stats().await;
+    let leases = c.leases().await;
     let local = PrometheusBuilder::new().build_recorder();
-    let up = stats.is_ok() && leases.is_ok();
+    // The figures may be one sampling interval old; whether the database
+    // answers is asked now.
+    let up = ping(&c).await.is_ok();
     metrics::with_local_recorder(&local, || {
         describe_gauge!(
             "idem_outbox_pending",
@@ -93,18 +98,23 @@ pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Respons
     ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response()
 }
 
-pub(crate) async fn health<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
+/// Whether the database answers a ping within 3 s (why not, if not).
+async fn ping<DB: Backend>(c: &Shared<DB>) -> Result<(), String> {
     let ping = async {
         let mut conn = c.pool.acquire().await?;
         conn.ping().await
     };
-    let (status, db) = match tokio::time::timeout(Duration::from_secs(3), ping).await {
-        Ok(Ok(())) => (StatusCode::OK, "up".to_string()),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("down: {e}")),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "down: no answer within 3s".into(),
-        ),
+    match tokio::time::timeout(Duration::from_secs(3), ping).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 3s".into()),
+    }
+}
+
+pub(crate) async fn health<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
+    let (status, db) = match ping(&c).await {
+        Ok(()) => (StatusCode::OK, "up".to_string()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("down: {e}")),
     };
     let body = serde_json::json!({
         "status": if status == StatusCode::OK { "ok" } else { "unavailable" },

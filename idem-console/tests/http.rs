@@ -361,9 +361,18 @@ async fn a_requeue_takes_what_its_preview_showed_and_only_dead_letters() {
         );
 
         // Confirmed: exactly the failed one of the selection.
+        let (_, overview) = get(&format!("{base}/")).await;
+        assert_eq!(number_of(&overview, "total-failed"), 3, "{d:?}");
         let (status, html) = post(&format!("{base}/requeue"), Some(&cookie), fields(&csrf)).await;
         assert_eq!(status, StatusCode::OK, "{d:?}: {html}");
         assert_eq!(number_of(&html, "requeued-count"), 1);
+        // The overview shows it at once, within its sampling interval.
+        let (_, overview) = get(&format!("{base}/")).await;
+        assert_eq!(
+            number_of(&overview, "total-failed"),
+            2,
+            "{d:?}: the counts were not refreshed"
+        );
         let after = db.rows().await;
         for (b, a) in before.iter().zip(&after) {
             if b.0 == f1 {
@@ -645,7 +654,10 @@ async fn metrics_serve_the_outbox_gauges_and_health_the_database() {
         db.message("payments", "f1", "failed", 5, None).await;
         db.message("payments", "f2", "failed", 5, None).await;
         db.message("mail \"quoted\"", "p", "pending", 0, None).await;
-        let served = serve(Console::new(db.pool.clone())).await;
+        let served = serve(
+            Console::new(db.pool.clone()).sample_every(std::time::Duration::from_millis(200)),
+        )
+        .await;
         let r = client()
             .get(format!("{}/metrics", served.base))
             .send()
@@ -677,8 +689,19 @@ async fn metrics_serve_the_outbox_gauges_and_health_the_database() {
             .execute(&db.pool)
             .await
             .unwrap();
-        let (_, text) = get(&format!("{}/metrics", served.base)).await;
-        assert!(!text.contains(r#"topic="payments""#), "{d:?}: {text}");
+        // (Within one sampling interval: the figures are shared for that long.)
+        let start = std::time::Instant::now();
+        loop {
+            let (_, text) = get(&format!("{}/metrics", served.base)).await;
+            if !text.contains(r#"topic="payments""#) {
+                break;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "{d:?}: {text}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
 
         let r = client()
             .get(format!("{}/health", served.base))
@@ -698,8 +721,21 @@ async fn metrics_serve_the_outbox_gauges_and_health_the_database() {
         let (status, text) = get(&format!("{}/metrics", served.base)).await;
         assert_eq!(status, StatusCode::OK);
         assert!(text.contains("idem_console_database_up 0"), "{d:?}: {text}");
-        let (status, html) = get(&format!("{}/", served.base)).await;
-        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{d:?}");
+        // The overview's figures outlive the database by one sampling
+        // interval at most.
+        let start = std::time::Instant::now();
+        let html = loop {
+            let (status, html) = get(&format!("{}/", served.base)).await;
+            if status == StatusCode::INTERNAL_SERVER_ERROR {
+                break html;
+            }
+            assert_eq!(status, StatusCode::OK, "{d:?}");
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "{d:?}: still served"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
         assert!(html.contains("database error"), "{d:?}");
     }
 }

@@ -84,7 +84,7 @@ async fn render<DB: Backend>(
     let viewer = c.auth.viewer(headers);
     let dead = path == "/dead-letters";
     let page = admin::page(&c.pool, l.status, l.topic.as_deref(), l.after, l.limit).await?;
-    let stats = admin::stats(&c.pool, None).await?;
+    let stats = c.stats().await?;
     let topics: Vec<&str> = stats
         .topics
         .iter()

@@ -1,6 +1,6 @@
 //! `/`: the outbox at a glance, and `/live`, its part that refreshes.
 
-use crate::chart::{self, BUCKET, WINDOW};
+use crate::chart;
 use crate::error::PageError;
 use crate::params::query_string;
 use crate::{Shared, fmt, layout};
@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Html;
 use idem_runtime::Backend;
-use idem_runtime::outbox::admin::{self, TopicStats};
+use idem_runtime::outbox::admin::TopicStats;
 use maud::{Markup, html};
 
 pub(crate) async fn page<DB: Backend>(
@@ -44,9 +44,9 @@ fn topic_link(path: &str, pairs: Vec<(&str, String)>) -> String {
 }
 
 async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
-    let stats = admin::stats(&c.pool, None).await?;
-    let deliveries = admin::deliveries(&c.pool, WINDOW, BUCKET).await?;
-    let leases = admin::leases(&c.pool).await?;
+    let stats = c.stats().await?;
+    let deliveries = c.deliveries().await?;
+    let leases = c.leases().await?;
     let now = chart::unix_now();
     let samples = {
         let mut s = c
