@@ -155,7 +155,6 @@ impl Browser {
                     "--no-default-browser-check",
                     "--disable-extensions",
                     "--disable-background-networking",
-                    "--disable-crash-reporter",
                 ],
             }),
         );
