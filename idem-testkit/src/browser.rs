@@ -155,7 +155,6 @@ impl Browser {
                     "--no-default-browser-check",
                     "--disable-extensions",
                     "--disable-background-networking",
-                    "--disable-crash-reporter",
                 ],
             }),
         );
@@ -214,24 +213,22 @@ impl Browser {
             .unwrap_or_else(|e| panic!("write the screenshot to {}: {e}", path.display()));
     }
 
-    /// Ends the WebDriver session (Chromium exits), then `chromedriver`;
-    /// whatever is left of them is killed as on drop.
+    /// Ends the WebDriver session and waits (up to 5 s) for Chromium to
+    /// exit, then kills `chromedriver` and whatever is left, as on drop.
     pub async fn close(mut self) {
         if let Some(client) = self.client.take() {
             // An error here (a session already gone) changes nothing: the
             // drop below kills what is left.
             let _ = tokio::time::timeout(Duration::from_secs(10), client.close()).await;
         }
-        // chromedriver outlives its sessions: SIGTERM, up to 5 s to exit.
-        if let Some(pid) = self.driver.pid() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while self.driver.running() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        // Chromium exits once its session ends: up to 5 s to do so
+        // cleanly. chromedriver outlives its sessions: the drop then kills
+        // it (nothing of its own to flush), with whatever is left. It is
+        // not reaped before, so its pid, the group's id, cannot be reused
+        // by an unrelated process before the group is killed.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !naming(self.scratch.path()).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The browser harness on a real headless Chromium: a tiny axum app served
 //! in-process (a page with a form that POSTs, and a result page) driven
 //! through `chromedriver`; a screenshot; and no process of the browser left
-//! once its handle is closed or dropped (also without `close`, as when a
-//! test panics).
+//! once its handle is closed, dropped without `close`, or dropped by the
+//! unwinding of a test that panics (`pgrep -f <its scratch directory>`).
 //!
 //! Skipped (with a `SKIPPED: …` line) when `chromium` or `chromedriver` is
 //! not installed, e.g. `IDEM_TEST_CHROMEDRIVER=/nonexistent`; a failure
@@ -160,5 +160,34 @@ async fn dropped_without_close_leaves_no_process() {
     drop(browser);
     let left = pgrep(&dir);
     assert!(left.is_empty(), "left after drop:\n{left}");
+    assert!(!dir.exists(), "the scratch directory is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_that_panics_leaves_no_process() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // A test body that panics while its Browser is open: the unwinding
+    // drops it.
+    let body = tokio::spawn(async move {
+        let Some(browser) = Browser::start("browser_panics").await else {
+            return;
+        };
+        browser
+            .client()
+            .goto("about:blank")
+            .await
+            .expect("load a page");
+        let dir = browser.dir().to_path_buf();
+        let running = pgrep(&dir);
+        tx.send(dir).expect("send the directory");
+        assert!(running.is_empty(), "the test fails here, as intended");
+    });
+    match body.await {
+        Ok(()) => return, // skipped: chromium or chromedriver not installed
+        Err(e) => assert!(e.is_panic(), "the body panicked: {e}"),
+    }
+    let dir = rx.await.expect("the directory, sent before the panic");
+    let left = pgrep(&dir);
+    assert!(left.is_empty(), "left after a panic:\n{left}");
     assert!(!dir.exists(), "the scratch directory is removed");
 }
