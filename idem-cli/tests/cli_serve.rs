@@ -55,6 +55,21 @@ fn http() -> reqwest::Client {
         .unwrap()
 }
 
+/// POSTs the requeue of message `id` (up to itself) with the token as a
+/// bearer; the status code.
+async fn requeue_by_bearer(base: &str, id: i64) -> u16 {
+    http()
+        .post(format!("{base}/requeue"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("id={id}&max_id={id}"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_the_console_and_stops_on_sigterm() {
     for (url, pool) in databases().await {
@@ -79,29 +94,15 @@ async fn serve_runs_the_console_and_stops_on_sigterm() {
             .await
             .unwrap();
         assert!(page.contains("boom") && page.contains("read-only"), "{d:?}");
-        let refused = http()
-            .post(format!("{}/requeue", ro.base))
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(format!("id={dead}&max_id={dead}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(refused.status(), 403, "{d:?}");
+        let refused = requeue_by_bearer(&ro.base, dead).await;
+        assert_eq!(refused, 403, "{d:?}");
         drop(ro);
         assert_eq!(rows_of(&pool, &topic).await[0].1, "failed", "{d:?}");
 
         // With the token: a requeue, counted in /metrics.
         let mut rw = serve(&url, Some(TOKEN));
-        let done = http()
-            .post(format!("{}/requeue", rw.base))
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(format!("id={dead}&max_id={dead}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(done.status(), 200, "{d:?}");
+        let done = requeue_by_bearer(&rw.base, dead).await;
+        assert_eq!(done, 200, "{d:?}");
         assert_eq!(rows_of(&pool, &topic).await[0].1, "pending", "{d:?}");
         let metrics = http()
             .get(format!("{}/metrics", rw.base))

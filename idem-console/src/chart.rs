@@ -19,7 +19,7 @@ pub(crate) const BUCKET: Duration = Duration::from_secs(10);
 /// The backlog as sampled: `(unix seconds, pending messages)`, oldest
 /// first, no older than the window.
 #[derive(Debug, Clone)]
-pub struct Samples {
+pub(crate) struct Samples {
     window: Duration,
     points: VecDeque<(f64, i64)>,
 }
@@ -49,7 +49,7 @@ impl Samples {
     }
 
     /// The samples, oldest first.
-    pub fn points(&self) -> impl Iterator<Item = (f64, i64)> + '_ {
+    pub(crate) fn points(&self) -> impl Iterator<Item = (f64, i64)> + '_ {
         self.points.iter().copied()
     }
 }

@@ -47,6 +47,7 @@ use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use chart::Samples;
 use idem_runtime::Backend;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::Pool;
@@ -64,7 +65,6 @@ mod pages;
 mod params;
 
 pub use auth::TokenError;
-pub use chart::Samples;
 
 /// The console: its database, its write token, its metrics.
 pub struct Console<DB: Backend> {

@@ -64,7 +64,7 @@ pub use names::{id_base, ids, unique};
 #[cfg(feature = "redis")]
 pub use redis_server::{redis_get, redis_up, redis_url};
 pub use servers::{
-    any, mysql, mysql_database, mysql_url, postgres, postgres_database, postgres_url, sqlite,
-    sqlite_url, unreachable,
+    any, database_url, mysql, mysql_database, mysql_url, postgres, postgres_database, postgres_url,
+    sqlite, sqlite_url, unreachable,
 };
 pub use sql::sql;

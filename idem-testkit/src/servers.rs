@@ -235,6 +235,26 @@ pub async fn mysql_database(name: &str, max: u32) -> Option<MySqlPool> {
     Some(pool)
 }
 
+/// `url` with its database replaced by `name` (its query string kept): the
+/// URL of a database [`postgres_database`] or [`mysql_database`] made, for
+/// a `sqlx::Any` pool or a process.
+///
+/// ```
+/// let url = idem_testkit::database_url("postgres://u@h:5432/test?sslmode=disable", "other");
+/// assert_eq!(url, "postgres://u@h:5432/other?sslmode=disable");
+/// ```
+pub fn database_url(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+    match query {
+        Some(q) => format!("{server}/{name}?{q}"),
+        None => format!("{server}/{name}"),
+    }
+}
+
 fn plain_identifier(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63

@@ -14,19 +14,6 @@ use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
 use idem_testkit::sql;
 use std::time::Duration;
 
-/// `url` with its database replaced by `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
-    match query {
-        Some(q) => format!("{server}/{name}?{q}"),
-        None => format!("{server}/{name}"),
-    }
-}
-
 fn is_config(r: Result<impl std::fmt::Debug, Error>) -> bool {
     matches!(r, Err(Error::Config { .. }))
 }
@@ -495,13 +482,25 @@ admin_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, |name| {
 // The same through `sqlx::Any`, the dialect chosen by URL.
 admin_tests!(any_postgres, sqlx::Any, Dialect::Postgres, |name| {
     match idem_testkit::postgres_database(&name, 1).await {
-        Some(_) => idem_testkit::any(&with_database(&idem_testkit::postgres_url(), &name), 4).await,
+        Some(_) => {
+            idem_testkit::any(
+                &idem_testkit::database_url(&idem_testkit::postgres_url(), &name),
+                4,
+            )
+            .await
+        }
         None => None,
     }
 });
 admin_tests!(any_mariadb, sqlx::Any, Dialect::MySql, |name| {
     match idem_testkit::mysql_database(&name, 1).await {
-        Some(_) => idem_testkit::any(&with_database(&idem_testkit::mysql_url(), &name), 4).await,
+        Some(_) => {
+            idem_testkit::any(
+                &idem_testkit::database_url(&idem_testkit::mysql_url(), &name),
+                4,
+            )
+            .await
+        }
         None => None,
     }
 });

@@ -9,7 +9,7 @@ pub(crate) use idem_console::Console;
 pub(crate) use idem_runtime::__private::Dialect;
 pub(crate) use idem_runtime::Backend;
 pub(crate) use idem_testkit::{
-    any, mysql_database, mysql_url, postgres_database, postgres_url, sql,
+    any, database_url, mysql_database, mysql_url, postgres_database, postgres_url, sql,
 };
 pub(crate) use sqlx::{Any, AnyPool, Row};
 
@@ -21,12 +21,6 @@ pub(crate) struct Db {
     pub(crate) d: Dialect,
 }
 
-fn with_database(url: &str, name: &str) -> String {
-    let base = url.split('?').next().unwrap_or(url);
-    let cut = base.rfind('/').expect("a URL with a database");
-    format!("{}/{name}", &base[..cut])
-}
-
 /// SQLite (a fresh file), and the PostgreSQL and MariaDB databases named
 /// `idem_console_<test>` (created when missing, emptied).
 pub(crate) async fn databases(test: &str) -> Vec<Db> {
@@ -34,11 +28,11 @@ pub(crate) async fn databases(test: &str) -> Vec<Db> {
     let mut urls = vec![idem_testkit::sqlite_url()];
     if let Some(pool) = postgres_database(&name, 1).await {
         pool.close().await;
-        urls.push(with_database(&postgres_url(), &name));
+        urls.push(database_url(&postgres_url(), &name));
     }
     if let Some(pool) = mysql_database(&name, 1).await {
         pool.close().await;
-        urls.push(with_database(&mysql_url(), &name));
+        urls.push(database_url(&mysql_url(), &name));
     }
     let mut out = Vec::new();
     for url in urls {
