@@ -316,6 +316,10 @@ async fn a_requeue_takes_what_its_preview_showed_and_only_dead_letters() {
         assert!(html.contains(r#"id="login-error""#));
         let cookie = sign_in(base).await;
 
+        // An id named twice is one message.
+        let (_, html) = get_with(&format!("{base}/requeue?id={f1}&id={f1}"), &cookie).await;
+        assert_eq!(number_of(&html, "preview-count"), 1, "{d:?}");
+        assert!(!html.contains(r#"id="not-failed""#), "{d:?}: {html}");
         // A selection with a pending and a delivered message in it.
         let q = format!("id={f1}&id={p}&id={s}");
         let (status, html) = get_with(&format!("{base}/requeue?{q}"), &cookie).await;

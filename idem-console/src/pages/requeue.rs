@@ -21,7 +21,10 @@ const SHOWN: usize = 100;
 const MAX_SELECTION: usize = 1000;
 
 fn target(p: &Params) -> Result<RequeueTarget, PageError> {
-    let ids = p.ints("id")?;
+    let mut ids = p.ints("id")?;
+    // A crafted selection may name an id twice: once is what it means.
+    ids.sort_unstable();
+    ids.dedup();
     let topic = p.get("topic");
     let all = p.get("all") == Some("1");
     match (ids.is_empty(), topic, all) {
