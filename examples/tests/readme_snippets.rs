@@ -860,6 +860,71 @@ async fn the_console_serves_the_outbox_and_its_metrics() {
         .unwrap();
 }
 
+/// The console merged into an application under `/ops/idem`: the
+/// application's route stays its own, the pages are under the prefix, and
+/// a requeue through it changes the row.
+#[tokio::test]
+async fn the_console_mounted_in_an_application() {
+    let Some(pool) = pool().await else { return };
+    let topic = format!("readme.mounted.{}", ids(1));
+    sqlx::query(
+        "INSERT INTO idem_outbox (topic, msg_id, payload, status, attempts, last_error) \
+         VALUES ($1, 'm1', '{}', 'failed', 3, 'mounted boom')",
+    )
+    .bind(&topic)
+    .execute(&pool)
+    .await
+    .expect("a dead letter");
+    let id: i64 = sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .fetch_one(&pool)
+        .await
+        .expect("its id");
+    let token = "readme-mounted-token-0123".to_string();
+    let app = console::app_with_console(pool.clone(), token.clone()).expect("the app");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let http = reqwest::Client::new();
+    let get = |path: String| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("http://{at}{path}"))
+                .send()
+                .await
+                .expect("GET");
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(get("/".into()).await, (200, "the application".to_string()));
+    let (status, page) = get(format!("/ops/idem/dead-letters?topic={topic}")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("mounted boom"), "{page}");
+    assert!(page.contains(r#"href="/ops/idem/records""#), "{page}");
+    let done = http
+        .post(format!("http://{at}/ops/idem/requeue"))
+        .bearer_auth(&token)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("id={id}&max_id={id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "pending");
+    server.abort();
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
 /// The retention check passes for 7-day records, and its comment shows
 /// what a 1-hour ttl gets with the README's relay settings.
 #[tokio::test]

@@ -98,6 +98,10 @@ pub(crate) struct ServeArgs {
     /// Database connections the console may hold.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) connections: u32,
+    /// Serve the pages under this path (such as /ops/idem), for a reverse proxy that forwards
+    /// that path unchanged. Default: the root.
+    #[arg(long, default_value = "/")]
+    pub(crate) path_prefix: String,
 }
 
 #[derive(Subcommand, Debug)]

@@ -25,10 +25,16 @@ impl Drop for Server {
 
 /// Starts `idem serve` on a free port; its first line on stderr names it.
 fn serve(url: &str, token: Option<&str>) -> Server {
+    serve_with(url, token, &[]).0
+}
+
+/// `serve` with more arguments; also the line that named the address.
+fn serve_with(url: &str, token: Option<&str>, more: &[&str]) -> (Server, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
     cmd.env_remove("DATABASE_URL")
         .env_remove("IDEM_WRITE_TOKEN")
         .args(["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
+        .args(more)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if let Some(t) = token {
@@ -45,7 +51,7 @@ fn serve(url: &str, token: Option<&str>) -> Server {
         .unwrap_or_else(|| panic!("no address in {first:?}"));
     // Keep draining stderr so the server never blocks on it.
     std::thread::spawn(move || for _ in lines {});
-    Server { child, base }
+    (Server { child, base }, first)
 }
 
 fn http() -> reqwest::Client {
@@ -168,4 +174,37 @@ fn serve_refuses_a_short_token_and_a_taken_port() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot listen on"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_under_a_path_prefix_keeps_every_page_under_it() {
+    let url = sqlite_url();
+    let _migrated = any(&url, 1).await.expect("sqlite never skips");
+    let (server, said) = serve_with(&url, None, &["--path-prefix", "/ops/idem"]);
+    let base = &server.base;
+    assert!(said.contains(&format!("{base}/ops/idem/ ")), "{said}");
+    let get = |path: &'static str| {
+        let url = format!("{base}{path}");
+        async move {
+            let r = http().get(url).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, html) = get("/ops/idem/").await;
+    assert_eq!(status, 200);
+    assert!(html.contains(r#"href="/ops/idem/dead-letters""#), "{html}");
+    assert!(!html.contains(r#"href="/dead-letters""#), "{html}");
+    assert_eq!(get("/ops/idem/health").await.0, 200);
+    assert_eq!(get("/health").await.0, 404);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEM_WRITE_TOKEN")
+        .args(["--database-url", &url, "serve", "--listen", "127.0.0.1:0"])
+        .args(["--path-prefix", "ops/../idem"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unusable mount path"), "{err}");
 }

@@ -149,13 +149,14 @@ impl Auth {
     }
 
     /// The `Set-Cookie` value of a session.
-    pub(crate) fn set_cookie(value: &str) -> String {
-        format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}")
+    /// `path`: where the console is mounted.
+    pub(crate) fn set_cookie(value: &str, path: &str) -> String {
+        format!("{COOKIE}={value}; Path={path}; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}")
     }
 
     /// The `Set-Cookie` value ending a session.
-    pub(crate) fn clear_cookie() -> String {
-        format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    pub(crate) fn clear_cookie(path: &str) -> String {
+        format!("{COOKIE}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0")
     }
 
     /// The request's session, when its cookie is valid and not expired

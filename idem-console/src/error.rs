@@ -1,8 +1,9 @@
 //! What a page answers when it cannot show what was asked.
 
 use crate::layout;
+use crate::mount::Mount;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::{Html, IntoResponse, Response};
 use maud::html;
 
 /// A page's failure, rendered as an HTML page with its status code.
@@ -27,9 +28,32 @@ impl From<idem_runtime::Error> for PageError {
     }
 }
 
+/// A failure's page, left in the response's extensions for the router's
+/// layer to render: it knows where the console is mounted, which the
+/// links of the page depend on.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorPage {
+    title: &'static str,
+    message: String,
+}
+
+impl ErrorPage {
+    pub(crate) fn render(&self, mount: &Mount) -> Html<String> {
+        layout::bare(
+            mount,
+            self.title,
+            html! {
+                h1 { (self.title) }
+                p.error #error { (self.message) }
+                p { a href=(mount.url("/")) { "Back to the overview" } }
+            },
+        )
+    }
+}
+
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
-        let (status, title, msg) = match self {
+        let (status, title, message) = match self {
             PageError::BadRequest(m) => (StatusCode::BAD_REQUEST, "Bad request", m),
             PageError::Forbidden(m) => (StatusCode::FORBIDDEN, "Refused", m),
             PageError::NotFound(m) => (StatusCode::NOT_FOUND, "Not found", m),
@@ -42,14 +66,10 @@ impl IntoResponse for PageError {
                 )
             }
         };
-        let body = layout::bare(
-            title,
-            html! {
-                h1 { (title) }
-                p.error #error { (msg) }
-                p { a href="/" { "Back to the overview" } }
-            },
-        );
-        (status, body).into_response()
+        // The text alone, should the response ever leave without the
+        // router's layer; the layer replaces it with the page.
+        let mut r = (status, message.clone()).into_response();
+        r.extensions_mut().insert(ErrorPage { title, message });
+        r
     }
 }

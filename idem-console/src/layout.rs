@@ -1,6 +1,7 @@
 //! The frame every page shares: head, navigation, who is signed in.
 
 use crate::auth::Viewer;
+use crate::mount::Mount;
 use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
 
@@ -14,30 +15,38 @@ const NAV: &[(&str, &str)] = &[
     ("/metrics", "Metrics"),
 ];
 
-fn head(title: &str) -> Markup {
+fn head(mount: &Mount, title: &str) -> Markup {
     html! {
         head {
             meta charset="utf-8";
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) " · idem" }
-            link rel="stylesheet" href="/static/console.css";
-            script src="/static/console.js" defer {}
+            link rel="stylesheet" href=(mount.url("/static/console.css"));
+            script src=(mount.url("/static/console.js")) defer {}
         }
     }
 }
 
-/// A full page: `active` is the navigation entry it belongs to.
-pub(crate) fn page(title: &str, active: &str, viewer: &Viewer, body: Markup) -> Html<String> {
+/// A full page: `active` is the navigation entry it belongs to (the
+/// console's path, without the mount's prefix).
+/// Its links are under `mount`.
+pub(crate) fn page(
+    mount: &Mount,
+    title: &str,
+    active: &str,
+    viewer: &Viewer,
+    body: Markup,
+) -> Html<String> {
     let doc = html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(mount, title))
             body {
                 header.top {
                     span.brand { "idem" }
                     nav {
                         @for (path, label) in NAV {
-                            a href=(path) class=[(*path == active).then_some("active")] { (label) }
+                            a href=(mount.url(path)) class=[(*path == active).then_some("active")] { (label) }
                         }
                     }
                     span.who #who {
@@ -45,13 +54,13 @@ pub(crate) fn page(title: &str, active: &str, viewer: &Viewer, body: Markup) -> 
                             span.badge.ro #mode { "read-only" }
                         } @else if let Some(csrf) = &viewer.csrf {
                             span.badge.rw #mode { "write access" }
-                            form.inline method="post" action="/logout" {
+                            form.inline method="post" action=(mount.url("/logout")) {
                                 input type="hidden" name="csrf" value=(csrf);
                                 button type="submit" { "Sign out" }
                             }
                         } @else {
                             span.badge #mode { "read (signed out)" }
-                            a #sign-in href="/login" { "Sign in to write" }
+                            a #sign-in href=(mount.url("/login")) { "Sign in to write" }
                         }
                     }
                 }
@@ -63,11 +72,11 @@ pub(crate) fn page(title: &str, active: &str, viewer: &Viewer, body: Markup) -> 
 }
 
 /// A page without navigation state (errors).
-pub(crate) fn bare(title: &str, body: Markup) -> Html<String> {
+pub(crate) fn bare(mount: &Mount, title: &str, body: Markup) -> Html<String> {
     let doc = html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(mount, title))
             body { main { (body) } }
         }
     };

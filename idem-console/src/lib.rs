@@ -20,6 +20,8 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The paths, at the root or under the prefix of [`Console::mount_at`]:
+//!
 //! | path | method | what |
 //! |---|---|---|
 //! | `/` | GET | the outbox by topic and status, the oldest pending age, a live chart of the backlog and deliveries/s, the relays holding leases |
@@ -45,7 +47,7 @@
 
 use axum::Router;
 use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use chart::Samples;
 use idem_runtime::Backend;
@@ -61,10 +63,12 @@ mod error;
 mod fmt;
 mod layout;
 mod metrics_page;
+mod mount;
 mod pages;
 mod params;
 
 pub use auth::TokenError;
+pub use mount::MountError;
 
 /// The console: its database, its write token, its metrics.
 pub struct Console<DB: Backend> {
@@ -88,6 +92,7 @@ pub(crate) struct Inner<DB: Backend> {
     pub(crate) samples: Mutex<Samples>,
     pub(crate) sample_every: Duration,
     pub(crate) figures: cache::Figures,
+    pub(crate) mount: mount::Mount,
 }
 
 pub(crate) type Shared<DB> = Arc<Inner<DB>>;
@@ -105,6 +110,7 @@ impl<DB: Backend> Console<DB> {
                 samples: Mutex::new(Samples::new(chart::WINDOW)),
                 sample_every: Duration::from_secs(2),
                 figures: cache::Figures::new(),
+                mount: mount::Mount::default(),
             },
         }
     }
@@ -143,6 +149,27 @@ impl<DB: Backend> Console<DB> {
         self
     }
 
+    /// Serves the console under `path` (such as `/ops/idem`) instead of at
+    /// the root, to merge its router into an application's: every link,
+    /// form, redirect and the session cookie then stay under that prefix,
+    /// and the application keeps its own fallback.
+    ///
+    /// ```
+    /// # async fn app(pool: sqlx::SqlitePool) -> Result<(), idem_console::MountError> {
+    /// let app = axum::Router::new()
+    ///     .route("/", axum::routing::get(|| async { "the application" }))
+    ///     .merge(idem_console::Console::new(pool).mount_at("/ops/idem")?.router());
+    /// // the overview is at /ops/idem/, the dead letters at /ops/idem/dead-letters
+    /// # let _ = app; Ok(()) }
+    /// ```
+    ///
+    /// `path` is `/`-separated segments of letters, digits and `-._~`
+    /// (else [`MountError`]); `/` is the root.
+    pub fn mount_at(mut self, path: &str) -> Result<Self, MountError> {
+        self.inner.mount = mount::Mount::new(path)?;
+        Ok(self)
+    }
+
     /// The routes. Inside a Tokio runtime this also starts the backlog
     /// sampler for the chart, which stops when the router is dropped.
     pub fn router(self) -> Router {
@@ -150,7 +177,13 @@ impl<DB: Backend> Console<DB> {
         if tokio::runtime::Handle::try_current().is_ok() {
             chart::spawn_sampler(Arc::downgrade(&shared));
         }
-        let secure = |mut r: Response| {
+        let mount = shared.mount.clone();
+        let secure = move |mut r: Response| {
+            // A page's failure is rendered here, where the prefix is known.
+            if let Some(e) = r.extensions_mut().remove::<error::ErrorPage>() {
+                let status = r.status();
+                r = (status, e.render(&mount)).into_response();
+            }
             let h = r.headers_mut();
             h.insert(
                 header::CONTENT_SECURITY_POLICY,
@@ -174,27 +207,49 @@ impl<DB: Backend> Console<DB> {
                 .or_insert(HeaderValue::from_static("no-store"));
             r
         };
-        Router::new()
-            .route("/", get(pages::overview::page::<DB>))
-            .route("/live", get(pages::overview::live::<DB>))
-            .route("/messages", get(pages::messages::messages::<DB>))
-            .route("/dead-letters", get(pages::messages::dead_letters::<DB>))
+        let base = shared.mount.base().to_string();
+        let at = |path: &str| format!("{base}{path}");
+        let mut router = Router::new()
+            .route(&at("/"), get(pages::overview::page::<DB>))
+            .route(&at("/live"), get(pages::overview::live::<DB>))
+            .route(&at("/messages"), get(pages::messages::messages::<DB>))
             .route(
-                "/requeue",
+                &at("/dead-letters"),
+                get(pages::messages::dead_letters::<DB>),
+            )
+            .route(
+                &at("/requeue"),
                 get(pages::requeue::preview::<DB>).post(pages::requeue::confirm::<DB>),
             )
-            .route("/records", get(pages::records::page::<DB>))
-            .route("/archive", get(pages::archive::page::<DB>))
+            .route(&at("/records"), get(pages::records::page::<DB>))
+            .route(&at("/archive"), get(pages::archive::page::<DB>))
             .route(
-                "/login",
+                &at("/login"),
                 get(pages::login::form_page::<DB>).post(pages::login::login::<DB>),
             )
-            .route("/logout", axum::routing::post(pages::login::logout::<DB>))
-            .route("/metrics", get(metrics_page::metrics::<DB>))
-            .route("/health", get(metrics_page::health::<DB>))
-            .route("/static/console.css", get(css))
-            .route("/static/console.js", get(js))
-            .fallback(not_found)
+            .route(
+                &at("/logout"),
+                axum::routing::post(pages::login::logout::<DB>),
+            )
+            .route(&at("/metrics"), get(metrics_page::metrics::<DB>))
+            .route(&at("/health"), get(metrics_page::health::<DB>))
+            .route(&at("/static/console.css"), get(css))
+            .route(&at("/static/console.js"), get(js));
+        router = if base.is_empty() {
+            router.fallback(not_found)
+        } else {
+            // Mounted: the prefix without its slash leads to the overview,
+            // and unknown paths under the prefix get the console's 404; no
+            // fallback, so the application merging this router keeps its own.
+            let overview = at("/");
+            router
+                .route(
+                    &base,
+                    get(move || async move { Redirect::permanent(&overview) }),
+                )
+                .route(&at("/{*rest}"), axum::routing::any(not_found))
+        };
+        router
             .layer(axum::middleware::map_response(move |r: Response| {
                 let r = secure(r);
                 async move { r }

@@ -802,3 +802,232 @@ async fn pages_escape_what_the_database_holds_and_set_safety_headers() {
     assert_eq!(status, StatusCode::OK);
     assert!(html.contains(r#"id="read-only""#));
 }
+
+/// What a URL in a page is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Use {
+    /// `href`, `src`, `data-refresh`: fetched as it is.
+    Get,
+    /// A GET form's `action`: fetched with the form's fields.
+    GetForm,
+    /// A POST form's `action`.
+    PostForm,
+}
+
+/// Every `href`, `src`, `action` and `data-refresh` of a page (entities
+/// undone), with what it is for.
+fn links(html: &str) -> Vec<(String, Use)> {
+    let mut out = Vec::new();
+    for attr in [" href=\"", " src=\"", " action=\"", " data-refresh=\""] {
+        let mut rest = html;
+        while let Some(at) = rest.find(attr) {
+            let tag_start = rest[..at].rfind('<').unwrap_or(0);
+            let after = &rest[at + attr.len()..];
+            let end = after.find('"').expect("a closed attribute");
+            let tag_end = after.find('>').unwrap_or(after.len());
+            let tag = format!("{}{}", &rest[tag_start..at], &after[..tag_end]);
+            let use_ = match (attr == " action=\"", tag.contains("method=\"post\"")) {
+                (false, _) => Use::Get,
+                (true, false) => Use::GetForm,
+                (true, true) => Use::PostForm,
+            };
+            out.push((after[..end].replace("&amp;", "&"), use_));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mounted_under_a_prefix_every_link_form_redirect_and_cookie_stay_under_it() {
+    // The prefix is the router's business, not the backend's: SQLite.
+    let db = databases("mounted")
+        .await
+        .into_iter()
+        .next()
+        .expect("sqlite");
+    let failed = db
+        .message("payments", "f1", "failed", 5, Some("handler: boom"))
+        .await;
+    db.message("payments", "p1", "pending", 1, None).await;
+    db.message("payments", "s1", "success", 1, None).await;
+    let console = Console::new(db.pool.clone())
+        .write_token(TOKEN)
+        .unwrap()
+        .mount_at("/ops/idem/")
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "the application" }))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "the application's 404") })
+        .merge(console.router());
+    let served = serve_router(app).await;
+    let base = &served.base;
+    let prefix = "/ops/idem/";
+
+    // The application keeps its own routes and fallback.
+    assert_eq!(get(&format!("{base}/")).await.1, "the application");
+    assert_eq!(
+        get(&format!("{base}/dead-letters")).await,
+        (StatusCode::NOT_FOUND, "the application's 404".to_string())
+    );
+    // The prefix without its slash leads to the overview.
+    let r = client()
+        .get(format!("{base}/ops/idem"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(r.headers()[LOCATION], prefix);
+
+    // Signed in, so that the write forms are on the pages too.
+    let r = client()
+        .post(format!("{base}/ops/idem/login"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(form(&[
+            ("token", TOKEN.into()),
+            ("next", "/dead-letters".into()),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()[LOCATION], "/ops/idem/dead-letters");
+    let set = r.headers()[SET_COOKIE].to_str().unwrap().to_string();
+    assert!(set.contains("Path=/ops/idem/;"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_string();
+
+    // Crawl from the overview: every link, form and script is under the
+    // prefix, and every GET link answers.
+    let mut todo = vec![prefix.to_string(), format!("{prefix}records?key=nothing")];
+    let mut seen = std::collections::BTreeSet::new();
+    let mut forms = std::collections::BTreeSet::new();
+    while let Some(path) = todo.pop() {
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        assert!(seen.len() < 200, "the crawl does not end: {seen:?}");
+        let (status, body) = get_with(&format!("{base}{path}"), &cookie).await;
+        let expected = if path.contains("key=nothing") {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(status, expected, "{path}: {body}");
+        for (link, use_) in links(&body) {
+            assert!(
+                link.starts_with(prefix),
+                "{path} links to {link:?}, outside {prefix}"
+            );
+            match use_ {
+                Use::Get => todo.push(link),
+                form => {
+                    forms.insert((link, form));
+                }
+            }
+        }
+    }
+    for page in [
+        "",
+        "messages",
+        "dead-letters",
+        "records",
+        "archive",
+        "metrics",
+        "live",
+    ] {
+        assert!(
+            seen.iter()
+                .any(|s| s.split('?').next() == Some(&format!("{prefix}{page}"))),
+            "the crawl never reached {prefix}{page}: {seen:?}"
+        );
+    }
+    assert!(
+        seen.contains(&format!("{prefix}requeue?id={failed}")),
+        "{seen:?}"
+    );
+    let mut posts: Vec<&str> = forms
+        .iter()
+        .filter(|(_, u)| *u == Use::PostForm)
+        .map(|(l, _)| l.as_str())
+        .collect();
+    posts.sort();
+    assert_eq!(
+        posts,
+        ["/ops/idem/logout", "/ops/idem/requeue"],
+        "the write forms"
+    );
+    // The GET forms: the filters, the selection to preview, the lookup.
+    for action in ["messages", "dead-letters", "requeue", "records"] {
+        assert!(
+            forms.contains(&(format!("{prefix}{action}"), Use::GetForm)),
+            "no GET form to {prefix}{action}: {forms:?}"
+        );
+    }
+
+    // A requeue through the mounted pages changes the row.
+    let (_, html) = get_with(&format!("{base}/ops/idem/requeue?id={failed}"), &cookie).await;
+    let csrf = input_value(&html, "csrf").expect("the confirmation form");
+    let max_id = input_value(&html, "max_id").unwrap();
+    let (status, html) = post(
+        &format!("{base}/ops/idem/requeue"),
+        Some(&cookie),
+        form(&[
+            ("csrf", csrf.clone()),
+            ("max_id", max_id),
+            ("id", failed.to_string()),
+        ]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{html}");
+    assert_eq!(number_of(&html, "requeued-count"), 1);
+    assert_eq!(db.status(failed).await, "pending");
+    assert!(
+        links(&html).iter().all(|(l, _)| l.starts_with(prefix)),
+        "{html}"
+    );
+
+    // An unknown page under the prefix is the console's 404, whose links
+    // stay under it too.
+    let (status, html) = get(&format!("{base}/ops/idem/nowhere")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(html.contains(r#"id="error""#), "{html}");
+    let error_links = links(&html);
+    assert!(!error_links.is_empty());
+    assert!(
+        error_links.iter().all(|(l, _)| l.starts_with(prefix)),
+        "{error_links:?}"
+    );
+    assert_eq!(
+        get(&format!("{base}/ops/idem/health")).await.0,
+        StatusCode::OK
+    );
+
+    // Signing out clears the cookie on the prefix and goes to its overview.
+    let r = client()
+        .post(format!("{base}/ops/idem/logout"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(COOKIE, &cookie)
+        .body(form(&[("csrf", csrf)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()[LOCATION], prefix);
+    let cleared = r.headers()[SET_COOKIE].to_str().unwrap();
+    assert!(
+        cleared.contains("Path=/ops/idem/;") && cleared.contains("Max-Age=0"),
+        "{cleared}"
+    );
+}
+
+#[tokio::test]
+async fn a_mount_path_that_is_no_plain_path_is_refused() {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .connect_lazy("sqlite::memory:")
+        .unwrap();
+    for bad in ["ops", "/ops//idem", "/ops/{id}", "/ops/../x", "/a b"] {
+        let e = Console::new(pool.clone()).mount_at(bad).unwrap_err();
+        assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+    }
+    assert!(Console::new(pool).mount_at("/").is_ok());
+}

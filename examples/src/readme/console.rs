@@ -26,3 +26,23 @@ pub async fn serve_console(
     // README: end
     Ok(at)
 }
+
+/// The application's router with the console merged in under `/ops/idem`
+/// (requeues for `token`).
+pub fn app_with_console(
+    pool: PgPool,
+    token: String,
+) -> Result<axum::Router, Box<dyn std::error::Error + Send + Sync>> {
+    // README: console-mounted
+    use axum::{Router, routing::get};
+    use idem_console::Console;
+
+    let console = Console::new(pool)
+        .write_token(token)?
+        .mount_at("/ops/idem")?;                    // pages, forms, cookie: all under it
+    let app = Router::new()
+        .route("/", get(|| async { "the application" }))
+        .merge(console.router());                   // the overview at /ops/idem/
+    // README: end
+    Ok(app)
+}

@@ -17,7 +17,9 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
         })?;
     let mut console = Console::new(pool.clone())
         .prometheus(prometheus)
-        .outbox_retention(args.outbox_retention);
+        .outbox_retention(args.outbox_retention)
+        .mount_at(&args.path_prefix)
+        .map_err(|e| Fail::usage(e.to_string()))?;
     let writable = match args.write_token.as_deref().map(str::trim) {
         Some(token) if !token.is_empty() => {
             console = console
@@ -31,8 +33,9 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
         .await
         .map_err(|e| Fail::usage(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr().unwrap_or(args.listen);
+    let prefix = args.path_prefix.trim_end_matches('/');
     eprintln!(
-        "idem: console on http://{addr}/ ({}); Ctrl-C stops it",
+        "idem: console on http://{addr}{prefix}/ ({}); Ctrl-C stops it",
         if writable {
             "requeues allowed after signing in with the write token"
         } else {

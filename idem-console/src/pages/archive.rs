@@ -28,5 +28,11 @@ pub(crate) async fn page<DB: Backend>(
             }
         }
     };
-    Ok(layout::page("Archiving", "/archive", &viewer, body))
+    Ok(layout::page(
+        &c.mount,
+        "Archiving",
+        "/archive",
+        &viewer,
+        body,
+    ))
 }

@@ -13,7 +13,8 @@ use idem_runtime::Backend;
 use maud::html;
 
 /// Where to go after signing in: a path of this console only (no
-/// `//host`, no scheme), else the overview.
+/// `//host`, no scheme), else the overview; without the mount's prefix,
+/// which the redirect adds.
 fn safe_next(next: Option<&str>) -> String {
     match next {
         Some(n)
@@ -41,7 +42,7 @@ fn form<DB: Backend>(
             p.error #read-only { "This console is read-only: it was started without a write token, so there is nothing to sign in to." }
         } @else {
             @if let Some(e) = error { p.error #login-error { (e) } }
-            form method="post" action="/login" #login {
+            form method="post" action=(c.mount.url("/login")) #login {
                 input type="hidden" name="next" value=(next);
                 label { "Write token " input type="password" name="token" #token autocomplete="off" required; }
                 " " button type="submit" #sign-in-submit { "Sign in" }
@@ -54,7 +55,7 @@ fn form<DB: Backend>(
     } else {
         StatusCode::OK
     };
-    (status, layout::page("Sign in", "", &viewer, body)).into_response()
+    (status, layout::page(&c.mount, "Sign in", "", &viewer, body)).into_response()
 }
 
 pub(crate) async fn form_page<DB: Backend>(
@@ -83,10 +84,13 @@ pub(crate) async fn login<DB: Backend>(
         metrics::counter!("idem_console_refused_writes_total").increment(1);
         return Ok(form(&c, &headers, &next, Some("Wrong write token.")));
     }
-    let cookie = Auth::set_cookie(&c.auth.new_session());
+    let cookie = Auth::set_cookie(&c.auth.new_session(), &c.mount.cookie_path());
     Ok((
         StatusCode::SEE_OTHER,
-        [(header::SET_COOKIE, cookie), (header::LOCATION, next)],
+        [
+            (header::SET_COOKIE, cookie),
+            (header::LOCATION, c.mount.url(&next)),
+        ],
     )
         .into_response())
 }
@@ -101,8 +105,11 @@ pub(crate) async fn logout<DB: Backend>(
     Ok((
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, Auth::clear_cookie()),
-            (header::LOCATION, "/".to_string()),
+            (
+                header::SET_COOKIE,
+                Auth::clear_cookie(&c.mount.cookie_path()),
+            ),
+            (header::LOCATION, c.mount.url("/")),
         ],
     )
         .into_response())

@@ -2,6 +2,7 @@
 //! reasons, to select for a requeue): oldest first, a page at a time.
 
 use crate::error::PageError;
+use crate::mount::Mount;
 use crate::params::{Params, query_string};
 use crate::{Shared, layout};
 use axum::extract::{RawQuery, State};
@@ -119,7 +120,7 @@ async fn render<DB: Backend>(
         if l.limit != PAGE {
             pairs.push(("limit", l.limit.to_string()));
         }
-        format!("{path}?{}", query_string(pairs))
+        format!("{}?{}", c.mount.url(path), query_string(pairs))
     };
     let title = if dead {
         "Dead letters".to_string()
@@ -127,7 +128,7 @@ async fn render<DB: Backend>(
         format!("Messages: {}", l.status.as_str())
     };
     let filter = html! {
-        form.filter method="get" action=(path) {
+        form.filter method="get" action=(c.mount.url(path)) {
             @if !dead {
                 label { "Status "
                     select name="status" {
@@ -148,7 +149,7 @@ async fn render<DB: Backend>(
             " " button type="submit" { "Show" }
         }
     };
-    let table = message_table(&page.messages, dead);
+    let table = message_table(&c.mount, &page.messages, dead);
     let body = html! {
         h1 { (title) }
         (filter)
@@ -159,14 +160,14 @@ async fn render<DB: Backend>(
         @if page.messages.is_empty() {
             p.note #empty { "Nothing here." }
         } @else if dead {
-            form method="get" action="/requeue" #selection {
+            form method="get" action=(c.mount.url("/requeue")) #selection {
                 (table)
                 p.actions {
                     button type="submit" #preview-selected { "Preview requeue of the selected" }
                     @if let Some(t) = &l.topic {
-                        " " a.button #preview-topic href=(format!("/requeue?{}", query_string([("topic", t.clone())]))) { "Preview requeue of all of " (t) }
+                        " " a.button #preview-topic href=(format!("{}?{}", c.mount.url("/requeue"), query_string([("topic", t.clone())]))) { "Preview requeue of all of " (t) }
                     } @else {
-                        " " a.button #preview-all href="/requeue?all=1" { "Preview requeue of all dead letters" }
+                        " " a.button #preview-all href=(c.mount.url("/requeue?all=1")) { "Preview requeue of all dead letters" }
                     }
                 }
             }
@@ -178,11 +179,12 @@ async fn render<DB: Backend>(
             @if let Some(next) = page.next_after { a #next-page href=(link(Some(next))) { "Next page →" } }
         }
     };
-    Ok(layout::page(&title, path, &viewer, body))
+    Ok(layout::page(&c.mount, &title, path, &viewer, body))
 }
 
 /// The messages as a table; `select`: with a checkbox per row.
-pub(crate) fn message_table(messages: &[OutboxMessage], select: bool) -> Markup {
+/// (Its links are under `mount`.)
+pub(crate) fn message_table(mount: &Mount, messages: &[OutboxMessage], select: bool) -> Markup {
     html! {
         table #messages {
             thead { tr {
@@ -201,7 +203,7 @@ pub(crate) fn message_table(messages: &[OutboxMessage], select: bool) -> Markup 
                         td.num { (m.attempts) }
                         td.error { (m.last_error.as_deref().unwrap_or("")) }
                         td { (m.updated_at) }
-                        @if select { td { a.requeue-one href=(format!("/requeue?id={}", m.id)) { "Requeue…" } } }
+                        @if select { td { a.requeue-one href=(mount.url(&format!("/requeue?id={}", m.id))) { "Requeue…" } } }
                     }
                 }
             }

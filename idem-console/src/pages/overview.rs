@@ -18,13 +18,14 @@ pub(crate) async fn page<DB: Backend>(
     let viewer = c.auth.viewer(&headers);
     let live = live_part(&c).await?;
     Ok(layout::page(
+        &c.mount,
         "Overview",
         "/",
         &viewer,
         html! {
             h1 { "Outbox" }
             noscript { p.note { "Reload the page to refresh it (with JavaScript it refreshes itself every 3 s)." } }
-            div #live data-refresh="/live" data-every="3000" { (live) }
+            div #live data-refresh=(c.mount.url("/live")) data-every="3000" { (live) }
         },
     ))
 }
@@ -39,8 +40,8 @@ fn age(secs: Option<f64>) -> String {
     secs.map(fmt::age).unwrap_or_else(|| "-".into())
 }
 
-fn topic_link(path: &str, pairs: Vec<(&str, String)>) -> String {
-    format!("{path}?{}", query_string(pairs))
+fn topic_link(url: String, pairs: Vec<(&str, String)>) -> String {
+    format!("{url}?{}", query_string(pairs))
 }
 
 async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
@@ -64,15 +65,15 @@ async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
             tr data-topic=[(!totals).then_some(&s.topic)] {
                 td.topic {
                     @if totals { "(all topics)" }
-                    @else { a href=(topic_link("/messages", vec![("status", "pending".into()), ("topic", s.topic.clone())])) { (s.topic) } }
+                    @else { a href=(topic_link(c.mount.url("/messages"), vec![("status", "pending".into()), ("topic", s.topic.clone())])) { (s.topic) } }
                 }
                 td.num.pending { (s.pending) }
                 td.num.success { (s.success) }
                 td.num.failed {
                     @if s.failed > 0 && !totals {
-                        a href=(topic_link("/dead-letters", vec![("topic", s.topic.clone())])) { (s.failed) }
+                        a href=(topic_link(c.mount.url("/dead-letters"), vec![("topic", s.topic.clone())])) { (s.failed) }
                     } @else if s.failed > 0 {
-                        a href="/dead-letters" { (s.failed) }
+                        a href=(c.mount.url("/dead-letters")) { (s.failed) }
                     } @else { "0" }
                 }
                 td.num.total { (s.total) }
@@ -83,7 +84,7 @@ async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
     Ok(html! {
         section.cards {
             div.card { div.label { "Pending" } div.value #total-pending { (t.pending) } }
-            div.card.bad[t.failed > 0] { div.label { "Dead letters" } div.value #total-failed { a href="/dead-letters" { (t.failed) } } }
+            div.card.bad[t.failed > 0] { div.label { "Dead letters" } div.value #total-failed { a href=(c.mount.url("/dead-letters")) { (t.failed) } } }
             div.card { div.label { "Delivered" } div.value #total-success { (t.success) } }
             div.card { div.label { "Oldest pending" } div.value #oldest-pending { (age(t.oldest_pending_age_secs)) } }
             div.card { div.label { "Deliveries, last minute" } div.value #deliveries-1m { (last_minute) } }

@@ -29,7 +29,7 @@ pub(crate) async fn page<DB: Backend>(
         None => None,
     };
     let form = html! {
-        form.filter method="get" action="/records" #lookup {
+        form.filter method="get" action=(c.mount.url("/records")) #lookup {
             label { "Key " input type="text" name="key" #key size="48" value=(key.unwrap_or("")) required; }
             label { " biz_type " input type="text" name="biz_type" #biz-type size="16" value=(biz_type.unwrap_or("")) placeholder="(any)"; }
             " " button type="submit" #look-up { "Look up" }
@@ -64,6 +64,6 @@ pub(crate) async fn page<DB: Backend>(
         Some(rs) if rs.is_empty() => StatusCode::NOT_FOUND,
         _ => StatusCode::OK,
     };
-    let html: Html<String> = layout::page("Records", "/records", &viewer, body);
+    let html: Html<String> = layout::page(&c.mount, "Records", "/records", &viewer, body);
     Ok((status, html).into_response())
 }

@@ -77,7 +77,11 @@ pub(crate) async fn preview<DB: Backend>(
     let plan = admin::preview(&c.pool, &target, SHOWN as i64).await?;
     let max_id = plan.max_id;
     let here = format!("/requeue?{}", query_string(fields(&target)));
-    let login = format!("/login?{}", query_string([("next", here)]));
+    let login = format!(
+        "{}?{}",
+        c.mount.url("/login"),
+        query_string([("next", here)])
+    );
     let left_alone = match &target {
         RequeueTarget::Ids(ids) => ids.len().saturating_sub(plan.count as usize),
         _ => 0,
@@ -89,19 +93,19 @@ pub(crate) async fn preview<DB: Backend>(
             p.note #not-failed { (left_alone) " of the selected messages are not dead letters (pending, delivered or gone) and are left alone." }
         }
         @if !plan.first.is_empty() {
-            (message_table(&plan.first, false))
+            (message_table(&c.mount, &plan.first, false))
             @if plan.count > plan.first.len() as u64 { p.note #shown { "The first " (plan.first.len()) " of " (plan.count) " are shown." } }
         }
         @if let (Some(max_id), true) = (max_id, plan.count > 0) {
             @if let Some(csrf) = viewer.csrf.as_ref().filter(|_| viewer.writable) {
-                form method="post" action="/requeue" #confirm-form {
+                form method="post" action=(c.mount.url("/requeue")) #confirm-form {
                     input type="hidden" name="csrf" value=(csrf);
                     input type="hidden" name="max_id" value=(max_id);
                     input type="hidden" name="previewed" value=(plan.count);
                     @for (k, v) in fields(&target) { input type="hidden" name=(k) value=(v); }
                     p.actions {
                         button.danger type="submit" #confirm { "Requeue " (plan.count) " message(s)" }
-                        " " a href="/dead-letters" { "Cancel" }
+                        " " a href=(c.mount.url("/dead-letters")) { "Cancel" }
                     }
                 }
             } @else if viewer.writable {
@@ -111,7 +115,13 @@ pub(crate) async fn preview<DB: Backend>(
             }
         }
     };
-    Ok(layout::page("Requeue", "/dead-letters", &viewer, body))
+    Ok(layout::page(
+        &c.mount,
+        "Requeue",
+        "/dead-letters",
+        &viewer,
+        body,
+    ))
 }
 
 pub(crate) async fn confirm<DB: Backend>(
@@ -150,7 +160,13 @@ pub(crate) async fn confirm<DB: Backend>(
         @if let Some(n) = previewed.filter(|n| *n > done.requeued as i64) {
             p.note #fewer { (n - done.requeued as i64) " of the " (n) " previewed were no longer dead letters (requeued, delivered or archived meanwhile) and were left alone." }
         }
-        p { a href="/dead-letters" { "Back to the dead letters" } " · " a href="/" { "Overview" } }
+        p { a href=(c.mount.url("/dead-letters")) { "Back to the dead letters" } " · " a href=(c.mount.url("/")) { "Overview" } }
     };
-    Ok(layout::page("Requeued", "/dead-letters", &viewer, body))
+    Ok(layout::page(
+        &c.mount,
+        "Requeued",
+        "/dead-letters",
+        &viewer,
+        body,
+    ))
 }

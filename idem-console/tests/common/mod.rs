@@ -139,11 +139,15 @@ impl Drop for Served {
 }
 
 pub(crate) async fn serve<DB: Backend>(console: Console<DB>) -> Served {
+    serve_router(console.router()).await
+}
+
+/// An application's router (one a console was merged into), served the same way.
+pub(crate) async fn serve_router(router: axum::Router) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a free port");
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let router = console.router();
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
