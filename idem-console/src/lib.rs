@@ -143,7 +143,10 @@ impl<DB: Backend> Console<DB> {
     /// least 100 ms); also the oldest the overview's and `/metrics`'
     /// figures may be: they are read once per interval however many tabs
     /// refresh and scrapers ask (a requeue through the console shows at
-    /// once).
+    /// once). On an outbox so large that a read takes more than a tenth
+    /// of the interval, a figure is kept ten times as long as its read
+    /// took, so that the console spends at most about a tenth of its time
+    /// reading it.
     pub fn sample_every(mut self, every: Duration) -> Self {
         self.inner.sample_every = every.max(Duration::from_millis(100));
         self
