@@ -789,6 +789,24 @@ async fn the_archiver_moves_expired_records_and_find_record_finds_them() {
     assert_eq!(online, 1, "the live record stays");
 }
 
+/// A dead letter of `topic` failed with `error`: its id.
+async fn dead_letter(pool: &PgPool, topic: &str, error: &str) -> i64 {
+    sqlx::query(
+        "INSERT INTO idem_outbox (topic, msg_id, payload, status, attempts, last_error) \
+         VALUES ($1, 'm1', '{}', 'failed', 3, $2)",
+    )
+    .bind(topic)
+    .bind(error)
+    .execute(pool)
+    .await
+    .expect("a dead letter");
+    sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = $1")
+        .bind(topic)
+        .fetch_one(pool)
+        .await
+        .expect("its id")
+}
+
 /// The console of the README: served on its admin port, its overview
 /// shows the outbox, /metrics carries the recorder's counters and the
 /// database's gauges, and the token opens a requeue.
@@ -796,19 +814,7 @@ async fn the_archiver_moves_expired_records_and_find_record_finds_them() {
 async fn the_console_serves_the_outbox_and_its_metrics() {
     let Some(pool) = pool().await else { return };
     let topic = format!("readme.console.{}", ids(1));
-    sqlx::query(
-        "INSERT INTO idem_outbox (topic, msg_id, payload, status, attempts, last_error) \
-         VALUES ($1, 'm1', '{}', 'failed', 3, 'boom')",
-    )
-    .bind(&topic)
-    .execute(&pool)
-    .await
-    .expect("a dead letter");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = $1")
-        .bind(&topic)
-        .fetch_one(&pool)
-        .await
-        .expect("its id");
+    let id = dead_letter(&pool, &topic, "boom").await;
     let token = "readme-console-token-0123".to_string();
     let at = console::serve_console(pool.clone(), "127.0.0.1:0", token.clone())
         .await
@@ -867,19 +873,7 @@ async fn the_console_serves_the_outbox_and_its_metrics() {
 async fn the_console_mounted_in_an_application() {
     let Some(pool) = pool().await else { return };
     let topic = format!("readme.mounted.{}", ids(1));
-    sqlx::query(
-        "INSERT INTO idem_outbox (topic, msg_id, payload, status, attempts, last_error) \
-         VALUES ($1, 'm1', '{}', 'failed', 3, 'mounted boom')",
-    )
-    .bind(&topic)
-    .execute(&pool)
-    .await
-    .expect("a dead letter");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = $1")
-        .bind(&topic)
-        .fetch_one(&pool)
-        .await
-        .expect("its id");
+    let id = dead_letter(&pool, &topic, "mounted boom").await;
     let token = "readme-mounted-token-0123".to_string();
     let app = console::app_with_console(pool.clone(), token.clone()).expect("the app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -4,6 +4,8 @@
 //! MariaDB: the overview's counts are the database's and refresh by
 //! themselves; a dead letter requeued through the pages is delivered once
 //! by a relay; a record is looked up; a write without the token is refused.
+//! The second database's console is mounted under a path prefix inside an
+//! application's router.
 
 mod common;
 use common::*;
@@ -112,14 +114,23 @@ async fn an_operator_requeues_a_dead_letter_and_the_relay_delivers_it_once() {
         db.message("mail", "f0", "failed", 8, Some("smtp: 550"))
             .await;
 
-        let served = serve(
-            Console::new(db.pool.clone())
-                .write_token(TOKEN)
-                .unwrap()
-                .sample_every(Duration::from_millis(500)),
-        )
-        .await;
-        let base = served.base.clone();
+        let console = Console::new(db.pool.clone())
+            .write_token(TOKEN)
+            .unwrap()
+            .sample_every(Duration::from_millis(500));
+        // Every other database's console is merged into an application
+        // under a path prefix, as one inside an application is mounted:
+        // the same steps must work there (links, forms, the cookie's path).
+        let prefix = if round % 2 == 1 { "/ops/idem" } else { "" };
+        let served = if prefix.is_empty() {
+            serve(console).await
+        } else {
+            let app = axum::Router::new()
+                .route("/", axum::routing::get(|| async { "the application" }))
+                .merge(console.mount_at(prefix).unwrap().router());
+            serve_router(app).await
+        };
+        let base = format!("{}{prefix}", served.base);
 
         // 1. The overview's counts are the database's.
         b.goto(&format!("{base}/")).await.unwrap();
@@ -180,10 +191,10 @@ async fn an_operator_requeues_a_dead_letter_and_the_relay_delivers_it_once() {
         assert!(b.find(Locator::Css("#need-sign-in")).await.is_ok(), "{d:?}");
         let status = b
             .execute(
-                "return fetch('/requeue', {method: 'POST', headers: {'Content-Type': \
+                "return fetch(arguments[1] + '/requeue', {method: 'POST', headers: {'Content-Type': \
                  'application/x-www-form-urlencoded'}, body: 'id=' + arguments[0] + \
                  '&max_id=' + arguments[0]}).then(r => r.status);",
-                vec![serde_json::json!(dead)],
+                vec![serde_json::json!(dead), serde_json::json!(prefix)],
             )
             .await
             .unwrap();
@@ -363,9 +374,9 @@ async fn an_operator_requeues_a_dead_letter_and_the_relay_delivers_it_once() {
             .await;
         let status = b
             .execute(
-                "return fetch('/requeue', {method: 'POST', headers: {'Content-Type': \
+                "return fetch(arguments[1] + '/requeue', {method: 'POST', headers: {'Content-Type': \
                  'application/x-www-form-urlencoded'}, body: 'all=1&max_id=' + arguments[0]}).then(r => r.status);",
-                vec![serde_json::json!(late)],
+                vec![serde_json::json!(late), serde_json::json!(prefix)],
             )
             .await
             .unwrap();

@@ -57,8 +57,15 @@ fn form(pairs: &[(&str, String)]) -> String {
 
 /// Signs in: the session cookie (`name=value`).
 async fn sign_in(base: &str) -> String {
+    let set = sign_in_under(base, "").await;
+    set.split(';').next().unwrap().to_string()
+}
+
+/// Signs in to a console mounted at `prefix` of `server` (`""`: the
+/// root), sent on to its dead letters: the whole `Set-Cookie`.
+async fn sign_in_under(server: &str, prefix: &str) -> String {
     let r = client()
-        .post(format!("{base}/login"))
+        .post(format!("{server}{prefix}/login"))
         .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(form(&[
             ("token", TOKEN.into()),
@@ -68,7 +75,7 @@ async fn sign_in(base: &str) -> String {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert_eq!(r.headers()[LOCATION], "/dead-letters");
+    assert_eq!(r.headers()[LOCATION], format!("{prefix}/dead-letters"));
     let set = r.headers()[SET_COOKIE].to_str().unwrap().to_string();
     assert!(
         set.contains("HttpOnly") && set.contains("SameSite=Strict"),
@@ -78,7 +85,7 @@ async fn sign_in(base: &str) -> String {
         !set.contains(TOKEN),
         "the token must not be in the cookie: {set}"
     );
-    set.split(';').next().unwrap().to_string()
+    set
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -879,20 +886,9 @@ async fn mounted_under_a_prefix_every_link_form_redirect_and_cookie_stay_under_i
     assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT);
     assert_eq!(r.headers()[LOCATION], prefix);
 
-    // Signed in, so that the write forms are on the pages too.
-    let r = client()
-        .post(format!("{base}/ops/idem/login"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(form(&[
-            ("token", TOKEN.into()),
-            ("next", "/dead-letters".into()),
-        ]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert_eq!(r.headers()[LOCATION], "/ops/idem/dead-letters");
-    let set = r.headers()[SET_COOKIE].to_str().unwrap().to_string();
+    // Signed in, so that the write forms are on the pages too; sent on
+    // to the dead letters under the prefix.
+    let set = sign_in_under(base, "/ops/idem").await;
     assert!(set.contains("Path=/ops/idem/;"), "{set}");
     let cookie = set.split(';').next().unwrap().to_string();
 
