@@ -167,7 +167,9 @@ impl<DB: Backend> Console<DB> {
     /// ```
     ///
     /// `path` is `/`-separated segments of letters, digits and `-._~`
-    /// (else [`MountError`]); `/` is the root.
+    /// (else [`MountError`]); `/` is the root. Merge the router rather
+    /// than nest it: its links carry the prefix given here, and a nested
+    /// console's would miss the nesting path.
     pub fn mount_at(mut self, path: &str) -> Result<Self, MountError> {
         self.inner.mount = mount::Mount::new(path)?;
         Ok(self)
