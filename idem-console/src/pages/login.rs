@@ -13,15 +13,24 @@ use idem_runtime::Backend;
 use maud::html;
 
 /// Where to go after signing in: a path of this console only (no
-/// `//host`, no scheme), else the overview; without the mount's prefix,
-/// which the redirect adds.
+/// `//host`, no scheme, no `.` or `..` segment that would climb out of
+/// the mount's prefix), else the overview; without the prefix, which the
+/// redirect adds.
 fn safe_next(next: Option<&str>) -> String {
+    let climbs = |n: &str| {
+        let path = n.split(['?', '#']).next().unwrap_or("");
+        path.split('/').any(|seg| {
+            let seg = seg.to_ascii_lowercase();
+            seg == "." || seg == ".." || seg.contains("%2e") || seg.contains("%2f")
+        })
+    };
     match next {
         Some(n)
             if n.starts_with('/')
                 && !n.starts_with("//")
                 && !n.contains('\\')
-                && !n.chars().any(char::is_control) =>
+                && !n.chars().any(char::is_control)
+                && !climbs(n) =>
         {
             n.to_string()
         }
@@ -125,5 +134,15 @@ mod tests {
         assert_eq!(safe_next(Some("https://evil.test/")), "/");
         assert_eq!(safe_next(Some("/\\evil.test")), "/");
         assert_eq!(safe_next(None), "/");
+        // Under a prefix, `..` would lead out of it.
+        assert_eq!(safe_next(Some("/../app/admin")), "/");
+        assert_eq!(safe_next(Some("/requeue/./x")), "/");
+        assert_eq!(safe_next(Some("/%2e%2E/app")), "/");
+        assert_eq!(safe_next(Some("/a%2fb")), "/");
+        assert_eq!(
+            safe_next(Some("/records?key=a/../b")),
+            "/records?key=a/../b",
+            "the query is no path"
+        );
     }
 }
