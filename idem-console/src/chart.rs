@@ -5,6 +5,7 @@
 
 use crate::Inner;
 use idem_runtime::Backend;
+use idem_runtime::outbox::admin;
 use maud::{Markup, PreEscaped};
 use std::collections::VecDeque;
 use std::fmt::Write;
@@ -60,15 +61,25 @@ pub(crate) fn spawn_sampler<DB: Backend>(console: Weak<Inner<DB>>) {
         loop {
             let Some(c) = console.upgrade() else { return };
             let every = c.sample_every;
-            // Half an interval: a page that just read the counts serves
+            // Half an interval: a page that just read the backlog serves
             // the sample too.
             let fresh = every / 2;
-            let stats = c
+            let backlog = c
                 .figures
-                .stats
-                .get(fresh, || idem_runtime::outbox::admin::stats(&c.pool, None))
+                .backlog
+                .get(fresh, || admin::backlog(&c.pool, None))
                 .await;
-            match stats {
+            // The delivered counts are refreshed here, so that pages and
+            // scrapes find them read (see `Inner::stats`).
+            if let Err(e) = c
+                .figures
+                .counts
+                .get(every, || admin::stats(&c.pool, None))
+                .await
+            {
+                tracing::debug!(error = %e, "idem console: counting the outbox failed");
+            }
+            match backlog {
                 Ok(s) => {
                     if let Ok(mut samples) = c.samples.lock() {
                         samples.push(unix_now(), s.totals.pending);

@@ -1,6 +1,6 @@
 //! The operator's read API (what the web console shows) on every backend,
 //! through the typed pools and through `sqlx::Any`, against the real
-//! servers: keyset pages of messages, requeueing a selection of ids bounded
+//! servers: the backlog's counts, keyset pages of messages, requeueing a selection of ids bounded
 //! by what a preview showed, lease holders, deliveries over time and the
 //! archive's state. Every test has a database of its own (the tables are
 //! `idem_outbox`, …), emptied first; every assertion is checked against the
@@ -320,6 +320,49 @@ macro_rules! admin_tests {
                 // Prefixed once: no message went through both.
                 let twice = ids_where(&pool, "last_error LIKE 'requeued: requeued:%'").await;
                 assert!(twice.is_empty(), "requeued twice: {twice:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_backlog_is_the_open_part_of_the_stats() {
+                let Some(pool) = pool("backlog").await else { return };
+                let empty = admin::backlog(&pool, None).await.expect("backlog");
+                assert!(empty.topics.is_empty() && empty.totals.total == 0);
+                let a = enqueue(&pool, "bl-a", 0, 6).await;
+                let b = enqueue(&pool, "bl-b", 0, 3).await;
+                let done = enqueue(&pool, "bl-done", 0, 2).await;
+                for id in &a[..2] {
+                    finish(&pool, *id, "success", -5).await;
+                }
+                finish(&pool, a[2], "failed", -5).await;
+                for id in &b {
+                    finish(&pool, *id, "failed", -5).await;
+                }
+                for id in &done {
+                    finish(&pool, *id, "success", -5).await;
+                }
+                let full = admin::stats(&pool, None).await.expect("stats");
+                let open = admin::backlog(&pool, None).await.expect("backlog");
+                // bl-done has only delivered messages: no backlog.
+                let names: Vec<&str> = open.topics.iter().map(|t| t.topic.as_str()).collect();
+                assert_eq!(names, ["bl-a", "bl-b"]);
+                for t in &open.topics {
+                    let f = full.topics.iter().find(|f| f.topic == t.topic).expect("in the stats too");
+                    assert_eq!((t.pending, t.failed, t.success), (f.pending, f.failed, 0), "{}", t.topic);
+                    assert_eq!(t.total, t.pending + t.failed);
+                    assert_eq!(t.oldest_pending_age_secs.is_some(), f.oldest_pending_age_secs.is_some());
+                }
+                // Against the rows themselves.
+                let text = "SELECT COUNT(*) FROM idem_outbox WHERE status = ?".to_string();
+                for (status, shown) in [("pending", open.totals.pending), ("failed", open.totals.failed)] {
+                    let n: i64 = sqlx::query_scalar(q(text.clone())).bind(status).fetch_one(&pool).await.expect("count");
+                    assert_eq!(shown, n, "{status}");
+                }
+                assert_eq!((open.totals.pending, open.totals.failed, open.totals.success), (3, 4, 0));
+                assert_eq!(full.totals.success, 4);
+                let one = admin::backlog(&pool, Some("bl-b")).await.expect("one topic");
+                assert_eq!(one.topics.len(), 1);
+                assert_eq!((one.totals.pending, one.totals.failed), (0, 3));
+                assert_eq!(one.totals.oldest_pending_age_secs, None);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -150,7 +150,7 @@ pub(crate) async fn confirm<DB: Backend>(
         },
     )
     .await?;
-    c.figures.stats.clear().await;
+    c.figures.backlog.clear().await;
     metrics::counter!("idem_console_requeued_total").increment(done.requeued);
     tracing::info!(requeued = done.requeued, target = ?target, max_id, "idem console: requeue");
     let viewer = c.auth.viewer(&headers);

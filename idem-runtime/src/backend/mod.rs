@@ -424,6 +424,14 @@ pub trait AdminStore: Database {
         topic: Option<&'a str>,
     ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send + 'a;
 
+    /// Pending and failed messages per `(topic, status)`, of `topic` only
+    /// when given: read through the status index, so without touching the
+    /// delivered rows.
+    fn outbox_open_counts<'a>(
+        pool: &'a Pool<Self>,
+        topic: Option<&'a str>,
+    ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send + 'a;
+
     /// Per topic with pending messages, the age in seconds of its oldest
     /// pending message.
     fn outbox_pending_age<'a>(

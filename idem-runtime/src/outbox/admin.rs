@@ -66,12 +66,39 @@ pub struct OutboxStats {
 
 /// Messages per topic and status, and the age of each topic's oldest
 /// pending message; of `topic` only when given.
+///
+/// This counts every row, so it reads the whole outbox: on one that
+/// retains many delivered messages, [`backlog`] reads the open part alone.
 pub async fn stats<DB: Backend>(
     pool: &Pool<DB>,
     topic: Option<&str>,
 ) -> Result<OutboxStats, Error> {
+    let counts = DB::outbox_counts(pool, topic).await?;
+    let ages = DB::outbox_pending_age(pool, topic).await?;
+    Ok(assemble(counts, ages))
+}
+
+/// As [`stats`] without the delivered messages: `success` is 0 and
+/// `total` counts the pending and failed ones (topics with neither are
+/// left out). It reads only pending and failed rows, through the status
+/// index, so its cost follows the backlog and the dead letters, not the
+/// delivered messages the outbox retains until they are archived: on
+/// PostgreSQL with 2 million delivered rows beside 2,200 open ones, 3 ms
+/// against 0.46 s for [`stats`] (the `bench_console` benchmark).
+pub async fn backlog<DB: Backend>(
+    pool: &Pool<DB>,
+    topic: Option<&str>,
+) -> Result<OutboxStats, Error> {
+    let counts = DB::outbox_open_counts(pool, topic).await?;
+    let ages = DB::outbox_pending_age(pool, topic).await?;
+    Ok(assemble(counts, ages))
+}
+
+/// The per-topic figures and their totals, from `(topic, status, count)`
+/// rows and each topic's oldest pending age.
+fn assemble(counts: Vec<(String, String, i64)>, ages: Vec<(String, Option<f64>)>) -> OutboxStats {
     let mut by_topic: BTreeMap<String, TopicStats> = BTreeMap::new();
-    for (t, status, n) in DB::outbox_counts(pool, topic).await? {
+    for (t, status, n) in counts {
         let e = by_topic.entry(t.clone()).or_insert_with(|| TopicStats {
             topic: t,
             ..TopicStats::default()
@@ -84,7 +111,7 @@ pub async fn stats<DB: Backend>(
         }
         e.total += n;
     }
-    for (t, secs) in DB::outbox_pending_age(pool, topic).await? {
+    for (t, secs) in ages {
         if let Some(e) = by_topic.get_mut(&t) {
             e.oldest_pending_age_secs = secs.map(|s| s.max(0.0));
         }
@@ -105,7 +132,7 @@ pub async fn stats<DB: Backend>(
                 (a, b) => a.or(b),
             };
     }
-    Ok(OutboxStats { topics, totals })
+    OutboxStats { topics, totals }
 }
 
 /// Messages of `status` (and `topic`), oldest first, at most `limit`

@@ -84,6 +84,23 @@ impl AdminStore for DB {
         on_pool!(pool, |conn| q.fetch_all(conn))
     }
 
+    async fn outbox_open_counts<'a>(
+        pool: &'a Pool<Self>,
+        topic: Option<&'a str>,
+    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        // `status` leads idx_idem_outbox_due: only the open rows are read.
+        let and = if topic.is_some() { " AND topic = ?" } else { "" };
+        let text = sql_of_pool(pool).render(&format!(
+            "SELECT topic, status, COUNT(*) FROM idem_outbox \
+             WHERE status IN ('pending', 'failed'){and} GROUP BY topic, status"
+        ));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
+        if let Some(t) = topic {
+            q = q.bind(t);
+        }
+        on_pool!(pool, |conn| q.fetch_all(conn))
+    }
+
     async fn outbox_pending_age<'a>(
         pool: &'a Pool<Self>,
         topic: Option<&'a str>,
