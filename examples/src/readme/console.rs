@@ -15,7 +15,7 @@ pub async fn serve_console(
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     // One recorder for the process: /metrics then carries the relay's and the
-    // handlers' counters beside the outbox gauges the console reads at each scrape.
+    // handlers' counters beside the outbox gauges the console reads from the database.
     let prometheus = PrometheusBuilder::new().install_recorder()?;
     let console = Console::new(pool.clone())
         .write_token(token)?                        // without it: read-only
