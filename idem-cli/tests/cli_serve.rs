@@ -151,7 +151,21 @@ async fn serve_runs_the_console_and_stops_on_sigterm() {
 }
 
 #[test]
-fn serve_refuses_a_short_token_and_a_taken_port() {
+fn serve_refuses_a_short_token_a_taken_port_and_an_unmigrated_database() {
+    let idem = |url: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .env_remove("DATABASE_URL")
+            .env_remove("IDEM_WRITE_TOKEN")
+            .args(["--database-url", url])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let refused = |out: Output, says: &str| {
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+    };
     let url = sqlite_url();
     let out = Command::new(env!("CARGO_BIN_EXE_idem"))
         .env_remove("DATABASE_URL")
@@ -159,21 +173,22 @@ fn serve_refuses_a_short_token_and_a_taken_port() {
         .args(["--database-url", &url, "serve", "--listen", "127.0.0.1:0"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("at least 16 characters"), "{err}");
+    refused(out, "at least 16 characters");
+
+    // A database without idem's tables: refused at start, not page by page.
+    refused(
+        idem(&url, &["serve", "--listen", "127.0.0.1:0"]),
+        "no idem_record, idem_outbox, idem_record_history, idem_outbox_history tables: \
+         run `idem migrate` on it first",
+    );
+    assert!(idem(&url, &["migrate"]).status.success());
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .env_remove("DATABASE_URL")
-        .env_remove("IDEM_WRITE_TOKEN")
-        .args(["--database-url", &url, "serve", "--listen", &addr])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot listen on"), "{err}");
+    refused(
+        idem(&url, &["serve", "--listen", &addr]),
+        "cannot listen on",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

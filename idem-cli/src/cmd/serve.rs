@@ -8,7 +8,7 @@ use sqlx::AnyPool;
 
 pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
     // The console's own counters (requeues, refused writes) land here; the
-    // outbox gauges are read from the database at each scrape.
+    // outbox gauges are read from the database.
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| Fail {
@@ -29,6 +29,20 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
         }
         _ => false,
     };
+    // Every page reads idem's tables: without them, say so now rather
+    // than answer each page with the database's "no such table".
+    let missing: Vec<&str> = idem_runtime::existing_tables(pool)
+        .await?
+        .into_iter()
+        .filter_map(|(table, exists)| (!exists).then_some(table))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Fail::usage(format!(
+            "the database has no {} table{}: run `idem migrate` on it first",
+            missing.join(", "),
+            if missing.len() > 1 { "s" } else { "" }
+        )));
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| Fail::usage(format!("cannot listen on {}: {e}", args.listen)))?;
