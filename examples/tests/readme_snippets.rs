@@ -807,6 +807,26 @@ async fn dead_letter(pool: &PgPool, topic: &str, error: &str) -> i64 {
         .expect("its id")
 }
 
+/// Requeues dead letter `id` by POSTing to `url` with `token` as a bearer,
+/// and checks in the database that it is pending again.
+async fn requeue_by_bearer(pool: &PgPool, url: &str, token: &str, id: i64) {
+    let done = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("id={id}&max_id={id}"))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(done.status(), 200);
+    let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("its status");
+    assert_eq!(status, "pending");
+}
+
 /// The console of the README: served on its admin port, its overview
 /// shows the outbox, /metrics carries the recorder's counters and the
 /// database's gauges, and the token opens a requeue.
@@ -844,21 +864,7 @@ async fn the_console_serves_the_outbox_and_its_metrics() {
         metrics.contains("idem_readme_console_probe_total 1"),
         "{metrics}"
     );
-    let done = http
-        .post(format!("http://{at}/requeue"))
-        .bearer_auth(&token)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("id={id}&max_id={id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(done.status(), 200);
-    let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(status, "pending");
+    requeue_by_bearer(&pool, &format!("http://{at}/requeue"), &token, id).await;
     sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
         .bind(&topic)
         .execute(&pool)
@@ -896,21 +902,7 @@ async fn the_console_mounted_in_an_application() {
     assert_eq!(status, 200);
     assert!(page.contains("mounted boom"), "{page}");
     assert!(page.contains(r#"href="/ops/idem/records""#), "{page}");
-    let done = http
-        .post(format!("http://{at}/ops/idem/requeue"))
-        .bearer_auth(&token)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("id={id}&max_id={id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(done.status(), 200);
-    let status: String = sqlx::query_scalar("SELECT status FROM idem_outbox WHERE id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(status, "pending");
+    requeue_by_bearer(&pool, &format!("http://{at}/ops/idem/requeue"), &token, id).await;
     server.abort();
     sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
         .bind(&topic)
