@@ -180,7 +180,8 @@ async fn ping(tx: &mut Transaction<'_, Sqlite>, p: &Ping) -> Result<(), sqlx::Er
 /// Three cluster nodes in a temporary directory, shut down when dropped.
 struct Cluster {
     ports: Vec<u16>,
-    _dir: std::path::PathBuf,
+    /// The nodes' folder (their `nodes-<port>.conf`), removed with them.
+    dir: std::path::PathBuf,
 }
 
 impl Drop for Cluster {
@@ -190,6 +191,7 @@ impl Drop for Cluster {
                 .args(["-p", &p.to_string(), "shutdown", "nosave"])
                 .output();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -197,10 +199,14 @@ fn start_cluster() -> Option<Cluster> {
     let base = 17_000 + (std::process::id() % 1000) as u16 * 3;
     let ports = vec![base, base + 1, base + 2];
     let dir = std::env::temp_dir().join(format!("idem-redis-cluster-{base}"));
+    // Empty: a node that finds a `nodes-<port>.conf` of an earlier run
+    // with the same ports (process ids repeat modulo 1000) rejoins that
+    // run's cluster instead of forming a new one.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).ok()?;
     let cluster = Cluster {
         ports: ports.clone(),
-        _dir: dir.clone(),
+        dir: dir.clone(),
     };
     for p in &ports {
         let ok = Command::new("redis-server")
