@@ -359,9 +359,16 @@ pub trait OutboxStore: Database {
     /// leased by `owner` as attempt `attempt`: it never overwrites a
     /// success, nor lands on a message another claim took over. True if
     /// applied.
+    ///
+    /// With `over_success`, the failure is written over a `success` of
+    /// this attempt (`attempt`) instead: its handler's call marked the
+    /// message, then the handler failed (or misused its delivery), so the
+    /// message must run again rather than end a success with an effect
+    /// missing.
     #[allow(clippy::too_many_arguments)]
     fn outbox_settle_failure<'a>(
         pool: &'a Pool<Self>,
+        over_success: bool,
         id: i64,
         owner: &'a str,
         attempt: i32,

@@ -102,6 +102,10 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_revert: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
+        lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
+        WHERE id = ? AND status = 'success' AND (lease_owner IS NULL OR lease_owner = ?) AND attempts = ?",
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6) \
             ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",

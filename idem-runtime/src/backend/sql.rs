@@ -85,6 +85,10 @@ pub(crate) struct SqlSet {
     pub outbox_state: &'static str,
     /// Binds: status, delay, error, id, owner, attempt. Native.
     pub outbox_settle: &'static str,
+    /// The same failure written over a `success` that this attempt's own
+    /// handler marked before it failed (same binds; the owner matches the
+    /// cleared lease or none). Native.
+    pub outbox_revert: &'static str,
     /// The relay's claim.
     pub claim: Claim,
     /// The rows a claim whose commit outcome is unknown leased, if it

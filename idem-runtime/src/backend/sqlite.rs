@@ -87,6 +87,11 @@ pub(crate) const SQL: SqlSet = SqlSet {
         last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_revert: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+        last_error = ?, lease_owner = NULL, locked_until = NULL, \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+        WHERE id = ? AND status = 'success' AND (lease_owner IS NULL OR lease_owner = ?) AND attempts = ?",
     archive_record: ArchiveSql {
         select: "SELECT id FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') \
             ORDER BY expire_time LIMIT ?",

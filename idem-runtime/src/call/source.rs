@@ -65,6 +65,18 @@ impl<'a, DB: Backend> Source<'a, DB> {
         }
     }
 
+    /// A call inside a relay batch's shared transaction driven by no
+    /// outbox message (a fanned-out message's subscriber that does not
+    /// mark it).
+    pub(crate) fn shared(shared: super::caller::SharedTx<DB>) -> Self {
+        Source {
+            conn: Conn::Shared(shared),
+            outbox: None,
+            #[cfg(feature = "redis")]
+            cache: None,
+        }
+    }
+
     /// A call inside `tx`, a transaction the caller holds (the same as
     /// passing `&mut tx` to the handler). See [`CallerTx`](crate::CallerTx).
     pub fn transaction(tx: &'a mut crate::CallerTx<DB>) -> Self {

@@ -577,6 +577,7 @@ impl OutboxStore for DB {
 
     async fn outbox_settle_failure<'a>(
         pool: &'a Pool<Self>,
+        over_success: bool,
         id: i64,
         owner: &'a str,
         attempt: i32,
@@ -585,7 +586,8 @@ impl OutboxStore for DB {
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).sql();
-        let q = sqlx::query(stmt(sql.outbox_settle))
+        let text = if over_success { sql.outbox_revert } else { sql.outbox_settle };
+        let q = sqlx::query(stmt(text))
             .persistent(persist())
             .bind(if dead { "failed" } else { "pending" });
         let q = bind_secs!(q, sql, delay_secs)

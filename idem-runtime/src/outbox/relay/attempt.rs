@@ -6,7 +6,7 @@ use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow, OutboxState};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// The waits before each try of a bookkeeping write (fenced, so safe to
@@ -34,6 +34,32 @@ const OUTAGE_WAIT_MAX: Duration = Duration::from_secs(1);
 /// the handler's commit may have landed (its outcome is unknown).
 pub(super) type Failure = (bool, String, bool);
 
+/// A handler that took its delivery's source `takes` times: twice or more
+/// is a misuse (see [`Delivery::source`]), a failure that is not retried,
+/// whatever the handler answered.
+pub(super) fn one_call_per_delivery(
+    takes: u32,
+    result: Result<bool, Failure>,
+) -> Result<bool, Failure> {
+    if takes < 2 {
+        return result;
+    }
+    let answered = match &result {
+        Ok(_) => "it answered Ok".to_owned(),
+        Err((_, reason, _)) => format!("it failed: {reason}"),
+    };
+    Err((
+        false,
+        format!(
+            "misuse: the handler took its delivery's source() {takes} times, and one delivery \
+             runs one call (the first marks the message, so a later one cannot be part of it); \
+             to run several handlers for one message, subscribe each with Relay::subscribe \
+             ({answered})"
+        ),
+        false,
+    ))
+}
+
 impl<DB: Backend> Relay<DB> {
     /// One attempt of one message, claimed under the lease owner `owner`,
     /// and its bookkeeping.
@@ -45,9 +71,9 @@ impl<DB: Backend> Relay<DB> {
             // Not claimable: claims filter on the routed topics.
             return;
         };
-        let marked = Arc::new(AtomicBool::new(false));
+        let takes = Arc::new(AtomicU32::new(0));
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts);
-        let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), marked.clone());
+        let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), takes.clone());
         let result: Result<bool, Failure> = match route(delivery) {
             Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
             // A panicking handler is a failed attempt, not a dead relay.
@@ -61,8 +87,9 @@ impl<DB: Backend> Relay<DB> {
                 Err(join) => Err((true, format!("handler panicked: {join}"), false)),
             },
         };
-        let marked = marked.load(Ordering::Relaxed);
-        self.settle(&lease, &owner, marked, result, &span).await;
+        let takes = takes.load(Ordering::Relaxed);
+        let result = one_call_per_delivery(takes, result);
+        self.settle(&lease, &owner, takes > 0, result, &span).await;
     }
 
     /// The bookkeeping of one attempt of the message `lease` holds, whose
@@ -126,22 +153,46 @@ impl<DB: Backend> Relay<DB> {
                 let delay = i.backoff.jittered(attempt, id);
                 let reason: String = reason.chars().take(2000).collect();
                 let status = if dead { "failed" } else { "pending" };
-                let settle = self.fenced(
-                    id,
-                    || {
-                        DB::outbox_settle_failure(
-                            &i.pool,
+                // First as a pending message this attempt holds; if it is
+                // not, over a `success` this attempt's own call marked (the
+                // handler failed after its call committed, or took its
+                // source twice): never absorbed as a success, which would
+                // leave the handler's remaining effect undone. A success
+                // that a lost acknowledgement hid was settled above.
+                let mut settled = Ok(false);
+                let mut over_success = false;
+                for over in [false, true] {
+                    over_success = over;
+                    settled = self
+                        .fenced(
                             id,
-                            owner,
-                            attempts,
-                            dead,
-                            delay.as_secs_f64(),
-                            &reason,
+                            || {
+                                DB::outbox_settle_failure(
+                                    &i.pool,
+                                    over,
+                                    id,
+                                    owner,
+                                    attempts,
+                                    dead,
+                                    delay.as_secs_f64(),
+                                    &reason,
+                                )
+                            },
+                            |s| {
+                                s.status == status
+                                    && s.lease_owner.is_none()
+                                    && s.attempts == attempts
+                            },
                         )
-                    },
-                    |s| s.status == status && s.lease_owner.is_none() && s.attempts == attempts,
-                );
-                match settle.await {
+                        .await;
+                    if !matches!(settled, Ok(false)) {
+                        break;
+                    }
+                }
+                if over_success && matches!(settled, Ok(true)) {
+                    tracing::warn!(parent: span, %reason, "the handler failed after its call marked the outbox message `success`; the success is undone so that the message runs again");
+                }
+                match settled {
                     Ok(true) if dead => {
                         i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::outbox_dead_letter();
@@ -153,13 +204,10 @@ impl<DB: Backend> Relay<DB> {
                         tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
                     }
                     Ok(false) => {
+                        // Settled by another attempt (a relay that took the
+                        // message over after this lease ran out).
                         i.stats.stale.fetch_add(1, Ordering::Relaxed);
-                        // Already a success: the handler's commit landed
-                        // although it reported a failure. Nothing is
-                        // retried.
-                        if self.landed(id).await {
-                            i.stats.landed.fetch_add(1, Ordering::Relaxed);
-                        }
+                        tracing::warn!(parent: span, %reason, "outbox message no longer held by this delivery; its failure is left to its current holder");
                     }
                     Err(e) => {
                         // The lease expires and the message is retried.

@@ -36,14 +36,14 @@
 //!   same leases.
 
 use super::Relay;
-use super::attempt::Failure;
+use super::attempt::{Failure, one_call_per_delivery};
 use super::delivery::Delivery;
 use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow};
 use crate::call::{CallerTx, SharedTx};
 use crate::error::Error;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use tokio::task::JoinSet;
 
 /// One message of a batch, once its handler ran.
@@ -105,7 +105,17 @@ impl<DB: Backend> Relay<DB> {
         }
         let committed = match lost {
             Some(reason) => Err(Error::TransactionLost { reason }),
-            None => self.finish_batch(&shared, &owner).await,
+            None => {
+                // Only the messages whose handlers ended well are marked:
+                // a handler that failed after its call ended keeps its
+                // message pending, to run again.
+                let ok: Vec<i64> = ran
+                    .iter()
+                    .filter(|r| r.result.is_ok())
+                    .map(|r| r.lease.id())
+                    .collect();
+                self.finish_batch(&shared, &owner, &ok).await
+            }
         };
         match committed {
             Ok(()) => {
@@ -151,10 +161,16 @@ impl<DB: Backend> Relay<DB> {
     /// messages whose calls ended well, in one statement, then the commit.
     /// The rows are locked since the batch renewed their leases, so the
     /// marks cannot miss one; if they did all the same, nothing commits.
-    async fn finish_batch(&self, shared: &SharedTx<DB>, owner: &str) -> Result<(), Error> {
+    async fn finish_batch(
+        &self,
+        shared: &SharedTx<DB>,
+        owner: &str,
+        ok: &[i64],
+    ) -> Result<(), Error> {
         let mut tx = shared.take().await;
         tx.undo_dropped_call().await?;
-        let marks = shared.take_marks();
+        let mut marks = shared.take_marks();
+        marks.retain(|id| ok.contains(id));
         let marked = DB::outbox_success_batch(tx.transaction()?, owner, &marks).await?;
         if marked != marks.len() as u64 {
             return Err(Error::TransactionLost {
@@ -226,10 +242,9 @@ impl<DB: Backend> Relay<DB> {
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts, batch = true);
         // Not claimable otherwise: claims filter on the routed topics.
         let route = i.routes.get(&row.topic).cloned()?;
-        let marked = Arc::new(AtomicBool::new(false));
+        let takes = Arc::new(AtomicU32::new(0));
         let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts);
-        let mut delivery =
-            Delivery::new(i.pool.clone(), row.clone(), lease.clone(), marked.clone());
+        let mut delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
         delivery.batch = Some(shared.clone());
         let result = match route(delivery) {
             Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
@@ -246,11 +261,12 @@ impl<DB: Backend> Relay<DB> {
                 Err(join) => Err((true, format!("handler panicked: {join}"), false)),
             },
         };
+        let takes = takes.load(Ordering::Relaxed);
         Some(Ran {
             row,
             lease,
-            marked: marked.load(Ordering::Relaxed),
-            result,
+            marked: takes > 0,
+            result: one_call_per_delivery(takes, result),
             span,
         })
     }

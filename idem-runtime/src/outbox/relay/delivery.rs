@@ -5,7 +5,7 @@ use crate::call::SharedTx;
 use crate::{OutboxLease, Source};
 use sqlx::Pool;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// One delivery of an outbox message to its handler.
 ///
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// serializes as that identity only (`topic`, `msg_id`), so a `record`
 /// handler's default fingerprint stays the same from one attempt to the
 /// next.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Delivery<DB: Backend> {
     /// The message's topic.
     pub topic: String,
@@ -24,13 +24,34 @@ pub struct Delivery<DB: Backend> {
     pub(super) pool: Pool<DB>,
     pub(super) message: OutboxRow,
     pub(super) lease: OutboxLease,
-    /// Set when the handler took its outbox source: a successful handler
-    /// then marked the message itself, and the relay need not.
-    pub(super) marked: Arc<AtomicBool>,
+    /// How many times the handler took its outbox source: once, a
+    /// successful handler marked the message itself, and the relay need
+    /// not; twice or more is a misuse the relay dead-letters (see
+    /// [`source`](Delivery::source)).
+    pub(super) takes: Arc<AtomicU32>,
+    /// Whether [`source`](Delivery::source) marks the message: false for
+    /// a subscriber of a fanned-out topic other than the last one to run
+    /// (see [`Relay::subscribe`](super::Relay::subscribe)).
+    pub(super) marks: bool,
     /// In a batch ([`Relay::commit_batch`](super::Relay::commit_batch)):
     /// the batch's shared transaction, which [`source`](Delivery::source)
     /// runs the call in.
     pub(super) batch: Option<SharedTx<DB>>,
+}
+
+impl<DB: Backend> Clone for Delivery<DB> {
+    fn clone(&self) -> Self {
+        Delivery {
+            topic: self.topic.clone(),
+            msg_id: self.msg_id.clone(),
+            pool: self.pool.clone(),
+            message: self.message.clone(),
+            lease: self.lease.clone(),
+            takes: self.takes.clone(),
+            marks: self.marks,
+            batch: self.batch.clone(),
+        }
+    }
 }
 
 impl<DB: Backend> Delivery<DB> {
@@ -38,7 +59,7 @@ impl<DB: Backend> Delivery<DB> {
         pool: Pool<DB>,
         message: OutboxRow,
         lease: OutboxLease,
-        marked: Arc<AtomicBool>,
+        takes: Arc<AtomicU32>,
     ) -> Self {
         Delivery {
             topic: message.topic.clone(),
@@ -46,7 +67,8 @@ impl<DB: Backend> Delivery<DB> {
             pool,
             message,
             lease,
-            marked,
+            takes,
+            marks: true,
             batch: None,
         }
     }
@@ -56,11 +78,24 @@ impl<DB: Backend> Delivery<DB> {
     /// with [`commit_batch`](super::Relay::commit_batch), the call runs
     /// under a savepoint of the batch's transaction, which the relay
     /// commits once for the whole batch.
+    ///
+    /// **One call per delivery.** The first call marks the message
+    /// `success`; a second call on the same delivery would find it no
+    /// longer pending. A handler that takes its source twice (two
+    /// `#[idempotent]` calls for one message) is a misuse: the relay
+    /// dead-letters the message with that reason, whatever the handler
+    /// answered, rather than let it end a success with the second effect
+    /// missing. To act on one message with several handlers, subscribe
+    /// each ([`Relay::subscribe`](super::Relay::subscribe)): each gets a
+    /// delivery of its own. A handler that fails after its call committed
+    /// has its message retried (the call answers `Duplicate` then).
     pub fn source(&self) -> Source<'_, DB> {
-        self.marked.store(true, Ordering::Relaxed);
-        match &self.batch {
-            Some(shared) => Source::outbox_shared(shared.clone(), self.lease.clone()),
-            None => Source::outbox(&self.pool, self.lease.clone()),
+        self.takes.fetch_add(1, Ordering::Relaxed);
+        match (&self.batch, self.marks) {
+            (Some(shared), true) => Source::outbox_shared(shared.clone(), self.lease.clone()),
+            (Some(shared), false) => Source::shared(shared.clone()),
+            (None, true) => Source::outbox(&self.pool, self.lease.clone()),
+            (None, false) => Source::from(&self.pool),
         }
     }
 
@@ -72,8 +107,22 @@ impl<DB: Backend> Delivery<DB> {
     /// [`Error::OutboxMessage`](crate::Error::OutboxMessage) before its
     /// body runs.
     pub fn source_on<'p>(&self, pool: &'p Pool<DB>) -> Source<'p, DB> {
-        self.marked.store(true, Ordering::Relaxed);
-        Source::outbox(pool, self.lease.clone())
+        self.takes.fetch_add(1, Ordering::Relaxed);
+        match self.marks {
+            true => Source::outbox(pool, self.lease.clone()),
+            false => Source::from(pool),
+        }
+    }
+
+    /// A delivery of the same message for a subscriber that does not mark
+    /// it (see [`Relay::subscribe`](super::Relay::subscribe)), with a count
+    /// of its own.
+    pub(super) fn unmarking(&self) -> Self {
+        Delivery {
+            takes: Arc::new(AtomicU32::new(0)),
+            marks: false,
+            ..self.clone()
+        }
     }
 
     /// This delivery's hold on its message.

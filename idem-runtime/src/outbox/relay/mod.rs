@@ -162,6 +162,9 @@ impl<DB: Backend> Clone for Relay<DB> {
 struct Inner<DB: Backend> {
     pool: Pool<DB>,
     routes: HashMap<String, Route<DB>>,
+    /// The subscribers of each fanned-out topic, in the order subscribed
+    /// (see [`Relay::subscribe`]); its route in `routes` runs them all.
+    subscribers: HashMap<String, Vec<(Arc<str>, Route<DB>)>>,
     topics: Vec<String>,
     claim: ClaimSql,
     owner: String,
@@ -219,6 +222,7 @@ impl<DB: Backend> Relay<DB> {
                 claim: DB::pool_dialect(&pool).claim_sql(0),
                 pool,
                 routes: HashMap::new(),
+                subscribers: HashMap::new(),
                 topics: Vec::new(),
                 owner,
                 // Random: a restarted relay of the same name never writes
@@ -263,6 +267,12 @@ impl<DB: Backend> Relay<DB> {
     /// relay.shutdown().await;
     /// # }
     /// ```
+    ///
+    /// # Panics
+    /// When `topic` is routed already (by `route` or
+    /// [`subscribe`](Relay::subscribe)): a second route would silently
+    /// replace the first, whose handler would then never run. To run
+    /// several handlers for one message, subscribe each.
     pub fn route<P, F, Fut, T>(self, topic: impl Into<String>, handler: F) -> Self
     where
         P: DeserializeOwned + Send + 'static,
@@ -271,16 +281,89 @@ impl<DB: Backend> Relay<DB> {
         T: Send + 'static,
     {
         let topic = topic.into();
-        let route: Route<DB> = Arc::new(move |d: Delivery<DB>| {
-            let payload: P = serde_json::from_str(&d.message.payload)?;
-            let fut = handler(d, payload);
-            Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
-        });
+        let route = typed_route(handler);
         self.edit(|i| {
-            i.routes.insert(topic.clone(), route);
-            i.topics = i.routes.keys().cloned().collect();
-            i.topics.sort();
-            i.claim = DB::pool_dialect(&i.pool).claim_sql(i.topics.len());
+            assert!(
+                !i.routes.contains_key(&topic),
+                "outbox topic `{topic}` is routed twice on one relay: the second route would \
+                 replace the first. To run several handlers for one message, give each its own \
+                 subscription with Relay::subscribe(topic, name, handler)"
+            );
+            i.routes.insert(topic, route);
+            i.routed();
+        })
+    }
+
+    /// Subscribes `handler`, named `name`, to `topic`: **one message, several
+    /// handlers** (fan-out). Each subscriber of a topic gets every message
+    /// of it, in a [`Delivery`] of its own, and acts once in its own scope
+    /// (its `biz_type`, state machine or constraint: the subscribers'
+    /// keys must not meet).
+    ///
+    /// The subscribers of a message run one after the other, in the order
+    /// subscribed, each call in a transaction of its own (in the batch's,
+    /// under a savepoint of its own, with [`commit_batch`](Relay::commit_batch)).
+    /// The last one to run marks the message `success` in its transaction
+    /// if every one before it ended well; otherwise the message is
+    /// retried (back-off, dead letter, as for a single handler) and, on
+    /// the next attempt, the subscribers that had acted answer
+    /// `Duplicate` while the failed one acts. A subscriber that fails does
+    /// not stop the others of the same attempt. The failure recorded names
+    /// the subscriber.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{idempotent, outbox::Relay};
+    /// # use sqlx::{Sqlite, Transaction};
+    /// # #[derive(serde::Deserialize, serde::Serialize)] struct OrderCreated { order_id: i64 }
+    /// # #[idempotent(key = "stock:{o.order_id}", strategy = record, biz_type = "reserve_stock")]
+    /// # async fn reserve_stock(tx: &mut Transaction<'_, Sqlite>, o: &OrderCreated) -> Result<(), sqlx::Error> { Ok(()) }
+    /// # #[idempotent(key = "mail:{o.order_id}", strategy = record, biz_type = "order_mail")]
+    /// # async fn send_email(tx: &mut Transaction<'_, Sqlite>, o: &OrderCreated) -> Result<(), sqlx::Error> { Ok(()) }
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let relay = Relay::new(pool)
+    ///     .subscribe("order.created", "reserve_stock", |d, o: OrderCreated| async move {
+    ///         reserve_stock(d.source(), &o).await
+    ///     })
+    ///     .subscribe("order.created", "send_email", |d, o: OrderCreated| async move {
+    ///         send_email(d.source(), &o).await
+    ///     })
+    ///     .spawn();
+    /// # relay.shutdown().await;
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When `topic` has a [`route`](Relay::route), or a subscriber of that
+    /// `name` already.
+    pub fn subscribe<P, F, Fut, T>(
+        self,
+        topic: impl Into<String>,
+        name: impl Into<String>,
+        handler: F,
+    ) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (topic, name) = (topic.into(), name.into());
+        let route = typed_route(handler);
+        self.edit(|i| {
+            let subs = i.subscribers.entry(topic.clone()).or_default();
+            assert!(
+                !subs.is_empty() || !i.routes.contains_key(&topic),
+                "outbox topic `{topic}` has a route already: subscribe every handler of a \
+                 fanned-out topic with Relay::subscribe, none with Relay::route"
+            );
+            assert!(
+                subs.iter().all(|(n, _)| **n != *name),
+                "outbox topic `{topic}` has a subscriber named `{name}` already"
+            );
+            subs.push((name.into(), route));
+            let fanned = fan_out(subs.clone());
+            i.routes.insert(topic, fanned);
+            i.routed();
         })
     }
 
@@ -805,6 +888,13 @@ impl<DB: Backend> Relay<DB> {
 }
 
 impl<DB: Backend> Inner<DB> {
+    /// After a route was added: the topics claimed, and the claim for them.
+    fn routed(&mut self) {
+        self.topics = self.routes.keys().cloned().collect();
+        self.topics.sort();
+        self.claim = DB::pool_dialect(&self.pool).claim_sql(self.topics.len());
+    }
+
     /// Where the next claim of `limit` rows starts in the due set: 0 with
     /// no backlog or no spread, else `k·limit` for a random `k` in
     /// `0..claim_spread`.
@@ -825,6 +915,82 @@ impl<DB: Backend> Inner<DB> {
             self.claims.fetch_add(1, Ordering::Relaxed)
         )
     }
+}
+
+/// A route running `handler` on the payload parsed as `P`.
+fn typed_route<DB, P, F, Fut, T>(handler: F) -> Route<DB>
+where
+    DB: Backend,
+    P: DeserializeOwned + Send + 'static,
+    F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    Arc::new(move |d: Delivery<DB>| {
+        let payload: P = serde_json::from_str(&d.message.payload)?;
+        let fut = handler(d, payload);
+        Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
+    })
+}
+
+/// The route of a fanned-out topic: its subscribers one after the other,
+/// the last one marking the message if all before it ended well (see
+/// [`Relay::subscribe`]).
+fn fan_out<DB: Backend>(subscribers: Vec<(Arc<str>, Route<DB>)>) -> Route<DB> {
+    let subscribers: Arc<[(Arc<str>, Route<DB>)]> = subscribers.into();
+    Arc::new(move |d: Delivery<DB>| {
+        let subscribers = subscribers.clone();
+        Ok(Box::pin(async move {
+            let mut executed = false;
+            let mut failed: Option<Error> = None;
+            let last = subscribers.len() - 1;
+            for (k, (name, route)) in subscribers.iter().enumerate() {
+                // The relay's own delivery (its count of sources taken, its
+                // mark) goes to the last subscriber, and only when no one
+                // before it failed: the message is then marked in its
+                // transaction.
+                let delivery = match k == last && failed.is_none() {
+                    true => d.clone(),
+                    false => d.unmarking(),
+                };
+                let result = match route(delivery) {
+                    Err(e) => Err(Error::Handler {
+                        source: format!("unparsable payload: {e}").into(),
+                        retryable: false,
+                    }),
+                    // A panicking subscriber is a failed attempt; the
+                    // others still run.
+                    Ok(fut) => tokio::spawn(fut).await.unwrap_or_else(|join| {
+                        Err(Error::Handler {
+                            source: format!("handler panicked: {join}").into(),
+                            retryable: true,
+                        })
+                    }),
+                };
+                match result {
+                    Ok(ran) => executed |= ran,
+                    Err(e) => {
+                        tracing::info!(subscriber = &**name, error = %e, "a subscriber of a fanned-out outbox message failed");
+                        if failed.is_none() {
+                            failed = Some(match e {
+                                // The marking commit's outcome: read back.
+                                e @ Error::CommitUnknown(_) if k == last => e,
+                                e => Error::Handler {
+                                    retryable: e.is_retryable(),
+                                    source: format!("subscriber `{name}`: {}: {e}", e.kind())
+                                        .into(),
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+            match failed {
+                None => Ok(executed),
+                Some(e) => Err(e),
+            }
+        }) as BoxFuture<_>)
+    })
 }
 
 /// A random number, drawn afresh on each call.
