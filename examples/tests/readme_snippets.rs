@@ -293,6 +293,39 @@ async fn producer_and_relay_deliver_each_message_to_the_state_machine_handler_on
     }
 }
 
+/// The fan-out snippet: one message, two subscribers (the coupon's state
+/// machine and a notice record), each effect once, the message `success`;
+/// the same message enqueued again under another id acts on neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_runs_each_subscriber_once() {
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let order = ids(1);
+    let payload = serde_json::json!({ "coupon_id": c, "order_id": order });
+    let mut tx = pool.begin().await.expect("begin");
+    idem_runtime::outbox::enqueue(
+        &mut tx,
+        "readme.order.paid",
+        &format!("paid-{order}"),
+        &payload,
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let stop = delivered(pool.clone(), "readme.order.paid", format!("paid-{order}"));
+    idem_examples::readme::fanout::fan_out(pool.clone(), stop).await;
+    assert_eq!(deductions(&pool, c).await, 1);
+    assert_eq!(coupon_status(&pool, c).await, "USED");
+    let notices: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM readme_notice WHERE user_id = $1 AND text = 'paid'",
+    )
+    .bind(order)
+    .fetch_one(&pool)
+    .await
+    .expect("notices");
+    assert_eq!(notices, 1);
+}
+
 /// The outcome `match`: executed and duplicate are done, an illegal state
 /// is dead-lettered.
 #[tokio::test]

@@ -25,6 +25,8 @@ pub mod cache;
 #[rustfmt::skip]
 pub mod console;
 #[rustfmt::skip]
+pub mod fanout;
+#[rustfmt::skip]
 pub mod http;
 #[rustfmt::skip]
 pub mod nats;
