@@ -75,4 +75,7 @@ pub use enqueue::{
     Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, notify_on_enqueue,
     notify_on_enqueue_enabled,
 };
-pub use relay::{Delivery, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats};
+pub use relay::{
+    Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
+    RelayStatsSnapshot,
+};

@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::task::TaskHandle;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of one relay, since it started.
 #[derive(Debug, Default)]
@@ -37,7 +37,9 @@ pub struct RelayStats {
     /// Failed attempts put back to `pending` for a retry. A handler whose
     /// commit failed with the outcome unknown is a failed attempt too; if
     /// that commit had in fact landed (the message is `success`), nothing
-    /// is put back: it counts in `stale` and `landed`, not here.
+    /// is put back: it counts in `stale` and `landed`, not here. A handler
+    /// that failed after its call marked the message counts here: that
+    /// success is undone and the message retried.
     pub retried: AtomicU64,
     /// Messages dead-lettered (`failed`).
     pub dead_lettered: AtomicU64,
@@ -46,8 +48,9 @@ pub struct RelayStats {
     /// re-leased), and relay-side success marks that found the same.
     pub stale: AtomicU64,
     /// Of the `stale` failed attempts, those whose message was a
-    /// `success`: the handler reported a failure (typically
-    /// `CommitUnknown`, a lost acknowledgement) after its commit landed.
+    /// `success` although the handler reported its commit's outcome
+    /// unknown (`CommitUnknown`, a lost acknowledgement): the commit had
+    /// landed. No other failure is read back so.
     pub landed: AtomicU64,
     /// Batches committed (see [`Relay::commit_batch`](super::Relay::commit_batch)).
     pub batches: AtomicU64,
@@ -61,6 +64,91 @@ pub struct RelayStats {
     /// Times the relay's listener lost its connection or failed to
     /// connect (and reconnected, with back-off); polling covered the gap.
     pub listener_failures: AtomicU64,
+}
+
+/// The counters of [`RelayStats`] read at one moment, as plain numbers
+/// (to log, to serialize for a dashboard, to compare two moments).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RelayStatsSnapshot {
+    /// See [`RelayStats::claimed`].
+    pub claimed: u64,
+    /// See [`RelayStats::reclaimed`].
+    pub reclaimed: u64,
+    /// See [`RelayStats::lost_claims`].
+    pub lost_claims: u64,
+    /// See [`RelayStats::claim_conflicts`].
+    pub claim_conflicts: u64,
+    /// See [`RelayStats::recovered`].
+    pub recovered: u64,
+    /// See [`RelayStats::executed`].
+    pub executed: u64,
+    /// See [`RelayStats::duplicates`].
+    pub duplicates: u64,
+    /// See [`RelayStats::retried`].
+    pub retried: u64,
+    /// See [`RelayStats::dead_lettered`].
+    pub dead_lettered: u64,
+    /// See [`RelayStats::stale`].
+    pub stale: u64,
+    /// See [`RelayStats::landed`].
+    pub landed: u64,
+    /// See [`RelayStats::batches`].
+    pub batches: u64,
+    /// See [`RelayStats::lost_batches`].
+    pub lost_batches: u64,
+    /// See [`RelayStats::push_wakeups`].
+    pub push_wakeups: u64,
+    /// See [`RelayStats::listener_failures`].
+    pub listener_failures: u64,
+}
+
+impl RelayStats {
+    /// Every counter, read now (each read on its own: counters moving
+    /// meanwhile may be a few counts apart).
+    pub fn snapshot(&self) -> RelayStatsSnapshot {
+        RelayStatsSnapshot {
+            claimed: self.claimed.load(Ordering::Relaxed),
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            lost_claims: self.lost_claims.load(Ordering::Relaxed),
+            claim_conflicts: self.claim_conflicts.load(Ordering::Relaxed),
+            recovered: self.recovered.load(Ordering::Relaxed),
+            executed: self.executed.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
+            landed: self.landed.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            lost_batches: self.lost_batches.load(Ordering::Relaxed),
+            push_wakeups: self.push_wakeups.load(Ordering::Relaxed),
+            listener_failures: self.listener_failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl RelayStatsSnapshot {
+    /// What was counted between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &RelayStatsSnapshot) -> RelayStatsSnapshot {
+        RelayStatsSnapshot {
+            claimed: self.claimed.saturating_sub(earlier.claimed),
+            reclaimed: self.reclaimed.saturating_sub(earlier.reclaimed),
+            lost_claims: self.lost_claims.saturating_sub(earlier.lost_claims),
+            claim_conflicts: self.claim_conflicts.saturating_sub(earlier.claim_conflicts),
+            recovered: self.recovered.saturating_sub(earlier.recovered),
+            executed: self.executed.saturating_sub(earlier.executed),
+            duplicates: self.duplicates.saturating_sub(earlier.duplicates),
+            retried: self.retried.saturating_sub(earlier.retried),
+            dead_lettered: self.dead_lettered.saturating_sub(earlier.dead_lettered),
+            stale: self.stale.saturating_sub(earlier.stale),
+            landed: self.landed.saturating_sub(earlier.landed),
+            batches: self.batches.saturating_sub(earlier.batches),
+            lost_batches: self.lost_batches.saturating_sub(earlier.lost_batches),
+            push_wakeups: self.push_wakeups.saturating_sub(earlier.push_wakeups),
+            listener_failures: self
+                .listener_failures
+                .saturating_sub(earlier.listener_failures),
+        }
+    }
 }
 
 impl<DB: Backend> Inner<DB> {

@@ -60,7 +60,7 @@ mod handle;
 mod wake;
 
 pub use delivery::Delivery;
-pub use handle::{RelayHandle, RelayStats};
+pub use handle::{RelayHandle, RelayStats, RelayStatsSnapshot};
 pub use wake::LISTENER_APP;
 
 use crate::archive::RetentionPolicy;
@@ -119,6 +119,9 @@ type Route<DB> = Arc<
     dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
 >;
 
+/// A fanned-out topic's subscriber: its name and its handler.
+type Subscriber<DB> = (Arc<str>, Route<DB>);
+
 /// A relay's settings (see [`Relay::settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelaySettings {
@@ -146,6 +149,17 @@ pub struct RelaySettings {
     pub push_wakeup: bool,
 }
 
+/// What a [`Relay::drain`] did.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct DrainReport {
+    /// Rounds that claimed messages.
+    pub rounds: u64,
+    /// How long it took.
+    pub elapsed: Duration,
+    /// What the relay counted meanwhile.
+    pub stats: RelayStatsSnapshot,
+}
+
 /// A relay for the topics routed on it. Cheap to clone.
 pub struct Relay<DB: Backend> {
     inner: Arc<Inner<DB>>,
@@ -164,7 +178,7 @@ struct Inner<DB: Backend> {
     routes: HashMap<String, Route<DB>>,
     /// The subscribers of each fanned-out topic, in the order subscribed
     /// (see [`Relay::subscribe`]); its route in `routes` runs them all.
-    subscribers: HashMap<String, Vec<(Arc<str>, Route<DB>)>>,
+    subscribers: HashMap<String, Vec<Subscriber<DB>>>,
     topics: Vec<String>,
     claim: ClaimSql,
     owner: String,
@@ -606,6 +620,44 @@ impl<DB: Backend> Relay<DB> {
         Ok(n)
     }
 
+    /// Runs rounds ([`run_once`](Relay::run_once)) until one claims
+    /// nothing (nothing is due: a message waiting out its back-off is not),
+    /// and reports what they did: for a script, a test or a one-off job
+    /// that must empty the outbox before it goes on, instead of polling
+    /// `idem_outbox`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # idem_runtime::migrate(&pool).await?;
+    /// use idem_runtime::{outbox::{enqueue, Relay}, Outcome};
+    /// let mut tx = pool.begin().await?;
+    /// for n in 0..3 {
+    ///     enqueue(&mut tx, "report.daily", &format!("day-{n}"), &serde_json::json!(n)).await?;
+    /// }
+    /// tx.commit().await?;
+    /// let relay = Relay::new(pool.clone())
+    ///     .route("report.daily", |_d, _n: u32| async { Ok(Outcome::Executed(())) });
+    /// let report = relay.drain().await?;
+    /// assert_eq!((report.stats.claimed, report.stats.executed), (3, 3));
+    /// println!("{}", serde_json::to_string(&report.stats)?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn drain(&self) -> Result<DrainReport, Error> {
+        let start = std::time::Instant::now();
+        let before = self.inner.stats.snapshot();
+        let mut rounds = 0;
+        while self.run_once().await? > 0 {
+            rounds += 1;
+        }
+        Ok(DrainReport {
+            rounds,
+            elapsed: start.elapsed(),
+            stats: self.inner.stats.snapshot().since(&before),
+        })
+    }
+
     /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
     pub fn spawn(self) -> RelayHandle {
         RelayHandle {
@@ -936,8 +988,8 @@ where
 /// The route of a fanned-out topic: its subscribers one after the other,
 /// the last one marking the message if all before it ended well (see
 /// [`Relay::subscribe`]).
-fn fan_out<DB: Backend>(subscribers: Vec<(Arc<str>, Route<DB>)>) -> Route<DB> {
-    let subscribers: Arc<[(Arc<str>, Route<DB>)]> = subscribers.into();
+fn fan_out<DB: Backend>(subscribers: Vec<Subscriber<DB>>) -> Route<DB> {
+    let subscribers: Arc<[Subscriber<DB>]> = subscribers.into();
     Arc::new(move |d: Delivery<DB>| {
         let subscribers = subscribers.clone();
         Ok(Box::pin(async move {
