@@ -96,6 +96,7 @@ pub mod backoff;
 #[cfg(feature = "redis")]
 pub mod cache;
 mod call;
+mod consume;
 pub mod duration;
 mod error;
 mod fingerprint;

@@ -4,9 +4,10 @@ use super::channel::ConfirmChannel;
 use super::error::from_lapin;
 use super::fields::short;
 use super::message::Message;
-use super::worker::{Handler, Shared, run};
+use super::worker::{Shared, run};
 use crate::backoff::Backoff;
-use crate::task::{BoxFuture, TaskHandle};
+use crate::consume::{self, Handling};
+use crate::task::TaskHandle;
 use crate::{Error, Outcome};
 use lapin::Connection;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
@@ -86,7 +87,7 @@ pub struct Consumer {
     queue: String,
     retry_queue: String,
     consumer_tag: String,
-    handler: Handler,
+    handling: Handling<Message>,
     prefetch: u16,
     max_attempts: u32,
     backoff: Backoff,
@@ -98,6 +99,7 @@ impl fmt::Debug for Consumer {
             .field("queue", &self.queue)
             .field("retry_queue", &self.retry_queue)
             .field("consumer_tag", &self.consumer_tag)
+            .field("subscribers", &self.handling.names())
             .field("prefetch", &self.prefetch)
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
@@ -120,18 +122,91 @@ impl Consumer {
         Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
         T: Send + 'static,
     {
-        let queue = queue.into();
-        let handler: Handler = Arc::new(move |m: Message| {
-            let payload: P = serde_json::from_slice(&m.body)?;
-            let fut = handler(m, payload);
-            Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
-        });
+        Consumer::with(
+            connection,
+            queue.into(),
+            Handling::One(consume::handler(handler)),
+        )
+    }
+
+    /// A consumer of `queue` whose every delivery goes to **several
+    /// handlers** (fan-out), each subscribed with
+    /// [`subscribe`](Consumer::subscribe) and acting once in its own scope
+    /// (its `biz_type`, state machine or constraint: the subscribers' keys
+    /// must not meet).
+    ///
+    /// The subscribers of a delivery run one after the other, in the order
+    /// subscribed, each call in a transaction of its own. The delivery is
+    /// acknowledged when every one of them executed or answered
+    /// `Duplicate`. If one fails, the others still run, and the delivery
+    /// is retried (retry queue, back-off, dead letter, as for one
+    /// handler): on the next attempt the subscribers that had acted answer
+    /// `Duplicate` and the failed one acts. The recorded reason names the
+    /// subscriber. One queue with several handlers, rather than a queue
+    /// per handler: a message is settled once, and a failing handler never
+    /// re-runs the others' effects.
+    ///
+    /// ```no_run
+    /// use idem_runtime::amqp::{self, Consumer, Message};
+    /// use idem_runtime::idempotent;
+    /// use sqlx::{Sqlite, Transaction};
+    ///
+    /// #[derive(serde::Deserialize, serde::Serialize)]
+    /// struct Order { id: i64 }
+    ///
+    /// #[idempotent(key = "stock:{o.id}", strategy = record, biz_type = "reserve_stock")]
+    /// async fn reserve_stock(tx: &mut Transaction<'_, Sqlite>, o: &Order) -> Result<(), sqlx::Error> { Ok(()) }
+    /// #[idempotent(key = "mail:{o.id}", strategy = record, biz_type = "order_mail")]
+    /// async fn send_email(tx: &mut Transaction<'_, Sqlite>, o: &Order) -> Result<(), sqlx::Error> { Ok(()) }
+    ///
+    /// # async fn f(pool: sqlx::SqlitePool) -> Result<(), idem_runtime::Error> {
+    /// let conn = amqp::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+    /// let (p1, p2) = (pool.clone(), pool.clone());
+    /// let consumer = Consumer::fan_out(conn, "orders")
+    ///     .subscribe("reserve_stock", move |_m: Message, o: Order| {
+    ///         let pool = p1.clone();
+    ///         async move { reserve_stock(&pool, &o).await }
+    ///     })
+    ///     .subscribe("send_email", move |_m: Message, o: Order| {
+    ///         let pool = p2.clone();
+    ///         async move { send_email(&pool, &o).await }
+    ///     })
+    ///     .spawn()
+    ///     .await?;
+    /// # consumer.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fan_out(connection: Arc<Connection>, queue: impl Into<String>) -> Self {
+        Consumer::with(connection, queue.into(), Handling::Fanned(Vec::new()))
+    }
+
+    /// Subscribes `handler`, named `name`, to every delivery of a
+    /// [`fan_out`](Consumer::fan_out) consumer.
+    ///
+    /// # Panics
+    /// On a consumer built by [`new`](Consumer::new) (its one handler
+    /// would silently be joined by another), or when a subscriber of that
+    /// `name` exists already.
+    pub fn subscribe<P, F, Fut, T>(mut self, name: impl Into<String>, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Message, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let of = format!("AMQP consumer of queue `{}`", self.queue);
+        self.handling
+            .subscribe(&of, name.into(), consume::handler(handler));
+        self
+    }
+
+    fn with(connection: Arc<Connection>, queue: String, handling: Handling<Message>) -> Self {
         Consumer {
             connection,
             retry_queue: format!("{queue}.retry"),
             queue,
             consumer_tag: String::new(),
-            handler,
+            handling,
             prefetch: 16,
             max_attempts: 5,
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
@@ -174,6 +249,9 @@ impl Consumer {
     /// consumer as a tokio task. Errors when the queue does not exist or the
     /// broker refuses the consumer.
     pub async fn spawn(self) -> Result<ConsumerHandle, Error> {
+        let handler = self
+            .handling
+            .into_handler(&format!("AMQP consumer of queue `{}`", self.queue))?;
         let queue = short("queue", &self.queue)?;
         short("queue", &self.retry_queue)?;
         let tag = short("consumer tag", &self.consumer_tag)?;
@@ -211,7 +289,7 @@ impl Consumer {
             retry: ConfirmChannel::new(self.connection.clone()),
             queue: self.queue,
             retry_queue: self.retry_queue,
-            handler: self.handler,
+            handler,
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             stats: Arc::default(),

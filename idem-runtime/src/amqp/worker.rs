@@ -9,7 +9,7 @@ use super::message::Message;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::task::BoxFuture;
+use crate::consume::{self, Failure, Verdict};
 use futures_util::StreamExt;
 use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
@@ -19,10 +19,14 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-/// The handler as stored: parses the payload, then runs the call
-/// (`Ok(true)`: executed, `Ok(false)`: duplicate).
-pub(super) type Handler =
-    Arc<dyn Fn(Message) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync>;
+/// The handler as stored (see [`consume`]).
+pub(super) type Handler = consume::Handler<Message>;
+
+impl consume::Incoming for Message {
+    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
+}
 
 /// What every delivery task of one consumer shares.
 pub(super) struct Shared {
@@ -79,12 +83,6 @@ pub(super) async fn run(
     failure.map_or(Ok(()), Err)
 }
 
-enum Verdict {
-    Done { executed: bool },
-    Retry(String),
-    Dead(String),
-}
-
 impl Shared {
     async fn process(&self, d: AmqpDelivery) {
         ConsumerStats::bump(&self.stats.received);
@@ -105,9 +103,9 @@ impl Shared {
         );
         async move {
             let verdict = match message_id {
-                None => Verdict::Dead(
-                    "no message_id property: the delivery cannot be made idempotent".into(),
-                ),
+                None => Err(Failure::dead(
+                    "no message_id property: the delivery cannot be made idempotent",
+                )),
                 Some(message_id) => self.handle(&d, message_id, attempt).await,
             };
             self.settle(d, verdict, attempt).await;
@@ -129,23 +127,13 @@ impl Shared {
             body: d.data.clone(),
             properties: d.properties.clone(),
         };
-        let fut = match (self.handler)(message) {
-            Ok(fut) => fut,
-            Err(e) => return Verdict::Dead(format!("unparsable payload: {e}")),
-        };
-        // A panicking handler is a failed attempt, not a dead consumer.
-        match tokio::spawn(fut).await {
-            Ok(Ok(executed)) => Verdict::Done { executed },
-            Ok(Err(e)) if e.is_retryable() => Verdict::Retry(format!("{}: {e}", e.kind())),
-            Ok(Err(e)) => Verdict::Dead(format!("{}: {e}", e.kind())),
-            Err(join) => Verdict::Retry(format!("handler panicked: {join}")),
-        }
+        consume::run(&self.handler, message).await
     }
 
     async fn settle(&self, d: AmqpDelivery, verdict: Verdict, attempt: u32) {
         let stats = &self.stats;
         match verdict {
-            Verdict::Done { executed } => match d.acker.ack(BasicAckOptions::default()).await {
+            Ok(executed) => match d.acker.ack(BasicAckOptions::default()).await {
                 Ok(true) => ConsumerStats::bump(if executed {
                     &stats.executed
                 } else {
@@ -153,12 +141,12 @@ impl Shared {
                 }),
                 other => self.settle_failed("ack", other),
             },
-            Verdict::Retry(reason) if attempt >= self.max_attempts => {
-                let reason = format!("gave up after {attempt} attempts: {reason}");
+            Err(f) if f.retryable && attempt >= self.max_attempts => {
+                let reason = format!("gave up after {attempt} attempts: {}", f.reason);
                 self.dead_letter(&d, &reason).await;
             }
-            Verdict::Retry(reason) => self.retry(d, attempt, &reason).await,
-            Verdict::Dead(reason) => self.dead_letter(&d, &reason).await,
+            Err(f) if f.retryable => self.retry(d, attempt, &f.reason).await,
+            Err(f) => self.dead_letter(&d, &f.reason).await,
         }
     }
 

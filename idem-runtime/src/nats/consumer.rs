@@ -2,9 +2,10 @@
 
 use super::error::from_consumer;
 use super::message::Message;
-use super::worker::{Handler, Shared, run};
+use super::worker::{Shared, run};
 use crate::backoff::Backoff;
-use crate::task::{BoxFuture, TaskHandle};
+use crate::consume::{self, Handling};
+use crate::task::TaskHandle;
 use crate::{Error, Outcome};
 use async_nats::jetstream::Context;
 use async_nats::jetstream::consumer::PullConsumer;
@@ -95,7 +96,7 @@ pub struct Consumer {
     js: Context,
     stream: String,
     consumer: String,
-    handler: Handler,
+    handling: Handling<Message>,
     max_in_flight: usize,
     backoff: Backoff,
     progress: Progress,
@@ -117,6 +118,7 @@ impl fmt::Debug for Consumer {
         f.debug_struct("Consumer")
             .field("stream", &self.stream)
             .field("consumer", &self.consumer)
+            .field("subscribers", &self.handling.names())
             .field("max_in_flight", &self.max_in_flight)
             .field("backoff", &self.backoff)
             .field("progress", &self.progress)
@@ -143,16 +145,101 @@ impl Consumer {
         Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
         T: Send + 'static,
     {
-        let handler: Handler = Arc::new(move |m: Message| {
-            let payload: P = serde_json::from_slice(&m.body)?;
-            let fut = handler(m, payload);
-            Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
-        });
+        Consumer::with(
+            js,
+            stream.into(),
+            consumer.into(),
+            Handling::One(consume::handler(handler)),
+        )
+    }
+
+    /// A consumer of the durable pull consumer `consumer` on `stream`
+    /// whose every delivery goes to **several handlers** (fan-out), each
+    /// subscribed with [`subscribe`](Consumer::subscribe) and acting once
+    /// in its own scope (its `biz_type`, state machine or constraint: the
+    /// subscribers' keys must not meet).
+    ///
+    /// The subscribers of a delivery run one after the other, in the order
+    /// subscribed, each call in a transaction of its own (under one
+    /// in-progress ack). The delivery is acknowledged when every one of
+    /// them executed or answered `Duplicate`. If one fails, the others
+    /// still run and the delivery is nak'd for a redelivery (back-off,
+    /// `max_deliver`, dead letter, as for one handler): on it the
+    /// subscribers that had acted answer `Duplicate` and the failed one
+    /// acts. The recorded reason names the subscriber.
+    ///
+    /// ```no_run
+    /// use idem_runtime::nats::{self, Consumer, Message};
+    /// use idem_runtime::idempotent;
+    /// use sqlx::{Sqlite, Transaction};
+    ///
+    /// #[derive(serde::Deserialize, serde::Serialize)]
+    /// struct Order { id: i64 }
+    ///
+    /// #[idempotent(key = "stock:{o.id}", strategy = record, biz_type = "reserve_stock")]
+    /// async fn reserve_stock(tx: &mut Transaction<'_, Sqlite>, o: &Order) -> Result<(), sqlx::Error> { Ok(()) }
+    /// #[idempotent(key = "mail:{o.id}", strategy = record, biz_type = "order_mail")]
+    /// async fn send_email(tx: &mut Transaction<'_, Sqlite>, o: &Order) -> Result<(), sqlx::Error> { Ok(()) }
+    ///
+    /// # async fn f(pool: sqlx::SqlitePool) -> Result<(), idem_runtime::Error> {
+    /// let js = nats::connect("nats://127.0.0.1:4222").await?;
+    /// let (p1, p2) = (pool.clone(), pool.clone());
+    /// let consumer = Consumer::fan_out(js, "ORDERS", "order-effects")
+    ///     .subscribe("reserve_stock", move |_m: Message, o: Order| {
+    ///         let pool = p1.clone();
+    ///         async move { reserve_stock(&pool, &o).await }
+    ///     })
+    ///     .subscribe("send_email", move |_m: Message, o: Order| {
+    ///         let pool = p2.clone();
+    ///         async move { send_email(&pool, &o).await }
+    ///     })
+    ///     .spawn()
+    ///     .await?;
+    /// # consumer.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fan_out(js: Context, stream: impl Into<String>, consumer: impl Into<String>) -> Self {
+        Consumer::with(
+            js,
+            stream.into(),
+            consumer.into(),
+            Handling::Fanned(Vec::new()),
+        )
+    }
+
+    /// Subscribes `handler`, named `name`, to every delivery of a
+    /// [`fan_out`](Consumer::fan_out) consumer.
+    ///
+    /// # Panics
+    /// On a consumer built by [`new`](Consumer::new) (its one handler
+    /// would silently be joined by another), or when a subscriber of that
+    /// `name` exists already.
+    pub fn subscribe<P, F, Fut, T>(mut self, name: impl Into<String>, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Message, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let of = self.describe();
+        self.handling
+            .subscribe(&of, name.into(), consume::handler(handler));
+        self
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "NATS consumer `{}` of stream `{}`",
+            self.consumer, self.stream
+        )
+    }
+
+    fn with(js: Context, stream: String, consumer: String, handling: Handling<Message>) -> Self {
         Consumer {
             js,
-            stream: stream.into(),
-            consumer: consumer.into(),
-            handler,
+            stream,
+            consumer,
+            handling,
             max_in_flight: 16,
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             progress: Progress::Auto,
@@ -207,6 +294,8 @@ impl Consumer {
     /// it as a tokio task. Errors when the stream or consumer does not
     /// exist, or the server does not answer.
     pub async fn spawn(self) -> Result<ConsumerHandle, Error> {
+        let of = self.describe();
+        let handler = self.handling.into_handler(&of)?;
         let pull: PullConsumer = self
             .js
             .get_consumer_from_stream(&self.consumer, &self.stream)
@@ -222,7 +311,7 @@ impl Consumer {
             js: self.js,
             stream: self.stream,
             consumer: self.consumer,
-            handler: self.handler,
+            handler,
             max_deliver: u32::try_from(config.max_deliver).unwrap_or(0),
             backoff: self.backoff,
             progress,

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::task::BoxFuture;
+use crate::consume::{self, Failure, Verdict};
 use async_nats::header;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
@@ -21,10 +21,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-/// The handler as stored: parses the payload, then runs the call
-/// (`Ok(true)`: executed, `Ok(false)`: duplicate).
-pub(super) type Handler =
-    Arc<dyn Fn(Message) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync>;
+/// The handler as stored (see [`consume`]).
+pub(super) type Handler = consume::Handler<Message>;
+
+impl consume::Incoming for Message {
+    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
+}
 
 /// What every delivery task of one consumer shares.
 pub(super) struct Shared {
@@ -124,12 +128,6 @@ async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
     }
 }
 
-enum Verdict {
-    Done { executed: bool },
-    Retry(String),
-    Dead(String),
-}
-
 /// What the ack subject of a delivery says about it.
 struct Meta {
     stream_sequence: u64,
@@ -177,9 +175,9 @@ impl Shared {
         );
         async move {
             let verdict = match message_id {
-                None => Verdict::Dead(
-                    "no Nats-Msg-Id header: the delivery cannot be made idempotent".into(),
-                ),
+                None => Err(Failure::dead(
+                    "no Nats-Msg-Id header: the delivery cannot be made idempotent",
+                )),
                 Some(message_id) => self.handle(&m, message_id, &meta).await,
             };
             self.settle(&m, verdict, &meta).await;
@@ -200,12 +198,10 @@ impl Shared {
             body: m.payload.to_vec(),
             headers: m.headers.clone().unwrap_or_default(),
         };
-        let fut = match (self.handler)(message) {
-            Ok(fut) => fut,
-            Err(e) => return Verdict::Dead(format!("unparsable payload: {e}")),
+        let mut job = match consume::start(&self.handler, message) {
+            Ok(job) => job,
+            Err(failure) => return Err(failure),
         };
-        // A panicking handler is a failed attempt, not a dead consumer.
-        let mut job = tokio::spawn(fut);
         let joined = match self.progress {
             None => job.await,
             Some(every) => {
@@ -221,12 +217,7 @@ impl Shared {
                 }
             }
         };
-        match joined {
-            Ok(Ok(executed)) => Verdict::Done { executed },
-            Ok(Err(e)) if e.is_retryable() => Verdict::Retry(format!("{}: {e}", e.kind())),
-            Ok(Err(e)) => Verdict::Dead(format!("{}: {e}", e.kind())),
-            Err(join) => Verdict::Retry(format!("handler panicked: {join}")),
-        }
+        consume::verdict(joined)
     }
 
     async fn settle(&self, m: &JsMessage, verdict: Verdict, meta: &Meta) {
@@ -234,7 +225,7 @@ impl Shared {
         match verdict {
             // Confirmed by the server: an ack lost on the way is an error
             // here, and the server delivers the message again.
-            Verdict::Done { executed } => match m.double_ack().await {
+            Ok(executed) => match m.double_ack().await {
                 Ok(()) => ConsumerStats::bump(if executed {
                     &stats.executed
                 } else {
@@ -242,17 +233,15 @@ impl Shared {
                 }),
                 Err(e) => self.settle_failed("ack", &e),
             },
-            Verdict::Retry(reason)
-                if self.max_deliver > 0 && meta.delivered >= self.max_deliver =>
-            {
-                let reason = format!("gave up after {} deliveries: {reason}", meta.delivered);
+            Err(f) if f.retryable && self.max_deliver > 0 && meta.delivered >= self.max_deliver => {
+                let reason = format!("gave up after {} deliveries: {}", meta.delivered, f.reason);
                 self.dead_letter(m, &reason, meta).await;
             }
-            Verdict::Retry(reason) => {
+            Err(f) if f.retryable => {
                 let delay = self.backoff.delay(meta.delivered);
-                self.nak(m, delay, &reason).await;
+                self.nak(m, delay, &f.reason).await;
             }
-            Verdict::Dead(reason) => self.dead_letter(m, &reason, meta).await,
+            Err(f) => self.dead_letter(m, &f.reason, meta).await,
         }
     }
 

@@ -77,5 +77,5 @@ pub use enqueue::{
 };
 pub use relay::{
     Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
-    RelayStatsSnapshot,
+    RelayStatsSnapshot, Settled, Settlement,
 };

@@ -1,9 +1,10 @@
 //! One attempt of one message: the handler run under a renewed lease,
 //! then the bookkeeping (success, retry with back-off, or dead letter).
 
-use super::{Delivery, Relay};
+use super::{Delivery, Relay, Settled, Settlement};
 use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow, OutboxState};
+use crate::consume::{self, Failure, Verdict};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -30,34 +31,23 @@ const BOOKKEEPING_WAITS: [Duration; 4] = [
 const OUTAGE_WAIT_FIRST: Duration = Duration::from_millis(200);
 const OUTAGE_WAIT_MAX: Duration = Duration::from_secs(1);
 
-/// A failed attempt: whether it may be retried, the reason, and whether
-/// the handler's commit may have landed (its outcome is unknown).
-pub(super) type Failure = (bool, String, bool);
-
 /// A handler that took its delivery's source `takes` times: twice or more
 /// is a misuse (see [`Delivery::source`]), a failure that is not retried,
 /// whatever the handler answered.
-pub(super) fn one_call_per_delivery(
-    takes: u32,
-    result: Result<bool, Failure>,
-) -> Result<bool, Failure> {
+pub(super) fn one_call_per_delivery(takes: u32, result: Verdict) -> Verdict {
     if takes < 2 {
         return result;
     }
     let answered = match &result {
         Ok(_) => "it answered Ok".to_owned(),
-        Err((_, reason, _)) => format!("it failed: {reason}"),
+        Err(f) => format!("it failed: {}", f.reason),
     };
-    Err((
-        false,
-        format!(
-            "misuse: the handler took its delivery's source() {takes} times, and one delivery \
+    Err(Failure::dead(format!(
+        "misuse: the handler took its delivery's source() {takes} times, and one delivery \
              runs one call (the first marks the message, so a later one cannot be part of it); \
              to run several handlers for one message, subscribe each with Relay::subscribe \
              ({answered})"
-        ),
-        false,
-    ))
+    )))
 }
 
 impl<DB: Backend> Relay<DB> {
@@ -74,18 +64,9 @@ impl<DB: Backend> Relay<DB> {
         let takes = Arc::new(AtomicU32::new(0));
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts);
         let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), takes.clone());
-        let result: Result<bool, Failure> = match route(delivery) {
-            Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
-            // A panicking handler is a failed attempt, not a dead relay.
-            Ok(fut) => match self.heartbeat(&lease, tokio::spawn(fut), &span).await {
-                Ok(Ok(executed)) => Ok(executed),
-                Ok(Err(e)) => Err((
-                    e.is_retryable(),
-                    format!("{}: {e}", e.kind()),
-                    matches!(e, crate::Error::CommitUnknown(_)),
-                )),
-                Err(join) => Err((true, format!("handler panicked: {join}"), false)),
-            },
+        let result = match consume::start(&route, delivery) {
+            Err(failure) => Err(failure),
+            Ok(task) => consume::verdict(self.heartbeat(&lease, task, &span).await),
         };
         let takes = takes.load(Ordering::Relaxed);
         let result = one_call_per_delivery(takes, result);
@@ -99,9 +80,31 @@ impl<DB: Backend> Relay<DB> {
         lease: &OutboxLease,
         owner: &str,
         marked: bool,
-        result: Result<bool, Failure>,
+        result: Verdict,
         span: &tracing::Span,
     ) {
+        let settlement = self.book(lease, owner, marked, result, span).await;
+        let i = &self.inner;
+        tracing::debug!(parent: span, ?settlement, "outbox attempt settled");
+        if let Some(hook) = &i.on_settled {
+            hook(&Settled {
+                id: lease.id(),
+                topic: lease.topic(),
+                attempt: lease.attempt(),
+                settlement,
+            });
+        }
+    }
+
+    /// The bookkeeping itself, and what came of it.
+    async fn book(
+        &self,
+        lease: &OutboxLease,
+        owner: &str,
+        marked: bool,
+        result: Verdict,
+        span: &tracing::Span,
+    ) -> Settlement {
         let i = &self.inner;
         let (id, attempts) = (lease.id(), lease.attempt());
         match result {
@@ -112,9 +115,16 @@ impl<DB: Backend> Relay<DB> {
                     &i.stats.duplicates
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                let done = match executed {
+                    true => Settlement::Executed,
+                    false => Settlement::Duplicate,
+                };
                 // A handler given its outbox source marked the message in
                 // its own transaction; for any other, the relay marks it.
-                if !marked {
+                if marked {
+                    return done;
+                }
+                {
                     let mark = self.fenced(
                         id,
                         || async {
@@ -125,24 +135,29 @@ impl<DB: Backend> Relay<DB> {
                         |s| s.status == "success" && s.attempts == attempts,
                     );
                     match mark.await {
-                        Ok(true) => {}
+                        Ok(true) => done,
                         Ok(false) => {
                             i.stats.stale.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(parent: span, "outbox message no longer held by this delivery; its current holder settles it");
+                            Settlement::Stale
                         }
                         Err(e) => {
                             tracing::warn!(parent: span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
+                            Settlement::Unrecorded
                         }
                     }
                 }
             }
-            Err((_, _, true)) if self.landed(id).await => {
+            Err(f) if f.commit_unknown && self.landed(id).await => {
                 // The handler's commit, whose acknowledgement was lost,
                 // landed: the message is a success. Nothing to retry.
                 i.stats.stale.fetch_add(1, Ordering::Relaxed);
                 i.stats.landed.fetch_add(1, Ordering::Relaxed);
+                Settlement::Landed
             }
-            Err((retryable, reason, _)) => {
+            Err(Failure {
+                retryable, reason, ..
+            }) => {
                 let dead = !retryable || attempts >= i.max_attempts;
                 let reason = if dead && retryable {
                     format!("gave up after {attempts} attempts: {reason}")
@@ -197,21 +212,25 @@ impl<DB: Backend> Relay<DB> {
                         i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::outbox_dead_letter();
                         tracing::warn!(parent: span, %reason, "outbox message dead-lettered");
+                        Settlement::DeadLettered
                     }
                     Ok(true) => {
                         i.stats.retried.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::outbox_retry();
                         tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
+                        Settlement::Retried
                     }
                     Ok(false) => {
                         // Settled by another attempt (a relay that took the
                         // message over after this lease ran out).
                         i.stats.stale.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(parent: span, %reason, "outbox message no longer held by this delivery; its failure is left to its current holder");
+                        Settlement::Stale
                     }
                     Err(e) => {
                         // The lease expires and the message is retried.
                         tracing::warn!(parent: span, error = %e, "could not record the failed attempt");
+                        Settlement::Unrecorded
                     }
                 }
             }

@@ -36,11 +36,12 @@
 //!   same leases.
 
 use super::Relay;
-use super::attempt::{Failure, one_call_per_delivery};
+use super::attempt::one_call_per_delivery;
 use super::delivery::Delivery;
 use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow};
 use crate::call::{CallerTx, SharedTx};
+use crate::consume::{self, Failure, Verdict};
 use crate::error::Error;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -53,7 +54,7 @@ struct Ran {
     /// Whether the handler took its outbox source (its success mark is in
     /// the batch's transaction).
     marked: bool,
-    result: Result<bool, Failure>,
+    result: Verdict,
     span: tracing::Span,
 }
 
@@ -134,11 +135,12 @@ impl<DB: Backend> Relay<DB> {
                     // A success mark in the batch: its commit's outcome
                     // is unknown, like a per-message handler's.
                     let result = match r.result {
-                        Ok(_) if r.marked => Err((
-                            true,
-                            format!("commit outcome unknown: the batch's commit failed: {error}"),
-                            true,
-                        )),
+                        Ok(_) if r.marked => Err(Failure {
+                            commit_unknown: true,
+                            ..Failure::retry(format!(
+                                "commit outcome unknown: the batch's commit failed: {error}"
+                            ))
+                        }),
                         other => other,
                     };
                     self.settle(&r.lease, &owner, r.marked, result, &r.span)
@@ -246,21 +248,10 @@ impl<DB: Backend> Relay<DB> {
         let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts);
         let mut delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
         delivery.batch = Some(shared.clone());
-        let result = match route(delivery) {
-            Err(e) => Err((false, format!("unparsable payload: {e}"), false)),
-            // A panicking handler is a failed attempt: its task unwinds,
-            // which rolls its call back to the savepoint and hands the
-            // batch's transaction back.
-            Ok(fut) => match tokio::spawn(fut).await {
-                Ok(Ok(executed)) => Ok(executed),
-                Ok(Err(e)) => Err((
-                    e.is_retryable(),
-                    format!("{}: {e}", e.kind()),
-                    matches!(e, crate::Error::CommitUnknown(_)),
-                )),
-                Err(join) => Err((true, format!("handler panicked: {join}"), false)),
-            },
-        };
+        // A panicking handler is a failed attempt: its task unwinds,
+        // which rolls its call back to the savepoint and hands the batch's
+        // transaction back.
+        let result = consume::run(&route, delivery).await;
         let takes = takes.load(Ordering::Relaxed);
         Some(Ran {
             row,

@@ -57,16 +57,19 @@ mod attempt;
 mod batch;
 mod delivery;
 mod handle;
+mod progress;
 mod wake;
 
 pub use delivery::Delivery;
 pub use handle::{RelayHandle, RelayStats, RelayStatsSnapshot};
+pub use progress::{Settled, Settlement};
 pub use wake::LISTENER_APP;
 
 use crate::archive::RetentionPolicy;
 use crate::backend::{Backend, ClaimError, ClaimSql, Claimed, OutboxRow};
 use crate::backoff::Backoff;
-use crate::task::{BoxFuture, TaskHandle};
+use crate::consume;
+use crate::task::TaskHandle;
 use crate::{Error, Outcome};
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
@@ -115,12 +118,10 @@ enum Round {
     },
 }
 
-type Route<DB> = Arc<
-    dyn Fn(Delivery<DB>) -> Result<BoxFuture<Result<bool, Error>>, serde_json::Error> + Send + Sync,
->;
+type Route<DB> = consume::Handler<Delivery<DB>>;
 
 /// A fanned-out topic's subscriber: its name and its handler.
-type Subscriber<DB> = (Arc<str>, Route<DB>);
+type Subscriber<DB> = consume::Subscriber<Delivery<DB>>;
 
 /// A relay's settings (see [`Relay::settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +204,8 @@ struct Inner<DB: Backend> {
     push_wakeup: Option<bool>,
     /// See [`Relay::listener_catch_up`].
     listener_catch_up: bool,
+    /// See [`Relay::on_settled`].
+    on_settled: Option<progress::Hook>,
     stats: RelayStats,
 }
 
@@ -254,6 +257,7 @@ impl<DB: Backend> Relay<DB> {
                 backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
                 push_wakeup: None,
                 listener_catch_up: true,
+                on_settled: None,
                 stats: RelayStats::default(),
             }),
         }
@@ -295,7 +299,7 @@ impl<DB: Backend> Relay<DB> {
         T: Send + 'static,
     {
         let topic = topic.into();
-        let route = typed_route(handler);
+        let route = consume::handler(handler);
         self.edit(|i| {
             assert!(
                 !i.routes.contains_key(&topic),
@@ -362,7 +366,7 @@ impl<DB: Backend> Relay<DB> {
         T: Send + 'static,
     {
         let (topic, name) = (topic.into(), name.into());
-        let route = typed_route(handler);
+        let route = consume::handler(handler);
         self.edit(|i| {
             let subs = i.subscribers.entry(topic.clone()).or_default();
             assert!(
@@ -370,12 +374,8 @@ impl<DB: Backend> Relay<DB> {
                 "outbox topic `{topic}` has a route already: subscribe every handler of a \
                  fanned-out topic with Relay::subscribe, none with Relay::route"
             );
-            assert!(
-                subs.iter().all(|(n, _)| **n != *name),
-                "outbox topic `{topic}` has a subscriber named `{name}` already"
-            );
-            subs.push((name.into(), route));
-            let fanned = fan_out(subs.clone());
+            consume::add(subs, &format!("outbox topic `{topic}`"), name, route);
+            let fanned = consume::fan_out(subs.clone(), hand);
             i.routes.insert(topic, fanned);
             i.routed();
         })
@@ -409,6 +409,36 @@ impl<DB: Backend> Relay<DB> {
     /// for it (and times out). See the module `batch.rs` for the details.
     pub fn commit_batch(self, n: usize) -> Self {
         self.edit(|i| i.commit_batch = n.max(1))
+    }
+
+    /// Calls `hook` after each attempt of a message is settled, with what
+    /// came of it: to drive a progress bar, feed a dashboard or count
+    /// outcomes per topic. It runs on the relay's task, after the
+    /// attempt's bookkeeping: keep it quick (an atomic add, a channel
+    /// send). Each message has exactly one [final](Settlement::is_final)
+    /// settlement, so counting those counts messages done. The same event
+    /// is logged at `DEBUG` (target `idem_runtime::outbox::relay`), with
+    /// the message's span.
+    ///
+    /// ```
+    /// use idem_runtime::outbox::Relay;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    ///
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let done = Arc::new(AtomicU64::new(0));
+    /// let seen = done.clone();
+    /// let relay = Relay::new(pool).on_settled(move |s| {
+    ///     if s.settlement.is_final() {
+    ///         seen.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// });
+    /// # let _ = relay;
+    /// # }
+    /// ```
+    pub fn on_settled(self, hook: impl Fn(&Settled<'_>) + Send + Sync + 'static) -> Self {
+        let hook: progress::Hook = Arc::new(hook);
+        self.edit(|i| i.on_settled = Some(hook))
     }
 
     /// Handlers running at once (default 16).
@@ -969,80 +999,21 @@ impl<DB: Backend> Inner<DB> {
     }
 }
 
-/// A route running `handler` on the payload parsed as `P`.
-fn typed_route<DB, P, F, Fut, T>(handler: F) -> Route<DB>
-where
-    DB: Backend,
-    P: DeserializeOwned + Send + 'static,
-    F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
-    T: Send + 'static,
-{
-    Arc::new(move |d: Delivery<DB>| {
-        let payload: P = serde_json::from_str(&d.message.payload)?;
-        let fut = handler(d, payload);
-        Ok(Box::pin(async move { fut.await.map(|o| o.is_executed()) }) as BoxFuture<_>)
-    })
+impl<DB: Backend> consume::Incoming for Delivery<DB> {
+    fn payload<P: DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        serde_json::from_str(&self.message.payload)
+    }
 }
 
-/// The route of a fanned-out topic: its subscribers one after the other,
-/// the last one marking the message if all before it ended well (see
-/// [`Relay::subscribe`]).
-fn fan_out<DB: Backend>(subscribers: Vec<Subscriber<DB>>) -> Route<DB> {
-    let subscribers: Arc<[Subscriber<DB>]> = subscribers.into();
-    Arc::new(move |d: Delivery<DB>| {
-        let subscribers = subscribers.clone();
-        Ok(Box::pin(async move {
-            let mut executed = false;
-            let mut failed: Option<Error> = None;
-            let last = subscribers.len() - 1;
-            for (k, (name, route)) in subscribers.iter().enumerate() {
-                // The relay's own delivery (its count of sources taken, its
-                // mark) goes to the last subscriber, and only when no one
-                // before it failed: the message is then marked in its
-                // transaction.
-                let delivery = match k == last && failed.is_none() {
-                    true => d.clone(),
-                    false => d.unmarking(),
-                };
-                let result = match route(delivery) {
-                    Err(e) => Err(Error::Handler {
-                        source: format!("unparsable payload: {e}").into(),
-                        retryable: false,
-                    }),
-                    // A panicking subscriber is a failed attempt; the
-                    // others still run.
-                    Ok(fut) => tokio::spawn(fut).await.unwrap_or_else(|join| {
-                        Err(Error::Handler {
-                            source: format!("handler panicked: {join}").into(),
-                            retryable: true,
-                        })
-                    }),
-                };
-                match result {
-                    Ok(ran) => executed |= ran,
-                    Err(e) => {
-                        tracing::info!(subscriber = &**name, error = %e, "a subscriber of a fanned-out outbox message failed");
-                        if failed.is_none() {
-                            failed = Some(match e {
-                                // The marking commit's outcome: read back.
-                                e @ Error::CommitUnknown(_) if k == last => e,
-                                e => Error::Handler {
-                                    retryable: e.is_retryable(),
-                                    source: format!("subscriber `{name}`: {}: {e}", e.kind())
-                                        .into(),
-                                },
-                            });
-                        }
-                    }
-                }
-            }
-            match failed {
-                None => Ok(executed),
-                Some(e) => Err(e),
-            }
-        }) as BoxFuture<_>)
-    })
+/// The delivery a subscriber of a fanned-out topic gets: the relay's own
+/// (its count of sources taken, its mark) for the last one when no one
+/// before it failed, so that the message is marked in its transaction;
+/// one that does not mark for the others (see [`Relay::subscribe`]).
+fn hand<DB: Backend>(d: &Delivery<DB>, settles: bool) -> Delivery<DB> {
+    match settles {
+        true => d.clone(),
+        false => d.unmarking(),
+    }
 }
 
 /// A random number, drawn afresh on each call.
