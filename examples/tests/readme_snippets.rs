@@ -1043,3 +1043,52 @@ async fn the_shards_keep_each_record_beside_its_account() {
         }
     }
 }
+
+/// The RabbitMQ fan-out snippet: one published message, two subscribers
+/// of one queue, each acting once; the outbox message `success`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fanned_out_rabbitmq_consumer_runs_each_subscriber_once() {
+    let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    if let Err(e) = idem_runtime::amqp::connect(url).await {
+        idem_testkit::unreachable(&format!("RabbitMQ at {url}"), e);
+        return;
+    }
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let msg = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let msg_id = unique("readme-mq-fan");
+    enqueue_one(&pool, "readme.mq.paid", &msg_id, &msg).await;
+    let notices = |pool: PgPool, user: i64| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM readme_notice WHERE user_id = $1 AND text = 'mq-paid'",
+        )
+        .bind(user)
+        .fetch_one(&pool)
+        .await
+        .expect("notices")
+    };
+    let (db, order) = (pool.clone(), msg.order_id);
+    let until = async move {
+        let start = Instant::now();
+        while deductions(&db, c).await < 1 || notices(db.clone(), order).await < 1 {
+            assert!(start.elapsed() < Duration::from_secs(20), "not consumed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Time for a second effect, if there were one.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    rabbitmq::consume_fanned_out(pool.clone(), until)
+        .await
+        .expect("consume");
+    assert_eq!(
+        (deductions(&pool, c).await, notices(pool.clone(), msg.order_id).await),
+        (1, 1)
+    );
+    assert_eq!(
+        outbox_status(&pool, "readme.mq.paid", &msg_id).await.as_deref(),
+        Some("success")
+    );
+}

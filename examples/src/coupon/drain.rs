@@ -39,8 +39,22 @@ impl Tally {
 /// A relay for `h`, with settings for a short run: small batches, quick
 /// polling and back-off. The lease is the default (30 s): a message that
 /// waited for its lease to expire would stretch the drain by that much.
-fn relay_for(h: Handler, pool: AnyPool, n: usize, opts: &Args, tally: Arc<Tally>) -> Relay<Any> {
+/// Its progress hook moves `bar` on by each message settled for good
+/// (`success` or dead-lettered), whichever relay settles it.
+fn relay_for(
+    h: Handler,
+    pool: AnyPool,
+    n: usize,
+    opts: &Args,
+    tally: Arc<Tally>,
+    bar: ProgressBar,
+) -> Relay<Any> {
     let relay = Relay::new(pool)
+        .on_settled(move |s| {
+            if s.settlement.is_final() {
+                bar.inc(1);
+            }
+        })
         .owner(format!("{}-relay-{n}", h.tables()))
         .batch_size(16)
         .concurrency(opts.concurrency)
@@ -160,7 +174,7 @@ impl Drain {
         for n in 1..=opts.relays {
             let size = opts.concurrency as u32 + 2;
             let pool = connect_with_spares(&relay_url, size, size).await?;
-            let relay = relay_for(h, pool.clone(), n, opts, tally.clone());
+            let relay = relay_for(h, pool.clone(), n, opts, tally.clone(), bar.clone());
             relays.push((relay.clone(), relay.spawn()));
             pools.push(pool);
         }
@@ -194,8 +208,9 @@ impl Drain {
         }
     }
 
-    /// Updates the progress; true once every message is settled
-    /// (delivered, or dead-lettered).
+    /// Updates the lost acknowledgements shown (the relays' hook moves the
+    /// bar); true once every message is settled (delivered, or
+    /// dead-lettered), as the database says.
     pub(super) async fn poll(
         &mut self,
         direct: &AnyPool,
@@ -211,7 +226,6 @@ impl Drain {
         .bind(self.h.topic())
         .fetch_one(direct)
         .await?;
-        self.bar.set_position(settled as u64);
         self.bar
             .set_message(format!("{} lost acks", self.lost_acks()));
         if settled < self.messages {
