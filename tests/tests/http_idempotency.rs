@@ -98,11 +98,13 @@ macro_rules! backend_tests {
                 tokio::time::sleep(app.delay).await;
                 let insert = sql($dialect, "INSERT INTO {t} (body) VALUES (?)");
                 let q = sqlx::AssertSqlSafe(insert.0.replace("{t}", &app.table));
-                if let Err(e) = sqlx::query(q).bind(req.body().to_vec()).execute(&mut **call.tx()).await {
-                    return call.abandon((StatusCode::SERVICE_UNAVAILABLE, e.to_string())).await;
-                }
                 let count = sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {}", app.table));
-                let n: i64 = match sqlx::query_scalar(count).fetch_one(&mut **call.tx()).await {
+                let done = async {
+                    sqlx::query(q).bind(req.body().to_vec()).execute(call.tx().conn()?).await?;
+                    let n: i64 = sqlx::query_scalar(count).fetch_one(call.tx().conn()?).await?;
+                    Ok::<_, idem_runtime::Error>(n)
+                };
+                let n = match done.await {
                     Ok(n) => n,
                     Err(e) => return call.abandon((StatusCode::SERVICE_UNAVAILABLE, e.to_string())).await,
                 };

@@ -53,8 +53,11 @@ async fn create_transfer(State(app): State<App>, req: IdempotentRequest) -> Resp
         Ok(call) => call,
         Err(answer) => return answer, // the stored answer (replay), or 400 / 409 / 422
     };
-    let done = sqlx::query("INSERT INTO readme_transfer (body) VALUES ($1)")
-        .bind(req.body().to_vec()).execute(&mut **call.tx()).await;
+    let done = async {
+        sqlx::query("INSERT INTO readme_transfer (body) VALUES ($1)")
+            .bind(req.body().to_vec()).execute(call.tx().conn()?).await?;
+        Ok::<_, idem_runtime::Error>(())
+    }.await;
     match done {
         // The effect, the answer and the key's record commit together.
         Ok(_) => call.finish((StatusCode::CREATED, "transfer accepted")).await,

@@ -5,10 +5,14 @@
 //! - **`Idempotency-Key` requests** (IETF draft "The Idempotency-Key HTTP
 //!   Header Field"): a client makes a `POST` retryable by sending a key of
 //!   its own. [`Idempotency`] is a route's policy, [`IdempotentRequest`]
-//!   the extractor, [`RequestCall`] the handler's transaction: its effects
-//!   and the answer it stores commit together with the key's record
-//!   (`idem_record`), so a response lost on the way and a client retry get
-//!   the first answer, never a second effect.
+//!   the extractor, [`RequestCall`] the handler's transaction (a
+//!   [`CallerTx`](crate::CallerTx): `#[idempotent]` handlers and outbox
+//!   messages run inside it): its effects and the answer it stores commit
+//!   together with the key's record (`idem_record`), so a response lost
+//!   on the way and a client retry get the first answer, never a second
+//!   effect. Or, written once for every route: [`Idempotency::layer`]
+//!   runs all of it around a plain handler, which takes the transaction
+//!   with the [`RequestTx`] extractor.
 //! - **Third-party callbacks** (a payment platform that pushes again
 //!   after any non-200): [`CallbackVerifier`] and the [`SignedCallback`]
 //!   extractor check the platform's HMAC-SHA256 signature over the raw body
@@ -17,6 +21,24 @@
 //!   [`#[idempotent]`](macro@crate::idempotent) handler.
 //!
 //! ## An `Idempotency-Key` request, step by step
+//!
+//! In this order (behind [`IdempotencyLayer`]; by hand, the handler's
+//! extractors come first, then [`Idempotency::begin`] does 2 to 5):
+//!
+//! 1. the body, read whole: over the layer's
+//!    [`max_body`](IdempotencyLayer::max_body) → 413 (by hand: axum's
+//!    `DefaultBodyLimit`);
+//! 2. the key: missing or malformed → 400;
+//! 3. the caller: none → 401;
+//! 4. the record of `(caller, key)`: answered → replayed; another request
+//!    under it → 422; in flight → 409; none → the in-flight row committed;
+//! 5. the handler's transaction begun, the record locked;
+//! 6. the handler's extractors (`Json<T>`, [`RequestTx`]…), on the body
+//!    read in 1: their rejections are answers like any other;
+//! 7. the handler: its effects in the request's transaction;
+//! 8. its answer stored and committed with the effects; behind the
+//!    layer, an answer of 500 and over is not kept: rolled back, the key
+//!    freed ([`RequestCall::abandon`]).
 //!
 //! | the key's record | answer |
 //! |---|---|
@@ -54,8 +76,11 @@
 //!         Ok(call) => call,
 //!         Err(answer) => return answer, // replay, 400, 409, 422…
 //!     };
-//!     let n = sqlx::query("INSERT INTO orders (body) VALUES (?)")
-//!         .bind(req.body().to_vec()).execute(&mut **call.tx()).await;
+//!     let n = async {
+//!         sqlx::query("INSERT INTO orders (body) VALUES (?)")
+//!             .bind(req.body().to_vec()).execute(call.tx().conn()?).await?;
+//!         Ok::<_, idem_runtime::Error>(())
+//!     }.await;
 //!     match n {
 //!         Ok(_) => call.finish((StatusCode::CREATED, "created")).await,
 //!         Err(_) => call.abandon(StatusCode::SERVICE_UNAVAILABLE).await,
@@ -72,6 +97,50 @@
 //! let app: Router = Router::new()
 //!     .route("/orders", post(create_order))
 //!     .with_state(App { pool, orders });
+//! # let _ = app;
+//! # }
+//! ```
+//!
+//! ## Behind the layer, with an `#[idempotent]` handler and the outbox
+//!
+//! The handler is plain: the layer has read the body, looked up the key
+//! and begun the transaction; what the handler does in [`RequestTx`]
+//! commits with its answer.
+//!
+//! ```
+//! use axum::{Json, Router, http::StatusCode, routing::post};
+//! use idem_runtime::http::{Idempotency, RequestTx};
+//! use idem_runtime::outbox::enqueue;
+//! use idem_runtime::{Error, idempotent};
+//! use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Order { id: i64 }
+//!
+//! #[idempotent(key = "order:{o.id}", strategy = record, biz_type = "order")]
+//! async fn book(tx: &mut SqliteConnection, o: &Order) -> Result<(), sqlx::Error> {
+//!     sqlx::query("INSERT INTO orders (id) VALUES (?)").bind(o.id).execute(&mut *tx).await?;
+//!     Ok(())
+//! }
+//!
+//! async fn create_order(mut tx: RequestTx<Sqlite>, Json(o): Json<Order>)
+//!     -> Result<StatusCode, StatusCode> {
+//!     let failed = |_: Error| StatusCode::SERVICE_UNAVAILABLE; // 5xx: rolled back, not kept
+//!     book(&mut tx, &o).await.map_err(failed)?;
+//!     let msg = serde_json::json!({ "order": o.id });
+//!     enqueue(tx.transaction().map_err(failed)?, "orders", &o.id.to_string(), &msg)
+//!         .await.map_err(failed)?;
+//!     Ok(StatusCode::CREATED) // stored with the effects, replayed to retries
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # let pool = SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+//! let orders = Idempotency::new("orders", |parts| {
+//!     parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
+//! });
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order).layer(orders.layer(&pool).max_body(64 << 10)));
 //! # let _ = app;
 //! # }
 //! ```
@@ -105,6 +174,7 @@
 
 mod callback;
 mod key;
+mod layer;
 mod problem;
 mod request;
 mod stored;
@@ -113,6 +183,7 @@ pub use callback::{
     CallbackError, CallbackRejection, CallbackVerifier, MAX_SERIAL_LEN, SerialFrom, SignedCallback,
 };
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_IDEMPOTENCY_KEY_LEN};
+pub use layer::{DEFAULT_MAX_BODY, IdempotencyLayer, IdempotencyService, RequestTx};
 pub use problem::Problem;
 pub use request::{Idempotency, IdempotentRequest, RequestCall};
 pub use stored::IDEMPOTENT_REPLAYED;

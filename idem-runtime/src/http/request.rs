@@ -7,6 +7,8 @@ use super::key::{IdempotencyKey, KeyError, hex, record_key};
 use super::problem::Problem;
 use super::stored::{Held, Stored, lease_text};
 use crate::backend::{Backend, NewRecord};
+use crate::call::CallerTx;
+use crate::error::Error;
 use crate::strategy::MAX_TTL_SECS;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -16,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
-use sqlx::{Pool, Transaction};
+use sqlx::Pool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -144,7 +146,12 @@ impl Idempotency {
         self.scope
     }
 
-    fn problem(&self, status: StatusCode, title: &'static str, detail: String) -> Response {
+    pub(super) fn problem(
+        &self,
+        status: StatusCode,
+        title: &'static str,
+        detail: String,
+    ) -> Response {
         Problem::new(status, title, detail)
             .with_policy(&self.policy)
             .into_response()
@@ -169,6 +176,27 @@ impl Idempotency {
                 "Internal error",
                 "the request could not be recorded".into(),
             )
+        }
+    }
+
+    /// A failure of the request's transaction ([`CallerTx`]'s errors):
+    /// 503 for a lost commit acknowledgement and transient database
+    /// errors, 500 otherwise (a transaction lost by a call inside it
+    /// included: the handler went on after that call's error).
+    fn failed(&self, e: &Error) -> Response {
+        match e {
+            Error::Database(e) | Error::CommitUnknown(e) => self.unavailable(e),
+            other => {
+                tracing::warn!(scope = self.scope, error = %other,
+                    "idempotent request: the answer could not be committed");
+                self.problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal error",
+                    "the request's transaction could not be committed; \
+                     nothing was kept, a retry with the same key runs again"
+                        .into(),
+                )
+            }
         }
     }
 
@@ -238,7 +266,7 @@ impl Idempotency {
         let lease = lease_text(&held.lease);
         match DB::request_fence(&mut tx, &held.key, self.scope, &lease, self.lease_secs()).await {
             Ok(true) => {
-                call.tx = Some(tx);
+                call.tx = Some(CallerTx::new(tx));
                 Ok(call)
             }
             // Taken over after this request's lease ran out (it stalled
@@ -392,22 +420,23 @@ impl<S: Send + Sync> FromRequest<S> for IdempotentRequest {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
         let (parts, body) = req.into_parts();
-        let mut head = Request::new(()).into_parts().0;
-        head.method = parts.method.clone();
-        head.uri = parts.uri.clone();
-        head.version = parts.version;
-        head.headers = parts.headers.clone();
-        head.extensions = parts.extensions.clone();
-        let key = IdempotencyKey::from_headers(&head.headers);
+        let head = head_of(&parts);
         let body = Bytes::from_request(Request::from_parts(parts, body), state)
             .await
             .map_err(IntoResponse::into_response)?;
-        Ok(IdempotentRequest {
-            parts: head,
-            body,
-            key,
-        })
+        Ok(IdempotentRequest::new(head, body))
     }
+}
+
+/// A copy of a request's head (`Parts` is not `Clone`).
+pub(super) fn head_of(parts: &Parts) -> Parts {
+    let mut head = Request::new(()).into_parts().0;
+    head.method = parts.method.clone();
+    head.uri = parts.uri.clone();
+    head.version = parts.version;
+    head.headers = parts.headers.clone();
+    head.extensions = parts.extensions.clone();
+    head
 }
 
 #[derive(Serialize)]
@@ -418,6 +447,12 @@ struct Fingerprint<'a> {
 }
 
 impl IdempotentRequest {
+    /// The request of `parts` and its whole `body`.
+    pub(super) fn new(parts: Parts, body: Bytes) -> Self {
+        let key = IdempotencyKey::from_headers(&parts.headers);
+        IdempotentRequest { parts, body, key }
+    }
+
     /// The request's head.
     pub fn parts(&self) -> &Parts {
         &self.parts
@@ -456,14 +491,21 @@ impl IdempotentRequest {
 }
 
 /// A request that holds its key: the handler's transaction is open, the
-/// record locked. Run the effects on [`tx`](Self::tx), then
+/// record locked. Run the effects in [`tx`](Self::tx), then
 /// [`finish`](Self::finish) with the answer (stored and committed with
 /// them) or [`abandon`](Self::abandon) (rolled back, the key freed for a
 /// retry). Dropped unfinished, it rolls back and frees the key.
+///
+/// The transaction is a [`CallerTx`]: an
+/// [`#[idempotent]`](macro@crate::idempotent) handler runs inside it
+/// (`handler(call.tx(), &args)`, under a savepoint), the request's own
+/// statements on `call.tx().conn()?`, an outbox message with
+/// [`enqueue`](crate::outbox::enqueue)`(call.tx().transaction()?, …)`;
+/// all of them commit with the stored answer, or not at all.
 #[derive(Debug)]
 pub struct RequestCall<DB: Backend> {
     pool: Pool<DB>,
-    tx: Option<Transaction<'static, DB>>,
+    tx: Option<CallerTx<DB>>,
     held: Option<HeldKey>,
     policy: Idempotency,
 }
@@ -471,20 +513,23 @@ pub struct RequestCall<DB: Backend> {
 impl<DB: Backend> RequestCall<DB> {
     fn new(
         pool: &Pool<DB>,
-        tx: Transaction<'static, DB>,
+        tx: sqlx::Transaction<'static, DB>,
         held: Option<HeldKey>,
         policy: Idempotency,
     ) -> Self {
         RequestCall {
             pool: pool.clone(),
-            tx: Some(tx),
+            tx: Some(CallerTx::new(tx)),
             held,
             policy,
         }
     }
 
-    /// The transaction the effects run in.
-    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+    /// The transaction the effects run in: pass it to `#[idempotent]`
+    /// handlers, or take its connection ([`CallerTx::conn`]) or the
+    /// transaction itself ([`CallerTx::transaction`]); do not commit it,
+    /// [`finish`](Self::finish) does.
+    pub fn tx(&mut self) -> &mut CallerTx<DB> {
         self.tx.as_mut().expect("present until finished")
     }
 
@@ -494,15 +539,34 @@ impl<DB: Backend> RequestCall<DB> {
         self.held.is_some()
     }
 
+    /// The transaction, lent to a handler behind the layer.
+    pub(super) fn take_tx(&mut self) -> Option<CallerTx<DB>> {
+        self.tx.take()
+    }
+
+    /// The transaction, back from the handler.
+    pub(super) fn put_tx(&mut self, tx: CallerTx<DB>) {
+        self.tx = Some(tx);
+    }
+
+    /// The route's policy.
+    pub(super) fn policy(&self) -> &Idempotency {
+        &self.policy
+    }
+
     /// Stores `answer` with the key and commits it with the effects; the
     /// answer is then sent, and replayed byte for byte to every retry with
     /// the key until the policy's ttl. Any status can be kept (a 201, a
     /// 402 that a retry must not turn into a payment); what must not be
     /// kept goes through [`abandon`](Self::abandon).
     ///
-    /// A failure answers 500 (the answer cannot be kept) or 503 (the
-    /// database; a lost commit acknowledgement included): nothing was
-    /// committed, or it was and the retry gets the stored answer.
+    /// A failure answers 503 with `Retry-After` (a transient database
+    /// error, or a lost commit acknowledgement: committed or not, a retry
+    /// with the key is safe) or 500 (the answer cannot be kept, the
+    /// transaction was lost by a call inside it
+    /// ([`Error::TransactionLost`]), another database error). When nothing
+    /// committed the key is freed; when the commit's outcome is unknown the
+    /// record settles it: the stored answer, or the lease running out.
     pub async fn finish(mut self, answer: impl IntoResponse) -> Response {
         let mut tx = self.tx.take().expect("present until finished");
         let held = self.held.take();
@@ -511,37 +575,40 @@ impl<DB: Backend> RequestCall<DB> {
             Ok(pair) => pair,
             Err(why) => {
                 drop(tx);
-                self.free(held).await;
+                free(&self.pool, &self.policy, held).await;
                 return policy.problem(StatusCode::INTERNAL_SERVER_ERROR, "Internal error", why);
             }
         };
         if let Some(h) = &held {
             let text = serde_json::to_string(&stored).expect("an answer serializes");
             let ttl = policy.ttl.as_secs() as i64;
-            match DB::request_complete(
-                &mut tx,
-                &h.key,
-                policy.scope,
-                &lease_text(&h.lease),
-                &text,
-                ttl,
-            )
-            .await
-            {
+            let done = match tx.transaction() {
+                Ok(t) => {
+                    DB::request_complete(t, &h.key, policy.scope, &lease_text(&h.lease), &text, ttl)
+                        .await
+                        .map_err(Error::database)
+                }
+                Err(e) => Err(e),
+            };
+            match done {
                 Ok(true) => {}
                 Ok(false) => return policy.in_flight(),
                 Err(e) => {
                     drop(tx);
-                    self.free(held).await;
-                    return policy.unavailable(&e);
+                    free(&self.pool, &self.policy, held).await;
+                    return policy.failed(&e);
                 }
             }
         }
         match tx.commit().await {
             Ok(()) => now,
-            // Committed or not, the in-flight row is settled by the
-            // commit's outcome: stored answer, or the lease running out.
-            Err(e) => policy.unavailable(&e),
+            // Committed or not: the record settles it.
+            Err(e @ Error::CommitUnknown(_)) => policy.failed(&e),
+            // Nothing committed: the key is free for a retry.
+            Err(e) => {
+                free(&self.pool, &self.policy, held).await;
+                policy.failed(&e)
+            }
         }
     }
 
@@ -553,17 +620,19 @@ impl<DB: Backend> RequestCall<DB> {
             let _ = tx.rollback().await;
         }
         let held = self.held.take();
-        self.free(held).await;
+        free(&self.pool, &self.policy, held).await;
         answer.into_response()
     }
+}
 
-    async fn free(&self, held: Option<HeldKey>) {
-        if let Some(h) = held
-            && let Err(e) = self.policy.release(&self.pool, &h).await
-        {
-            tracing::warn!(scope = self.policy.scope, error = %e,
-                "idempotent request: the key stays held until its lease runs out");
-        }
+/// Frees a key held by a request that committed nothing. (A function of
+/// its parts, not of the call: the call's future then needs no `Sync`.)
+async fn free<DB: Backend>(pool: &Pool<DB>, policy: &Idempotency, held: Option<HeldKey>) {
+    if let Some(h) = held
+        && let Err(e) = policy.release(pool, &h).await
+    {
+        tracing::warn!(scope = policy.scope, error = %e,
+            "idempotent request: the key stays held until its lease runs out");
     }
 }
 
