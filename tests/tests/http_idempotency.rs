@@ -11,14 +11,17 @@
 #[path = "common/http.rs"]
 mod http;
 
-use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Json, Router};
 use idem_runtime::__private::Dialect;
-use idem_runtime::http::{IDEMPOTENT_REPLAYED, Idempotency, IdempotentRequest};
+use idem_runtime::http::{IDEMPOTENT_REPLAYED, Idempotency, IdempotentRequest, RequestTx};
+use idem_runtime::outbox::enqueue;
+use idem_runtime::{CallerTx, idempotent};
 use idem_testkit::{ids, sql, unique};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -71,8 +74,44 @@ fn api_key(parts: &axum::http::request::Parts) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The status of a `POST` whose body is sent chunked, without a
+/// `Content-Length` (the layer finds its size as it reads it).
+async fn chunked_status(base: &str, path: &str, body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nx-api-key: caller-1\r\n\
+         idempotency-key: \"{}\"\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        unique("chunked")
+    )
+    .into_bytes();
+    for chunk in body.as_bytes().chunks(100) {
+        req.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        req.extend_from_slice(chunk);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    // The server may answer and close before it has read all of it.
+    let _ = s.write_all(&req).await;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 512];
+    while !head.windows(2).any(|w| w == b"\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {line}"))
+}
+
 macro_rules! backend_tests {
-    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
+    ($module:ident, $db:ty, $conn:ty, $dialect:expr, $pool:expr) => {
         mod $module {
             use super::*;
             type Db = $db;
@@ -405,6 +444,350 @@ macro_rules! backend_tests {
                 assert_eq!((status, replayed, again), (201, true, body));
                 assert_eq!(f.records().await, 1);
             }
+
+            // ------------------------------------------------ composition
+
+            /// What a composed request books: an order, in the fixture's table.
+            #[derive(Debug, Clone, Serialize, Deserialize)]
+            struct Booking {
+                table: String,
+                order: i64,
+            }
+
+            /// The `record` handler run inside the request's transaction:
+            /// one row per execution.
+            #[idempotent(key = "http-book:{b.table}:{b.order}", strategy = record, biz_type = "http_book")]
+            async fn book(tx: &mut $conn, b: &Booking) -> Result<(), sqlx::Error> {
+                let insert = sql($dialect, "INSERT INTO {t} (body) VALUES (?)");
+                sqlx::query(sqlx::AssertSqlSafe(insert.0.replace("{t}", &b.table)))
+                    .bind(b.order.to_string().into_bytes())
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            }
+
+            #[derive(Debug, Deserialize)]
+            struct Order {
+                id: i64,
+            }
+
+            #[derive(Clone)]
+            struct Comp {
+                pool: sqlx::Pool<Db>,
+                table: String,
+                topic: String,
+                policy: Idempotency,
+                delay: Duration,
+            }
+
+            /// Asks the handler to fail after its effects: `abandon`,
+            /// `drop` (by hand), anything (behind the layer: a 500).
+            const FAIL: &str = "x-test-fail";
+
+            /// The effects: the record call and an outbox message, in the
+            /// request's transaction; the order's rows seen from inside it.
+            async fn effects(app: &Comp, tx: &mut CallerTx<Db>, order: i64) -> Result<i64, idem_runtime::Error> {
+                tokio::time::sleep(app.delay).await;
+                // Executed or Duplicate: the rows tell, not the outcome.
+                let _outcome = book(&mut *tx, &Booking { table: app.table.clone(), order }).await?;
+                let msg = serde_json::json!({ "order": order });
+                enqueue(tx.transaction()?, &app.topic, &order.to_string(), &msg).await?;
+                let count = sql($dialect, "SELECT COUNT(*) FROM {t} WHERE body = ?");
+                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.0.replace("{t}", &app.table)))
+                    .bind(order.to_string().into_bytes())
+                    .fetch_one(tx.conn()?)
+                    .await?;
+                Ok(n)
+            }
+
+            /// 201 with the rows seen and a value unique to this execution.
+            fn created(n: i64) -> Response {
+                let nonce = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos();
+                (StatusCode::CREATED, format!("{{\"rows\":{n},\"execution\":\"{nonce}\"}}")).into_response()
+            }
+
+            /// `POST /by-hand`: `begin`, the effects in `call.tx()`, `finish`.
+            async fn by_hand(State(app): State<Comp>, req: IdempotentRequest) -> Response {
+                let mut call = match app.policy.begin(&app.pool, &req).await {
+                    Ok(call) => call,
+                    Err(answer) => return answer,
+                };
+                let order: Order = match req.json() {
+                    Ok(order) => order,
+                    Err(answer) => return call.abandon(answer).await,
+                };
+                let fail = req.parts().headers.get(FAIL).map(|v| v.as_bytes().to_vec());
+                match (effects(&app, call.tx(), order.id).await, fail.as_deref()) {
+                    (Err(e), _) => call.abandon((StatusCode::SERVICE_UNAVAILABLE, e.to_string())).await,
+                    (Ok(_), Some(b"abandon")) => call.abandon(StatusCode::INTERNAL_SERVER_ERROR).await,
+                    (Ok(_), Some(b"drop")) => {
+                        drop(call);
+                        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                    }
+                    (Ok(n), _) => call.finish(created(n)).await,
+                }
+            }
+
+            /// `POST /layered`: a plain handler behind the layer.
+            async fn layered(
+                State(app): State<Comp>,
+                headers: HeaderMap,
+                mut tx: RequestTx<Db>,
+                Json(order): Json<Order>,
+            ) -> Response {
+                match effects(&app, &mut tx, order.id).await {
+                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+                    Ok(_) if headers.contains_key(FAIL) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "failed after its effects").into_response()
+                    }
+                    Ok(n) => created(n),
+                }
+            }
+
+            /// `POST /leaky`: keeps its transaction in a task past its answer.
+            async fn leaky(State(app): State<Comp>, mut tx: RequestTx<Db>, Json(order): Json<Order>) -> Response {
+                let n = effects(&app, &mut tx, order.id).await.expect("effects");
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    drop(tx);
+                });
+                created(n)
+            }
+
+            const MAX_BODY: usize = 1024;
+
+            struct Composed {
+                base: String,
+                pool: sqlx::Pool<Db>,
+                table: String,
+                topic: String,
+                scope: &'static str,
+            }
+
+            async fn composed(delay: Duration) -> Option<Composed> {
+                let pool: sqlx::Pool<Db> = $pool?;
+                let table = unique("http_books");
+                let ddl = match $dialect {
+                    Dialect::Postgres => "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, body BYTEA)",
+                    Dialect::MySql => "CREATE TABLE {t} (id BIGINT AUTO_INCREMENT PRIMARY KEY, body BLOB)",
+                    Dialect::Sqlite => "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)",
+                };
+                sqlx::query(sqlx::AssertSqlSafe(ddl.replace("{t}", &table)))
+                    .execute(&pool)
+                    .await
+                    .expect("create table");
+                let scope: &'static str = Box::leak(unique("http").into_boxed_str());
+                let topic = unique("http_topic");
+                let policy = Idempotency::new(scope, api_key).policy("https://example.invalid/docs/idempotency");
+                let app = Comp { pool: pool.clone(), table: table.clone(), topic: topic.clone(), policy: policy.clone(), delay };
+                let layer = policy.layer(&pool).max_body(MAX_BODY);
+                let router = Router::new()
+                    .route("/by-hand", post(by_hand))
+                    .route("/layered", post(layered).layer(layer.clone()))
+                    .route("/leaky", post(leaky).layer(layer))
+                    .route("/unlayered", post(layered))
+                    .with_state(app);
+                Some(Composed { base: http::serve(router).await, pool, table, topic, scope })
+            }
+
+            impl Composed {
+                fn post(&self, path: &str, key: &str, order: i64) -> reqwest::RequestBuilder {
+                    http::client()
+                        .post(format!("{}{path}", self.base))
+                        .header("x-api-key", "caller-1")
+                        .header("content-type", "application/json")
+                        .header("idempotency-key", key)
+                        .body(format!("{{\"id\":{order}}}"))
+                }
+
+                /// The order's effect rows, outbox rows and record-call
+                /// records, committed.
+                async fn rows(&self, order: i64) -> (i64, i64, i64) {
+                    let q = sql($dialect, "SELECT COUNT(*) FROM {t} WHERE body = ?");
+                    let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(q.0.replace("{t}", &self.table)))
+                        .bind(order.to_string().into_bytes())
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("count effects");
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND msg_id = ?");
+                    let outbox: i64 = sqlx::query_scalar(q)
+                        .bind(&self.topic)
+                        .bind(order.to_string())
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("count outbox");
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = 'http_book' AND idempotency_key = ?");
+                    let booked: i64 = sqlx::query_scalar(q)
+                        .bind(format!("http-book:{}:{order}", self.table))
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("count book records");
+                    (effects, outbox, booked)
+                }
+
+                /// The request records of the scope: (all, answered).
+                async fn requests(&self) -> (i64, i64) {
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = ?");
+                    let all: i64 = sqlx::query_scalar(q).bind(self.scope).fetch_one(&self.pool).await.expect("count");
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = ? AND result NOT LIKE '{\"lease\"%'");
+                    let answered: i64 = sqlx::query_scalar(q).bind(self.scope).fetch_one(&self.pool).await.expect("count");
+                    (all, answered)
+                }
+
+                /// Waits until no request record of the scope is left (a
+                /// dropped request frees its key in the background).
+                async fn wait_freed(&self) {
+                    for _ in 0..50 {
+                        if self.requests().await.0 == 0 {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    panic!("the key is still held: {:?}", self.requests().await);
+                }
+
+                /// A request with the key, once and again: the first runs
+                /// the effects, the retry replays its answer byte for byte.
+                async fn runs_once_then_replays(&self, path: &str, key: &str, order: i64) {
+                    let (status, replayed, first) = answer(self.post(path, key, order).send().await.unwrap()).await;
+                    assert_eq!((status, replayed), (201, false), "{first}");
+                    assert!(first.starts_with("{\"rows\":1,"), "{first}");
+                    let (status, replayed, again) = answer(self.post(path, key, order).send().await.unwrap()).await;
+                    assert_eq!((status, replayed, again), (201, true, first));
+                    assert_eq!(self.rows(order).await, (1, 1, 1));
+                }
+
+                /// A request that failed after its effects left nothing: no
+                /// effect, no outbox row, no record call, the key freed;
+                /// then the same request acts once.
+                async fn left_nothing_then_acts_once(&self, path: &str, key: &str, order: i64) {
+                    self.wait_freed().await;
+                    assert_eq!(self.rows(order).await, (0, 0, 0));
+                    assert_eq!(self.requests().await, (0, 0));
+                    self.runs_once_then_replays(path, key, order).await;
+                    assert_eq!(self.requests().await, (1, 1));
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn by_hand_a_record_call_and_an_outbox_message_commit_with_the_answer() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                f.runs_once_then_replays("/by-hand", &key("bh-ok"), ids(1)).await;
+                assert_eq!(f.requests().await, (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn by_hand_a_failure_after_the_effects_leaves_nothing() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                for mode in ["abandon", "drop"] {
+                    let (k, order) = (key(&format!("bh-{mode}")), ids(1));
+                    let failed = f.post("/by-hand", &k, order).header(FAIL, mode).send().await.unwrap();
+                    assert_eq!(failed.status(), 500, "{mode}");
+                    f.left_nothing_then_acts_once("/by-hand", &k, order).await;
+                    // The next mode starts from no record of the scope.
+                    sqlx::query(sql($dialect, "DELETE FROM idem_record WHERE biz_type = ?"))
+                        .bind(f.scope)
+                        .execute(&f.pool)
+                        .await
+                        .unwrap();
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn layered_a_record_call_and_an_outbox_message_commit_with_the_answer() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                f.runs_once_then_replays("/layered", &key("ly-ok"), ids(1)).await;
+                assert_eq!(f.requests().await, (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn layered_a_5xx_after_the_effects_leaves_nothing() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                let (k, order) = (key("ly-5xx"), ids(1));
+                let r = f.post("/layered", &k, order).header(FAIL, "1").send().await.unwrap();
+                assert!(!r.headers().contains_key(IDEMPOTENT_REPLAYED));
+                let (status, _, body) = answer(r).await;
+                assert_eq!((status, body.as_str()), (500, "failed after its effects"));
+                f.left_nothing_then_acts_once("/layered", &k, order).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn layered_concurrent_duplicates_act_once() {
+                let Some(f) = composed(Duration::from_millis(300)).await else { return };
+                let f = Arc::new(f);
+                let (k, order) = (key("ly-conc"), ids(1));
+                let barrier = Arc::new(tokio::sync::Barrier::new(8));
+                let mut tasks = Vec::new();
+                for _ in 0..8 {
+                    let (f, k, b) = (f.clone(), k.clone(), barrier.clone());
+                    tasks.push(tokio::spawn(async move {
+                        b.wait().await;
+                        answer(f.post("/layered", &k, order).send().await.expect("send")).await
+                    }));
+                }
+                let mut created = Vec::new();
+                for t in tasks {
+                    let (status, replayed, body) = t.await.unwrap();
+                    match status {
+                        201 => created.push((replayed, body)),
+                        409 => assert!(body.contains("in progress"), "{body}"),
+                        other => panic!("unexpected {other}: {body}"),
+                    }
+                }
+                assert_eq!(created.iter().filter(|(r, _)| !r).count(), 1, "{created:?}");
+                assert_eq!(f.rows(order).await, (1, 1, 1));
+                let first = created.iter().find(|(r, _)| !r).unwrap().1.clone();
+                let (status, replayed, body) = answer(f.post("/layered", &k, order).send().await.unwrap()).await;
+                assert_eq!((status, replayed, body), (201, true, first));
+                assert_eq!(f.rows(order).await, (1, 1, 1));
+                assert_eq!(f.requests().await, (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn layered_misuses_are_loud() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                // The extractor on a route without the layer.
+                let order = ids(1);
+                let (status, _, body) = answer(f.post("/unlayered", &key("ly-nolayer"), order).send().await.unwrap()).await;
+                assert_eq!(status, 500, "{body}");
+                assert!(body.contains("without Idempotency::layer"), "{body}");
+                // Over the body limit, declared or streamed: 413 before the key.
+                let big = format!("{{\"id\":1,\"pad\":\"{}\"}}", "x".repeat(MAX_BODY));
+                let r = f.post("/layered", &key("ly-big"), 1).body(big.clone()).send().await.unwrap();
+                assert_eq!(r.headers()["content-type"], "application/problem+json");
+                assert_eq!(r.status(), 413);
+                assert_eq!(chunked_status(&f.base, "/layered", &big).await, 413);
+                assert_eq!(chunked_status(&f.base, "/layered", "{\"id\":1}").await, 201);
+                // A body its extractor refuses: an answer like any other, kept.
+                let k = key("ly-notjson");
+                let bad = || {
+                    http::client()
+                        .post(format!("{}/layered", f.base))
+                        .header("x-api-key", "caller-1")
+                        .header("idempotency-key", &k)
+                        .body("{\"id\":")
+                };
+                let (status, replayed, refused) = answer(bad().send().await.unwrap()).await;
+                assert_eq!((status, replayed), (415, false), "{refused}");
+                let (status, replayed, again) = answer(bad().send().await.unwrap()).await;
+                assert_eq!((status, replayed, again), (415, true, refused));
+                // The transaction kept past the answer: 500, nothing kept.
+                let (k, order) = (key("ly-leak"), ids(1));
+                let (status, _, body) = answer(f.post("/leaky", &k, order).send().await.unwrap()).await;
+                assert_eq!(status, 500, "{body}");
+                assert!(body.contains("still holds its RequestTx"), "{body}");
+                sqlx::query(sql($dialect, "DELETE FROM idem_record WHERE biz_type = ? AND result NOT LIKE '{\"lease\"%'"))
+                    .bind(f.scope)
+                    .execute(&f.pool)
+                    .await
+                    .unwrap();
+                f.wait_freed().await;
+                assert_eq!(f.rows(order).await, (0, 0, 0));
+                assert_eq!(f.rows(1).await, (1, 1, 1));
+            }
         }
     };
 }
@@ -412,18 +795,21 @@ macro_rules! backend_tests {
 backend_tests!(
     postgres,
     sqlx::Postgres,
+    sqlx::PgConnection,
     Dialect::Postgres,
     idem_testkit::postgres(8).await
 );
 backend_tests!(
     sqlite,
     sqlx::Sqlite,
+    sqlx::SqliteConnection,
     Dialect::Sqlite,
     Some(idem_testkit::sqlite(8).await)
 );
 backend_tests!(
     mariadb,
     sqlx::MySql,
+    sqlx::MySqlConnection,
     Dialect::MySql,
     idem_testkit::mysql(8).await
 );
