@@ -599,6 +599,62 @@ async fn the_http_routes_run_once_per_key_and_per_callback() {
     assert_eq!(notices, 1);
 }
 
+/// The sign-up routes, by hand and behind the layer: twice under one key,
+/// one notice, one record of it and one outbox row, the answer replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_signup_routes_run_their_notice_and_outbox_message_once() {
+    let Some(pool) = pool().await else { return };
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    for app in [
+        http::signups_by_hand(pool.clone()),
+        http::signups_layered(pool.clone()),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let user = ids(1);
+        let (caller, key) = (unique("caller"), format!("\"{}\"", unique("k")));
+        let send = |body: String| {
+            client
+                .post(format!("{base}/signups"))
+                .header("x-api-key", &caller)
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+        };
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let r = send(format!("{{\"user_id\":{user}}}")).await.unwrap();
+            let replayed = r.headers().contains_key("idempotent-replayed");
+            answers.push((r.status().as_u16(), replayed, r.text().await.unwrap()));
+        }
+        assert_eq!(answers[0], (201, false, "signed up".into()));
+        assert_eq!(answers[1], (201, true, "signed up".into()));
+        let notices: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM readme_notice WHERE user_id = $1")
+                .bind(user)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let records: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idem_record WHERE biz_type = 'notice' AND idempotency_key = $1",
+        )
+        .bind(format!("notice:welcome-{user}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let messages: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idem_outbox WHERE topic = 'readme.signups' AND msg_id = $1",
+        )
+        .bind(user.to_string())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!((notices, records, messages), (1, 1, 1));
+    }
+}
+
 #[tokio::test]
 async fn the_unique_insert_handler_records_a_payment_once() {
     let Some(pool) = pool().await else { return };

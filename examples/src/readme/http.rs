@@ -1,15 +1,18 @@
 //! README, "HTTP: Idempotency-Key requests and callbacks": a `POST` made
 //! retryable by its client's key, and a signed platform callback keyed by
-//! its event id.
+//! its event id; a sign-up whose `#[idempotent]` notice and outbox message
+//! run in the request's transaction, by hand and behind the layer.
 
 use super::record::{Notice, send_notice};
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::Router;
-use idem_runtime::http::{CallbackVerifier, Idempotency, IdempotentRequest, SerialFrom, SignedCallback};
-use sqlx::PgPool;
+use axum::{Json, Router};
+use idem_runtime::http::{CallbackVerifier, Idempotency, IdempotentRequest, RequestTx, SerialFrom, SignedCallback};
+use idem_runtime::outbox::enqueue;
+use serde::Deserialize;
+use sqlx::{PgPool, Postgres};
 use std::time::Duration;
 
 /// The router's state.
@@ -87,5 +90,88 @@ Router::new()
     .route("/transfers", post(create_transfer))
     .route("/callbacks/notice", post(notice_callback))
     .with_state(App { pool, transfers, verifier })
+// README: end
+}
+
+/// A sign-up's body.
+#[derive(Debug, Deserialize)]
+pub struct Signup {
+    /// The new user.
+    pub user_id: i64,
+}
+
+/// The sign-up routes' state.
+#[derive(Clone, Debug)]
+pub struct Signups {
+    /// The database.
+    pub pool: PgPool,
+    /// `POST /signups`' policy.
+    pub signups: Idempotency,
+}
+
+/// The welcome notice of a sign-up.
+fn welcome(user_id: i64) -> Notice {
+    Notice { msg_id: format!("welcome-{user_id}"), user_id, text: "welcome".into() }
+}
+
+// README: http_compose
+// The request's transaction is a CallerTx: #[idempotent] handlers and outbox messages run in it.
+async fn create_signup(State(app): State<Signups>, req: IdempotentRequest) -> Response {
+    let mut call = match app.signups.begin(&app.pool, &req).await {
+        Ok(call) => call,
+        Err(answer) => return answer,
+    };
+    let signup: Signup = match req.json() {
+        Ok(signup) => signup,
+        Err(answer) => return call.abandon(answer).await, // 400, the key freed
+    };
+    let done = async {
+        let sent = send_notice(call.tx(), &welcome(signup.user_id)).await?; // under a savepoint
+        let msg = serde_json::json!({ "user_id": signup.user_id, "notice": sent.into_value() });
+        enqueue(call.tx().transaction()?, "readme.signups", &signup.user_id.to_string(), &msg).await?;
+        Ok::<_, idem_runtime::Error>(())
+    }.await;
+    match done {
+        // The notice, its record, the outbox row, the answer and the key's record: one commit.
+        Ok(()) => call.finish((StatusCode::CREATED, "signed up")).await,
+        Err(_) => call.abandon(StatusCode::SERVICE_UNAVAILABLE).await,
+    }
+}
+// README: end
+
+/// `POST /signups`, the handler calling `begin` and `finish` itself.
+pub fn signups_by_hand(pool: PgPool) -> Router {
+    let signups = Idempotency::new("readme_signups", |parts| {
+        parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
+    });
+    Router::new()
+        .route("/signups", post(create_signup))
+        .with_state(Signups { pool, signups })
+}
+
+/// `POST /signups`, behind `Idempotency::layer`.
+pub fn signups_layered(pool: PgPool) -> Router {
+// README: http_layer
+// The same handler, plain: the layer reads the body (over max_body: 413), answers the
+// replay / 400 / 401 / 409 / 422 itself, begins the transaction, and after the handler
+// stores and commits its answer with its effects (a 5xx: rolled back, not kept, key freed).
+async fn create_signup(mut tx: RequestTx<Postgres>, Json(signup): Json<Signup>) -> Response {
+    let done = async {
+        let sent = send_notice(&mut tx, &welcome(signup.user_id)).await?;
+        let msg = serde_json::json!({ "user_id": signup.user_id, "notice": sent.into_value() });
+        enqueue(tx.transaction()?, "readme.signups", &signup.user_id.to_string(), &msg).await?;
+        Ok::<_, idem_runtime::Error>(())
+    }.await;
+    match done {
+        Ok(()) => (StatusCode::CREATED, "signed up").into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+let signups = Idempotency::new("readme_signups_layered", |parts| {
+    parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
+});
+Router::new()
+    .route("/signups", post(create_signup).layer(signups.layer(&pool).max_body(64 << 10)))
 // README: end
 }
