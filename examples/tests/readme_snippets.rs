@@ -1140,11 +1140,16 @@ async fn the_fanned_out_rabbitmq_consumer_runs_each_subscriber_once() {
         .await
         .expect("consume");
     assert_eq!(
-        (deductions(&pool, c).await, notices(pool.clone(), msg.order_id).await),
+        (
+            deductions(&pool, c).await,
+            notices(pool.clone(), msg.order_id).await
+        ),
         (1, 1)
     );
     assert_eq!(
-        outbox_status(&pool, "readme.mq.paid", &msg_id).await.as_deref(),
+        outbox_status(&pool, "readme.mq.paid", &msg_id)
+            .await
+            .as_deref(),
         Some("success")
     );
 }
