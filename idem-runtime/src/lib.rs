@@ -80,10 +80,14 @@
 //! - `any`: handlers on `sqlx::Any`, the database chosen at run time by URL.
 //! - `uuid`: UUIDs as key parts and entity ids.
 //! - `redis`: the Redis front cache ([`cache`]), never the source of truth.
-//! - `amqp`: the RabbitMQ consumption adapter and outbox publisher.
-//! - `nats`: the NATS JetStream consumption adapter and outbox publisher.
-//! - `axum`: the HTTP entry points ([`http`]): `Idempotency-Key` requests
-//!   and signed third-party callbacks, for axum 0.8.
+//! - `amqp`: the RabbitMQ consumption adapter (one handler or a fan-out
+//!   of several per queue) and outbox publisher.
+//! - `nats`: the NATS JetStream consumption adapter (one handler or a
+//!   fan-out) and outbox publisher.
+//! - `axum`: the HTTP entry points ([`http`]): `Idempotency-Key` requests,
+//!   by hand or behind a tower layer, their `#[idempotent]` calls and
+//!   outbox messages in the request's transaction, and signed third-party
+//!   callbacks, for axum 0.8.
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
