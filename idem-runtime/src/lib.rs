@@ -92,6 +92,17 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// Records a protocol event in the conformance trace (feature `testing`,
+/// see [`testing::trace`]); compiles to nothing without the feature.
+macro_rules! trace_event {
+    ($f:ident ( $($arg:tt)* )) => {
+        #[cfg(feature = "testing")]
+        {
+            crate::testing::trace::$f($($arg)*);
+        }
+    };
+}
+
 #[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod archive;

@@ -134,7 +134,12 @@ impl<DB: Backend> Relay<DB> {
                         },
                         |s| s.status == "success" && s.attempts == attempts,
                     );
-                    match mark.await {
+                    let mark = mark.await;
+                    trace_event!(of_lease("relay_mark", lease, || serde_json::json!({
+                        "applied": matches!(mark, Ok(true)),
+                        "error": mark.is_err(),
+                    })));
+                    match mark {
                         Ok(true) => done,
                         Ok(false) => {
                             i.stats.stale.fetch_add(1, Ordering::Relaxed);
@@ -148,7 +153,7 @@ impl<DB: Backend> Relay<DB> {
                     }
                 }
             }
-            Err(f) if f.commit_unknown && self.landed(id).await => {
+            Err(f) if f.commit_unknown && self.landed_traced(lease).await => {
                 // The handler's commit, whose acknowledgement was lost,
                 // landed: the message is a success. Nothing to retry.
                 i.stats.stale.fetch_add(1, Ordering::Relaxed);
@@ -204,6 +209,13 @@ impl<DB: Backend> Relay<DB> {
                         break;
                     }
                 }
+                trace_event!(of_lease("settle", lease, || serde_json::json!({
+                    "dead": dead,
+                    "retryable": retryable,
+                    "applied": matches!(settled, Ok(true)),
+                    "over_success": over_success && matches!(settled, Ok(true)),
+                    "error": settled.is_err(),
+                })));
                 if over_success && matches!(settled, Ok(true)) {
                     tracing::warn!(parent: span, %reason, "the handler failed after its call marked the outbox message `success`; the success is undone so that the message runs again");
                 }
@@ -235,6 +247,17 @@ impl<DB: Backend> Relay<DB> {
                 }
             }
         }
+    }
+
+    /// [`landed`](Self::landed), traced.
+    async fn landed_traced(&self, lease: &OutboxLease) -> bool {
+        let success = self.landed(lease.id()).await;
+        trace_event!(of_lease(
+            "landed",
+            lease,
+            || serde_json::json!({ "success": success })
+        ));
+        success
     }
 
     /// Whether message `id` is a `success` (read on a fresh connection,
@@ -328,8 +351,14 @@ impl<DB: Backend> Relay<DB> {
                 done = &mut handler => return done,
                 _ = tokio::time::sleep(every) => {
                     match DB::renew_leases(&i.pool, lease.owner(), &[lease.id()], i.lease.as_secs_f64()).await {
-                        Ok(n) => crate::metrics::lease_renewals(n),
-                        Err(e) => tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler"),
+                        Ok(n) => {
+                            trace_event!(of_lease("renew", lease, || serde_json::json!({ "renewed": n == 1 })));
+                            crate::metrics::lease_renewals(n)
+                        }
+                        Err(e) => {
+                            trace_event!(of_lease("renew", lease, || serde_json::json!({ "renewed": false, "error": true })));
+                            tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler")
+                        }
                     }
                 }
             }

@@ -118,6 +118,21 @@ impl<DB: Backend> Relay<DB> {
                 self.finish_batch(&shared, &owner, &ok).await
             }
         };
+        #[cfg(feature = "testing")]
+        {
+            let outcome = match &committed {
+                Ok(()) => "ok",
+                Err(Error::CommitUnknown(_)) => "lost_ack",
+                Err(_) => "failed",
+            };
+            for r in &ran {
+                crate::testing::trace::of_lease(
+                    "batch_commit",
+                    &r.lease,
+                    || serde_json::json!({ "outcome": outcome, "marked": r.marked && r.result.is_ok() }),
+                );
+            }
+        }
         match committed {
             Ok(()) => {
                 i.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -203,6 +218,18 @@ impl<DB: Backend> Relay<DB> {
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let renewed =
             DB::renew_leases_in(tx.transaction()?, owner, &ids, i.lease.as_secs_f64()).await?;
+        #[cfg(feature = "testing")]
+        for r in rows {
+            let held = renewed.contains(&(r.id, r.attempts));
+            crate::testing::trace::emit(
+                "batch_renew",
+                r.id,
+                &r.topic,
+                r.attempts,
+                owner,
+                || serde_json::json!({ "renewed": held }),
+            );
+        }
         crate::metrics::lease_renewals(renewed.len() as u64);
         Ok((SharedTx::new(tx), renewed))
     }
@@ -216,7 +243,18 @@ impl<DB: Backend> Relay<DB> {
     async fn deliver_each(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
         let lease = self.inner.lease.as_secs_f64();
         for row in rows {
-            match DB::renew_held(&self.inner.pool, &owner, row.id, lease).await {
+            let renewed = DB::renew_held(&self.inner.pool, &owner, row.id, lease).await;
+            trace_event!(emit(
+                "renew",
+                row.id,
+                &row.topic,
+                row.attempts,
+                &owner,
+                || {
+                    serde_json::json!({ "renewed": matches!(renewed, Ok(true)), "error": renewed.is_err() })
+                }
+            ));
+            match renewed {
                 Ok(true) => self.deliver(row, owner.clone()).await,
                 Ok(false) => {
                     self.inner.stats.stale.fetch_add(1, Ordering::Relaxed);

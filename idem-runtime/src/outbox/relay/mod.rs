@@ -865,6 +865,7 @@ impl<DB: Backend> Relay<DB> {
             }
             match claimed {
                 Ok(claimed) => {
+                    trace_claim(&claimed.rows, &owner, "ok", None);
                     i.backlog
                         .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
                     return Ok(Round::Claimed(self.counted(owner, claimed)));
@@ -887,6 +888,7 @@ impl<DB: Backend> Relay<DB> {
                 }
                 Err(ClaimError::Failed(e)) => return Err(e.into()),
                 Err(ClaimError::CommitUnknown { error, chosen }) => {
+                    trace_claim(&chosen.rows, &owner, "lost_ack", None);
                     i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
                     if !i.recover_claims {
                         return Err(Error::CommitUnknown(error));
@@ -947,6 +949,7 @@ impl<DB: Backend> Relay<DB> {
             tokio::time::sleep(wait).await;
             match DB::recover_claim(&i.pool, &owner, &ids).await {
                 Ok(rows) => {
+                    trace_claim(&chosen.rows, &owner, "read_back", Some(&rows));
                     i.stats
                         .recovered
                         .fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -1013,6 +1016,25 @@ fn hand<DB: Backend>(d: &Delivery<DB>, settles: bool) -> Delivery<DB> {
     match settles {
         true => d.clone(),
         false => d.unmarking(),
+    }
+}
+
+/// Traces the claim of `rows` by `owner` (feature `testing`): `outcome`
+/// `ok` or `lost_ack`, or `read_back` with the rows found leased.
+#[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+fn trace_claim(rows: &[OutboxRow], owner: &str, outcome: &str, found: Option<&[OutboxRow]>) {
+    #[cfg(feature = "testing")]
+    for r in rows {
+        let fields = || match found {
+            None => serde_json::json!({ "outcome": outcome }),
+            Some(found) => serde_json::json!({ "held": found.iter().any(|x| x.id == r.id) }),
+        };
+        let kind = if found.is_some() {
+            "claim_read_back"
+        } else {
+            "claim"
+        };
+        crate::testing::trace::emit(kind, r.id, &r.topic, r.attempts, owner, fields);
     }
 }
 

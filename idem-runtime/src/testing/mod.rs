@@ -10,7 +10,12 @@
 //! [`Kind`] is counted on its own ([`lost_acks_on`]). Against a server,
 //! use a real fault proxy instead.
 //!
+//! [`trace`] records the relay's and the calls' protocol events, for
+//! the conformance check against the model (`idem-model`).
+//!
 //! Never enable this feature in production builds.
+
+pub mod trace;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

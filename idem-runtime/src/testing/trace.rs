@@ -1,0 +1,121 @@
+//! A trace of the delivery protocol's events, for the conformance check
+//! (`idem_model::trace`): every claim and its outcome, lease renewal,
+//! fenced outbox update, state check, effect, transition, commit outcome
+//! (injected lost acknowledgements included), read-back, failure
+//! bookkeeping, relay-side success mark and cache marker, each with the
+//! message's row id, topic, attempt and the claim's lease owner.
+//!
+//! Off by default, and then one relaxed atomic load per event site.
+//! [`start`] turns it on process-wide; events go to memory, taken with
+//! [`take_topic`] (tests sharing a process each take their own topic's),
+//! and, when the environment variable `IDEM_TRACE_FILE` names a file,
+//! are appended to it as JSON lines, one `write` per event, so that the
+//! trace of a process killed with SIGKILL survives it.
+//!
+//! Each event is a JSON object with `kind`, `msg` (the outbox row id),
+//! `topic`, `attempt` (what the claim wrote), `owner` (the claim's lease
+//! owner, `relay#seq`), `seq` (its order in this process) and the
+//! kind's own fields.
+
+use serde_json::{Map, Value};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+static ON: AtomicBool = AtomicBool::new(false);
+static SEQ: AtomicU64 = AtomicU64::new(0);
+static EVENTS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
+static FILE: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+
+/// Starts recording (process-wide). With `IDEM_TRACE_FILE` set, events
+/// are also appended to that file.
+pub fn start() {
+    ON.store(true, Ordering::SeqCst);
+}
+
+/// Stops recording; what was recorded stays until taken.
+pub fn stop() {
+    ON.store(false, Ordering::SeqCst);
+}
+
+/// Whether events are recorded.
+pub fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Takes the recorded events of `topic` (in the order recorded), leaving
+/// the others'.
+pub fn take_topic(topic: &str) -> Vec<Value> {
+    let mut events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let (mine, rest): (Vec<Value>, Vec<Value>) = std::mem::take(&mut *events)
+        .into_iter()
+        .partition(|e| e.get("topic").and_then(Value::as_str) == Some(topic));
+    *events = rest;
+    mine
+}
+
+/// Reads the events of `topic` from a trace file written by
+/// `IDEM_TRACE_FILE` (by several processes, each in its own order).
+pub fn read_file(path: &std::path::Path, topic: &str) -> std::io::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e.get("topic").and_then(Value::as_str) == Some(topic))
+        .collect())
+}
+
+/// One event of message `msg` (of `topic`), attempt `attempt` under the
+/// lease owner `owner`: `kind` and the kind's `fields`.
+pub(crate) fn emit(
+    kind: &str,
+    msg: i64,
+    topic: &str,
+    attempt: i32,
+    owner: &str,
+    fields: impl FnOnce() -> Value,
+) {
+    if !is_on() {
+        return;
+    }
+    let mut event = match fields() {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    event.insert("kind".into(), kind.into());
+    event.insert("msg".into(), msg.into());
+    event.insert("topic".into(), topic.into());
+    event.insert("attempt".into(), attempt.into());
+    event.insert("owner".into(), owner.into());
+    event.insert("seq".into(), SEQ.fetch_add(1, Ordering::SeqCst).into());
+    event.insert("pid".into(), std::process::id().into());
+    let event = Value::Object(event);
+    let file = FILE.get_or_init(|| {
+        let path = std::env::var_os("IDEM_TRACE_FILE")?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+            .map(Mutex::new)
+    });
+    if let Some(file) = file {
+        let mut line = event.to_string();
+        line.push('\n');
+        let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = f.write_all(line.as_bytes());
+    }
+    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+}
+
+/// [`emit`] for the holder of `lease`.
+pub(crate) fn of_lease(kind: &str, lease: &crate::OutboxLease, fields: impl FnOnce() -> Value) {
+    emit(
+        kind,
+        lease.id(),
+        lease.topic(),
+        lease.attempt(),
+        lease.owner(),
+        fields,
+    );
+}
