@@ -17,6 +17,7 @@ pub mod check;
 mod model;
 pub mod properties;
 pub mod state;
+pub mod trace;
 
 pub use model::{Action, Outcome};
 pub use state::State;
@@ -40,6 +41,21 @@ pub enum Mutation {
     /// A batch whose failing handler does not roll back to its savepoint:
     /// its writes commit with the batch.
     KeepFailedSavepoint,
+    /// A publisher route whose relay-side success mark lost its
+    /// acknowledgement takes it for the attempt's failure: the failure
+    /// bookkeeping then writes over the success the mark left
+    /// (`outbox_revert`), dead-lettering a published message on its last
+    /// attempt (issue 23, point 4).
+    MarkLostAckAsFailure,
+    /// A publisher route marked `success` before its handler publishes.
+    MarkBeforePublish,
+    /// The relay as implemented when this model was written (finding 3,
+    /// `tests/findings.rs`): a commit whose acknowledgement was lost and
+    /// whose read-back failed is settled as a failure, and that
+    /// bookkeeping, finding the row no longer pending, writes over the
+    /// `success` of the same attempt (`outbox_revert`, meant for a
+    /// handler failing after its call marked the message).
+    RevertUnknownCommit,
 }
 
 /// The bound and the shape of one run of the model.
@@ -60,6 +76,11 @@ pub struct Config {
     pub copies: bool,
     /// Which messages' handler bodies may fail (retryably), on any attempt.
     pub may_fail: [bool; state::ROWS],
+    /// Which messages' routes are publishers: the handler does not take
+    /// its delivery's source, its effect (a publish) happens outside the
+    /// database, and the relay marks the success itself
+    /// (`outbox_success_pool`).
+    pub publisher: [bool; state::ROWS],
     /// How many faults (a lost acknowledgement, a refused commit, a crash,
     /// a failed read, a bookkeeping write given up) one run may inject.
     pub faults: u8,
@@ -81,6 +102,7 @@ impl Config {
             batched: false,
             copies: false,
             may_fail: [false, true],
+            publisher: [false; state::ROWS],
             faults,
             long_transactions: false,
             mutation: None,
@@ -108,7 +130,7 @@ impl Config {
         if self.copies { 0 } else { m }
     }
 
-    fn has(&self, mutation: Mutation) -> bool {
+    pub(crate) fn has(&self, mutation: Mutation) -> bool {
         self.mutation == Some(mutation)
     }
 }

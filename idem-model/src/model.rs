@@ -98,8 +98,12 @@ impl Config {
                     vec![Outcome::Ok, Outcome::Fail]
                 }
                 Step::Commit { .. } => COMMIT_OUTCOMES.to_vec(),
+                Step::Publish | Step::Verdict if self.may_fail[current.token.0 as usize] => {
+                    vec![Outcome::Ok, Outcome::Fail]
+                }
                 Step::Landed => vec![Outcome::Ok, Outcome::ReadFailed],
                 Step::Settle { .. } => vec![Outcome::Ok, Outcome::GaveUp],
+                Step::Mark => vec![Outcome::Ok, Outcome::LostAck, Outcome::GaveUp],
                 _ => vec![Outcome::Ok],
             },
         };
@@ -119,7 +123,7 @@ impl Config {
     /// other handlers (the per-message path after a failed batch). Each is
     /// shorter than the lease (outliving it is a stall, a fault) unless
     /// `long_transactions`.
-    fn unrenewed(&self, s: &State, m: usize) -> bool {
+    pub(crate) fn unrenewed(&self, s: &State, m: usize) -> bool {
         if self.has(Mutation::NoRenewal) {
             return true;
         }
@@ -149,7 +153,9 @@ impl Config {
     /// reached; claims stop there, so that every run is finite even in a
     /// mutation).
     pub(crate) fn attempts_bound(&self) -> u8 {
-        self.max_attempts + 2 * self.faults + 1
+        self.max_attempts
+            .saturating_add(self.faults.saturating_mul(2))
+            .saturating_add(1)
     }
 
     /// Whether message `m` may be claimed: pending, due, its lease over,
@@ -159,8 +165,14 @@ impl Config {
         row.exists && row.status == Status::Pending && !row.lease && !s.row_locked(m)
     }
 
-    /// The first step of an attempt on the per-message path.
-    fn first_step(&self) -> Step {
+    /// The first step of an attempt of message `m` on the per-message path.
+    pub(crate) fn first_step(&self, m: u8) -> Step {
+        if self.publisher[m as usize] {
+            return match self.has(Mutation::MarkBeforePublish) {
+                true => Step::Mark,
+                false => Step::Publish,
+            };
+        }
         if self.has(Mutation::CheckOutsideTx) {
             Step::Check
         } else {
@@ -173,7 +185,8 @@ impl Config {
             .iter()
             .map(|&token| Delivery {
                 token,
-                step: self.first_step(),
+                step: self.first_step(token.0),
+                published: false,
             })
             .collect();
         match queue.is_empty() {
@@ -187,7 +200,7 @@ impl Config {
 
     /// The per-message path after a batch that did not commit: each
     /// message's lease renewed before its attempt (`Relay::deliver_each`).
-    fn fallback(&self, tokens: &[Token]) -> Round {
+    pub(crate) fn fallback(&self, tokens: &[Token]) -> Round {
         match self.deliveries(tokens) {
             Round::Work {
                 mut current,
@@ -204,7 +217,7 @@ impl Config {
     }
 
     /// The round that delivers a claim's `tokens`.
-    fn deliver(&self, tokens: Vec<Token>) -> Round {
+    pub(crate) fn deliver(&self, tokens: Vec<Token>) -> Round {
         match (tokens.is_empty(), self.batched) {
             (true, _) => Round::Idle,
             (false, true) => Round::Batch(Batch {
@@ -219,7 +232,7 @@ impl Config {
         }
     }
 
-    fn claim(
+    pub(crate) fn claim(
         &self,
         s: &mut State,
         x: usize,
@@ -257,7 +270,7 @@ impl Config {
         Some(())
     }
 
-    fn recover(&self, s: &mut State, x: usize, tokens: Vec<Token>, outcome: Outcome) {
+    pub(crate) fn recover(&self, s: &mut State, x: usize, tokens: Vec<Token>, outcome: Outcome) {
         s.relays[x].round = match outcome {
             Outcome::Ok => {
                 // Still pending under the claim's owner, the lease running.
@@ -276,11 +289,15 @@ impl Config {
 
     /// The next step of relay `x`'s current attempt on the per-message
     /// path; `None` while it waits for a row lock.
-    fn work(&self, s: &mut State, x: usize, outcome: Outcome) -> Option<()> {
+    pub(crate) fn work(&self, s: &mut State, x: usize, outcome: Outcome) -> Option<()> {
         let Round::Work { current, .. } = &s.relays[x].round else {
             unreachable!()
         };
-        let Delivery { token, step } = *current;
+        let Delivery {
+            token,
+            step,
+            published,
+        } = *current;
         let (m, a) = (token.0 as usize, token.1);
         let e = self.entity_of(m);
         let me = x as u8;
@@ -292,7 +309,7 @@ impl Config {
                 }
                 if s.db.rows[m].held_by(me, a) {
                     s.db.rows[m].lease = true;
-                    Some(self.first_step())
+                    Some(self.first_step(token.0))
                 } else {
                     None
                 }
@@ -393,7 +410,14 @@ impl Config {
                     return None;
                 }
                 let row = &mut s.db.rows[m];
-                if outcome == Outcome::Ok && row.held_by(me, a) {
+                // `outbox_revert`: over a success of this very attempt.
+                let over_success = row.exists
+                    && row.status == Status::Success
+                    && row.attempts == a
+                    && row.owner.is_none_or(|o| o == me)
+                    && (self.has(Mutation::RevertUnknownCommit)
+                        || (self.has(Mutation::MarkLostAckAsFailure) && published));
+                if outcome == Outcome::Ok && (row.held_by(me, a) || over_success) {
                     let dead = !retryable || a >= self.max_attempts;
                     row.status = if dead {
                         Status::Failed
@@ -403,8 +427,55 @@ impl Config {
                     row.owner = None;
                     row.lease = false;
                     row.reason = true;
+                    if dead && published {
+                        s.dead_after_publish = true;
+                    }
                 }
                 None
+            }
+            Step::Publish => match outcome {
+                Outcome::Fail => Some(Step::Settle { retryable: true }),
+                _ => {
+                    s.published[m] = s.published[m].saturating_add(1);
+                    match self.has(Mutation::MarkBeforePublish) {
+                        true => None,
+                        false => Some(Step::Verdict),
+                    }
+                }
+            },
+            Step::Verdict => match outcome {
+                Outcome::Fail => Some(Step::Settle { retryable: true }),
+                _ => {
+                    set_published(s, x);
+                    Some(Step::Mark)
+                }
+            },
+            Step::Mark => {
+                if s.row_locked_by_other(x, m) {
+                    return None;
+                }
+                let row = &mut s.db.rows[m];
+                let applied = outcome != Outcome::GaveUp && row.held_by(me, a);
+                if applied {
+                    *row = Row {
+                        status: Status::Success,
+                        owner: None,
+                        lease: false,
+                        ..*row
+                    };
+                }
+                match outcome {
+                    // Every try failed: the lease runs out, the retry
+                    // publishes again.
+                    Outcome::GaveUp => None,
+                    // Retried, then read back (`Relay::fenced`): the row
+                    // is this attempt's success.
+                    Outcome::LostAck if self.has(Mutation::MarkLostAckAsFailure) => {
+                        Some(Step::Settle { retryable: true })
+                    }
+                    _ if self.has(Mutation::MarkBeforePublish) => Some(Step::Publish),
+                    _ => None,
+                }
             }
         };
         let Round::Work { current, queue } = &mut s.relays[x].round else {
@@ -419,7 +490,7 @@ impl Config {
     }
 
     /// The next step of relay `x`'s batch; `None` while it waits.
-    fn batch(&self, s: &mut State, x: usize, outcome: Outcome) -> Option<()> {
+    pub(crate) fn batch(&self, s: &mut State, x: usize, outcome: Outcome) -> Option<()> {
         let Round::Batch(b) = &s.relays[x].round else {
             unreachable!()
         };
@@ -562,7 +633,7 @@ impl Config {
 
     /// The bookkeeping of a batch's handlers after its commit (`unknown`:
     /// the commit's outcome is unknown, the successes are read back).
-    fn bookkeeping(&self, ran: &[(Token, bool)], unknown: bool) -> Round {
+    pub(crate) fn bookkeeping(&self, ran: &[(Token, bool)], unknown: bool) -> Round {
         let mut queue: Vec<Delivery> = ran
             .iter()
             .filter_map(|&(token, ok)| match (ok, unknown) {
@@ -570,10 +641,12 @@ impl Config {
                 (true, true) => Some(Delivery {
                     token,
                     step: Step::Landed,
+                    published: false,
                 }),
                 (false, _) => Some(Delivery {
                     token,
                     step: Step::Settle { retryable: true },
+                    published: false,
                 }),
             })
             .collect();
@@ -584,6 +657,13 @@ impl Config {
                 Round::Work { current, queue }
             }
         }
+    }
+}
+
+/// Relay `x`'s current delivery published and its handler answered `Ok`.
+fn set_published(s: &mut State, x: usize) {
+    if let Round::Work { current, .. } = &mut s.relays[x].round {
+        current.published = true;
     }
 }
 
@@ -615,6 +695,8 @@ impl Model for Config {
             sent: [1; ROWS],
             faults: self.faults,
             stalled: false,
+            published: [0; ROWS],
+            dead_after_publish: false,
         }]
     }
 

@@ -20,6 +20,14 @@ pub const ALL_SETTLED: &str = "every message ends success or failed with a reaso
 /// unless a relay stalled longer than its lease.
 pub const ONE_RUN_AT_A_TIME: &str = "a handler never runs twice at once";
 
+/// An attempt whose handler published (a publisher route) and answered
+/// `Ok` never dead-letters its message: a lost acknowledgement of the
+/// relay-side success mark is read back, never taken for a failure.
+pub const NEVER_DEAD_AFTER_PUBLISH: &str = "never dead-lettered after its publish";
+/// A publisher route's message is `success` only once published (no
+/// ghost success: the outgoing side lost nothing).
+pub const PUBLISHED_FOR_SUCCESS: &str = "success only once published";
+
 /// Attempts past `max_attempts` come only from faults (at most two per
 /// fault): no lease is lost in a loop.
 pub const ATTEMPTS_BOUNDED: &str = "attempts stay bounded";
@@ -71,7 +79,17 @@ pub(crate) fn all() -> Vec<Property<Config>> {
         }),
         Property::always(SUCCESS_WITH_EFFECT, |c: &Config, s: &State| {
             (0..ROWS).all(|m| {
-                s.db.rows[m].status != Status::Success || s.db.entities[c.entity_of(m)].effects >= 1
+                s.db.rows[m].status != Status::Success
+                    || s.db.entities[c.entity_of(m)].effects >= 1
+                    || s.published[m] >= 1
+            })
+        }),
+        Property::always(NEVER_DEAD_AFTER_PUBLISH, |_, s: &State| {
+            !s.dead_after_publish
+        }),
+        Property::always(PUBLISHED_FOR_SUCCESS, |c: &Config, s: &State| {
+            (0..ROWS).all(|m| {
+                !c.publisher[m] || s.db.rows[m].status != Status::Success || s.published[m] >= 1
             })
         }),
         Property::always(MARKER_AFTER_COMMIT, |_, s: &State| {

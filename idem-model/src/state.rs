@@ -131,12 +131,24 @@ pub enum Step {
         /// Whether the error may be retried.
         retryable: bool,
     },
+    /// A route whose handler does not take its delivery's source (a
+    /// publisher): the handler's effect outside the database (the publish).
+    Publish,
+    /// The same handler's answer, after its publish.
+    Verdict,
+    /// The relay-side success mark of such a route, on the pool, fenced
+    /// (`outbox_success_pool`), retried and read back after a lost
+    /// acknowledgement.
+    Mark,
 }
 
 impl Step {
     /// Whether the handler is running (its heartbeat renews the lease).
     pub fn running(self) -> bool {
-        !matches!(self, Step::Renew | Step::Landed | Step::Settle { .. })
+        !matches!(
+            self,
+            Step::Renew | Step::Landed | Step::Settle { .. } | Step::Mark
+        )
     }
 }
 
@@ -147,6 +159,8 @@ pub struct Delivery {
     pub token: Token,
     /// What it does next.
     pub step: Step,
+    /// Its handler published and answered `Ok` (a publisher route).
+    pub published: bool,
 }
 
 /// A step of a batch (`Relay::deliver_batch`).
@@ -228,6 +242,12 @@ pub struct State {
     pub faults: u8,
     /// A running handler's lease ran out (a stall, see `Action::Stall`).
     pub stalled: bool,
+    /// Publishes of each message (the effect of a publisher route, outside
+    /// the database).
+    pub published: [u8; ROWS],
+    /// The bookkeeping of an attempt whose handler published and answered
+    /// `Ok` dead-lettered its message.
+    pub dead_after_publish: bool,
 }
 
 impl State {
