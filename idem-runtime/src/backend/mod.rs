@@ -376,6 +376,22 @@ pub trait OutboxStore: Database {
         delay_secs: f64,
         error: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// [`outbox_settle_failure`](OutboxStore::outbox_settle_failure) in
+    /// `tx`, which holds the message's row: over the `success` mark of
+    /// this transaction's own call (`over_success`), or over a pending row
+    /// this transaction locked (a relay batch).
+    #[allow(clippy::too_many_arguments)]
+    fn outbox_settle_failure_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        over_success: bool,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
 
 /// The archiver's statements, and the look-up of a record online or

@@ -4,6 +4,8 @@
 //! reverse.
 
 use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// An outbox message's status and lease, as the fenced update found it.
 #[derive(Debug, Clone)]
@@ -200,12 +202,78 @@ pub enum RequeueTarget {
 /// A [`Relay`](crate::outbox::Relay) hands one out with every delivery
 /// ([`Delivery::source`](crate::outbox::Delivery::source)); build one by
 /// hand only in a relay of your own, from the row your claim returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct OutboxLease {
     pub(crate) id: i64,
     pub(crate) topic: String,
     pub(crate) owner: String,
     pub(crate) attempt: i32,
+    /// Given by a relay: a call whose body fails books the failure in its
+    /// own transaction, while it still holds the message's row (see
+    /// [`FailureBook`]).
+    pub(crate) book: Option<Arc<FailureBook>>,
+}
+
+impl PartialEq for OutboxLease {
+    fn eq(&self, other: &Self) -> bool {
+        (self.id, &self.topic, &self.owner, self.attempt)
+            == (other.id, &other.topic, &other.owner, other.attempt)
+    }
+}
+
+impl Eq for OutboxLease {}
+
+/// A relay's failure policy for one attempt, and what the call wrote with
+/// it.
+///
+/// A call driven by an outbox message holds the message's row locked from
+/// its fenced update to its end, and the relay's heartbeat skips a locked
+/// row: a handler slower than its lease lets the lease run out. If the
+/// call then rolled back and left the failure to the relay, another relay
+/// could claim the message between the rollback and the relay's write,
+/// which would find the row no longer its own: the attempt would never be
+/// recorded and the message could run past `max_attempts`. So the call
+/// rolls back to a savepoint taken just after its fenced update, writes
+/// the failure bookkeeping (retry with back-off, or dead letter) over its
+/// own success mark, and commits: the row is never free and unrecorded.
+#[derive(Debug)]
+pub(crate) struct FailureBook {
+    /// `Relay::max_attempts`.
+    pub(crate) max_attempts: i32,
+    /// The back-off before the next attempt, in seconds.
+    pub(crate) delay_secs: f64,
+    /// What the call's committed bookkeeping wrote: 0 nothing, 1 a retry,
+    /// 2 a dead letter.
+    pub(crate) written: AtomicU8,
+}
+
+impl FailureBook {
+    /// Whether a failure (`retryable`) of attempt `attempt` dead-letters
+    /// its message, and the reason to record.
+    pub(crate) fn decide(&self, attempt: i32, retryable: bool, reason: String) -> (bool, String) {
+        let dead = !retryable || attempt >= self.max_attempts;
+        let reason = if dead && retryable {
+            format!("gave up after {attempt} attempts: {reason}")
+        } else {
+            reason
+        };
+        (dead, reason.chars().take(2000).collect())
+    }
+
+    /// What the call wrote: `None`, or `Some(dead)`.
+    pub(crate) fn written(&self) -> Option<bool> {
+        match self.written.load(Ordering::Acquire) {
+            1 => Some(false),
+            2 => Some(true),
+            _ => None,
+        }
+    }
+
+    /// Records that the call's bookkeeping committed.
+    pub(crate) fn wrote(&self, dead: bool) {
+        self.written
+            .store(if dead { 2 } else { 1 }, Ordering::Release);
+    }
 }
 
 impl OutboxLease {
@@ -217,7 +285,18 @@ impl OutboxLease {
             topic: topic.into(),
             owner: owner.into(),
             attempt,
+            book: None,
         }
+    }
+
+    /// This lease with the relay's failure policy for the attempt.
+    pub(crate) fn with_book(mut self, max_attempts: i32, delay_secs: f64) -> Self {
+        self.book = Some(Arc::new(FailureBook {
+            max_attempts,
+            delay_secs,
+            written: AtomicU8::new(0),
+        }));
+        self
     }
 
     /// The message's primary key.

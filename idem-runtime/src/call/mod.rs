@@ -128,7 +128,17 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// In a relay batch: the batch's list of messages to mark `success`,
     /// and this call's message, added when the call ends well.
     batch_mark: Option<(std::sync::Arc<std::sync::Mutex<Vec<i64>>>, i64)>,
+    /// The driving outbox message's lease when a failure is booked in this
+    /// transaction (see `FailureBook` (backend/types.rs)):
+    /// [`BODY_SAVEPOINT`] is open just after the fenced update.
+    booking: Option<OutboxLease>,
 }
+
+/// Opened just after a call's fenced outbox update when its relay books
+/// failures in the call's transaction: a failure rolls back to it, keeping
+/// the message's row locked, and writes the bookkeeping.
+const BODY_SAVEPOINT: &str = "SAVEPOINT idem_call_body";
+const BODY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT idem_call_body";
 
 impl<'c, DB: Backend> Call<'c, DB> {
     /// Everything before the body: the front cache's answer (never asked
@@ -166,8 +176,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
             Ok(Verdict::Duplicate { stored, marker }) => {
                 call.duplicate(stored, marker).await.map(Open::Done)
             }
-            // The transaction rolls back when `call` drops.
-            Err(e) => Err(call.fail(e)),
+            Err(e) => Err(call.abort(e).await),
         }
     }
 
@@ -240,6 +249,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 #[cfg(feature = "redis")]
                 deferred,
                 batch_mark: None,
+                booking: None,
             },
             guard: (),
         };
@@ -258,7 +268,10 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 call.state.batch_mark = Some((marks, lease.id));
             }
             // On failure the transaction rolls back when `call` drops.
-            (Some(lease), None) => call.mark_outbox(lease).await?,
+            (Some(lease), None) => {
+                call.mark_outbox(lease).await?;
+                call.open_booking(lease).await?;
+            }
             (None, _) => {}
         }
         Ok(call)
@@ -302,6 +315,23 @@ impl<'c, DB: Backend> Call<'c, DB> {
             },
         };
         Err(self.fail(err))
+    }
+
+    /// When the relay books failures in the call's transaction: the
+    /// savepoint a failure rolls back to, just after the fenced update.
+    async fn open_booking(&mut self, lease: &OutboxLease) -> Result<(), Error> {
+        #[cfg(feature = "testing")]
+        if crate::testing::broken_failure_booking() {
+            return Ok(());
+        }
+        if lease.book.is_none() || !matches!(self.state.tx, CallTx::Own(_)) {
+            return Ok(());
+        }
+        if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
+            return Err(self.fail(Error::database(e)));
+        }
+        self.state.booking = Some(lease.clone());
+        Ok(())
     }
 
     fn with_guard<G>(self, guard: G) -> Call<'c, DB, G> {
@@ -442,13 +472,84 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
     }
 
     async fn abort(self, err: Error) -> Error {
-        let CallState { tx, span, .. } = self.state;
-        tx.rollback().await;
+        let CallState {
+            tx, span, booking, ..
+        } = self.state;
+        match (tx, booking) {
+            (CallTx::Own(tx), Some(lease)) => book_failure(tx, &lease, &err, &span).await,
+            (tx, _) => tx.rollback().await,
+        }
         fail(&span, err)
     }
 
     fn fail(&self, err: Error) -> Error {
         fail(&self.state.span, err)
+    }
+}
+
+/// A failed call's bookkeeping, in its own transaction, which still holds
+/// the message's row (see `FailureBook` (backend/types.rs)):
+/// back to [`BODY_SAVEPOINT`], the failure written over the call's own
+/// success mark, and the commit. If any of it fails, the transaction rolls
+/// back and the relay writes the failure itself, as before.
+async fn book_failure<DB: Backend>(
+    mut tx: Transaction<'static, DB>,
+    lease: &OutboxLease,
+    err: &Error,
+    span: &Span,
+) {
+    let Some(book) = lease.book.as_ref() else {
+        return;
+    };
+    let (dead, reason) = book.decide(
+        lease.attempt,
+        err.is_retryable(),
+        format!("{}: {err}", err.kind()),
+    );
+    let written = async {
+        DB::exec(&mut tx, BODY_ROLLBACK).await?;
+        DB::outbox_settle_failure_in(
+            &mut tx,
+            true,
+            lease.id,
+            &lease.owner,
+            lease.attempt,
+            dead,
+            book.delay_secs,
+            &reason,
+        )
+        .await
+    }
+    .await;
+    match written {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(parent: span, "the failed call's bookkeeping found its outbox message changed; left to the relay");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping could not be written in its transaction; left to the relay");
+            return;
+        }
+    }
+    let committed = tx.commit().await;
+    #[cfg(feature = "testing")]
+    let committed = crate::testing::after_commit(crate::testing::Kind::Settle, committed);
+    match committed {
+        Ok(()) => {
+            book.wrote(dead);
+            trace_event!(of_lease("settle", lease, || serde_json::json!({
+                "dead": dead,
+                "retryable": err.is_retryable(),
+                "applied": true,
+                "in_tx": true,
+            })));
+        }
+        Err(e) => {
+            // Committed or not, the relay's bookkeeping finds out: its
+            // fenced write, or the row already settled.
+            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping did not confirm its commit; left to the relay");
+        }
     }
 }
 

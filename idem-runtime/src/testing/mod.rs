@@ -120,6 +120,40 @@ pub(crate) fn broken_batch_savepoints() -> bool {
 static BROKEN_BATCH_LEASES: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// A deliberately broken build, for controls: while on, a call driven by
+/// a relay's outbox message leaves its failure to the relay's write after
+/// its rollback, as before failures were booked in the call's transaction
+/// (see `FailureBook`): another relay may then claim the message in
+/// between, and the attempt goes unrecorded.
+pub fn set_broken_failure_booking(on: bool) {
+    BROKEN_BOOKING.store(on, Ordering::Relaxed);
+}
+
+/// Whether [`set_broken_failure_booking`] is on.
+pub(crate) fn broken_failure_booking() -> bool {
+    BROKEN_BOOKING.load(Ordering::Relaxed)
+}
+
+static BROKEN_BOOKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Delays the relay's own failure bookkeeping (the write after a handler
+/// failed) by `d` (zero: none), process-wide: widens the moment between
+/// a handler's rollback and that write, where another relay may claim the
+/// message, so that a test sees it every time.
+pub fn set_settle_delay(d: std::time::Duration) {
+    SETTLE_DELAY_MS.store(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// The delay [`set_settle_delay`] set.
+pub(crate) fn settle_delay() -> std::time::Duration {
+    std::time::Duration::from_millis(SETTLE_DELAY_MS.load(Ordering::Relaxed))
+}
+
+static SETTLE_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
 /// A deliberately broken build, for controls: while on, a relay batch
 /// does not renew (and so lock) its messages' leases in its transaction
 /// when it begins, and a batch slower than its lease can be taken over.

@@ -600,6 +600,29 @@ impl OutboxStore for DB {
         let done = crate::testing::after_commit(crate::testing::Kind::Settle, done);
         Ok(DB::rows_affected(&done?) == 1)
     }
+
+    async fn outbox_settle_failure_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        over_success: bool,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = sql_of(tx);
+        let text = if over_success { sql.outbox_revert } else { sql.outbox_settle };
+        let q = sqlx::query(stmt(text))
+            .persistent(persist())
+            .bind(if dead { "failed" } else { "pending" });
+        let q = bind_secs!(q, sql, delay_secs)
+            .bind(error)
+            .bind(id)
+            .bind(owner)
+            .bind(attempt);
+        Ok(DB::rows_affected(&q.execute(&mut **tx).await?) == 1)
+    }
 }
 }
 

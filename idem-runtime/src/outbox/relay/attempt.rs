@@ -62,7 +62,9 @@ impl<DB: Backend> Relay<DB> {
             return;
         };
         let takes = Arc::new(AtomicU32::new(0));
-        let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts);
+        let delay = i.backoff.jittered(u32::try_from(attempts).unwrap_or(0), id);
+        let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts)
+            .with_book(i.max_attempts, delay.as_secs_f64());
         let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), takes.clone());
         let result = match consume::start(&route, delivery) {
             Err(failure) => Err(failure),
@@ -160,6 +162,23 @@ impl<DB: Backend> Relay<DB> {
                 i.stats.landed.fetch_add(1, Ordering::Relaxed);
                 Settlement::Landed
             }
+            // Booked by the handler's call in its own transaction, which
+            // held the row throughout (see `FailureBook`).
+            Err(_) if let Some(dead) = lease.book.as_ref().and_then(|b| b.written()) => {
+                let counter = if dead {
+                    crate::metrics::outbox_dead_letter();
+                    &i.stats.dead_lettered
+                } else {
+                    crate::metrics::outbox_retry();
+                    &i.stats.retried
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(parent: span, dead, "outbox attempt failed; its call booked the failure in its transaction");
+                match dead {
+                    true => Settlement::DeadLettered,
+                    false => Settlement::Retried,
+                }
+            }
             Err(Failure {
                 retryable, reason, ..
             }) => {
@@ -179,6 +198,8 @@ impl<DB: Backend> Relay<DB> {
                 // source twice): never absorbed as a success, which would
                 // leave the handler's remaining effect undone. A success
                 // that a lost acknowledgement hid was settled above.
+                #[cfg(feature = "testing")]
+                tokio::time::sleep(crate::testing::settle_delay()).await;
                 let mut settled = Ok(false);
                 let mut over_success = false;
                 for over in [false, true] {

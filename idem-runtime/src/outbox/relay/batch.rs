@@ -115,7 +115,11 @@ impl<DB: Backend> Relay<DB> {
                     .filter(|r| r.result.is_ok())
                     .map(|r| r.lease.id())
                     .collect();
-                self.finish_batch(&shared, &owner, &ok).await
+                let failed: Vec<(&OutboxLease, &Failure)> = ran
+                    .iter()
+                    .filter_map(|r| r.result.as_ref().err().map(|f| (&r.lease, f)))
+                    .collect();
+                self.finish_batch(&shared, &owner, &ok, &failed).await
             }
         };
         #[cfg(feature = "testing")]
@@ -175,14 +179,19 @@ impl<DB: Backend> Relay<DB> {
     }
 
     /// Ends a batch whose handlers all ran: the success marks of the
-    /// messages whose calls ended well, in one statement, then the commit.
-    /// The rows are locked since the batch renewed their leases, so the
-    /// marks cannot miss one; if they did all the same, nothing commits.
+    /// messages whose calls ended well, in one statement, the failure
+    /// bookkeeping of those whose handlers failed, then the commit. The
+    /// rows are locked since the batch renewed their leases, so the marks
+    /// cannot miss one (if they did all the same, nothing commits), and no
+    /// other relay can claim a failed message before its failure is
+    /// recorded (see `FailureBook`): a batch slower than its leases never
+    /// runs a message past `max_attempts`.
     async fn finish_batch(
         &self,
         shared: &SharedTx<DB>,
         owner: &str,
         ok: &[i64],
+        failed: &[(&OutboxLease, &Failure)],
     ) -> Result<(), Error> {
         let mut tx = shared.take().await;
         tx.undo_dropped_call().await?;
@@ -197,7 +206,45 @@ impl<DB: Backend> Relay<DB> {
                 ),
             });
         }
-        commit(tx).await
+        let mut booked = Vec::with_capacity(failed.len());
+        #[cfg(feature = "testing")]
+        let failed = if crate::testing::broken_failure_booking() {
+            &[]
+        } else {
+            failed
+        };
+        for (lease, f) in failed {
+            let Some(book) = lease.book.as_ref() else {
+                continue;
+            };
+            let (dead, reason) = book.decide(lease.attempt(), f.retryable, f.reason.clone());
+            let written = DB::outbox_settle_failure_in(
+                tx.transaction()?,
+                false,
+                lease.id(),
+                owner,
+                lease.attempt(),
+                dead,
+                book.delay_secs,
+                &reason,
+            )
+            .await?;
+            if written {
+                booked.push((*lease, book, dead, f.retryable));
+            }
+        }
+        commit(tx).await?;
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+        for (lease, book, dead, retryable) in booked {
+            book.wrote(dead);
+            trace_event!(of_lease("settle", lease, || serde_json::json!({
+                "dead": dead,
+                "retryable": retryable,
+                "applied": true,
+                "in_tx": true,
+            })));
+        }
+        Ok(())
     }
 
     /// Begins a batch's transaction and renews (and so locks) its
@@ -283,7 +330,9 @@ impl<DB: Backend> Relay<DB> {
         // Not claimable otherwise: claims filter on the routed topics.
         let route = i.routes.get(&row.topic).cloned()?;
         let takes = Arc::new(AtomicU32::new(0));
-        let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts);
+        let delay = i.backoff.jittered(u32::try_from(attempts).unwrap_or(0), id);
+        let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts)
+            .with_book(i.max_attempts, delay.as_secs_f64());
         let mut delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
         delivery.batch = Some(shared.clone());
         // A panicking handler is a failed attempt: its task unwinds,
