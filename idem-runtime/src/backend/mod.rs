@@ -166,6 +166,15 @@ pub trait CallStore: Database {
         key: &'a str,
     ) -> impl Future<Output = Result<Option<StoredRecord>, sqlx::Error>> + Send + 'a;
 
+    /// What is left of the ttl of the record of `(biz_type, key)`, in
+    /// milliseconds by the database's clock now (negative once expired);
+    /// `None` without a record. Bounds the front cache's marker.
+    fn record_ttl_left<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        biz_type: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+
     /// Stores the serialized result in the record of `(biz_type, key)`.
     fn store_result<'a>(
         tx: &'a mut Transaction<'_, Self>,

@@ -57,6 +57,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
     fetch_record: "SELECT fingerprint, result FROM idem_record \
         WHERE idempotency_key = ? AND biz_type = ? LOCK IN SHARE MODE",
     store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ? AND biz_type = ?",
+    // The latest committed version, as `fetch_record` reads it.
+    record_ttl_left: "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time) DIV 1000 AS SIGNED) \
+        FROM idem_record WHERE idempotency_key = ? AND biz_type = ? LOCK IN SHARE MODE",
     // INSERT IGNORE waits on the unique index for a concurrent insert of
     // the same key. It can only ignore the duplicate: the values are
     // length-checked before, and an expiry out of range (IGNORE would store

@@ -53,6 +53,10 @@ pub(crate) const SQL: SqlSet = SqlSet {
     fetch_record: "SELECT fingerprint::text, result FROM idem_record \
         WHERE idempotency_key = $1 AND biz_type = $2",
     store_result: "UPDATE idem_record SET result = $1 WHERE idempotency_key = $2 AND biz_type = $3",
+    // clock_timestamp(), not now(): now() is the transaction's start, and a
+    // relay batch's transaction may be older than the call.
+    record_ttl_left: "SELECT CAST(FLOOR(EXTRACT(EPOCH FROM (expire_time - clock_timestamp())) * 1000) AS BIGINT) \
+        FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2",
     claim_record: "INSERT INTO idem_record \
         (idempotency_key, biz_type, biz_no, fingerprint, create_time, expire_time) \
         VALUES ($1, $2, $3, $4, now(), now() + make_interval(secs => $5::float8)) \

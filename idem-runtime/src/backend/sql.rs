@@ -56,6 +56,11 @@ pub(crate) struct SqlSet {
     pub fetch_record: &'static str,
     /// Binds: result, key, biz_type. Native placeholders.
     pub store_result: &'static str,
+    /// What is left of a record's ttl, in whole milliseconds by the
+    /// database's clock at this statement (the current time, not the
+    /// transaction's start), negative once expired. Binds: key, biz_type.
+    /// Native placeholders.
+    pub record_ttl_left: &'static str,
     /// Binds: key, biz_type, biz_no, fingerprint, ttl seconds. Native.
     pub claim_record: &'static str,
     /// Inserts a pending message unless `(topic, msg_id)` exists; only the

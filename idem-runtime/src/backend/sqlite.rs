@@ -54,6 +54,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     fetch_record: "SELECT fingerprint, result FROM idem_record \
         WHERE idempotency_key = ? AND biz_type = ?",
     store_result: "UPDATE idem_record SET result = ? WHERE idempotency_key = ? AND biz_type = ?",
+    record_ttl_left: "SELECT CAST((julianday(expire_time) - julianday('now')) * 86400000 AS INTEGER) \
+        FROM idem_record WHERE idempotency_key = ? AND biz_type = ?",
     // Not `INSERT OR IGNORE`, which also drops the row on a NOT NULL or
     // CHECK violation (an expiry past strftime's range is NULL): only the
     // duplicate is ignored.

@@ -213,6 +213,19 @@ impl CallStore for DB {
         }))
     }
 
+    async fn record_ttl_left<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        biz_type: &'a str,
+        key: &'a str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(stmt(sql_of(tx).record_ttl_left))
+            .persistent(persist())
+            .bind(key)
+            .bind(biz_type)
+            .fetch_optional(&mut **tx)
+            .await
+    }
+
     async fn store_result<'a>(
         tx: &'a mut Transaction<'_, Self>,
         biz_type: &'a str,
