@@ -14,6 +14,13 @@
 //! - The marker is written only **after** the commit (with a TTL), never
 //!   before: a marker left by a rolled-back transaction would skip the
 //!   action forever. A call whose commit outcome is unknown writes none.
+//! - A marker never outlives its record: a record-strategy marker's TTL is
+//!   the least of the cache's [`ttl`](RedisCache::ttl) and what is left of
+//!   its record's ttl, read from the record in the call's transaction
+//!   (by the database's clock); a record already expired gets none. Once
+//!   the archiver moves the record and the database would execute the key
+//!   again, no marker answers `Duplicate` for it. Markers of the other
+//!   strategies, whose rows do not expire, live the cache's TTL.
 //! - Every call to Redis (a lookup, a marker write) is bounded (default
 //!   50 ms), waiting for a connection included: connections are made in
 //!   the background, one attempt at a time and at most one a second; a
@@ -87,6 +94,31 @@ struct Slot {
     last_attempt: Option<Instant>,
 }
 
+/// A marker to write after a commit: its value, and the instant it must
+/// be gone by (its record's expiry), if it has one.
+#[derive(Debug)]
+pub(crate) struct Marker {
+    /// The payload fingerprint and the stored result for the record
+    /// strategy, `1` otherwise.
+    pub(crate) value: String,
+    /// The record's expiry, measured on this machine's clock from below:
+    /// the marker's TTL never reaches past it.
+    pub(crate) not_after: Option<Instant>,
+}
+
+impl Marker {
+    /// The TTL of this marker written now under a cache TTL of `ttl`:
+    /// `None` when its record has expired (no marker at all).
+    fn ttl(&self, ttl: Duration) -> Option<Duration> {
+        let ttl = match self.not_after {
+            Some(end) => ttl.min(end.saturating_duration_since(Instant::now())),
+            None => ttl,
+        };
+        // PSETEX counts whole milliseconds, and refuses 0.
+        (ttl >= Duration::from_millis(1)).then_some(ttl)
+    }
+}
+
 /// The least time between two connection attempts.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 
@@ -156,8 +188,10 @@ impl RedisCache {
         self
     }
 
-    /// How long a marker lives (default 24 h). Past it, the database
-    /// answers — correctly, just slower.
+    /// How long a marker lives at most (default 24 h). Past it, the
+    /// database answers — correctly, just slower. A record-strategy marker
+    /// lives no longer than its record: the least of this and what is left
+    /// of the record's ttl.
     pub fn ttl(self, ttl: Duration) -> Self {
         self.edit(|i| i.ttl = ttl.max(Duration::from_millis(1)))
     }
@@ -358,18 +392,23 @@ impl RedisCache {
         }
     }
 
-    /// Writes the marker of a committed call (`value`: the payload
-    /// fingerprint and the stored result for the record strategy, `1`
-    /// otherwise).
-    pub(crate) async fn put(&self, scope: &str, key: &str, value: &str) {
+    /// Writes the marker of a committed call, for the cache's TTL or until
+    /// its record expires, whichever comes first; none for a record
+    /// already expired.
+    pub(crate) async fn put(&self, scope: &str, key: &str, marker: &Marker) {
+        let Some(ttl) = marker.ttl(self.inner.ttl) else {
+            tracing::debug!("the record has expired; no cache marker");
+            return;
+        };
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let conn = match self.conn(deadline).await {
             Ok(c) => c,
             Err(e) => return self.error("SET", &e),
         };
         let k = self.marker_key(scope, key);
-        let ms = u64::try_from(self.inner.ttl.as_millis()).unwrap_or(u64::MAX);
-        let v = value.to_string();
+        // Rounded down: never a millisecond past the record.
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let v = marker.value.clone();
         let op = async move {
             match conn {
                 Conn::Single(mut c) => c.pset_ex::<_, _, ()>(k, v, ms).await,
@@ -382,6 +421,35 @@ impl RedisCache {
             }
             Ok(Err(e)) => self.error("SET", &e),
             Err(_) => self.error("SET", &"timed out"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Marker;
+    use std::time::{Duration, Instant};
+
+    fn marker(not_after: Option<Instant>) -> Marker {
+        Marker {
+            value: "1".into(),
+            not_after,
+        }
+    }
+
+    #[test]
+    fn a_marker_lives_the_least_of_the_cache_ttl_and_its_record() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(marker(None).ttl(hour), Some(hour));
+        let soon = marker(Some(Instant::now() + Duration::from_secs(2)));
+        let ttl = soon.ttl(hour).expect("a live record");
+        assert!(ttl <= Duration::from_secs(2) && ttl > Duration::from_secs(1));
+        let later = marker(Some(Instant::now() + 2 * hour));
+        assert_eq!(later.ttl(hour), Some(hour));
+        // An expired record, or one expiring within the millisecond: none.
+        assert_eq!(marker(Some(Instant::now())).ttl(hour), None);
+        if let Some(past) = Instant::now().checked_sub(Duration::from_secs(1)) {
+            assert_eq!(marker(Some(past)).ttl(hour), None);
         }
     }
 }

@@ -1,5 +1,9 @@
-//! What the front cache stores for a committed call, and how a marker is
-//! read back.
+//! What the front cache stores for a committed call, how a marker is read
+//! back, and how long it may live.
+
+use super::Call;
+use crate::backend::Backend;
+use std::time::Instant;
 
 /// The cache marker of a call without a stored result.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -17,6 +21,36 @@ pub(crate) fn replay_of<'m>(marker: &'m str, fingerprint: &str) -> Option<&'m st
     marker
         .strip_prefix(fingerprint)
         .and_then(|rest| rest.strip_prefix(':'))
+}
+
+impl<DB: Backend, G> Call<'_, DB, G> {
+    /// Whether this call writes a front-cache marker after its commit: it
+    /// has a cache, and runs in its own transaction or in a relay batch
+    /// (whose markers are written after the batch's commit). A call inside
+    /// a caller's transaction writes none.
+    pub(crate) fn writes_marker(&self) -> bool {
+        #[cfg(feature = "redis")]
+        {
+            self.state.cache.is_some() && (!self.state.tx.nested() || self.state.deferred.is_some())
+        }
+        #[cfg(not(feature = "redis"))]
+        false
+    }
+
+    /// Bounds the marker by its record's expiry: `left_ms` is what was left
+    /// of the record's ttl by the database's clock at a statement sent at
+    /// `asked` (`None`: no record seen, so no marker). The database read
+    /// its clock after `asked`, so the bound is never past the record's
+    /// expiry.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    pub(crate) fn bound_marker(&mut self, asked: Instant, left_ms: Option<i64>) {
+        #[cfg(feature = "redis")]
+        {
+            let left =
+                std::time::Duration::from_millis(left_ms.map_or(0, |ms| ms.max(0).unsigned_abs()));
+            self.state.marker_not_after = Some(asked + left);
+        }
+    }
 }
 
 #[cfg(test)]

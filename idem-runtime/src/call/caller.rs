@@ -193,14 +193,15 @@ impl<DB: Backend> CallerTx<DB> {
 }
 
 /// A cache marker of a call inside a relay batch, written only after the
-/// batch commits.
+/// batch commits. Its bound (`marker.not_after`, the record's expiry) is an
+/// instant: the time the batch takes to commit counts against it.
 #[cfg(feature = "redis")]
 #[derive(Debug)]
 pub(crate) struct DeferredMarker {
     pub(crate) cache: crate::cache::RedisCache,
     pub(crate) scope: &'static str,
     pub(crate) key: String,
-    pub(crate) marker: String,
+    pub(crate) marker: crate::cache::Marker,
 }
 
 /// A relay batch's transaction, shared by the calls of its messages: each

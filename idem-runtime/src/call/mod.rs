@@ -125,6 +125,10 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// batch's commit.
     #[cfg(feature = "redis")]
     deferred: Option<std::sync::Arc<std::sync::Mutex<Vec<caller::DeferredMarker>>>>,
+    /// When the marker must be gone by: its record's expiry (see
+    /// [`Call::bound_marker`]); `None`: the cache's TTL.
+    #[cfg(feature = "redis")]
+    marker_not_after: Option<std::time::Instant>,
     /// In a relay batch: the batch's list of messages to mark `success`,
     /// and this call's message, added when the call ends well.
     batch_mark: Option<(std::sync::Arc<std::sync::Mutex<Vec<i64>>>, i64)>,
@@ -248,6 +252,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 cache: source.cache,
                 #[cfg(feature = "redis")]
                 deferred,
+                #[cfg(feature = "redis")]
+                marker_not_after: None,
                 batch_mark: None,
                 booking: None,
             },
@@ -406,11 +412,12 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
         #[cfg(feature = "redis")]
-        let (cache, key, scope, deferred) = (
+        let (cache, key, scope, deferred, not_after) = (
             self.state.cache.take(),
             std::mem::take(&mut self.state.key),
             self.state.scope,
             self.state.deferred.take(),
+            self.state.marker_not_after,
         );
         let CallState {
             tx,
@@ -443,11 +450,15 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
                 // to see.
                 // A call in a relay batch leaves its marker to the relay,
                 // which writes it after the batch's commit.
+                // Its TTL stops at its record's expiry, if it has one.
                 #[cfg(feature = "redis")]
                 if let Some(cache) = cache {
-                    let marker = marker.as_deref().unwrap_or(cache_marker::PLAIN_MARKER);
+                    let marker = crate::cache::Marker {
+                        value: marker.unwrap_or_else(|| cache_marker::PLAIN_MARKER.to_owned()),
+                        not_after,
+                    };
                     if !nested {
-                        cache.put(scope, &key, marker).await;
+                        cache.put(scope, &key, &marker).await;
                     } else if let Some(deferred) = deferred
                         && let Ok(mut markers) = deferred.lock()
                     {
@@ -455,7 +466,7 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
                             cache,
                             scope,
                             key,
-                            marker: marker.to_owned(),
+                            marker,
                         });
                     }
                 }

@@ -46,6 +46,21 @@ impl Record {
         }
         Ok(())
     }
+
+    /// Stops the call's cache marker at this record's expiry as the
+    /// call's transaction sees it (written by this call, or by the first
+    /// one for a duplicate). Only asked when a marker will be written.
+    async fn bound_marker<DB: Backend>(&self, call: &mut Call<'_, DB>) -> Result<(), Error> {
+        if !call.writes_marker() {
+            return Ok(());
+        }
+        let asked = std::time::Instant::now();
+        let left = DB::record_ttl_left(call.state.tx.tx(), self.biz_type, &call.state.key)
+            .await
+            .map_err(Error::database)?;
+        call.bound_marker(asked, left);
+        Ok(())
+    }
 }
 
 impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
@@ -101,6 +116,10 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
                 key: call.state.key.clone(),
             });
         }
+        // The cache is re-warmed for what is left of the record's ttl, not
+        // the cache's: an expired record (still answering here until it is
+        // archived) gets no marker.
+        self.bound_marker(call).await?;
         match stored.result {
             Some(text) => {
                 let value = serde_json::from_str(&text).map_err(Error::Serialization)?;
@@ -128,6 +147,8 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
         DB::store_result(call.state.tx.tx(), self.biz_type, &call.state.key, &text)
             .await
             .map_err(Error::database)?;
+        // After the body, which runs in the same transaction.
+        self.bound_marker(call).await?;
         Ok(Settled::Executed {
             value,
             marker: Some(replay_marker(&self.fingerprint, &text)),
