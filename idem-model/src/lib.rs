@@ -56,6 +56,19 @@ pub enum Mutation {
     /// `success` of the same attempt (`outbox_revert`, meant for a
     /// handler failing after its call marked the message).
     RevertUnknownCommit,
+    /// The failure bookkeeping written on the pool after the handler's
+    /// transaction rolled back (and, in a batch, after the batch's commit),
+    /// as the relay did before issue 23's fix: once the row is unlocked,
+    /// another relay may claim it first, and the attempt goes unrecorded
+    /// (finding 1).
+    PoolSideFailure,
+    /// The failure bookkeeping fenced by `status = 'pending'` alone (no
+    /// lease owner, no attempt): a stale relay's bookkeeping lands on a
+    /// row another claim holds.
+    StatusOnlyFence,
+    /// The claim skips every row with a lease owner, whether its lease ran
+    /// out or not: a crashed holder's message is never claimed again.
+    ClaimIgnoresExpiry,
 }
 
 /// The bound and the shape of one run of the model.

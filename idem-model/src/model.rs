@@ -97,7 +97,7 @@ impl Config {
                 Step::Transition if self.may_fail[current.token.0 as usize] => {
                     vec![Outcome::Ok, Outcome::Fail]
                 }
-                Step::Commit { .. } => COMMIT_OUTCOMES.to_vec(),
+                Step::Commit { .. } | Step::CommitFailure => COMMIT_OUTCOMES.to_vec(),
                 Step::Publish | Step::Verdict if self.may_fail[current.token.0 as usize] => {
                     vec![Outcome::Ok, Outcome::Fail]
                 }
@@ -158,11 +158,32 @@ impl Config {
             .saturating_add(1)
     }
 
+    /// `row` after the failure bookkeeping of attempt `a`: pending again,
+    /// or dead after `max_attempts` (or a permanent error).
+    pub(crate) fn failed(&self, row: Row, a: u8, retryable: bool) -> Row {
+        let dead = !retryable || a >= self.max_attempts;
+        Row {
+            status: if dead {
+                Status::Failed
+            } else {
+                Status::Pending
+            },
+            owner: None,
+            lease: false,
+            reason: true,
+            ..row
+        }
+    }
+
     /// Whether message `m` may be claimed: pending, due, its lease over,
     /// not locked (`FOR UPDATE SKIP LOCKED`).
     fn claimable(&self, s: &State, m: usize) -> bool {
         let row = s.db.rows[m];
-        row.exists && row.status == Status::Pending && !row.lease && !s.row_locked(m)
+        row.exists
+            && row.status == Status::Pending
+            && !row.lease
+            && !s.row_locked(m)
+            && !(self.has(Mutation::ClaimIgnoresExpiry) && row.owner.is_some())
     }
 
     /// The first step of an attempt of message `m` on the per-message path.
@@ -373,8 +394,22 @@ impl Config {
             }
             Step::Transition => match outcome {
                 Outcome::Fail => {
-                    s.relays[x].tx = None;
-                    Some(Step::Settle { retryable: true })
+                    let tx = s.relays[x].tx.as_mut().expect("open");
+                    match tx.rows[m] {
+                        // Rolled back to the savepoint taken after the
+                        // fenced update (the entity's lock released), the
+                        // failure bookkeeping written while the row is
+                        // still locked, then committed.
+                        Some(row) if !self.has(Mutation::PoolSideFailure) => {
+                            tx.entities = [None; ROWS];
+                            tx.rows[m] = Some(self.failed(row, a, true));
+                            Some(Step::CommitFailure)
+                        }
+                        _ => {
+                            s.relays[x].tx = None;
+                            Some(Step::Settle { retryable: true })
+                        }
+                    }
                 }
                 _ => {
                     let tx = s.relays[x].tx.as_mut().expect("open");
@@ -394,6 +429,18 @@ impl Config {
                     Outcome::Ok if self.has(Mutation::MarkerBeforeCommit) => None,
                     Outcome::Ok => Some(Step::Marker),
                     Outcome::LostAck | Outcome::LostUnapplied => Some(Step::Landed),
+                    _ => Some(Step::Settle { retryable: true }),
+                }
+            }
+            Step::CommitFailure => {
+                let tx = s.relays[x].tx.take().expect("open");
+                if matches!(outcome, Outcome::Ok | Outcome::LostAck) {
+                    tx.apply(&mut s.db);
+                }
+                match outcome {
+                    Outcome::Ok => None,
+                    // The transaction lost (or refused): the bookkeeping
+                    // again on the pool, fenced.
                     _ => Some(Step::Settle { retryable: true }),
                 }
             }
@@ -417,16 +464,13 @@ impl Config {
                     && row.owner.is_none_or(|o| o == me)
                     && (self.has(Mutation::RevertUnknownCommit)
                         || (self.has(Mutation::MarkLostAckAsFailure) && published));
-                if outcome == Outcome::Ok && (row.held_by(me, a) || over_success) {
-                    let dead = !retryable || a >= self.max_attempts;
-                    row.status = if dead {
-                        Status::Failed
-                    } else {
-                        Status::Pending
-                    };
-                    row.owner = None;
-                    row.lease = false;
-                    row.reason = true;
+                let fenced = match self.has(Mutation::StatusOnlyFence) {
+                    true => row.exists && row.status == Status::Pending,
+                    false => row.held_by(me, a),
+                };
+                if outcome == Outcome::Ok && (fenced || over_success) {
+                    *row = self.failed(*row, a, retryable);
+                    let dead = row.status == Status::Failed;
                     if dead && published {
                         s.dead_after_publish = true;
                     }
@@ -577,9 +621,10 @@ impl Config {
             }
             BatchStep::End => {
                 let done: Vec<Token> = b.ran.iter().filter(|r| r.1).map(|r| r.0).collect();
-                if done
+                let booked = !self.has(Mutation::PoolSideFailure);
+                if b.ran
                     .iter()
-                    .any(|&(m, _)| s.row_locked_by_other(x, m as usize))
+                    .any(|&((m, _), _)| s.row_locked_by_other(x, m as usize))
                 {
                     return None;
                 }
@@ -598,7 +643,19 @@ impl Config {
                         updated += 1;
                     }
                 }
-                if updated < done.len() {
+                // The failed handlers' bookkeeping, beside the deferred
+                // success update, before the one commit.
+                let failures: Vec<Token> = b.ran.iter().filter(|r| !r.1).map(|r| r.0).collect();
+                let mut short = false;
+                for &(m, a) in failures.iter().filter(|_| booked) {
+                    let m = m as usize;
+                    let row = tx.rows[m].unwrap_or(s.db.rows[m]);
+                    match row.held_by(me, a) {
+                        true => tx.rows[m] = Some(self.failed(row, a, true)),
+                        false => short = true,
+                    }
+                }
+                if updated < done.len() || short {
                     // Fewer rows than expected: the batch rolls back, its
                     // messages go the per-message path.
                     s.relays[x].round = self.fallback(&b.rows);
@@ -610,7 +667,7 @@ impl Config {
                 match outcome {
                     Outcome::Ok => b.step = BatchStep::Markers,
                     Outcome::LostAck | Outcome::LostUnapplied => {
-                        s.relays[x].round = self.bookkeeping(&b.ran, true);
+                        s.relays[x].round = self.bookkeeping(&b.ran, true, false);
                         return Some(());
                     }
                     _ => {
@@ -623,7 +680,8 @@ impl Config {
                 for e in 0..ROWS {
                     s.cache[e] |= b.markers[e];
                 }
-                s.relays[x].round = self.bookkeeping(&b.ran, false);
+                let booked = !self.has(Mutation::PoolSideFailure);
+                s.relays[x].round = self.bookkeeping(&b.ran, false, booked);
                 return Some(());
             }
         }
@@ -632,12 +690,14 @@ impl Config {
     }
 
     /// The bookkeeping of a batch's handlers after its commit (`unknown`:
-    /// the commit's outcome is unknown, the successes are read back).
-    pub(crate) fn bookkeeping(&self, ran: &[(Token, bool)], unknown: bool) -> Round {
+    /// the commit's outcome is unknown, the successes are read back;
+    /// `booked`: the failures were recorded in the batch's transaction).
+    pub(crate) fn bookkeeping(&self, ran: &[(Token, bool)], unknown: bool, booked: bool) -> Round {
         let mut queue: Vec<Delivery> = ran
             .iter()
             .filter_map(|&(token, ok)| match (ok, unknown) {
                 (true, false) => None,
+                (false, false) if booked => None,
                 (true, true) => Some(Delivery {
                     token,
                     step: Step::Landed,

@@ -28,6 +28,21 @@ pub const NEVER_DEAD_AFTER_PUBLISH: &str = "never dead-lettered after its publis
 /// ghost success: the outgoing side lost nothing).
 pub const PUBLISHED_FOR_SUCCESS: &str = "success only once published";
 
+/// A message whose handler never fails is never dead-lettered, unless
+/// the run spent at least `max_attempts` faults (each fault may cost an
+/// attempt, and a refused commit on the last attempt is a failure of that
+/// attempt: the relay cannot tell it from the handler's).
+pub const NEVER_FAILING_NOT_DEAD: &str =
+    "a message whose handler never fails is never dead-lettered";
+/// A row's `attempts` never exceed `max_attempts`, save one per fault the
+/// run spent (a crash, a stall, a lost transaction may each cost an
+/// attempt its bookkeeping): without faults, never.
+pub const ATTEMPTS_WITHIN_MAX: &str = "attempts never exceed max_attempts";
+/// Liveness: on every run (every maximal path, which the bounds make
+/// finite: weak fairness holds on each), every message ends `success` or
+/// `failed`.
+pub const EVENTUALLY_ENDS: &str = "every message eventually ends success or failed";
+
 /// Attempts past `max_attempts` come only from faults (at most two per
 /// fault): no lease is lost in a loop.
 pub const ATTEMPTS_BOUNDED: &str = "attempts stay bounded";
@@ -46,8 +61,9 @@ pub const LOST_CLAIM_RECOVERED: &str = "a lost claim is read back";
 /// Reachable: every message succeeds.
 pub const ALL_SUCCEED: &str = "every message succeeds";
 
-/// The safety properties (each an `always`).
-pub const SAFETY: [&str; 7] = [
+/// The properties every proof proves (each an `always`, but the last, an
+/// `eventually`).
+pub const SAFETY: [&str; 12] = [
     AT_MOST_ONCE,
     NEVER_FAILED_WITH_EFFECT,
     SUCCESS_WITH_EFFECT,
@@ -55,15 +71,25 @@ pub const SAFETY: [&str; 7] = [
     ALL_SETTLED,
     ONE_RUN_AT_A_TIME,
     ATTEMPTS_BOUNDED,
+    NEVER_FAILING_NOT_DEAD,
+    ATTEMPTS_WITHIN_MAX,
+    NEVER_DEAD_AFTER_PUBLISH,
+    PUBLISHED_FOR_SUCCESS,
+    EVENTUALLY_ENDS,
 ];
 
 /// The properties that hold whatever the timing (even with
-/// `long_transactions`): what the fences guarantee on their own.
-pub const TIMING_FREE: [&str; 4] = [
+/// `long_transactions`): what the fences guarantee on their own, and,
+/// since the failure bookkeeping is written while the row is locked
+/// (issue 23's fix), the attempt bound.
+pub const TIMING_FREE: [&str; 7] = [
     AT_MOST_ONCE,
     NEVER_FAILED_WITH_EFFECT,
     SUCCESS_WITH_EFFECT,
     MARKER_AFTER_COMMIT,
+    ATTEMPTS_WITHIN_MAX,
+    NEVER_FAILING_NOT_DEAD,
+    NEVER_DEAD_AFTER_PUBLISH,
 ];
 
 pub(crate) fn all() -> Vec<Property<Config>> {
@@ -103,6 +129,19 @@ pub(crate) fn all() -> Vec<Property<Config>> {
         }),
         Property::always(ATTEMPTS_BOUNDED, |c: &Config, s: &State| {
             s.db.rows.iter().all(|r| r.attempts < c.attempts_bound())
+        }),
+        Property::always(NEVER_FAILING_NOT_DEAD, |c: &Config, s: &State| {
+            spent(c, s) >= c.max_attempts
+                || (0..ROWS).all(|m| c.may_fail[m] || s.db.rows[m].status != Status::Failed)
+        }),
+        Property::always(ATTEMPTS_WITHIN_MAX, |c: &Config, s: &State| {
+            let bound = c.max_attempts.saturating_add(spent(c, s));
+            s.db.rows.iter().all(|r| r.attempts <= bound)
+        }),
+        Property::eventually(EVENTUALLY_ENDS, |_, s: &State| {
+            s.db.rows
+                .iter()
+                .all(|r| !r.exists || r.status != Status::Pending)
         }),
         Property::sometimes(SOME_DEAD_LETTER, |_, s: &State| {
             s.db.rows.iter().any(|r| r.status == Status::Failed)
@@ -147,6 +186,11 @@ fn quiescent(c: &Config, s: &State) -> bool {
     let mut actions = Vec::new();
     c.actions(s, &mut actions);
     actions.into_iter().all(|a| c.next_state(s, a).is_none())
+}
+
+/// The faults the run has spent so far.
+fn spent(c: &Config, s: &State) -> u8 {
+    c.faults.saturating_sub(s.faults)
 }
 
 fn settled(s: &State) -> bool {

@@ -117,6 +117,10 @@ pub enum Step {
     Effect,
     /// The guarded transition (or the body failing).
     Transition,
+    /// `COMMIT` of a transaction whose body failed: rolled back to the
+    /// savepoint after the fenced update, the failure bookkeeping written
+    /// in it (issue 23's fix).
+    CommitFailure,
     /// `COMMIT` (`dup`: a duplicate, nothing executed).
     Commit {
         /// The call answers `Duplicate`.

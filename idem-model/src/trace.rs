@@ -117,7 +117,12 @@
 //! - the route: a delivery whose first event after its claim is an
 //!   `effect` or a `transition` (no `fenced_update`) runs on the relay's
 //!   own path (a publisher route, or a handler failing before its call);
-//! - the error class: a `settle`'s `retryable` is the handler's to choose.
+//! - the error class: a `settle`'s `retryable` is the handler's to choose;
+//! - the protocol's version: a claim with a `settle` whose `in_tx` is set
+//!   is replayed on the protocol with issue 23's fix (the failure
+//!   bookkeeping in the handler's transaction, or the batch's, and on the
+//!   pool only after that transaction was lost), any other on the relay's
+//!   earlier protocol (the bookkeeping on the pool after the rollback).
 //!
 //! Faults are not bounded: the trace's lost acknowledgements are whatever
 //! the run injected.
@@ -499,11 +504,19 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
         batched: true,
         ..per_message.clone()
     };
+    // A claim whose failure bookkeeping is written on the pool after the
+    // rollback: the relay before issue 23's fix.
+    let pool_side = |c: &Config| Config {
+        mutation: Some(crate::Mutation::PoolSideFailure),
+        ..c.clone()
+    };
+    let (per_message_pool, batched_pool) = (pool_side(&per_message), pool_side(&batched));
     let wanted = |m: i64| config.messages.as_ref().is_none_or(|ms| ms.contains(&m));
 
     // The claims delivered in a batch; the messages of each owner; the
     // last event of each claim of each message.
     let mut batch_owners = BTreeSet::new();
+    let mut in_tx_owners = BTreeSet::new();
     let mut messages_of: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     let mut last: BTreeMap<usize, Vec<(i64, &str)>> = BTreeMap::new();
     {
@@ -512,6 +525,11 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
             match e {
                 Event::BatchOpen { owner, .. } => {
                     batch_owners.insert(owner.as_str());
+                }
+                Event::Settle {
+                    owner, in_tx: true, ..
+                } => {
+                    in_tx_owners.insert(owner.as_str());
                 }
                 Event::Claim { msg, owner, .. } if wanted(*msg) => {
                     let ms = messages_of.entry(owner).or_default();
@@ -580,9 +598,14 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
                     )));
                 }
             };
-            let model = match batch_owners.contains(e.owner()) {
-                true => &batched,
-                false => &per_message,
+            let model = match (
+                batch_owners.contains(e.owner()),
+                in_tx_owners.contains(e.owner()),
+            ) {
+                (true, true) => &batched,
+                (false, true) => &per_message,
+                (true, false) => &batched_pool,
+                (false, false) => &per_message_pool,
             };
             let mut next = Vec::new();
             let mut reasons = BTreeSet::new();
@@ -745,7 +768,8 @@ fn skip_markers(model: &Config, s: &mut State, x: usize) {
             };
         }
         Round::Batch(b) if b.step == BatchStep::Markers => {
-            s.relays[x].round = model.bookkeeping(&b.ran, false);
+            s.relays[x].round =
+                model.bookkeeping(&b.ran, false, !model.has(crate::Mutation::PoolSideFailure));
         }
         _ => {}
     }
@@ -954,6 +978,7 @@ fn replay(
         Event::Commit { outcome, dup, .. } => {
             match step(&s, x) {
                 Some(Step::Commit { dup: d }) if d == *dup => {}
+                Some(Step::CommitFailure) if !*dup => {}
                 Some(Step::Commit { dup: d }) => {
                     return Err(format!(
                         "a commit answering {}, but the call {}",
@@ -1016,13 +1041,23 @@ fn replay(
             in_tx,
             ..
         } => {
-            let Some(Step::Settle { .. }) = step(&s, x) else {
-                return Err(format!("failure bookkeeping, but {}", doing(&s, x)));
-            };
-            if *in_tx {
-                return Err(
-                    "bookkeeping in the handler's transaction is not modelled yet".to_owned(),
-                );
+            let at_batch_end =
+                matches!(&s.relays[x].round, Round::Batch(b) if b.step == BatchStep::End);
+            match (step(&s, x), *in_tx) {
+                (Some(Step::Settle { .. }), false) => {}
+                (Some(Step::CommitFailure), true) => {}
+                (None, true) if at_batch_end => {}
+                _ => {
+                    return Err(format!(
+                        "failure bookkeeping {}, but {}",
+                        if *in_tx {
+                            "in the handler's transaction"
+                        } else {
+                            "on the pool"
+                        },
+                        doing(&s, x)
+                    ));
+                }
             }
             let (_, a) = token(&s, x).expect("delivering");
             let decided = !*retryable || a >= model.max_attempts;
@@ -1038,6 +1073,23 @@ fn replay(
                     },
                     if decided { "a dead letter" } else { "a retry" }
                 ));
+            }
+            if *in_tx {
+                // Written in the transaction that locks the row since its
+                // fenced update: it cannot miss it.
+                if !*applied {
+                    return Err(
+                        "the bookkeeping in the transaction that locks the row changed nothing"
+                            .to_owned(),
+                    );
+                }
+                if !*retryable
+                    && let Some(tx) = s.relays[x].tx.as_mut()
+                    && let Some(row) = tx.rows[0]
+                {
+                    tx.rows[0] = Some(model.failed(row, a, false));
+                }
+                return Ok(vec![s]);
             }
             set_step(
                 &mut s,

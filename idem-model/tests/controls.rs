@@ -1,9 +1,18 @@
 //! The controls: each mutation of the protocol yields a counterexample.
 
 use idem_model::properties::{
-    AT_MOST_ONCE, MARKER_AFTER_COMMIT, NEVER_FAILED_WITH_EFFECT, ONE_RUN_AT_A_TIME,
+    AT_MOST_ONCE, ATTEMPTS_WITHIN_MAX, EVENTUALLY_ENDS, MARKER_AFTER_COMMIT,
+    NEVER_DEAD_AFTER_PUBLISH, NEVER_FAILED_WITH_EFFECT, NEVER_FAILING_NOT_DEAD, ONE_RUN_AT_A_TIME,
+    PUBLISHED_FOR_SUCCESS,
 };
-use idem_model::{Config, Mutation};
+use idem_model::{Config, Mutation, check};
+
+fn publishers(config: Config) -> Config {
+    Config {
+        publisher: [true, true],
+        ..config
+    }
+}
 
 #[test]
 fn state_check_outside_the_transaction() {
@@ -11,7 +20,7 @@ fn state_check_outside_the_transaction() {
         copies: true,
         ..Config::per_message(2, 3, 0)
     };
-    idem_model::check::refute(
+    check::refute(
         "state check outside the transaction",
         config.with(Mutation::CheckOutsideTx),
         AT_MOST_ONCE,
@@ -20,7 +29,7 @@ fn state_check_outside_the_transaction() {
 
 #[test]
 fn outbox_update_without_the_fence() {
-    idem_model::check::refute(
+    check::refute(
         "outbox update without the fence",
         Config::per_message(2, 2, 1).with(Mutation::Unfenced),
         NEVER_FAILED_WITH_EFFECT,
@@ -29,7 +38,7 @@ fn outbox_update_without_the_fence() {
 
 #[test]
 fn no_lease_renewal() {
-    idem_model::check::refute(
+    check::refute(
         "no lease renewal",
         Config::per_message(2, 2, 0).with(Mutation::NoRenewal),
         ONE_RUN_AT_A_TIME,
@@ -38,7 +47,7 @@ fn no_lease_renewal() {
 
 #[test]
 fn marker_written_before_the_commit() {
-    idem_model::check::refute(
+    check::refute(
         "marker before the commit",
         Config::per_message(2, 2, 1).with(Mutation::MarkerBeforeCommit),
         MARKER_AFTER_COMMIT,
@@ -47,9 +56,68 @@ fn marker_written_before_the_commit() {
 
 #[test]
 fn batch_commits_a_failed_savepoint() {
-    idem_model::check::refute(
+    check::refute(
         "batch keeps a failed handler's savepoint",
         Config::batched(2, 3, 0).with(Mutation::KeepFailedSavepoint),
         AT_MOST_ONCE,
+    );
+}
+
+/// The bookkeeping fenced by status alone: a stale relay's retry frees a
+/// row another claim holds, whose own bookkeeping then finds it not its
+/// own, until the last attempt's dead-letters a message that never fails.
+#[test]
+fn failure_bookkeeping_fenced_by_status_only() {
+    check::refute(
+        "failure bookkeeping fenced by status only",
+        Config::per_message(3, 2, 1).with(Mutation::StatusOnlyFence),
+        NEVER_FAILING_NOT_DEAD,
+    );
+}
+
+/// The relay before issue 23's fix: with a handler's transaction longer
+/// than its lease, the attempt goes unrecorded (see `findings.rs`).
+#[test]
+fn failure_bookkeeping_on_the_pool_after_the_rollback() {
+    let config = Config {
+        long_transactions: true,
+        ..Config::per_message(2, 2, 0)
+    };
+    check::refute(
+        "failure bookkeeping on the pool after the rollback",
+        config.with(Mutation::PoolSideFailure),
+        ATTEMPTS_WITHIN_MAX,
+    );
+}
+
+/// A crashed holder's message, never claimed again, never ends.
+#[test]
+fn claim_skips_expired_leases() {
+    check::refute(
+        "claim skips every leased row",
+        Config::per_message(2, 2, 1).with(Mutation::ClaimIgnoresExpiry),
+        EVENTUALLY_ENDS,
+    );
+}
+
+/// Issue 23, point 4: the relay-side mark's lost acknowledgement taken
+/// for a failure dead-letters, on its last attempt, a published message.
+#[test]
+fn publisher_mark_lost_ack_taken_for_a_failure() {
+    check::refute(
+        "publisher: the mark's lost acknowledgement taken for a failure",
+        publishers(Config::per_message(2, 1, 1)).with(Mutation::MarkLostAckAsFailure),
+        NEVER_DEAD_AFTER_PUBLISH,
+    );
+}
+
+/// Marked before its publish, a message whose relay crashes in between is
+/// a success never published (a message lost on the outgoing side).
+#[test]
+fn publisher_marked_before_its_publish() {
+    check::refute(
+        "publisher: marked before its publish",
+        publishers(Config::per_message(2, 2, 1)).with(Mutation::MarkBeforePublish),
+        PUBLISHED_FOR_SUCCESS,
     );
 }

@@ -1,30 +1,39 @@
-//! What the model found in the relay as implemented: behaviours that need
-//! a transaction (or a batch) longer than the lease, so the proofs count
-//! them as faults (stalls). Each test asserts the counterexample, so that
-//! a fix in the relay shows here (the test then fails: move its
-//! configuration to `proofs.rs`).
+//! What the model found in the relay: behaviours that need a transaction
+//! (or a batch) longer than the lease, so the proofs count them as faults
+//! (stalls), or a rare pair of faults. A finding still open is asserted as
+//! its counterexample, on the mutation that is the relay as implemented;
+//! a finding fixed is proved on the configuration that found it.
 //!
-//! The effects stay safe all the same (the last two tests): the fences
-//! alone guarantee [`TIMING_FREE`], whatever the timing.
-//!
-//! - A handler's transaction, or a batch, that outlives its lease lets the
-//!   lease run out (the heartbeat skips the row that transaction locks; a
-//!   batch renews once, when it begins). When it then fails, another
-//!   relay may claim the message between the rollback (or the batch's
-//!   commit) and this relay's failure bookkeeping, which finds the row no
-//!   longer its own and writes nothing: the attempt is never recorded, and
-//!   the dead-letter decision (`attempts >= max_attempts`, taken only by
-//!   the lease holder's bookkeeping) is never taken. A message whose
-//!   handler keeps failing slowly is retried past `max_attempts`.
-//! - (Fixed.) The per-message path after a failed batch (`deliver_each`)
-//!   ran the batch's messages under the batch's leases, none renewed until
-//!   its turn: a lease that ran out during the batch let another relay
-//!   claim and run the message, and then this relay ran it too. It now
-//!   renews each lease first and leaves a message no longer held to its
-//!   holder; the test below proves it on the configuration that found it.
+//! - Finding 1 (fixed in the model by issue 23's protocol; the relay's
+//!   fix is `Mutation::PoolSideFailure` removed). A handler's
+//!   transaction, or a batch, that outlives its lease lets the lease run
+//!   out (the heartbeat skips the row that transaction locks; a batch
+//!   renews once, when it begins). With the failure bookkeeping on the
+//!   pool after the rollback (or after the batch's commit), another relay
+//!   may claim the message in between: the bookkeeping, fenced, writes
+//!   nothing, the attempt is never recorded, and a message whose handler
+//!   keeps failing slowly is retried past `max_attempts`. With the
+//!   bookkeeping written in the transaction that still locks the row
+//!   (a savepoint after the fenced update; in a batch, beside the deferred
+//!   success update), the bound holds whatever the timing.
+//! - Finding 2 (fixed). The per-message path after a failed batch
+//!   (`deliver_each`) ran the batch's messages under the batch's leases,
+//!   none renewed until its turn: a lease that ran out during the batch
+//!   let another relay claim and run the message, and then this relay ran
+//!   it too. It now renews each lease first and leaves a message no longer
+//!   held to its holder.
+//! - Finding 3 (open, `Mutation::RevertUnknownCommit`). A handler's commit
+//!   whose acknowledgement was lost, and whose read-back failed too, is
+//!   settled as a failure; the bookkeeping, finding the row no longer
+//!   pending, writes over the `success` of the same attempt
+//!   (`outbox_revert`, meant for a handler failing after its call marked
+//!   the message): on the last attempt the message is dead-lettered with
+//!   its effect committed; earlier, it is retried (a duplicate, harmless).
 
-use idem_model::properties::{ATTEMPTS_BOUNDED, ONE_RUN_AT_A_TIME, TIMING_FREE};
-use idem_model::{Config, check};
+use idem_model::properties::{
+    ATTEMPTS_WITHIN_MAX, NEVER_FAILED_WITH_EFFECT, ONE_RUN_AT_A_TIME, TIMING_FREE,
+};
+use idem_model::{Config, Mutation, check};
 
 fn long(config: Config) -> Config {
     Config {
@@ -34,20 +43,38 @@ fn long(config: Config) -> Config {
 }
 
 #[test]
-fn a_slow_failing_transaction_escapes_max_attempts() {
+fn finding_1_before_the_fix_a_slow_failing_transaction_escapes_max_attempts() {
     check::refute(
-        "per-message, transactions longer than the lease",
-        long(Config::per_message(2, 2, 0)),
-        ATTEMPTS_BOUNDED,
+        "per-message, transactions longer than the lease, bookkeeping on the pool",
+        long(Config::per_message(2, 2, 0)).with(Mutation::PoolSideFailure),
+        ATTEMPTS_WITHIN_MAX,
     );
 }
 
 #[test]
-fn a_slow_batch_escapes_max_attempts() {
+fn finding_1_before_the_fix_a_slow_batch_escapes_max_attempts() {
     check::refute(
-        "batched, batches longer than the lease",
-        long(Config::batched(2, 2, 0)),
-        ATTEMPTS_BOUNDED,
+        "batched, batches longer than the lease, bookkeeping on the pool",
+        long(Config::batched(2, 2, 0)).with(Mutation::PoolSideFailure),
+        ATTEMPTS_WITHIN_MAX,
+    );
+}
+
+#[test]
+fn finding_1_fixed_per_message_attempts_stay_within_max_however_long_the_transactions() {
+    check::prove_only(
+        "per-message, transactions longer than the lease, 3 relays, no fault",
+        long(Config::per_message(3, 3, 0)),
+        &[ATTEMPTS_WITHIN_MAX],
+    );
+}
+
+#[test]
+fn finding_1_fixed_batched_attempts_stay_within_max_however_long_the_batches() {
+    check::prove_only(
+        "batched, batches longer than the lease, 3 relays, no fault",
+        long(Config::batched(3, 3, 0)),
+        &[ATTEMPTS_WITHIN_MAX],
     );
 }
 
@@ -56,7 +83,7 @@ fn a_slow_batch_escapes_max_attempts() {
 /// (`Relay::deliver_each` → `OutboxStore::renew_held`), and leaves a
 /// message another relay claimed meanwhile to it.
 #[test]
-fn the_per_message_path_after_a_failed_batch_runs_no_handler_twice() {
+fn finding_2_fixed_the_per_message_path_after_a_failed_batch_runs_no_handler_twice() {
     check::prove_only(
         "batched, a refused commit, handlers longer than the lease",
         long(Config::batched(2, 3, 1)),
@@ -65,7 +92,19 @@ fn the_per_message_path_after_a_failed_batch_runs_no_handler_twice() {
 }
 
 #[test]
-fn the_effects_stay_safe_per_message_however_long_the_transactions() {
+fn finding_3_a_lost_commit_whose_read_back_failed_is_dead_lettered_with_its_effect() {
+    check::refute(
+        "per-message, a lost commit, its read-back failed, the last attempt",
+        Config::per_message(2, 1, 2).with(Mutation::RevertUnknownCommit),
+        NEVER_FAILED_WITH_EFFECT,
+    );
+}
+
+/// The fences and the bookkeeping in the locking transaction guarantee
+/// [`TIMING_FREE`] (the effects, the attempt bound, no wrongful dead
+/// letter) whatever the timing.
+#[test]
+fn the_timing_free_properties_per_message_however_long_the_transactions() {
     check::prove_only(
         "per-message, transactions longer than the lease, 3 relays, 1 fault",
         long(Config::per_message(3, 3, 1)),
@@ -74,7 +113,7 @@ fn the_effects_stay_safe_per_message_however_long_the_transactions() {
 }
 
 #[test]
-fn the_effects_stay_safe_batched_however_long_the_batches() {
+fn the_timing_free_properties_batched_however_long_the_batches() {
     check::prove_only(
         "batched, batches longer than the lease, 2 relays, 1 fault",
         long(Config::batched(2, 3, 1)),

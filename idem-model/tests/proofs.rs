@@ -5,6 +5,13 @@
 
 use idem_model::Config;
 
+fn publishers(config: Config) -> Config {
+    Config {
+        publisher: [false, true],
+        ..config
+    }
+}
+
 #[test]
 fn per_message_three_relays() {
     idem_model::check::prove("per-message, 3 relays", Config::per_message(3, 3, 1));
@@ -44,4 +51,23 @@ fn batched_one_action_enqueued_twice() {
         ..Config::batched(3, 3, 1)
     };
     idem_model::check::prove("batched, one action under two msg_ids", config);
+}
+
+/// A publisher route (the relay marks the success on the pool after the
+/// publish) beside a handler route: message 1, the publisher's, fails at
+/// will, before or after its publish.
+#[test]
+fn publisher_routes_three_relays() {
+    idem_model::check::prove(
+        "publisher routes, 3 relays",
+        publishers(Config::per_message(3, 3, 1)),
+    );
+}
+
+#[test]
+fn publisher_routes_two_faults() {
+    idem_model::check::prove(
+        "publisher routes, 3 relays, 2 faults",
+        publishers(Config::per_message(3, 3, 2)),
+    );
 }

@@ -291,3 +291,53 @@ fn an_event_of_an_unknown_claim_is_a_violation() {
     let v = check(&trace(lines), &TraceConfig::new(3)).expect_err("no claim");
     assert_eq!(v.index, 0);
 }
+
+#[test]
+fn failure_bookkeeping_in_the_handlers_transaction_conforms() {
+    // Issue 23's fix: rolled back to the savepoint after the fenced
+    // update, the failure written in the same transaction, committed.
+    let lines = r#"
+{"kind":"claim","msg":7,"attempt":1,"owner":"r1#1","outcome":"ok"}
+{"kind":"fenced_update","msg":7,"attempt":1,"owner":"r1#1","held":true}
+{"kind":"guard","msg":7,"attempt":1,"owner":"r1#1","done":false}
+{"kind":"effect","msg":7,"attempt":1,"owner":"r1#1"}
+{"kind":"transition","msg":7,"attempt":1,"owner":"r1#1","ok":false}
+{"kind":"settle","msg":7,"attempt":1,"owner":"r1#1","dead":false,"retryable":true,"applied":true,"in_tx":true}
+{"kind":"commit","msg":7,"attempt":1,"owner":"r1#1","outcome":"ok","dup":false}
+{"kind":"claim","msg":7,"attempt":2,"owner":"r2#1","outcome":"ok"}
+{"kind":"fenced_update","msg":7,"attempt":2,"owner":"r2#1","held":true}
+{"kind":"guard","msg":7,"attempt":2,"owner":"r2#1","done":false}
+{"kind":"effect","msg":7,"attempt":2,"owner":"r2#1"}
+{"kind":"transition","msg":7,"attempt":2,"owner":"r2#1","ok":false}
+{"kind":"settle","msg":7,"attempt":2,"owner":"r2#1","dead":true,"retryable":true,"applied":true,"in_tx":true}
+{"kind":"commit","msg":7,"attempt":2,"owner":"r2#1","outcome":"lost_ack","dup":false}
+{"kind":"settle","msg":7,"attempt":2,"owner":"r2#1","dead":true,"retryable":true,"applied":false}
+"#;
+    check(&trace(lines), &complete(2)).expect("conforms");
+    // The same transaction's bookkeeping may not be retried past the last
+    // attempt.
+    let wrong = lines.replace(
+        r#""attempt":2,"owner":"r2#1","dead":true,"retryable":true,"applied":true,"in_tx":true"#,
+        r#""attempt":2,"owner":"r2#1","dead":false,"retryable":true,"applied":true,"in_tx":true"#,
+    );
+    let v = check(&trace(&wrong), &complete(2)).expect_err("attempt 2 of 2 is the last");
+    assert_eq!(v.index, 12);
+}
+
+#[test]
+fn a_batch_recording_its_failure_beside_the_success_update_conforms() {
+    let lines = r#"
+{"kind":"claim","msg":7,"attempt":1,"owner":"r3#2","outcome":"ok"}
+{"kind":"claim","msg":8,"attempt":1,"owner":"r3#2","outcome":"ok"}
+{"kind":"batch_open","owner":"r3#2","renewed":[7,8]}
+{"kind":"guard","msg":7,"attempt":1,"owner":"r3#2","done":false}
+{"kind":"effect","msg":7,"attempt":1,"owner":"r3#2"}
+{"kind":"transition","msg":7,"attempt":1,"owner":"r3#2","ok":true}
+{"kind":"guard","msg":8,"attempt":1,"owner":"r3#2","done":false}
+{"kind":"effect","msg":8,"attempt":1,"owner":"r3#2"}
+{"kind":"transition","msg":8,"attempt":1,"owner":"r3#2","ok":false}
+{"kind":"settle","msg":8,"attempt":1,"owner":"r3#2","dead":true,"retryable":true,"applied":true,"in_tx":true}
+{"kind":"batch_commit","owner":"r3#2","outcome":"ok"}
+"#;
+    check(&trace(lines), &complete(1)).expect("conforms");
+}
