@@ -94,6 +94,21 @@
 
 /// Records a protocol event in the conformance trace (feature `testing`,
 /// see [`testing::trace`]); compiles to nothing without the feature.
+/// The time an event of the conformance trace is ordered by, taken before
+/// the statement it reports (feature `testing`, trace on; else 0).
+macro_rules! trace_now {
+    () => {{
+        #[cfg(feature = "testing")]
+        let at = match crate::testing::trace::is_on() {
+            true => crate::testing::trace::now(),
+            false => 0u64,
+        };
+        #[cfg(not(feature = "testing"))]
+        let at = 0u64;
+        at
+    }};
+}
+
 macro_rules! trace_event {
     ($f:ident ( $($arg:tt)* )) => {
         #[cfg(feature = "testing")]

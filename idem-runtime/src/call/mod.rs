@@ -135,7 +135,10 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// The driving outbox message's lease when a failure is booked in this
     /// transaction (see `FailureBook` (backend/types.rs)):
     /// [`BODY_SAVEPOINT`] is open just after the fenced update.
-    booking: Option<OutboxLease>,
+    booking: Option<Box<OutboxLease>>,
+    /// The driving outbox message's lease, for the conformance trace.
+    #[cfg(feature = "testing")]
+    traced: Option<Box<OutboxLease>>,
 }
 
 /// Opened just after a call's fenced outbox update when its relay books
@@ -143,6 +146,18 @@ pub(crate) struct CallState<'c, DB: Backend> {
 /// the message's row locked, and writes the bookkeeping.
 const BODY_SAVEPOINT: &str = "SAVEPOINT idem_call_body";
 const BODY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT idem_call_body";
+
+impl<DB: Backend> CallState<'_, DB> {
+    /// Records a protocol event of the driving outbox message in the
+    /// conformance trace (feature `testing`).
+    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+    fn trace(&self, kind: &str, fields: impl FnOnce() -> serde_json::Value) {
+        #[cfg(feature = "testing")]
+        if let Some(lease) = &self.traced {
+            crate::testing::trace::of_lease(kind, lease, fields);
+        }
+    }
+}
 
 impl<'c, DB: Backend> Call<'c, DB> {
     /// Everything before the body: the front cache's answer (never asked
@@ -176,11 +191,21 @@ impl<'c, DB: Backend> Call<'c, DB> {
         }
         let mut call = Call::begin(source, key, S::NAME, spec.scope(), span).await?;
         match spec.guard(&mut call).await {
-            Ok(Verdict::Run(guard)) => Ok(Open::Run(call.with_guard(guard))),
+            Ok(Verdict::Run(guard)) => {
+                call.state
+                    .trace("guard", || serde_json::json!({ "done": false }));
+                Ok(Open::Run(call.with_guard(guard)))
+            }
             Ok(Verdict::Duplicate { stored, marker }) => {
+                call.state
+                    .trace("guard", || serde_json::json!({ "done": true }));
                 call.duplicate(stored, marker).await.map(Open::Done)
             }
-            Err(e) => Err(call.abort(e).await),
+            Err(e) => {
+                call.state
+                    .trace("transition", || serde_json::json!({ "ok": false }));
+                Err(call.abort(e).await)
+            }
         }
     }
 
@@ -256,6 +281,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 marker_not_after: None,
                 batch_mark: None,
                 booking: None,
+                #[cfg(feature = "testing")]
+                traced: source.outbox.clone().map(Box::new),
             },
             guard: (),
         };
@@ -285,7 +312,11 @@ impl<'c, DB: Backend> Call<'c, DB> {
 
     /// The fenced outbox update: exactly one row, or the call fails.
     async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        match DB::outbox_success(self.state.tx.tx(), lease).await {
+        let marked = DB::outbox_success(self.state.tx.tx(), lease).await;
+        let held = matches!(marked, Ok(1));
+        self.state
+            .trace("fenced_update", || serde_json::json!({ "held": held }));
+        match marked {
             Ok(1) => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(self.fail(Error::database(e))),
@@ -336,7 +367,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
             return Err(self.fail(Error::database(e)));
         }
-        self.state.booking = Some(lease.clone());
+        self.state.booking = Some(Box::new(lease.clone()));
         Ok(())
     }
 
@@ -368,16 +399,25 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
         E: Into<BoxError>,
     {
         let (mut call, guard) = self.take_guard();
+        if body.is_ok() {
+            call.state.trace("effect", || serde_json::json!({}));
+        }
         match spec
             .settle(&mut call, guard, body.map_err(Into::into))
             .await
         {
             Ok(Settled::Executed { value, marker }) => {
+                call.state
+                    .trace("transition", || serde_json::json!({ "ok": true }));
                 call.commit("executed", marker).await?;
                 Ok(Outcome::Executed(value))
             }
             Ok(Settled::Duplicate) => call.duplicate(None, None).await,
-            Err(e) => Err(call.abort(e).await),
+            Err(e) => {
+                call.state
+                    .trace("transition", || serde_json::json!({ "ok": false }));
+                Err(call.abort(e).await)
+            }
         }
     }
 
@@ -419,6 +459,8 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             self.state.deferred.take(),
             self.state.marker_not_after,
         );
+        #[cfg(feature = "testing")]
+        let traced = self.state.traced.take();
         let CallState {
             tx,
             span,
@@ -426,6 +468,8 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             ..
         } = self.state;
         let nested = tx.nested();
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+        let at = trace_now!();
         let committed = tx.commit().await;
         #[cfg(feature = "testing")]
         let committed = match committed {
@@ -434,6 +478,19 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             }
             other => other,
         };
+        #[cfg(feature = "testing")]
+        if let (Some(lease), false) = (&traced, nested) {
+            let result = match &committed {
+                Ok(()) => "ok",
+                Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
+                Err(_) => "failed",
+            };
+            crate::testing::trace::of_lease(
+                "commit",
+                lease,
+                || serde_json::json!({ "outcome": result, "dup": outcome == "duplicate", "at": at }),
+            );
+        }
         match committed {
             Ok(()) => {
                 if let Some((marks, id)) = batch_mark
@@ -459,6 +516,12 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
                     };
                     if !nested {
                         cache.put(scope, &key, &marker).await;
+                        #[cfg(feature = "testing")]
+                        if let Some(lease) = &traced {
+                            crate::testing::trace::of_lease("marker", lease, || {
+                                serde_json::json!({})
+                            });
+                        }
                     } else if let Some(deferred) = deferred
                         && let Ok(mut markers) = deferred.lock()
                     {
@@ -517,6 +580,8 @@ async fn book_failure<DB: Backend>(
         err.is_retryable(),
         format!("{}: {err}", err.kind()),
     );
+    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+    let at = trace_now!();
     let written = async {
         DB::exec(&mut tx, BODY_ROLLBACK).await?;
         DB::outbox_settle_failure_in(
@@ -533,7 +598,15 @@ async fn book_failure<DB: Backend>(
     }
     .await;
     match written {
-        Ok(true) => {}
+        Ok(true) => {
+            trace_event!(of_lease("settle", lease, || serde_json::json!({
+                "dead": dead,
+                "retryable": err.is_retryable(),
+                "applied": true,
+                "in_tx": true,
+                "at": at,
+            })));
+        }
         Ok(false) => {
             tracing::warn!(parent: span, "the failed call's bookkeeping found its outbox message changed; left to the relay");
             return;
@@ -543,18 +616,23 @@ async fn book_failure<DB: Backend>(
             return;
         }
     }
+    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+    let at = trace_now!();
     let committed = tx.commit().await;
     #[cfg(feature = "testing")]
     let committed = crate::testing::after_commit(crate::testing::Kind::Settle, committed);
+    trace_event!(of_lease("commit", lease, || serde_json::json!({
+        "outcome": match &committed {
+            Ok(()) => "ok",
+            Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
+            Err(_) => "failed",
+        },
+        "dup": false,
+        "at": at,
+    })));
     match committed {
         Ok(()) => {
             book.wrote(dead);
-            trace_event!(of_lease("settle", lease, || serde_json::json!({
-                "dead": dead,
-                "retryable": err.is_retryable(),
-                "applied": true,
-                "in_tx": true,
-            })));
         }
         Err(e) => {
             // Committed or not, the relay's bookkeeping finds out: its

@@ -14,8 +14,18 @@
 //!
 //! Each event is a JSON object with `kind`, `msg` (the outbox row id),
 //! `topic`, `attempt` (what the claim wrote), `owner` (the claim's lease
-//! owner, `relay#seq`), `seq` (its order in this process) and the
-//! kind's own fields.
+//! owner, `relay#seq`), `at`, `seq` (its order in this process), `pid`,
+//! and the kind's own fields (the JSON shapes are `idem_model::trace`'s).
+//!
+//! `at` (nanoseconds of the system clock) is taken **before** the
+//! statement the event reports, where the order between two claims of one
+//! message matters (a claim, a commit, the failure bookkeeping, a success
+//! mark, a batch's end): a claim can take a message only once the previous
+//! holder's last statement has committed, so that statement started
+//! first. Sorting a trace by `at` (then `seq`) gives the order the database
+//! saw, across the tasks of one process and across processes, where the
+//! order of emission may not (a task may be descheduled between its
+//! statement and its event).
 
 use serde_json::{Map, Value};
 use std::io::Write;
@@ -65,8 +75,26 @@ pub fn read_file(path: &std::path::Path, topic: &str) -> std::io::Result<Vec<Val
         .collect())
 }
 
+/// Now, as an event's `at`: nanoseconds since the Unix epoch.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Sorts `events` into the database's order: by `at`, then by process
+/// and `seq`.
+pub fn sort(events: &mut [Value]) {
+    let key = |e: &Value| {
+        let n = |f: &str| e.get(f).and_then(Value::as_u64).unwrap_or(0);
+        (n("at"), n("pid"), n("seq"))
+    };
+    events.sort_by_key(key);
+}
+
 /// One event of message `msg` (of `topic`), attempt `attempt` under the
-/// lease owner `owner`: `kind` and the kind's `fields`.
+/// lease owner `owner`: `kind` and the kind's `fields` (an `at` among
+/// them is kept, see the module documentation).
 pub(crate) fn emit(
     kind: &str,
     msg: i64,
@@ -82,6 +110,9 @@ pub(crate) fn emit(
         Value::Object(m) => m,
         _ => Map::new(),
     };
+    if !event.contains_key("at") {
+        event.insert("at".into(), now().into());
+    }
     event.insert("kind".into(), kind.into());
     event.insert("msg".into(), msg.into());
     event.insert("topic".into(), topic.into());

@@ -127,6 +127,8 @@ impl<DB: Backend> Relay<DB> {
                     return done;
                 }
                 {
+                    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+                    let at = trace_now!();
                     let mark = self.fenced(
                         id,
                         || async {
@@ -140,6 +142,7 @@ impl<DB: Backend> Relay<DB> {
                     trace_event!(of_lease("relay_mark", lease, || serde_json::json!({
                         "applied": matches!(mark, Ok(true)),
                         "error": mark.is_err(),
+                        "at": at,
                     })));
                     match mark {
                         Ok(true) => done,
@@ -200,6 +203,8 @@ impl<DB: Backend> Relay<DB> {
                 // that a lost acknowledgement hid was settled above.
                 #[cfg(feature = "testing")]
                 tokio::time::sleep(crate::testing::settle_delay()).await;
+                #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+                let at = trace_now!();
                 let mut settled = Ok(false);
                 let mut over_success = false;
                 for over in [false, true] {
@@ -236,6 +241,7 @@ impl<DB: Backend> Relay<DB> {
                     "applied": matches!(settled, Ok(true)),
                     "over_success": over_success && matches!(settled, Ok(true)),
                     "error": settled.is_err(),
+                    "at": at,
                 })));
                 if over_success && matches!(settled, Ok(true)) {
                     tracing::warn!(parent: span, %reason, "the handler failed after its call marked the outbox message `success`; the success is undone so that the message runs again");

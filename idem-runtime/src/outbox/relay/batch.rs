@@ -80,6 +80,17 @@ impl<DB: Backend> Relay<DB> {
         let (shared, held) = match self.open_batch(&owner, &rows).await {
             Ok(opened) => opened,
             Err(e) => {
+                #[cfg(feature = "testing")]
+                if let Some(first) = rows.first() {
+                    crate::testing::trace::emit(
+                        "batch_open",
+                        0,
+                        &first.topic,
+                        0,
+                        &owner,
+                        || serde_json::json!({ "renewed": [], "begun": false }),
+                    );
+                }
                 tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
                 return self.deliver_each(rows, owner).await;
             }
@@ -104,6 +115,8 @@ impl<DB: Backend> Relay<DB> {
                 break;
             }
         }
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+        let at = trace_now!();
         let committed = match lost {
             Some(reason) => Err(Error::TransactionLost { reason }),
             None => {
@@ -123,19 +136,25 @@ impl<DB: Backend> Relay<DB> {
             }
         };
         #[cfg(feature = "testing")]
-        {
+        if let Some(first) = ran.first() {
             let outcome = match &committed {
                 Ok(()) => "ok",
                 Err(Error::CommitUnknown(_)) => "lost_ack",
+                Err(Error::TransactionLost { reason })
+                    if reason.starts_with("the batch marked") =>
+                {
+                    "short"
+                }
                 Err(_) => "failed",
             };
-            for r in &ran {
-                crate::testing::trace::of_lease(
-                    "batch_commit",
-                    &r.lease,
-                    || serde_json::json!({ "outcome": outcome, "marked": r.marked && r.result.is_ok() }),
-                );
-            }
+            crate::testing::trace::emit(
+                "batch_commit",
+                0,
+                first.lease.topic(),
+                0,
+                &owner,
+                || serde_json::json!({ "outcome": outcome, "at": at }),
+            );
         }
         match committed {
             Ok(()) => {
@@ -266,15 +285,15 @@ impl<DB: Backend> Relay<DB> {
         let renewed =
             DB::renew_leases_in(tx.transaction()?, owner, &ids, i.lease.as_secs_f64()).await?;
         #[cfg(feature = "testing")]
-        for r in rows {
-            let held = renewed.contains(&(r.id, r.attempts));
+        if let Some(first) = rows.first() {
+            let ids: Vec<i64> = renewed.iter().map(|(id, _)| *id).collect();
             crate::testing::trace::emit(
-                "batch_renew",
-                r.id,
-                &r.topic,
-                r.attempts,
+                "batch_open",
+                0,
+                &first.topic,
+                0,
                 owner,
-                || serde_json::json!({ "renewed": held }),
+                || serde_json::json!({ "renewed": ids }),
             );
         }
         crate::metrics::lease_renewals(renewed.len() as u64);

@@ -858,6 +858,7 @@ impl<DB: Backend> Relay<DB> {
                 }));
             }
             let offset = i.spread_offset(limit);
+            let at = trace_now!();
             let mut claimed = self.claim_at(&owner, limit, offset).await;
             if offset > 0 && matches!(&claimed, Ok(c) if c.rows.is_empty()) {
                 // The due set ends before the offset: from the oldest.
@@ -865,7 +866,7 @@ impl<DB: Backend> Relay<DB> {
             }
             match claimed {
                 Ok(claimed) => {
-                    trace_claim(&claimed.rows, &owner, "ok", None);
+                    trace_claim(&claimed.rows, &owner, "ok", None, at);
                     i.backlog
                         .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
                     return Ok(Round::Claimed(self.counted(owner, claimed)));
@@ -888,7 +889,7 @@ impl<DB: Backend> Relay<DB> {
                 }
                 Err(ClaimError::Failed(e)) => return Err(e.into()),
                 Err(ClaimError::CommitUnknown { error, chosen }) => {
-                    trace_claim(&chosen.rows, &owner, "lost_ack", None);
+                    trace_claim(&chosen.rows, &owner, "lost_ack", None, at);
                     i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
                     if !i.recover_claims {
                         return Err(Error::CommitUnknown(error));
@@ -949,7 +950,7 @@ impl<DB: Backend> Relay<DB> {
             tokio::time::sleep(wait).await;
             match DB::recover_claim(&i.pool, &owner, &ids).await {
                 Ok(rows) => {
-                    trace_claim(&chosen.rows, &owner, "read_back", Some(&rows));
+                    trace_claim(&chosen.rows, &owner, "read_back", Some(&rows), trace_now!());
                     i.stats
                         .recovered
                         .fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -1022,12 +1023,20 @@ fn hand<DB: Backend>(d: &Delivery<DB>, settles: bool) -> Delivery<DB> {
 /// Traces the claim of `rows` by `owner` (feature `testing`): `outcome`
 /// `ok` or `lost_ack`, or `read_back` with the rows found leased.
 #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-fn trace_claim(rows: &[OutboxRow], owner: &str, outcome: &str, found: Option<&[OutboxRow]>) {
+fn trace_claim(
+    rows: &[OutboxRow],
+    owner: &str,
+    outcome: &str,
+    found: Option<&[OutboxRow]>,
+    at: u64,
+) {
     #[cfg(feature = "testing")]
     for r in rows {
         let fields = || match found {
-            None => serde_json::json!({ "outcome": outcome }),
-            Some(found) => serde_json::json!({ "held": found.iter().any(|x| x.id == r.id) }),
+            None => serde_json::json!({ "outcome": outcome, "at": at }),
+            Some(found) => {
+                serde_json::json!({ "held": found.iter().any(|x| x.id == r.id), "at": at })
+            }
         };
         let kind = if found.is_some() {
             "claim_read_back"
