@@ -132,13 +132,14 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// In a relay batch: the batch's list of messages to mark `success`,
     /// and this call's message, added when the call ends well.
     batch_mark: Option<(std::sync::Arc<std::sync::Mutex<Vec<i64>>>, i64)>,
-    /// The driving outbox message's lease when a failure is booked in this
-    /// transaction (see `FailureBook` (backend/types.rs)):
-    /// [`BODY_SAVEPOINT`] is open just after the fenced update.
-    booking: Option<Box<OutboxLease>>,
-    /// The driving outbox message's lease, for the conformance trace.
-    #[cfg(feature = "testing")]
-    traced: Option<Box<OutboxLease>>,
+    /// The driving outbox message's lease, if an outbox message drives
+    /// the call (the conformance trace names it; a failure booked in the
+    /// call's transaction is fenced by it).
+    lease: Option<Box<OutboxLease>>,
+    /// A failure is booked in this transaction (see `FailureBook`,
+    /// backend/types.rs): [`BODY_SAVEPOINT`] is open just after the fenced
+    /// update.
+    booking: bool,
 }
 
 /// Opened just after a call's fenced outbox update when its relay books
@@ -153,7 +154,7 @@ impl<DB: Backend> CallState<'_, DB> {
     #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
     fn trace(&self, kind: &str, fields: impl FnOnce() -> serde_json::Value) {
         #[cfg(feature = "testing")]
-        if let Some(lease) = &self.traced {
+        if let Some(lease) = &self.lease {
             crate::testing::trace::of_lease(kind, lease, fields);
         }
     }
@@ -280,9 +281,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 #[cfg(feature = "redis")]
                 marker_not_after: None,
                 batch_mark: None,
-                booking: None,
-                #[cfg(feature = "testing")]
-                traced: source.outbox.clone().map(Box::new),
+                lease: source.outbox.clone().map(Box::new),
+                booking: false,
             },
             guard: (),
         };
@@ -367,7 +367,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
             return Err(self.fail(Error::database(e)));
         }
-        self.state.booking = Some(Box::new(lease.clone()));
+        self.state.booking = true;
         Ok(())
     }
 
@@ -460,7 +460,7 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             self.state.marker_not_after,
         );
         #[cfg(feature = "testing")]
-        let traced = self.state.traced.take();
+        let traced = self.state.lease.take();
         let CallState {
             tx,
             span,
@@ -547,10 +547,16 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
 
     async fn abort(self, err: Error) -> Error {
         let CallState {
-            tx, span, booking, ..
+            tx,
+            span,
+            lease,
+            booking,
+            ..
         } = self.state;
-        match (tx, booking) {
-            (CallTx::Own(tx), Some(lease)) => book_failure(tx, &lease, &err, &span).await,
+        match (tx, lease) {
+            (CallTx::Own(tx), Some(lease)) if booking => {
+                book_failure(tx, &lease, &err, &span).await
+            }
             (tx, _) => tx.rollback().await,
         }
         fail(&span, err)
