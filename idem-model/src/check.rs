@@ -100,3 +100,57 @@ fn describe(state: &State, action: &Action) -> String {
     };
     format!("relay {relay}: {step} -> {outcome:?}")
 }
+
+/// Explores every state of `model` (one of the small models beside the
+/// relay's: [`crate::record`], [`crate::consumer`], [`crate::galera`]):
+/// every property holds as it expects (each `always` and `eventually`
+/// without a counterexample, each `sometimes` reached).
+pub fn prove_model<M>(name: &str, model: M)
+where
+    M: Model + Send + Sync + 'static,
+    M::State: std::fmt::Debug + std::hash::Hash + Clone + Send + Sync + 'static,
+    M::Action: std::fmt::Debug + Clone + Send + Sync + 'static,
+{
+    let start = Instant::now();
+    let checker = model.checker().threads(2).spawn_bfs().join();
+    println!(
+        "model {name}: proved in {:.1?}, {} unique states ({} generated), depth {}",
+        start.elapsed(),
+        checker.unique_state_count(),
+        checker.state_count(),
+        checker.max_depth(),
+    );
+    checker.assert_properties();
+}
+
+/// Explores `model` until `property` fails, and shows the counterexample.
+pub fn refute_model<M>(name: &str, model: M, property: &'static str)
+where
+    M: Model + Send + Sync + 'static,
+    M::State: std::fmt::Debug + std::hash::Hash + Clone + Send + Sync + 'static,
+    M::Action: std::fmt::Debug + Clone + Send + Sync + 'static,
+{
+    let start = Instant::now();
+    let checker = model
+        .checker()
+        .threads(2)
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
+        .spawn_bfs()
+        .join();
+    let Some(path) = checker.discovery(property) else {
+        panic!(
+            "control {name}: no counterexample of `{property}` in {} states",
+            checker.unique_state_count()
+        );
+    };
+    println!(
+        "control {name}: `{property}` fails after {} steps, found in {:.1?}, {} unique states explored",
+        path.clone().into_actions().len(),
+        start.elapsed(),
+        checker.unique_state_count(),
+    );
+    for (i, action) in path.clone().into_actions().iter().enumerate() {
+        println!("  {:2}. {action:?}", i + 1);
+    }
+    println!("  last state: {:?}", path.last_state());
+}

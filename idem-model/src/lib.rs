@@ -14,8 +14,11 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod consumer;
+pub mod galera;
 mod model;
 pub mod properties;
+pub mod record;
 pub mod state;
 pub mod trace;
 

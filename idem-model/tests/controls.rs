@@ -1,9 +1,8 @@
 //! The controls: each mutation of the protocol yields a counterexample.
 
 use idem_model::properties::{
-    AT_MOST_ONCE, ATTEMPTS_WITHIN_MAX, EVENTUALLY_ENDS, MARKER_AFTER_COMMIT,
-    NEVER_DEAD_AFTER_PUBLISH, NEVER_FAILED_WITH_EFFECT, NEVER_FAILING_NOT_DEAD, ONE_RUN_AT_A_TIME,
-    PUBLISHED_FOR_SUCCESS,
+    ALL_SETTLED, AT_MOST_ONCE, ATTEMPTS_WITHIN_MAX, MARKER_AFTER_COMMIT, NEVER_DEAD_AFTER_PUBLISH,
+    NEVER_FAILED_WITH_EFFECT, NEVER_FAILING_NOT_DEAD, ONE_RUN_AT_A_TIME, PUBLISHED_FOR_SUCCESS,
 };
 use idem_model::{Config, Mutation, check};
 
@@ -90,13 +89,17 @@ fn failure_bookkeeping_on_the_pool_after_the_rollback() {
     );
 }
 
-/// A crashed holder's message, never claimed again, never ends.
+/// A crashed holder's message, never claimed again, never ends. (The
+/// liveness is proved as `EVENTUALLY_ENDS`; refuted here in its
+/// quiescent form, `ALL_SETTLED`, the same on this acyclic model, whose
+/// counterexample stateright reports exactly: its `eventually`
+/// discoveries may carry a path through a DAG join.)
 #[test]
 fn claim_skips_expired_leases() {
     check::refute(
         "claim skips every leased row",
         Config::per_message(2, 2, 1).with(Mutation::ClaimIgnoresExpiry),
-        EVENTUALLY_ENDS,
+        ALL_SETTLED,
     );
 }
 
