@@ -17,12 +17,13 @@
 //! owner, `relay#seq`), `at`, `seq` (its order in this process), `pid`,
 //! and the kind's own fields (the JSON shapes are `idem_model::trace`'s).
 //!
-//! `at` (nanoseconds of the system clock) is taken **before** the
-//! statement the event reports, where the order between two claims of one
-//! message matters (a claim, a commit, the failure bookkeeping, a success
-//! mark, a batch's end): a claim can take a message only once the previous
-//! holder's last statement has committed, so that statement started
-//! first. Sorting a trace by `at` (then `seq`) gives the order the database
+//! `at` (nanoseconds of the system clock) orders the events of two claims
+//! of one message: a claim can take a message only once its previous
+//! holder's last write has committed. So the writes that end an attempt (a
+//! commit, the failure bookkeeping, a success mark, a batch's end) take
+//! their `at` **before** their statement, and a claim takes its own
+//! **after** (on SQLite a claim waits for the write lock inside its
+//! statement); every other event, in between, at its emission. Sorting a trace by `at` (then `seq`) gives the order the database
 //! saw, across the tasks of one process and across processes, where the
 //! order of emission may not (a task may be descheduled between its
 //! statement and its event).
@@ -48,9 +49,12 @@ pub fn stop() {
     ON.store(false, Ordering::SeqCst);
 }
 
-/// Whether events are recorded.
+/// Whether events are recorded: after [`start`], or in a process started
+/// with `IDEM_TRACE_FILE` set (a relay process a test kills).
 pub fn is_on() -> bool {
+    static FROM_ENV: OnceLock<bool> = OnceLock::new();
     ON.load(Ordering::Relaxed)
+        || *FROM_ENV.get_or_init(|| std::env::var_os("IDEM_TRACE_FILE").is_some())
 }
 
 /// Takes the recorded events of `topic` (in the order recorded), leaving

@@ -85,6 +85,16 @@ impl<DB: Backend> Relay<DB> {
         result: Verdict,
         span: &tracing::Span,
     ) {
+        if !marked {
+            // The relay's own path (the handler did not take its source, as
+            // a publisher's): its run and its answer, for the trace.
+            trace_event!(of_lease("effect", lease, || serde_json::json!({})));
+            trace_event!(of_lease(
+                "transition",
+                lease,
+                || serde_json::json!({ "ok": result.is_ok() })
+            ));
+        }
         let settlement = self.book(lease, owner, marked, result, span).await;
         let i = &self.inner;
         tracing::debug!(parent: span, ?settlement, "outbox attempt settled");
@@ -158,7 +168,10 @@ impl<DB: Backend> Relay<DB> {
                     }
                 }
             }
-            Err(f) if f.commit_unknown && self.landed_traced(lease).await => {
+            // Only a handler that marked its message in its transaction can
+            // have landed a success: another's unknown commit is retried
+            // (its call answers Duplicate if it had committed).
+            Err(f) if f.commit_unknown && marked && self.landed_traced(lease).await => {
                 // The handler's commit, whose acknowledgement was lost,
                 // landed: the message is a success. Nothing to retry.
                 i.stats.stale.fetch_add(1, Ordering::Relaxed);

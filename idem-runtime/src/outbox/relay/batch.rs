@@ -249,19 +249,13 @@ impl<DB: Backend> Relay<DB> {
             )
             .await?;
             if written {
-                booked.push((*lease, book, dead, f.retryable));
+                booked.push((book, dead));
             }
         }
         commit(tx).await?;
-        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-        for (lease, book, dead, retryable) in booked {
+        // In the trace, the batch's end (`batch_commit`) carries them.
+        for (book, dead) in booked {
             book.wrote(dead);
-            trace_event!(of_lease("settle", lease, || serde_json::json!({
-                "dead": dead,
-                "retryable": retryable,
-                "applied": true,
-                "in_tx": true,
-            })));
         }
         Ok(())
     }

@@ -858,12 +858,16 @@ impl<DB: Backend> Relay<DB> {
                 }));
             }
             let offset = i.spread_offset(limit);
-            let at = trace_now!();
             let mut claimed = self.claim_at(&owner, limit, offset).await;
             if offset > 0 && matches!(&claimed, Ok(c) if c.rows.is_empty()) {
                 // The due set ends before the offset: from the oldest.
                 claimed = self.claim_at(&owner, limit, 0).await;
             }
+            // A claim's `at` is taken after it: a claim can take a message
+            // only once its previous holder's last write has committed
+            // (whose `at` is taken before it), and on SQLite the claim
+            // waits for the write lock inside its statement.
+            let at = trace_now!();
             match claimed {
                 Ok(claimed) => {
                     trace_claim(&claimed.rows, &owner, "ok", None, at);
