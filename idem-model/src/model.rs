@@ -81,7 +81,7 @@ const COMMIT_OUTCOMES: [Outcome; 4] = [
 
 impl Config {
     /// The outcomes the relay's next statement may have.
-    fn outcomes(&self, s: &State, x: usize) -> Vec<Outcome> {
+    pub(crate) fn outcomes(&self, s: &State, x: usize) -> Vec<Outcome> {
         let mut out = match &s.relays[x].round {
             Round::Idle => return Vec::new(),
             Round::Recover(_) => vec![Outcome::Ok, Outcome::ReadFailed],

@@ -112,8 +112,10 @@
 //!   as not applied (a set of candidate states, narrowed by the read-backs
 //!   that follow); a failed read and a refused fence look alike;
 //! - crashes: a claim whose events stop before its delivery ends is taken
-//!   to have crashed after its last event (its transaction aborted: a
-//!   killed process, a dropped future, the end of the test);
+//!   to have crashed after its last event, its transaction aborted (a
+//!   killed process, a dropped future, the end of the test); with
+//!   [`TraceConfig::killed`], also after one more statement that it never
+//!   reported, with any outcome, and a claim may be missing altogether;
 //! - the route: a delivery whose first event after its claim is an
 //!   `effect` or a `transition` (no `fenced_update`) runs on the relay's
 //!   own path (a publisher route, or a handler failing before its call);
@@ -406,6 +408,12 @@ pub struct TraceConfig {
     /// The trace ran to the end: every message it names ends `success` or
     /// `failed`.
     pub complete: bool,
+    /// Relay processes were killed (SIGKILL) during the run: a claim that
+    /// committed just before its process died may have left no event. A
+    /// claim whose attempt is past the row's is then taken as that many
+    /// claims unseen, each by a process that died at once (their leases
+    /// ran out); without it, it is a violation.
+    pub killed: bool,
 }
 
 impl TraceConfig {
@@ -416,6 +424,7 @@ impl TraceConfig {
             max_attempts,
             messages: None,
             complete: false,
+            killed: false,
         }
     }
 }
@@ -611,7 +620,7 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
             let mut reasons = BTreeSet::new();
             let mut stalled = false;
             for s in &p.states {
-                match replay(model, s, x, e, m, &mut stalled) {
+                match replay(model, s, x, e, m, config.killed, &mut stalled) {
                     Ok(states) => {
                         for s in states {
                             match broken(model, &s) {
@@ -647,9 +656,34 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
             let Some(x) = p.owners.iter().position(|o| o == owner) else {
                 continue;
             };
+            let model = match (batch_owners.contains(owner), in_tx_owners.contains(owner)) {
+                (true, true) => &batched,
+                (false, true) => &per_message,
+                (true, false) => &batched_pool,
+                (false, false) => &per_message_pool,
+            };
             let mut crashed = false;
+            let mut after = Vec::new();
             for s in &mut p.states {
                 if s.relays[x].round != Round::Idle || s.relays[x].tx.is_some() {
+                    // A killed process may have died just after its next
+                    // statement, before reporting it: that step too, with
+                    // any outcome, then the crash.
+                    if config.killed {
+                        for o in model.outcomes(s, x) {
+                            let step = crate::Action::Step {
+                                relay: x as u8,
+                                outcome: o,
+                            };
+                            if let Some(mut n) = stateright::Model::next_state(model, s, step) {
+                                n.relays[x] = Relay {
+                                    round: Round::Idle,
+                                    tx: None,
+                                };
+                                after.push(n);
+                            }
+                        }
+                    }
                     s.relays[x] = Relay {
                         round: Round::Idle,
                         tx: None,
@@ -657,6 +691,7 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
                     crashed = true;
                 }
             }
+            p.states.extend(after);
             if crashed {
                 report.steps += 1;
                 p.states.sort();
@@ -808,6 +843,7 @@ fn replay(
     x: usize,
     e: &Event,
     m: i64,
+    killed: bool,
     stalled: &mut bool,
 ) -> Result<Vec<State>, String> {
     let mut s = s.clone();
@@ -835,6 +871,18 @@ fn replay(
                     *stalled = true;
                 }
                 s.db.rows[0].lease = false;
+            }
+            let mut row = row;
+            // Claims a killed process committed but never reported: they
+            // leased the row, and their leases ran out.
+            if killed
+                && row.status == Status::Pending
+                && !s.row_locked(0)
+                && *attempt > i32::from(row.attempts.saturating_add(1))
+            {
+                row.attempts = u8::try_from(*attempt - 1).unwrap_or(u8::MAX);
+                row.lease = false;
+                s.db.rows[0] = row;
             }
             let wrote = row.attempts.saturating_add(1);
             if *attempt != 0 && *attempt != i32::from(wrote) {

@@ -341,3 +341,38 @@ fn a_batch_recording_its_failure_beside_the_success_update_conforms() {
 "#;
     check(&trace(lines), &complete(1)).expect("conforms");
 }
+
+#[test]
+fn a_killed_process_s_unreported_claim_is_allowed_only_when_processes_were_killed() {
+    // Claim 1 never reported: its process died just after committing it.
+    let lines = success(7, 2, "r2#1");
+    let killed = TraceConfig {
+        killed: true,
+        ..complete(3)
+    };
+    check(&trace(&lines), &killed).expect("a claim lost with its process");
+    let v = check(&trace(&lines), &complete(3)).expect_err("no process was killed");
+    assert!(v.reason.contains("the claim wrote attempt 2"), "{v}");
+}
+
+#[test]
+fn a_killed_process_may_have_taken_one_more_step_unreported() {
+    // The process died just after its handler's commit, before reporting
+    // it: the message is a success that no event shows.
+    let c = r#""msg":7,"attempt":1,"owner":"r1#1""#;
+    let lines = [
+        format!(r#"{{"kind":"claim",{c},"outcome":"ok"}}"#),
+        format!(r#"{{"kind":"fenced_update",{c},"held":true}}"#),
+        format!(r#"{{"kind":"guard",{c},"done":false}}"#),
+        format!(r#"{{"kind":"effect",{c}}}"#),
+        format!(r#"{{"kind":"transition",{c},"ok":true}}"#),
+    ]
+    .join("\n");
+    let killed = TraceConfig {
+        killed: true,
+        ..complete(3)
+    };
+    check(&trace(&lines), &killed).expect("the unreported commit settled it");
+    let v = check(&trace(&lines), &complete(3)).expect_err("without a kill, nothing settled it");
+    assert!(v.reason.contains("still"), "{v}");
+}
