@@ -69,10 +69,12 @@ fn spawn_worker(
     sleep_ms: u64,
     idle_exit_ms: u64,
 ) -> Child {
-    spawn_worker_batched(url, topic, owner, lease_ms, sleep_ms, idle_exit_ms, 1)
+    spawn_worker_batched(url, topic, owner, lease_ms, sleep_ms, idle_exit_ms, 1, None)
 }
 
-/// A relay worker with batched commits of `commit_batch` messages (1: off).
+/// A relay worker with batched commits of `commit_batch` messages (1: off),
+/// appending its protocol events to `trace` if given.
+#[allow(clippy::too_many_arguments)]
 fn spawn_worker_batched(
     url: &str,
     topic: &str,
@@ -81,8 +83,13 @@ fn spawn_worker_batched(
     sleep_ms: u64,
     idle_exit_ms: u64,
     commit_batch: usize,
+    trace: Option<&std::path::Path>,
 ) -> Child {
-    Command::new(WORKER)
+    let mut worker = Command::new(WORKER);
+    if let Some(path) = trace {
+        worker.env("IDEM_TRACE_FILE", path);
+    }
+    worker
         .env("RELAY_COMMIT_BATCH", commit_batch.to_string())
         .args([
             url,
@@ -246,6 +253,9 @@ async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
     let d = setup(&pool).await;
     let topic = format!("proc.kill.{}", ids(1));
     let coupons = produce(&pool, d, &topic, 150).await;
+    // Both processes' protocol events, for the conformance check; the
+    // victim's survive its SIGKILL (one write per event).
+    let trace = Trace(std::env::temp_dir().join(format!("idem-trace-{}.jsonl", ids(1))));
     let success = "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status = 'success'";
     let mut a = spawn_worker_batched(
         url,
@@ -255,6 +265,7 @@ async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
         15,
         60_000,
         commit_batch,
+        Some(&trace.0),
     );
     let start = Instant::now();
     while count(&pool, d, success, &topic).await < 20 {
@@ -276,6 +287,7 @@ async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
         0,
         2_000,
         commit_batch,
+        Some(&trace.0),
     );
     wait_exit(vec![b], Duration::from_secs(120)).await;
     assert_eq!(
@@ -288,6 +300,39 @@ async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
         "{d:?}: SIGKILL mid-run (commit_batch={commit_batch}): done_by_victim={done_by_a} double={double} lost={lost}"
     );
     assert_eq!((double, lost), (0, 0), "no double, no lost deduction");
+    // The model checks both processes' trace, the victim's cut short.
+    let mut events = idem_runtime::testing::trace::read_file(&trace.0, &topic).expect("trace");
+    idem_runtime::testing::trace::sort(&mut events);
+    let events: Vec<idem_model::trace::Event> = events
+        .into_iter()
+        .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
+        .collect();
+    let ids: Vec<i64> = sqlx::query_scalar(sql(d, "SELECT id FROM idem_outbox WHERE topic = ?"))
+        .bind(&topic)
+        .fetch_all(&pool)
+        .await
+        .expect("ids");
+    let config = idem_model::trace::TraceConfig {
+        max_attempts: 10,
+        messages: Some(ids),
+        complete: true,
+        killed: true,
+    };
+    match idem_model::trace::check(&events, &config) {
+        Ok(report) => {
+            eprintln!("{d:?}: SIGKILL mid-run (commit_batch={commit_batch}) conforms: {report:?}")
+        }
+        Err(v) => panic!("the model refuses the trace: {v}"),
+    }
+}
+
+/// A trace file, removed when dropped (also on a failed assertion).
+struct Trace(std::path::PathBuf);
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
