@@ -399,9 +399,8 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
         E: Into<BoxError>,
     {
         let (mut call, guard) = self.take_guard();
-        if body.is_ok() {
-            call.state.trace("effect", || serde_json::json!({}));
-        }
+        // The body ran (its write, whether it then failed or not).
+        call.state.trace("effect", || serde_json::json!({}));
         match spec
             .settle(&mut call, guard, body.map_err(Into::into))
             .await
