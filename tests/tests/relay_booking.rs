@@ -34,6 +34,9 @@ impl Drop for Hooks {
     fn drop(&mut self) {
         idem_runtime::testing::set_settle_delay(Duration::ZERO);
         idem_runtime::testing::set_broken_failure_booking(false);
+        idem_runtime::testing::set_lost_ack_rate(0.0);
+        idem_runtime::testing::set_lost_ack_kinds(&idem_runtime::testing::Kind::ALL);
+        idem_runtime::testing::set_unreadable_read_backs(false);
     }
 }
 
@@ -46,13 +49,13 @@ macro_rules! booking_tests {
             /// A handler whose body outlasts the lease, then fails (a retry
             /// could heal it).
             #[idempotent(
-                        key = "booking:{msg.coupon_id}:{msg.order_id}",
-                        strategy = state_machine,
-                        table = "idem_r_coupon",
-                        id = msg.coupon_id,
-                        from = CouponState::Unused,
-                        to = CouponState::Used,
-                    )]
+                                        key = "booking:{msg.coupon_id}:{msg.order_id}",
+                                        strategy = state_machine,
+                                        table = "idem_r_coupon",
+                                        id = msg.coupon_id,
+                                        from = CouponState::Unused,
+                                        to = CouponState::Used,
+                                    )]
             async fn slow_failure(
                 tx: &mut Transaction<'_, Db>,
                 msg: &Deduct,
@@ -195,3 +198,53 @@ macro_rules! booking_tests {
 }
 
 for_each_backend!(booking_tests);
+
+macro_rules! unknown_commit_tests {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
+        mod $module {
+            #![allow(dead_code)]
+            relay_fixtures!($module, $db, $dialect, $pool);
+
+            /// The model's finding 3: the handler's commit (its effect and
+            /// the message's success mark) lands, its acknowledgement is
+            /// lost, and the relay's read-back fails too. On the last
+            /// attempt, the failure bookkeeping must not write over that
+            /// success (it cannot tell that the commit did not land): the
+            /// message stays `success`, deducted once. It used to be
+            /// dead-lettered, its effect done.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_unknown_commit_whose_read_back_fails_is_never_reverted() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("unknown");
+                let coupon = produce(&pool, &topic, 1).await;
+                idem_runtime::testing::set_lost_ack_kinds(&[idem_runtime::testing::Kind::Call]);
+                idem_runtime::testing::set_lost_ack_rate(1.0);
+                idem_runtime::testing::set_unreadable_read_backs(true);
+                let relay = Relay::new(pool.clone())
+                    .max_attempts(1)
+                    .route(topic.clone(), |d, m: Deduct| async move {
+                        deduct(d.source(), &m).await
+                    });
+                run_once_retrying(&relay, true).await;
+                idem_runtime::testing::set_lost_ack_rate(0.0);
+                let (status, error): (String, Option<String>) = sqlx::query_as(sql(
+                    D,
+                    "SELECT status, last_error FROM idem_outbox WHERE topic = ?",
+                ))
+                .bind(&topic)
+                .fetch_one(&pool)
+                .await
+                .expect("row");
+                assert_eq!(deductions(&pool, coupon).await, 1, "the effect committed");
+                assert_eq!(status, "success", "never dead-lettered: {error:?}");
+            }
+        }
+    };
+}
+
+mod unknown_commit {
+    use super::*;
+    for_each_backend!(unknown_commit_tests);
+}

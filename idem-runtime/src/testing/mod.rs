@@ -66,6 +66,29 @@ pub fn set_lost_ack_rate(rate: f64) {
     RATE_PPM.store(ppm, Ordering::SeqCst);
 }
 
+/// Loses acknowledgements (at [`set_lost_ack_rate`]'s rate) on the
+/// commits of `kinds` only; every kind again with `Kind::ALL`.
+pub fn set_lost_ack_kinds(kinds: &[Kind]) {
+    let on: u64 = kinds.iter().map(|k| 1u64 << k.index()).sum();
+    KINDS_OFF.store(!on, Ordering::SeqCst);
+}
+
+static KINDS_OFF: AtomicU64 = AtomicU64::new(0);
+
+/// While on, the relay's read-back of a handler commit whose outcome is
+/// unknown fails, as every try of it would against a database that is
+/// failing over: the relay cannot tell whether the commit landed.
+pub fn set_unreadable_read_backs(on: bool) {
+    UNREADABLE.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`set_unreadable_read_backs`] is on.
+pub(crate) fn unreadable_read_backs() -> bool {
+    UNREADABLE.load(Ordering::Relaxed)
+}
+
+static UNREADABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// How many acknowledgements were lost so far, of every kind.
 pub fn lost_acks() -> u64 {
     Kind::ALL.iter().map(|k| lost_acks_on(*k)).sum()
@@ -86,7 +109,7 @@ pub(crate) fn lose_ack() -> bool {
 /// unknown.
 pub(crate) fn lose_ack_on(kind: Kind) -> bool {
     let ppm = RATE_PPM.load(Ordering::Relaxed);
-    if ppm == 0 {
+    if ppm == 0 || KINDS_OFF.load(Ordering::Relaxed) & (1 << kind.index()) != 0 {
         return false;
     }
     // A deterministic, evenly spread sequence: the fractional parts of

@@ -196,7 +196,9 @@ impl<DB: Backend> Relay<DB> {
                 }
             }
             Err(Failure {
-                retryable, reason, ..
+                retryable,
+                reason,
+                commit_unknown,
             }) => {
                 let dead = !retryable || attempts >= i.max_attempts;
                 let reason = if dead && retryable {
@@ -220,7 +222,17 @@ impl<DB: Backend> Relay<DB> {
                 let at = trace_now!();
                 let mut settled = Ok(false);
                 let mut over_success = false;
-                for over in [false, true] {
+                // Never over a success when the handler's commit outcome is
+                // unknown (its read-back failed): that success may be the
+                // commit's own, and writing over it would dead-letter, on the
+                // last attempt, a message whose effect is done (the model's
+                // finding 3). The message is then left as it is: `success`,
+                // or pending under this lease until it runs out.
+                let overs: &[bool] = match commit_unknown && marked {
+                    true => &[false],
+                    false => &[false, true],
+                };
+                for &over in overs {
                     over_success = over;
                     settled = self
                         .fenced(
@@ -303,6 +315,10 @@ impl<DB: Backend> Relay<DB> {
     /// Whether message `id` is a `success` (read on a fresh connection,
     /// with the bookkeeping's retries).
     async fn landed(&self, id: i64) -> bool {
+        #[cfg(feature = "testing")]
+        if crate::testing::unreadable_read_backs() {
+            return false;
+        }
         let read = self.fenced(
             id,
             || async {
