@@ -52,8 +52,7 @@ pub enum Mutation {
     MarkLostAckAsFailure,
     /// A publisher route marked `success` before its handler publishes.
     MarkBeforePublish,
-    /// The relay as implemented when this model was written (finding 3,
-    /// `tests/findings.rs`): a commit whose acknowledgement was lost and
+    /// The relay before finding 3's fix (`tests/findings.rs`): a commit whose acknowledgement was lost and
     /// whose read-back failed is settled as a failure, and that
     /// bookkeeping, finding the row no longer pending, writes over the
     /// `success` of the same attempt (`outbox_revert`, meant for a

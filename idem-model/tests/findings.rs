@@ -22,13 +22,16 @@
 //!   let another relay claim and run the message, and then this relay ran
 //!   it too. It now renews each lease first and leaves a message no longer
 //!   held to its holder.
-//! - Finding 3 (open, `Mutation::RevertUnknownCommit`). A handler's commit
+//! - Finding 3 (fixed; the relay as it was is `Mutation::RevertUnknownCommit`,
+//!   and `tests/tests/relay_booking.rs` shows the fix on the three backends). A handler's commit
 //!   whose acknowledgement was lost, and whose read-back failed too, is
 //!   settled as a failure; the bookkeeping, finding the row no longer
 //!   pending, writes over the `success` of the same attempt
 //!   (`outbox_revert`, meant for a handler failing after its call marked
 //!   the message): on the last attempt the message is dead-lettered with
 //!   its effect committed; earlier, it is retried (a duplicate, harmless).
+//!   The relay now never writes over a success when the handler's commit
+//!   outcome stayed unknown.
 
 use idem_model::properties::{
     ATTEMPTS_WITHIN_MAX, NEVER_FAILED_WITH_EFFECT, ONE_RUN_AT_A_TIME, TIMING_FREE,
