@@ -107,11 +107,19 @@ pub(crate) struct Marker {
 }
 
 impl Marker {
-    /// The TTL of this marker written now under a cache TTL of `ttl`:
-    /// `None` when its record has expired (no marker at all).
-    fn ttl(&self, ttl: Duration) -> Option<Duration> {
+    /// The TTL of this marker written now under a cache TTL of `ttl`, by a
+    /// write that Redis applies within `flight` (the cache's timeout: a
+    /// write answered in time was applied in time): what is left of the
+    /// record, less `flight`, so that the marker never outlives the record
+    /// by the write's own time on the way (the model's finding 4). `None`
+    /// when the record has expired, or expires within `flight` (no marker
+    /// at all).
+    fn ttl(&self, ttl: Duration, flight: Duration) -> Option<Duration> {
         let ttl = match self.not_after {
-            Some(end) => ttl.min(end.saturating_duration_since(Instant::now())),
+            Some(end) => ttl.min(
+                end.saturating_duration_since(Instant::now())
+                    .saturating_sub(flight),
+            ),
             None => ttl,
         };
         // PSETEX counts whole milliseconds, and refuses 0.
@@ -396,7 +404,7 @@ impl RedisCache {
     /// its record expires, whichever comes first; none for a record
     /// already expired.
     pub(crate) async fn put(&self, scope: &str, key: &str, marker: &Marker) {
-        let Some(ttl) = marker.ttl(self.inner.ttl) else {
+        let Some(ttl) = marker.ttl(self.inner.ttl, self.inner.timeout) else {
             tracing::debug!("the record has expired; no cache marker");
             return;
         };
@@ -440,16 +448,31 @@ mod tests {
     #[test]
     fn a_marker_lives_the_least_of_the_cache_ttl_and_its_record() {
         let hour = Duration::from_secs(3600);
-        assert_eq!(marker(None).ttl(hour), Some(hour));
+        let zero = Duration::ZERO;
+        assert_eq!(marker(None).ttl(hour, zero), Some(hour));
         let soon = marker(Some(Instant::now() + Duration::from_secs(2)));
-        let ttl = soon.ttl(hour).expect("a live record");
+        let ttl = soon.ttl(hour, zero).expect("a live record");
         assert!(ttl <= Duration::from_secs(2) && ttl > Duration::from_secs(1));
         let later = marker(Some(Instant::now() + 2 * hour));
-        assert_eq!(later.ttl(hour), Some(hour));
+        assert_eq!(later.ttl(hour, zero), Some(hour));
         // An expired record, or one expiring within the millisecond: none.
-        assert_eq!(marker(Some(Instant::now())).ttl(hour), None);
+        assert_eq!(marker(Some(Instant::now())).ttl(hour, zero), None);
         if let Some(past) = Instant::now().checked_sub(Duration::from_secs(1)) {
-            assert_eq!(marker(Some(past)).ttl(hour), None);
+            assert_eq!(marker(Some(past)).ttl(hour, zero), None);
         }
+    }
+
+    #[test]
+    fn a_marker_ends_its_write_s_time_on_the_way_before_its_record() {
+        let hour = Duration::from_secs(3600);
+        let flight = Duration::from_millis(500);
+        let soon = marker(Some(Instant::now() + Duration::from_secs(2)));
+        let ttl = soon.ttl(hour, flight).expect("a live record");
+        assert!(ttl <= Duration::from_millis(1500), "{ttl:?}");
+        // Expiring within the write's flight: no marker.
+        let now = marker(Some(Instant::now() + Duration::from_millis(400)));
+        assert_eq!(now.ttl(hour, flight), None);
+        // No record: the cache's TTL.
+        assert_eq!(marker(None).ttl(hour, flight), Some(hour));
     }
 }
