@@ -49,13 +49,13 @@ macro_rules! booking_tests {
             /// A handler whose body outlasts the lease, then fails (a retry
             /// could heal it).
             #[idempotent(
-                                        key = "booking:{msg.coupon_id}:{msg.order_id}",
-                                        strategy = state_machine,
-                                        table = "idem_r_coupon",
-                                        id = msg.coupon_id,
-                                        from = CouponState::Unused,
-                                        to = CouponState::Used,
-                                    )]
+                                                key = "booking:{msg.coupon_id}:{msg.order_id}",
+                                                strategy = state_machine,
+                                                table = "idem_r_coupon",
+                                                id = msg.coupon_id,
+                                                from = CouponState::Unused,
+                                                to = CouponState::Used,
+                                            )]
             async fn slow_failure(
                 tx: &mut Transaction<'_, Db>,
                 msg: &Deduct,
@@ -239,6 +239,41 @@ macro_rules! unknown_commit_tests {
                 .expect("row");
                 assert_eq!(deductions(&pool, coupon).await, 1, "the effect committed");
                 assert_eq!(status, "success", "never dead-lettered: {error:?}");
+            }
+
+            /// Issue 23, point 4: a route whose handler does not take its
+            /// source (a publisher's) has its message marked by the relay;
+            /// every acknowledgement of that mark lost, on the last
+            /// attempt: the mark is read back, never taken for a failure.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lost_relay_mark_acknowledgement_is_read_back_never_dead_lettered() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("lostmark");
+                let coupon = produce(&pool, &topic, 1).await;
+                idem_runtime::testing::set_lost_ack_kinds(&[idem_runtime::testing::Kind::Success]);
+                idem_runtime::testing::set_lost_ack_rate(1.0);
+                let db = pool.clone();
+                let relay = Relay::new(pool.clone()).max_attempts(1).route(
+                    topic.clone(),
+                    move |_d, m: Deduct| {
+                        let db = db.clone();
+                        async move { deduct(&db, &m).await }
+                    },
+                );
+                run_once_retrying(&relay, true).await;
+                idem_runtime::testing::set_lost_ack_rate(0.0);
+                let lost =
+                    idem_runtime::testing::lost_acks_on(idem_runtime::testing::Kind::Success);
+                assert!(lost >= 1, "the mark's acknowledgement was lost");
+                assert_eq!(deductions(&pool, coupon).await, 1);
+                assert_eq!(
+                    by_status(&pool, &topic, "success").await,
+                    1,
+                    "read back as a success"
+                );
+                assert_eq!(relay.stats().dead_lettered.load(Ordering::Relaxed), 0);
             }
         }
     };
