@@ -255,13 +255,14 @@ macro_rules! unknown_commit_tests {
                 idem_runtime::testing::set_lost_ack_kinds(&[idem_runtime::testing::Kind::Success]);
                 idem_runtime::testing::set_lost_ack_rate(1.0);
                 let db = pool.clone();
-                let relay = Relay::new(pool.clone()).max_attempts(1).route(
-                    topic.clone(),
-                    move |_d, m: Deduct| {
+                // A short lease: the mark's tries go on for half of it.
+                let relay = Relay::new(pool.clone())
+                    .max_attempts(1)
+                    .lease(Duration::from_secs(2))
+                    .route(topic.clone(), move |_d, m: Deduct| {
                         let db = db.clone();
                         async move { deduct(&db, &m).await }
-                    },
-                );
+                    });
                 run_once_retrying(&relay, true).await;
                 idem_runtime::testing::set_lost_ack_rate(0.0);
                 let lost =
