@@ -25,6 +25,7 @@
 //! {"kind":"fenced_update","msg":7,"attempt":2,"owner":"r1#5","held":true}
 //! {"kind":"guard","msg":7,"attempt":2,"owner":"r1#5","done":false}
 //! {"kind":"effect","msg":7,"attempt":2,"owner":"r1#5"}
+//! {"kind":"aborted","msg":7,"attempt":2,"owner":"r1#5"}
 //! {"kind":"transition","msg":7,"attempt":2,"owner":"r1#5","ok":true}
 //! {"kind":"commit","msg":7,"attempt":2,"owner":"r1#5","outcome":"ok","dup":false}
 //! {"kind":"marker","msg":7,"attempt":2,"owner":"r1#5"}
@@ -58,6 +59,10 @@
 //! - `effect`: the handler body's write, in the call's transaction; for a
 //!   route whose handler does not take its delivery's source (a
 //!   publisher), its publish (see below).
+//! - `aborted`: the handler's call whose transaction aborted before its
+//!   end (a statement of it failed: `BEGIN`, the fenced update, the state
+//!   check; a lost connection, a Galera certification failure); replayed
+//!   as the body failing, its transaction rolled back.
 //! - `transition`: the guarded transition (`ok: true`), or the body's
 //!   failure (`ok: false`, the transaction rolled back); for a publisher
 //!   route, the handler's answer.
@@ -244,6 +249,19 @@ pub enum Event {
         /// The action is already done (a duplicate).
         done: bool,
     },
+    /// A handler's call whose transaction aborted before its end (a
+    /// statement failed: its `BEGIN`, its fenced update, its state check;
+    /// a lost connection): nothing it wrote commits. Replayed as its body
+    /// failing: the steps before the transition, then the transition
+    /// failing (its rollback).
+    Aborted {
+        /// The outbox row's id.
+        msg: i64,
+        /// The claim's attempt.
+        attempt: i32,
+        /// The claim's lease owner.
+        owner: String,
+    },
     /// The handler's effect (its write, or a publisher's publish).
     Effect {
         /// The outbox row's id.
@@ -356,6 +374,7 @@ impl Event {
             | Event::FencedUpdate { owner, .. }
             | Event::Guard { owner, .. }
             | Event::Effect { owner, .. }
+            | Event::Aborted { owner, .. }
             | Event::Transition { owner, .. }
             | Event::Commit { owner, .. }
             | Event::Landed { owner, .. }
@@ -377,6 +396,7 @@ impl Event {
             | Event::FencedUpdate { msg, attempt, .. }
             | Event::Guard { msg, attempt, .. }
             | Event::Effect { msg, attempt, .. }
+            | Event::Aborted { msg, attempt, .. }
             | Event::Transition { msg, attempt, .. }
             | Event::Commit { msg, attempt, .. }
             | Event::Landed { msg, attempt, .. }
@@ -945,6 +965,11 @@ fn replay(
                 return Ok(vec![n]);
             }
             if token(&s, x).is_none() {
+                // A heartbeat that was in flight when its delivery ended:
+                // fenced by the lease, it renews nothing; harmless.
+                if !*renewed {
+                    return Ok(vec![s]);
+                }
                 return Err(format!("a renewal, but {}", doing(&s, x)));
             }
             if *renewed {
@@ -995,6 +1020,42 @@ fn replay(
                 ));
             }
             Ok(vec![n])
+        }
+        Event::Aborted { .. } => {
+            let mut n = s;
+            for _ in 0..8 {
+                let at_transition = match &n.relays[x].round {
+                    Round::Work { current, .. } => match current.step {
+                        Step::Transition => true,
+                        Step::Begin { .. } | Step::Guard | Step::Effect => false,
+                        other => {
+                            return Err(format!(
+                                "an aborted call, but the delivery is at {other:?}"
+                            ));
+                        }
+                    },
+                    Round::Batch(b) => match b.step {
+                        BatchStep::Transition => true,
+                        BatchStep::Guard | BatchStep::Effect => false,
+                        other => {
+                            return Err(format!("an aborted call, but the batch is at {other:?}"));
+                        }
+                    },
+                    _ => return Err(format!("an aborted call, but {}", doing(&n, x))),
+                };
+                if at_transition {
+                    return Ok(vec![take(model, &n, x, Outcome::Fail)?]);
+                }
+                let before = token(&n, x);
+                n = take(model, &n, x, Outcome::Ok)?;
+                // The fence refused it: the delivery ended with nothing run.
+                if token(&n, x) != before
+                    || step(&n, x).is_none() && !matches!(n.relays[x].round, Round::Batch(_))
+                {
+                    return Ok(vec![n]);
+                }
+            }
+            Err("an aborted call the model cannot place".into())
         }
         Event::Effect { .. } => {
             match step(&s, x) {
@@ -1214,6 +1275,23 @@ fn replay(
             Ok(vec![n])
         }
         Event::BatchCommit { outcome, .. } => {
+            let mut s = s;
+            // A batch whose transaction was lost part-way (a statement of
+            // a handler failed with the connection) ends refused before
+            // its other handlers run: to the protocol, they ran and the
+            // commit was refused (nothing of it commits either way).
+            if *outcome == BatchOutcome::Failed {
+                for _ in 0..16 {
+                    match &s.relays[x].round {
+                        Round::Batch(b)
+                            if b.step != BatchStep::End && b.step != BatchStep::Open =>
+                        {
+                            s = take(model, &s, x, Outcome::Ok)?;
+                        }
+                        _ => break,
+                    }
+                }
+            }
             if !matches!(&s.relays[x].round, Round::Batch(b) if b.step == BatchStep::End) {
                 return Err(format!("a batch's commit, but {}", doing(&s, x)));
             }

@@ -203,8 +203,9 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 call.duplicate(stored, marker).await.map(Open::Done)
             }
             Err(e) => {
-                call.state
-                    .trace("transition", || serde_json::json!({ "ok": false }));
+                // The state check failed (a statement error, a lost
+                // connection): the call's transaction aborts.
+                call.state.trace("aborted", || serde_json::json!({}));
                 Err(call.abort(e).await)
             }
         }
@@ -228,7 +229,10 @@ impl<'c, DB: Backend> Call<'c, DB> {
         let tx = match source.conn {
             Conn::Pool(pool) => match DB::begin(pool).await {
                 Ok(tx) => CallTx::Own(tx),
-                Err(e) => return Err(fail(&span, Error::database(e))),
+                Err(e) => {
+                    trace_aborted(source.outbox.as_ref());
+                    return Err(fail(&span, Error::database(e)));
+                }
             },
             // A savepoint in the caller's transaction. Dropped unfinished
             // (a cancelled call), it rolls back to the savepoint before the
@@ -236,7 +240,10 @@ impl<'c, DB: Backend> Call<'c, DB> {
             // keeps half a call.
             Conn::Caller(caller) => match caller.lend().await {
                 Ok(lent) => CallTx::Caller(lent),
-                Err(e) => return Err(fail(&span, e)),
+                Err(e) => {
+                    trace_aborted(source.outbox.as_ref());
+                    return Err(fail(&span, e));
+                }
             },
             // The same, in a relay batch's shared transaction, locked for
             // the call.
@@ -262,7 +269,10 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 let home = caller::Home::Shared(locked);
                 match caller::Lent::open(home).await {
                     Ok(lent) => CallTx::Caller(lent),
-                    Err(e) => return Err(fail(&span, e)),
+                    Err(e) => {
+                        trace_aborted(source.outbox.as_ref());
+                        return Err(fail(&span, e));
+                    }
                 }
             }
         };
@@ -313,9 +323,14 @@ impl<'c, DB: Backend> Call<'c, DB> {
     /// The fenced outbox update: exactly one row, or the call fails.
     async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
         let marked = DB::outbox_success(self.state.tx.tx(), lease).await;
-        let held = matches!(marked, Ok(1));
-        self.state
-            .trace("fenced_update", || serde_json::json!({ "held": held }));
+        match &marked {
+            Ok(n) => {
+                let held = *n == 1;
+                self.state
+                    .trace("fenced_update", || serde_json::json!({ "held": held }));
+            }
+            Err(_) => self.state.trace("aborted", || serde_json::json!({})),
+        }
         match marked {
             Ok(1) => return Ok(()),
             Ok(_) => {}
@@ -365,6 +380,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
             return Ok(());
         }
         if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
+            self.state.trace("aborted", || serde_json::json!({}));
             return Err(self.fail(Error::database(e)));
         }
         self.state.booking = true;
@@ -413,8 +429,9 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             }
             Ok(Settled::Duplicate) => call.duplicate(None, None).await,
             Err(e) => {
-                call.state
-                    .trace("transition", || serde_json::json!({ "ok": false }));
+                // The state check failed (a statement error, a lost
+                // connection): the call's transaction aborts.
+                call.state.trace("aborted", || serde_json::json!({}));
                 Err(call.abort(e).await)
             }
         }
@@ -563,6 +580,16 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
 
     fn fail(&self, err: Error) -> Error {
         fail(&self.state.span, err)
+    }
+}
+
+/// Records, for the conformance trace, that the call driven by `lease`
+/// aborted before its transaction did anything (feature `testing`).
+#[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+fn trace_aborted(lease: Option<&OutboxLease>) {
+    #[cfg(feature = "testing")]
+    if let Some(lease) = lease {
+        crate::testing::trace::of_lease("aborted", lease, || serde_json::json!({}));
     }
 }
 

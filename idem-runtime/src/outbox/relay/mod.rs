@@ -1047,7 +1047,10 @@ fn trace_claim(
         } else {
             "claim"
         };
-        crate::testing::trace::emit(kind, r.id, &r.topic, r.attempts, owner, fields);
+        // A claim whose outcome is unknown: its attempt too (on Galera,
+        // another node's claim may have taken the row meanwhile).
+        let attempt = if outcome == "lost_ack" { 0 } else { r.attempts };
+        crate::testing::trace::emit(kind, r.id, &r.topic, attempt, owner, fields);
     }
 }
 
