@@ -376,3 +376,30 @@ fn a_killed_process_may_have_taken_one_more_step_unreported() {
     let v = check(&trace(&lines), &complete(3)).expect_err("without a kill, nothing settled it");
     assert!(v.reason.contains("still"), "{v}");
 }
+
+#[test]
+fn an_aborted_call_then_its_retry_conforms() {
+    // The first attempt's state check fails (a lost connection): its
+    // transaction aborts, the relay books a retry; the second acts.
+    let lines = r#"
+{"kind":"claim","msg":7,"attempt":1,"owner":"r1#1","outcome":"ok"}
+{"kind":"fenced_update","msg":7,"attempt":1,"owner":"r1#1","held":true}
+{"kind":"aborted","msg":7,"attempt":1,"owner":"r1#1"}
+{"kind":"settle","msg":7,"attempt":1,"owner":"r1#1","dead":false,"retryable":true,"applied":true}
+{"kind":"claim","msg":7,"attempt":2,"owner":"r1#2","outcome":"ok"}
+{"kind":"fenced_update","msg":7,"attempt":2,"owner":"r1#2","held":true}
+{"kind":"guard","msg":7,"attempt":2,"owner":"r1#2","done":false}
+{"kind":"effect","msg":7,"attempt":2,"owner":"r1#2"}
+{"kind":"transition","msg":7,"attempt":2,"owner":"r1#2","ok":true}
+{"kind":"commit","msg":7,"attempt":2,"owner":"r1#2","outcome":"ok","dup":false}
+{"kind":"renew","msg":7,"attempt":2,"owner":"r1#2","renewed":false}
+"#;
+    // The last event: a heartbeat in flight when its delivery ended.
+    check(&trace(lines), &complete(3)).expect("conforms");
+    // A heartbeat that renewed after its delivery ended is not.
+    let late = lines.replace(
+        r#""owner":"r1#2","renewed":false"#,
+        r#""owner":"r1#2","renewed":true"#,
+    );
+    check(&trace(&late), &complete(3)).expect_err("renewed after the end");
+}
