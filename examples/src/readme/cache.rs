@@ -17,7 +17,7 @@ pub async fn deduct_cached(
     use idem_runtime::{cache::RedisCache, Source};
 
     let cache = RedisCache::new("redis://127.0.0.1:6379/")?   // or RedisCache::cluster(&[...])
-        .ttl(Duration::from_secs(24 * 3600))                  // marker lifetime
+        .ttl(Duration::from_secs(24 * 3600))                  // longest marker lifetime
         .timeout(Duration::from_millis(50));                  // bound on every Redis call
     cache.ready(Duration::from_secs(5)).await;                // optional: connect before the first calls
     let outcome = deduct_coupon_for_order(Source::from(&pool).cache(&cache), &msg).await?; // a marker: Duplicate
