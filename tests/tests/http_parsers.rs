@@ -1,0 +1,154 @@
+//! Property tests (proptest) of the HTTP layer's parsers over arbitrary
+//! input: the `Idempotency-Key` header and the callback signature and
+//! timestamp headers. None panics; the key parser accepts exactly the
+//! draft's keys (bare tokens and quoted strings of printable ASCII, at
+//! most `MAX_IDEMPOTENCY_KEY_LEN` bytes) and gives back what the client
+//! meant; the verifier accepts a signature only for the signed bytes, and
+//! refuses any change to the body, the timestamp or the signature.
+//! Each property runs `CASES` cases (the closing note gives the total).
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use idem_runtime::http::{CallbackVerifier, IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
+use proptest::prelude::*;
+
+const CASES: u32 = 2_000;
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: CASES,
+        ..ProptestConfig::default()
+    }
+}
+
+/// The key a quoted header value means, if it is one.
+fn unquoted(value: &[u8]) -> Option<Vec<u8>> {
+    let inner = value.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let mut out = Vec::new();
+    let mut bytes = inner.iter();
+    while let Some(&c) = bytes.next() {
+        match c {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return None,
+            },
+            b'"' => return None,
+            c if (0x20..=0x7e).contains(&c) => out.push(c),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+fn quote(key: &str) -> String {
+    let mut q = String::from("\"");
+    for c in key.chars() {
+        if c == '"' || c == '\\' {
+            q.push('\\');
+        }
+        q.push(c);
+    }
+    q.push('"');
+    q
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any bytes: an answer, never a panic; what is accepted is
+    /// printable ASCII within the bound.
+    #[test]
+    fn the_key_parser_takes_any_bytes(value in proptest::collection::vec(any::<u8>(), 0..300)) {
+        if let Ok(key) = IdempotencyKey::parse(&value) {
+            let k = key.as_str();
+            prop_assert!(!k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN);
+            prop_assert!(k.bytes().all(|c| (0x20..=0x7e).contains(&c)));
+        }
+    }
+
+    /// A quoted key of printable ASCII parses back to itself; a bare
+    /// token too.
+    #[test]
+    fn keys_round_trip(key in "[ -~]{1,128}") {
+        let quoted = quote(&key);
+        let parsed = IdempotencyKey::parse(quoted.as_bytes()).expect("a quoted printable key");
+        prop_assert_eq!(parsed.as_str(), key.as_str());
+        // Bare: the header's surrounding white space is not the key's.
+        let bare = key.trim_matches([' ', '\t']);
+        let bare_ok = !bare.is_empty()
+            && bare.bytes().all(|c| (0x21..=0x7e).contains(&c) && !b"\"\\,;".contains(&c));
+        match IdempotencyKey::parse(key.as_bytes()) {
+            Ok(k) => {
+                prop_assert!(bare_ok, "accepted a bare key with a separator: {key:?}");
+                prop_assert_eq!(k.as_str(), bare);
+            }
+            Err(_) => prop_assert!(!bare_ok, "refused a bare token: {key:?}"),
+        }
+    }
+
+    /// A quoted value's meaning agrees with an independent reading of the
+    /// draft's grammar.
+    #[test]
+    fn quoted_values_mean_what_the_grammar_says(inner in proptest::collection::vec(any::<u8>(), 0..80)) {
+        let mut value = vec![b'"'];
+        value.extend(&inner);
+        value.push(b'"');
+        let expected = unquoted(&value).filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN);
+        match IdempotencyKey::parse(&value) {
+            Ok(k) => prop_assert_eq!(Some(k.as_str().as_bytes().to_vec()), expected),
+            Err(_) => prop_assert!(expected.is_none(), "refused {value:?}"),
+        }
+    }
+
+    /// Any signature and timestamp header values: refused without a panic,
+    /// unless they are the real ones.
+    #[test]
+    fn the_verifier_takes_any_headers(
+        sig in proptest::collection::vec(any::<u8>(), 0..100),
+        ts in proptest::collection::vec(any::<u8>(), 0..30),
+        body in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        let v = CallbackVerifier::new(b"prop-secret".to_vec());
+        let mut headers = HeaderMap::new();
+        let names: Vec<HeaderName> = v.signed_headers(&body).into_iter().map(|(n, _)| n).collect();
+        if let (Ok(s), Ok(t)) = (HeaderValue::from_bytes(&sig), HeaderValue::from_bytes(&ts)) {
+            headers.insert(names[0].clone(), s);
+            if let Some(name) = names.get(1) {
+                headers.insert(name.clone(), t);
+            }
+            let _ = v.verify_at(&headers, &body, 1_700_000_000);
+        }
+    }
+
+    /// The real signature verifies; any change to the body, the timestamp
+    /// or a signature byte is refused.
+    #[test]
+    fn only_the_signed_bytes_verify(
+        body in proptest::collection::vec(any::<u8>(), 0..200),
+        flip in any::<usize>(),
+        ts in 1_600_000_000i64..1_800_000_000,
+    ) {
+        let v = CallbackVerifier::new(b"prop-secret".to_vec());
+        let names: Vec<HeaderName> = v.signed_headers(&body).into_iter().map(|(n, _)| n).collect();
+        let headers = |sig: &str, ts: i64| {
+            let mut h = HeaderMap::new();
+            h.insert(names[0].clone(), HeaderValue::from_str(sig).unwrap());
+            if let Some(name) = names.get(1) {
+                h.insert(name.clone(), HeaderValue::from_str(&ts.to_string()).unwrap());
+            }
+            h
+        };
+        let sig = v.sign(ts, &body);
+        prop_assert!(v.verify_at(&headers(&sig, ts), &body, ts).is_ok());
+        if !body.is_empty() {
+            let mut changed = body.clone();
+            changed[flip % body.len()] ^= 0x01;
+            prop_assert!(v.verify_at(&headers(&sig, ts), &changed, ts).is_err());
+        }
+        prop_assert!(v.verify_at(&headers(&sig, ts + 1), &body, ts + 1).is_err());
+        let mut bad: Vec<char> = sig.chars().collect();
+        let at = flip % bad.len();
+        bad[at] = if bad[at] == '0' { '1' } else { '0' };
+        let bad: String = bad.into_iter().collect();
+        prop_assert!(v.verify_at(&headers(&bad, ts), &body, ts).is_err());
+    }
+}
