@@ -102,6 +102,13 @@ pub(crate) struct ServeArgs {
     /// that path unchanged. Default: the root.
     #[arg(long, default_value = "/")]
     pub(crate) path_prefix: String,
+    /// Also answer to this host name (repeatable): a name at any port, or name:port at that
+    /// port only. By default the console answers to IP addresses and localhost only, and
+    /// with 421 to any other Host, so that a page of another site cannot read it through a
+    /// name of its own pointed at it (DNS rebinding): give the names users and scrapers
+    /// reach it at.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -15,6 +15,8 @@ pub(crate) enum PageError {
     Forbidden(String),
     /// 404.
     NotFound(String),
+    /// 421: a `Host` the console does not answer to.
+    Misdirected(String),
     /// 500: the database failed (the message says how).
     Database(String),
 }
@@ -57,6 +59,7 @@ impl IntoResponse for PageError {
             PageError::BadRequest(m) => (StatusCode::BAD_REQUEST, "Bad request", m),
             PageError::Forbidden(m) => (StatusCode::FORBIDDEN, "Refused", m),
             PageError::NotFound(m) => (StatusCode::NOT_FOUND, "Not found", m),
+            PageError::Misdirected(m) => (StatusCode::MISDIRECTED_REQUEST, "Unknown host", m),
             PageError::Database(m) => {
                 tracing::warn!(error = %m, "idem console: database error");
                 (

@@ -36,7 +36,11 @@
 //! | `/metrics` | GET | Prometheus text format: idem's counters and the outbox gauges read from the database |
 //! | `/health` | GET | 200 when the database answers, 503 when not |
 //!
-//! **Safety.** Without a write token the console is read-only: every POST
+//! **Safety.** The console answers only to IP addresses, `localhost` and
+//! the host names given with [`Console::allowed_host`] (421 to any other
+//! `Host`), so that a page of another site cannot read it through a name
+//! of its own pointed at it (DNS rebinding). Without a write token the
+//! console is read-only: every POST
 //! but sign-in is refused with 403. With one, a state-changing request is a
 //! POST that carries either a session cookie (from `/login`) and its CSRF
 //! token, or `Authorization: Bearer <token>`; a POST from another origin is
@@ -61,6 +65,7 @@ mod cache;
 mod chart;
 mod error;
 mod fmt;
+mod host;
 mod layout;
 mod metrics_page;
 mod mount;
@@ -68,6 +73,7 @@ mod pages;
 mod params;
 
 pub use auth::TokenError;
+pub use host::HostError;
 pub use mount::MountError;
 
 /// The console: its database, its write token, its metrics.
@@ -93,6 +99,7 @@ pub(crate) struct Inner<DB: Backend> {
     pub(crate) sample_every: Duration,
     pub(crate) figures: cache::Figures,
     pub(crate) mount: mount::Mount,
+    pub(crate) site: host::Site,
 }
 
 pub(crate) type Shared<DB> = Arc<Inner<DB>>;
@@ -111,6 +118,7 @@ impl<DB: Backend> Console<DB> {
                 sample_every: Duration::from_secs(2),
                 figures: cache::Figures::new(),
                 mount: mount::Mount::default(),
+                site: host::Site::default(),
             },
         }
     }
@@ -120,6 +128,22 @@ impl<DB: Backend> Console<DB> {
     /// `Authorization: Bearer <token>`.
     pub fn write_token(mut self, token: impl Into<String>) -> Result<Self, TokenError> {
         self.inner.auth = auth::Auth::with_token(&token.into())?;
+        Ok(self)
+    }
+
+    /// Also answers to requests for `host`: a name (at any port) or
+    /// `name:port` (at that port only), such as the name users and
+    /// scrapers reach the console at. By default it answers to IP
+    /// addresses and `localhost` only (names no other site can point at
+    /// it), and with 421 to any other `Host`.
+    ///
+    /// ```
+    /// # fn f(pool: sqlx::SqlitePool) -> Result<(), idem_console::HostError> {
+    /// let console = idem_console::Console::new(pool).allowed_host("console.internal")?;
+    /// # let _ = console; Ok(()) }
+    /// ```
+    pub fn allowed_host(mut self, host: &str) -> Result<Self, HostError> {
+        self.inner.site.allow_host(host)?;
         Ok(self)
     }
 
@@ -255,6 +279,11 @@ impl<DB: Backend> Console<DB> {
                 .route(&at("/{*rest}"), axum::routing::any(not_found))
         };
         router
+            // Inside the safety headers' layer, so that a refusal has them.
+            .layer(axum::middleware::from_fn_with_state(
+                shared.clone(),
+                host::guard::<DB>,
+            ))
             .layer(axum::middleware::map_response(move |r: Response| {
                 let r = secure(r);
                 async move { r }

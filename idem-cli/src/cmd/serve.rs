@@ -20,6 +20,11 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
         .outbox_retention(args.outbox_retention)
         .mount_at(&args.path_prefix)
         .map_err(|e| Fail::usage(e.to_string()))?;
+    for host in &args.allowed_hosts {
+        console = console
+            .allowed_host(host)
+            .map_err(|e| Fail::usage(e.to_string()))?;
+    }
     let writable = match args.write_token.as_deref().map(str::trim) {
         Some(token) if !token.is_empty() => {
             console = console
