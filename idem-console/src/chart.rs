@@ -16,9 +16,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub(crate) const WINDOW: Duration = Duration::from_secs(600);
 /// The width of one deliveries bucket.
 pub(crate) const BUCKET: Duration = Duration::from_secs(10);
+/// The most backlog points the chart keeps over its window, however
+/// short the sampling interval: one per 2 s over 10 minutes.
+pub(crate) const MAX_POINTS: usize = 300;
 
 /// The backlog as sampled: `(unix seconds, pending messages)`, oldest
-/// first, no older than the window.
+/// first, no older than the window, at most [`MAX_POINTS`] (and the
+/// newest). Only the sampler adds to it: a page view reads it.
 #[derive(Debug, Clone)]
 pub(crate) struct Samples {
     window: Duration,
@@ -41,10 +45,25 @@ impl Samples {
     }
 
     /// Records `pending` at `at` and forgets what fell out of the window.
+    /// Points closer than a [`MAX_POINTS`]th of the window to the one
+    /// before replace the newest instead of adding one, so the chart holds
+    /// at most `MAX_POINTS` and the newest however often it is sampled.
     pub(crate) fn push(&mut self, at: f64, pending: i64) {
-        self.points.push_back((at, pending));
+        let spacing = self.window.as_secs_f64() / MAX_POINTS as f64;
+        let n = self.points.len();
+        match (
+            n.checked_sub(2).map(|i| self.points[i]),
+            self.points.back_mut(),
+        ) {
+            (Some((before, _)), Some(newest)) if at - before < spacing => {
+                *newest = (at, pending);
+            }
+            _ => self.points.push_back((at, pending)),
+        }
         let horizon = at - self.window.as_secs_f64();
-        while self.points.front().is_some_and(|(t, _)| *t < horizon) {
+        while self.points.front().is_some_and(|(t, _)| *t < horizon)
+            || self.points.len() > MAX_POINTS + 1
+        {
             self.points.pop_front();
         }
     }
@@ -212,6 +231,25 @@ mod tests {
         s.push(105.0, 2);
         s.push(111.0, 3);
         assert_eq!(s.points().collect::<Vec<_>>(), vec![(105.0, 2), (111.0, 3)]);
+    }
+
+    #[test]
+    fn samples_are_bounded_however_often_they_are_taken() {
+        let mut s = Samples::new(WINDOW);
+        // Every 10 ms for the whole window: 60,000 samples.
+        for i in 0..60_000 {
+            s.push(f64::from(i) / 100.0, i64::from(i));
+        }
+        let points: Vec<_> = s.points().collect();
+        assert!(points.len() <= MAX_POINTS + 1, "{}", points.len());
+        assert!(points.len() >= MAX_POINTS - 1, "{}", points.len());
+        assert_eq!(points.last(), Some(&(599.99, 59_999)), "the newest is kept");
+        // Sampled every 2 s: every sample is a point.
+        let mut s = Samples::new(WINDOW);
+        for i in 0..10 {
+            s.push(f64::from(i) * 2.0, 1);
+        }
+        assert_eq!(s.points().count(), 10);
     }
 
     #[test]

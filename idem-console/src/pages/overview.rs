@@ -49,14 +49,12 @@ async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
     let deliveries = c.deliveries().await?;
     let leases = c.leases().await?;
     let now = chart::unix_now();
-    let samples = {
-        let mut s = c
-            .samples
-            .lock()
-            .map_err(|_| PageError::Database("the chart's samples are poisoned".into()))?;
-        s.push(now, stats.totals.pending);
-        s.clone()
-    };
+    // The sampler's points only: a view adds none.
+    let samples = c
+        .samples
+        .lock()
+        .map_err(|_| PageError::Database("the chart's samples are poisoned".into()))?
+        .clone();
     let last_minute: u64 = deliveries.iter().rev().take(6).sum();
     let t = &stats.totals;
     // `totals`: the sum row, whose "topic" is no topic to filter on.
