@@ -35,6 +35,28 @@ impl Params {
             .filter(|v| !v.is_empty())
     }
 
+    /// The first value of `key` as [`get`](Self::get) gives it, checked as
+    /// a filter: at most `max` bytes, no control characters (NUL, newline
+    /// and the like, which no topic, key or type holds), else a 400 that
+    /// says so, before any SQL.
+    pub(crate) fn filter(&self, key: &str, max: usize) -> Result<Option<&str>, PageError> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        if let Some(c) = v.chars().find(|c| c.is_control()) {
+            return Err(PageError::BadRequest(format!(
+                "`{key}` contains the control character {c:?}: no {key} does"
+            )));
+        }
+        if v.len() > max {
+            return Err(PageError::BadRequest(format!(
+                "`{key}` is at most {max} bytes long, not {}",
+                v.len()
+            )));
+        }
+        Ok(Some(v))
+    }
+
     /// `key` as an integer, if given.
     pub(crate) fn int(&self, key: &str) -> Result<Option<i64>, PageError> {
         self.get(key).map(|v| parse_int(key, v)).transpose()
@@ -75,5 +97,16 @@ mod tests {
         assert_eq!(p.get("missing"), None);
         assert!(Params::query(Some("id=1;DROP")).ints("id").is_err());
         assert_eq!(Params::query(None).int("after").unwrap(), None);
+    }
+
+    #[test]
+    fn filters_hold_no_control_characters_and_have_a_length() {
+        let p = Params::query(Some("a=x%00y&b=x%0Ay&c=%E2%9C%93&d=abcd&e=+"));
+        assert!(p.filter("a", 10).is_err());
+        assert!(p.filter("b", 10).is_err());
+        assert_eq!(p.filter("c", 3).unwrap(), Some("✓"));
+        assert!(p.filter("d", 3).is_err());
+        assert_eq!(p.filter("e", 3).unwrap(), None);
+        assert_eq!(p.filter("missing", 3).unwrap(), None);
     }
 }

@@ -9,8 +9,8 @@ use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Html;
 use idem_runtime::Backend;
-use idem_runtime::outbox::Status;
 use idem_runtime::outbox::admin::{self, OutboxMessage};
+use idem_runtime::outbox::{MAX_ID_LEN, Status};
 use maud::{Markup, html};
 
 /// Rows per page unless `limit` says otherwise.
@@ -46,7 +46,7 @@ fn listing(p: &Params, default: Status) -> Result<Listing, PageError> {
     }
     Ok(Listing {
         status,
-        topic: p.get("topic").map(str::to_string),
+        topic: p.filter("topic", MAX_ID_LEN)?.map(str::to_string),
         after: p.int("after")?,
         limit,
     })

@@ -17,13 +17,9 @@ pub(crate) async fn page<DB: Backend>(
 ) -> Result<Response, PageError> {
     let viewer = c.auth.viewer(&headers);
     let p = Params::query(q.as_deref());
-    let key = p.get("key");
-    let biz_type = p.get("biz_type");
-    if key.is_some_and(|k| k.len() > MAX_KEY_LEN) {
-        return Err(PageError::BadRequest(format!(
-            "an idempotency key is at most {MAX_KEY_LEN} bytes long"
-        )));
-    }
+    let key = p.filter("key", MAX_KEY_LEN)?;
+    // The column's width.
+    let biz_type = p.filter("biz_type", 64)?;
     let found = match key {
         Some(k) => Some(find_record(&c.pool, k, biz_type).await?),
         None => None,

@@ -20,7 +20,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::Status;
+use super::{MAX_ID_LEN, Status};
 use crate::Error;
 use crate::backend::Backend;
 pub use crate::backend::{OutboxMessage, RequeueTarget};
@@ -73,6 +73,7 @@ pub async fn stats<DB: Backend>(
     pool: &Pool<DB>,
     topic: Option<&str>,
 ) -> Result<OutboxStats, Error> {
+    check_topic(topic)?;
     let counts = DB::outbox_counts(pool, topic).await?;
     let ages = DB::outbox_pending_age(pool, topic).await?;
     Ok(assemble(counts, ages))
@@ -89,9 +90,29 @@ pub async fn backlog<DB: Backend>(
     pool: &Pool<DB>,
     topic: Option<&str>,
 ) -> Result<OutboxStats, Error> {
+    check_topic(topic)?;
     let counts = DB::outbox_open_counts(pool, topic).await?;
     let ages = DB::outbox_pending_age(pool, topic).await?;
     Ok(assemble(counts, ages))
+}
+
+/// A topic to filter on: what [`enqueue`](super::enqueue) accepts as one
+/// (at most [`MAX_ID_LEN`] bytes, no control characters), else
+/// [`Error::Config`] before any SQL. A NUL, which PostgreSQL refuses in
+/// text, is then never the database's error.
+fn check_topic(topic: Option<&str>) -> Result<(), Error> {
+    let Some(t) = topic else { return Ok(()) };
+    let reason = if let Some(c) = t.chars().find(|c| c.is_control()) {
+        format!("a topic contains no control character, and this one has {c:?}")
+    } else if t.len() > MAX_ID_LEN {
+        format!(
+            "a topic is at most {MAX_ID_LEN} bytes long, not {}",
+            t.len()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Error::Config { reason })
 }
 
 /// The per-topic figures and their totals, from `(topic, status, count)`
@@ -148,6 +169,7 @@ pub async fn list<DB: Backend>(
             reason: format!("the limit must be at least 1, not {limit}"),
         });
     }
+    check_topic(topic)?;
     Ok(DB::outbox_list(pool, status.as_str(), topic, None, limit).await?)
 }
 
@@ -202,6 +224,7 @@ pub async fn page<DB: Backend>(
             reason: format!("the page size must be 1 to {MAX_PAGE}, not {limit}"),
         });
     }
+    check_topic(topic)?;
     // One more than asked: whether a next page exists.
     let mut messages = DB::outbox_list(pool, status.as_str(), topic, after, limit + 1).await?;
     let next_after = if messages.len() as i64 > limit {
@@ -264,6 +287,7 @@ pub async fn requeue<DB: Backend>(pool: &Pool<DB>, what: &Requeue) -> Result<Req
 
 fn check_selection(target: &RequeueTarget) -> Result<(), Error> {
     match target {
+        RequeueTarget::Topic(t) => check_topic(Some(t)),
         RequeueTarget::Ids(ids) if ids.is_empty() || ids.len() > MAX_IDS => Err(Error::Config {
             reason: format!(
                 "a requeue selection holds 1 to {MAX_IDS} ids, not {}",
