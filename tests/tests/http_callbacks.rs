@@ -3,7 +3,9 @@
 //! pushes of one callback, side by side or after a lost answer, book it
 //! once; a forged or tampered signature, a stale or future timestamp, a
 //! missing signature and a crafted serial are refused before the database
-//! (no effect, no record).
+//! (no effect, no record); a platform that names its deliveries in a header
+//! the signature does not cover: one signed delivery replayed under other
+//! delivery ids books once.
 
 #[path = "common/http.rs"]
 mod http;
@@ -50,6 +52,16 @@ fn verifier() -> CallbackVerifier {
         .serial(SerialFrom::JsonField("event_id"), event_id)
 }
 
+/// The header a platform names its deliveries in, outside the signature
+/// (GitHub's `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`).
+const DELIVERY: &str = "x-delivery-id";
+
+/// Such a platform: it signs the timestamp and the body, not the header;
+/// the key is what it signs.
+fn delivery_verifier() -> CallbackVerifier {
+    CallbackVerifier::new(SECRET.to_vec()).serial(SerialFrom::BodyDigest, |_| Ok(()))
+}
+
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -65,6 +77,16 @@ macro_rules! backend_tests {
 
             #[idempotent(key = "http-cb:{ev.event_id}", strategy = record, biz_type = "http_cb_test", fingerprint = [ev])]
             async fn book(tx: &mut sqlx::Transaction<'_, Db>, table: &str, ev: &Event) -> Result<Booked, sqlx::Error> {
+                insert_booking(tx, table, ev).await
+            }
+
+            /// The same booking, keyed by the verifier's serial alone.
+            #[idempotent(key = "http-cb-serial:{serial}", strategy = record, biz_type = "http_cb_test", fingerprint = [ev])]
+            async fn book_serial(tx: &mut sqlx::Transaction<'_, Db>, table: &str, serial: &str, ev: &Event) -> Result<Booked, sqlx::Error> {
+                insert_booking(tx, table, ev).await
+            }
+
+            async fn insert_booking(tx: &mut sqlx::Transaction<'_, Db>, table: &str, ev: &Event) -> Result<Booked, sqlx::Error> {
                 let insert = sql($dialect, "INSERT INTO {t} (event_id, amount) VALUES (?, ?)");
                 sqlx::query(sqlx::AssertSqlSafe(insert.0.replace("{t}", table)))
                     .bind(&ev.event_id)
@@ -97,7 +119,21 @@ macro_rules! backend_tests {
                     Err(answer) => return answer,
                 };
                 assert_eq!(ev.event_id, cb.serial());
-                match book(&app.pool, &app.table, &ev).await {
+                answered(book(&app.pool, &app.table, &ev).await)
+            }
+
+            /// `/deliveries`: keyed by the serial, wherever the verifier
+            /// reads it.
+            async fn delivered(State(app): State<App>, cb: SignedCallback) -> Response {
+                let ev: Event = match cb.json() {
+                    Ok(ev) => ev,
+                    Err(answer) => return answer,
+                };
+                answered(book_serial(&app.pool, &app.table, cb.serial(), &ev).await)
+            }
+
+            fn answered(booked: Result<Outcome<Booked>, Error>) -> Response {
+                match booked {
                     Ok(Outcome::Executed(b) | Outcome::Duplicate(Some(b))) => {
                         serde_json::to_string(&b).unwrap().into_response()
                     }
@@ -114,6 +150,10 @@ macro_rules! backend_tests {
             }
 
             async fn fixture() -> Option<Fixture> {
+                fixture_with(verifier()).await
+            }
+
+            async fn fixture_with(verifier: CallbackVerifier) -> Option<Fixture> {
                 let pool: sqlx::Pool<Db> = $pool?;
                 let table = unique("http_cb");
                 let ddl = "CREATE TABLE {t} (event_id VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)";
@@ -121,18 +161,29 @@ macro_rules! backend_tests {
                     .execute(&pool)
                     .await
                     .expect("create table");
-                let app = App { pool: pool.clone(), table: table.clone(), verifier: verifier() };
-                let router = Router::new().route("/callbacks", post(paid)).with_state(app);
+                let app = App { pool: pool.clone(), table: table.clone(), verifier };
+                let router = Router::new()
+                    .route("/callbacks", post(paid))
+                    .route("/deliveries", post(delivered))
+                    .with_state(app);
                 Some(Fixture { base: http::serve(router).await, pool, table })
             }
 
             impl Fixture {
                 /// Pushes `body` with these signature and timestamp headers.
                 async fn push(&self, body: &[u8], sig: Option<&str>, ts: Option<i64>) -> (u16, String) {
+                    self.push_to("/callbacks", body, sig, ts, &[]).await
+                }
+
+                /// The same to `path`, with `extra` headers.
+                async fn push_to(&self, path: &str, body: &[u8], sig: Option<&str>, ts: Option<i64>, extra: &[(&str, &str)]) -> (u16, String) {
                     let mut r = http::client()
-                        .post(format!("{}/callbacks", self.base))
+                        .post(format!("{}{path}", self.base))
                         .header("content-type", "application/json")
                         .body(body.to_vec());
+                    for (name, value) in extra {
+                        r = r.header(*name, *value);
+                    }
                     if let Some(sig) = sig {
                         r = r.header("x-signature", sig);
                     }
@@ -255,6 +306,28 @@ macro_rules! backend_tests {
                 // Within the tolerance it is booked.
                 assert_eq!(f.push_signed(&body).await.0, 200);
                 assert_eq!(f.effects(&id).await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_delivery_replayed_under_other_delivery_ids_books_once() {
+                let Some(f) = fixture_with(delivery_verifier()).await else { return };
+                let (id, body) = event(1200);
+                let first = format!("dlv_{}", ids(1));
+                let ts = now();
+                let sig = delivery_verifier().sign(ts, &body);
+                let mut answers = vec![f.push_to("/deliveries", &body, Some(&sig), Some(ts), &[(DELIVERY, &first)]).await];
+                // Its signed bytes captured and sent again within the
+                // tolerance, each time under another delivery id.
+                for n in 0..2 {
+                    let other = format!("{first}_{n}");
+                    answers.push(f.push_to("/deliveries", &body, Some(&sig), Some(ts), &[(DELIVERY, &other)]).await);
+                }
+                // The platform's own retry, signed anew.
+                let ts = now();
+                let sig = delivery_verifier().sign(ts, &body);
+                answers.push(f.push_to("/deliveries", &body, Some(&sig), Some(ts), &[(DELIVERY, &first)]).await);
+                assert!(answers.iter().all(|a| a.0 == 200 && a.1 == answers[0].1), "{answers:?}");
+                assert_eq!(f.effects(&id).await, 1, "{answers:?}");
             }
 
             #[tokio::test]

@@ -2,7 +2,10 @@
 //! raw body, checked in constant time, a timestamp within a tolerance
 //! (an old callback captured and sent again is refused even once its
 //! idempotency record has expired), and the platform's serial — its event
-//! or transaction id — as the idempotency key, validated before use.
+//! or transaction id — as the idempotency key, validated before use. The
+//! key is read from what the signature covers: a serial from a header the
+//! platform does not sign is an explicit, named choice
+//! ([`SerialFrom::UnsignedHeader`]).
 
 use super::key::hex;
 use super::problem::Problem;
@@ -24,13 +27,48 @@ type SerialCheck = fn(&str) -> Result<(), String>;
 /// The longest serial accepted, in bytes.
 pub const MAX_SERIAL_LEN: usize = 128;
 
-/// Where the platform puts its serial.
+/// Where the callback's key is read: its serial.
+///
+/// The key must come from the signed bytes. A callback captured once (from a
+/// log, a proxy, a misrouted delivery) can be sent again as it is, and only
+/// what the signature covers cannot be changed on the way: a key read
+/// anywhere else lets the same signed bytes be booked once per value.
+///
+/// What common platforms sign, and so where their key is (as their
+/// documentation describes it at the time of writing; their header formats
+/// differ from this verifier's, only the choice of serial carries over):
+///
+/// | platform | signature | what it covers | the event's id | serial |
+/// |---|---|---|---|---|
+/// | Stripe | `Stripe-Signature: t=…,v1=…`, hex HMAC-SHA256 | `"{t}.{raw body}"`: timestamp and body | `id` in the body (`evt_…`) | [`JsonField("id")`](Self::JsonField) |
+/// | GitHub | `X-Hub-Signature-256: sha256=…`, hex HMAC-SHA256 | the raw body only, no timestamp | the `X-GitHub-Delivery` header, not signed | [`BodyDigest`](Self::BodyDigest), [`without_timestamp`](CallbackVerifier::without_timestamp) |
+/// | Shopify | `X-Shopify-Hmac-Sha256`, base64 HMAC-SHA256 | the raw body only, no timestamp | the `X-Shopify-Webhook-Id` and `X-Shopify-Event-Id` headers, not signed | [`BodyDigest`](Self::BodyDigest), [`without_timestamp`](CallbackVerifier::without_timestamp) |
+/// | Adyen (standard notifications) | `additionalData.hmacSignature` inside each notification item, base64 HMAC-SHA256 | not the body: a `:`-joined list of the item's fields (`pspReference`, `originalReference`, `merchantAccountCode`, `merchantReference`, amount value and currency, `eventCode`, `success`) | `pspReference` with `eventCode`, both signed | not this verifier's scheme: check the item's signature, then key on those two fields |
+///
+/// A body signed without a timestamp can be replayed at any time: its key
+/// then holds for as long as its record lives (see
+/// [`without_timestamp`](CallbackVerifier::without_timestamp)).
 #[derive(Debug, Clone)]
 pub enum SerialFrom {
-    /// A header (e.g. `x-event-id`).
-    Header(HeaderName),
-    /// A top-level field of the JSON body, a string or an integer.
+    /// A top-level field of the JSON body, a string or an integer: signed
+    /// with the body.
     JsonField(&'static str),
+    /// `sha256-` and the lower-case hex SHA-256 of the raw body: for a
+    /// platform that signs the body alone and names its deliveries in a
+    /// header it does not sign. The same signed body is the same key
+    /// whatever header comes with it, and whatever timestamp (a platform's
+    /// retry, signed anew, included). Two callbacks whose bodies are byte
+    /// for byte the same are one: a platform whose retries change the body
+    /// needs [`JsonField`](Self::JsonField) instead.
+    BodyDigest,
+    /// A header **the signature does not cover**. Whoever holds one signed
+    /// callback can send it again with another value in this header, within
+    /// the tolerance (without a timestamp: at any time), and each value is
+    /// booked: only for an endpoint whose callers are authenticated by other
+    /// means too (mutual TLS, a private network), when the platform's body
+    /// holds no id and is not unique per event. The name says so, in the
+    /// code that chooses it.
+    UnsignedHeader(HeaderName),
 }
 
 /// How a platform signs its callbacks, and where its serial is.
@@ -51,6 +89,9 @@ pub enum SerialFrom {
 /// | signature not the HMAC of this body (and timestamp) | 401 |
 /// | timestamp outside the tolerance | 401 |
 /// | serial missing, longer than [`MAX_SERIAL_LEN`], not printable ASCII, or refused by the check | 400 |
+///
+/// Where the serial comes from decides what a replay of one captured
+/// callback can do: see [`SerialFrom`].
 #[derive(Clone)]
 pub struct CallbackVerifier {
     secret: Arc<[u8]>,
@@ -202,8 +243,8 @@ impl CallbackVerifier {
     }
 
     /// Where the serial is, and the platform's format for it (`check`
-    /// answers why a serial is refused). [`SignedCallback::serial`] is then
-    /// always present.
+    /// answers why a serial is refused; with [`SerialFrom::BodyDigest`] it
+    /// sees the digest). [`SignedCallback::serial`] is then always present.
     pub fn serial(mut self, from: SerialFrom, check: fn(&str) -> Result<(), String>) -> Self {
         self.serial = Some((from, check));
         self
@@ -298,7 +339,13 @@ impl CallbackVerifier {
         };
         let bad = |why: String| CallbackError::BadSerial(why);
         let raw = match from {
-            SerialFrom::Header(name) => {
+            SerialFrom::BodyDigest => {
+                format!(
+                    "sha256-{}",
+                    hex(&<sha2::Sha256 as sha2::Digest>::digest(body))
+                )
+            }
+            SerialFrom::UnsignedHeader(name) => {
                 let v = headers
                     .get(name)
                     .ok_or_else(|| bad(format!("the {name} header is missing")))?;
@@ -490,7 +537,7 @@ mod tests {
         let long = format!(r#"{{"id":"ev_{}"}}"#, "9".repeat(200));
         assert!(v.serial_of(&h, long.as_bytes()).is_err());
         let v = CallbackVerifier::new(b"k".to_vec()).serial(
-            SerialFrom::Header(HeaderName::from_static("x-event-id")),
+            SerialFrom::UnsignedHeader(HeaderName::from_static("x-event-id")),
             |_| Ok(()),
         );
         let mut h = HeaderMap::new();
@@ -498,5 +545,22 @@ mod tests {
         assert_eq!(v.serial_of(&h, b"").unwrap().as_deref(), Some("42"));
         h.insert("x-event-id", HeaderValue::from_static("a b"));
         assert!(v.serial_of(&h, b"").is_err());
+    }
+
+    #[test]
+    fn a_body_digest_ignores_unsigned_headers() {
+        let v = CallbackVerifier::new(b"k".to_vec()).serial(SerialFrom::BodyDigest, |_| Ok(()));
+        let body = br#"{"order":7}"#;
+        let mut h = HeaderMap::new();
+        let first = v.serial_of(&h, body).unwrap().unwrap();
+        h.insert("x-event-id", HeaderValue::from_static("other"));
+        assert_eq!(v.serial_of(&h, body).unwrap().unwrap(), first);
+        // SHA-256("abc"), FIPS 180-2.
+        assert_eq!(
+            v.serial_of(&h, b"abc").unwrap().as_deref(),
+            Some("sha256-ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        );
+        assert!(first.len() <= MAX_SERIAL_LEN);
+        assert_ne!(v.serial_of(&h, br#"{"order":8}"#).unwrap().unwrap(), first);
     }
 }

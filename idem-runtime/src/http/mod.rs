@@ -18,7 +18,12 @@
 //!   extractor check the platform's HMAC-SHA256 signature over the raw body
 //!   in constant time and the signed timestamp's age, and hand out its
 //!   serial (event or transaction id), validated, to key an
-//!   [`#[idempotent]`](macro@crate::idempotent) handler.
+//!   [`#[idempotent]`](macro@crate::idempotent) handler. The serial is
+//!   read from what the signature covers (a field of the body, or the
+//!   body's digest), so the same signed bytes replayed are one key whatever
+//!   headers come with them; a header the platform does not sign is a
+//!   choice made by name ([`SerialFrom::UnsignedHeader`]). [`SerialFrom`]
+//!   says what Stripe, GitHub, Shopify and Adyen sign.
 //!
 //! ## An `Idempotency-Key` request, step by step
 //!
