@@ -87,8 +87,10 @@ pub(crate) struct ServeArgs {
     /// console behind a TLS proxy.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub(crate) listen: std::net::SocketAddr,
-    /// Allow requeues to whoever signs in with this token (at least 16 characters). Without
-    /// it the console is read-only.
+    /// Allow requeues to whoever signs in with this token (at least 16 characters, not easy to
+    /// guess: make one with `openssl rand -hex 16`). Without it the console is read-only.
+    /// After 5 wrong tokens in a row from one address, its attempts are refused (429) for a
+    /// back-off that doubles with each further wrong one.
     #[arg(long, env = "IDEM_WRITE_TOKEN", hide_env_values = true)]
     pub(crate) write_token: Option<String>,
     /// The outbox retention the archiving page measures eligibility with (as `idem archive

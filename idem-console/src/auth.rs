@@ -5,12 +5,15 @@
 //! `<issued>.<nonce>.<mac>`, its MAC keyed by a secret drawn at start-up
 //! (so a restart signs everyone out), and a session's CSRF token is a MAC
 //! of its nonce under the same key. Comparisons of tokens and MACs run in
-//! constant time (`Mac::verify_slice`).
+//! constant time (`Mac::verify_slice`). Token checks are throttled per
+//! client ([`crate::throttle`]), and a token easy to guess is refused at
+//! start-up.
 
 use crate::error::PageError;
+use crate::throttle::{self, Client, Throttle};
 use axum::http::{HeaderMap, header};
 use hmac::{KeyInit, Mac};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
@@ -20,6 +23,10 @@ pub(crate) const COOKIE: &str = "idem_session";
 const SESSION_SECS: u64 = 12 * 3600;
 /// The shortest write token accepted.
 const MIN_TOKEN: usize = 16;
+/// The fewest bits of guessing a write token must take ([`strength_bits`]).
+const MIN_BITS: f64 = 64.0;
+/// How to make a good token, for the errors that refuse one.
+const MAKE_ONE: &str = "make one with `openssl rand -hex 16`";
 
 /// A write token that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +46,8 @@ pub(crate) struct Auth {
     key: [u8; 32],
     /// MAC of the write token (none: read-only).
     token_tag: Option<Vec<u8>>,
+    /// The back-offs of clients that sent wrong tokens.
+    throttle: Throttle,
 }
 
 /// A valid session cookie.
@@ -85,11 +94,59 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// About how many bits of guessing `token` takes: each character is worth
+/// the bits of the classes of characters the token uses (lower case, upper
+/// case, digits, others), except that one repeating or continuing the one
+/// before (`aa`, `ab`, `ba`, `12`) is worth one bit. A random token is
+/// worth about its length times its classes' bits (`openssl rand -hex 16`:
+/// about 140); `aaaaaaaaaaaaaaaa` or `0123456789abcdef`, about 20. Words
+/// are not recognised: this catches the lazy token, not every weak one.
+fn strength_bits(token: &str) -> f64 {
+    let has = |class: fn(&char) -> bool| token.chars().any(|c| class(&c));
+    let mut alphabet: f64 = 0.0;
+    for (class, size) in [
+        (char::is_ascii_lowercase as fn(&char) -> bool, 26.0),
+        (char::is_ascii_uppercase, 26.0),
+        (char::is_ascii_digit, 10.0),
+    ] {
+        if has(class) {
+            alphabet += size;
+        }
+    }
+    if token.chars().any(|c| !c.is_ascii_alphanumeric()) {
+        alphabet += 33.0;
+    }
+    let per_char = alphabet.max(2.0).log2();
+    let mut bits = 0.0;
+    let mut prev: Option<char> = None;
+    for c in token.chars() {
+        let continues =
+            prev.is_some_and(|p| (i64::from(u32::from(c)) - i64::from(u32::from(p))).abs() <= 1);
+        bits += if continues { 1.0 } else { per_char };
+        prev = Some(c);
+    }
+    bits
+}
+
+/// The refusal of a client in its back-off (429, `Retry-After`).
+fn throttled(wait: Duration) -> PageError {
+    metrics::counter!("idem_console_throttled_total").increment(1);
+    let secs = throttle::retry_after(wait);
+    PageError::TooManyRequests {
+        message: format!(
+            "Too many wrong tokens from here: wait {secs} s before trying again (each further \
+             wrong token doubles the wait)."
+        ),
+        retry_after: secs,
+    }
+}
+
 impl Auth {
     pub(crate) fn read_only() -> Self {
         Auth {
             key: random_key(),
             token_tag: None,
+            throttle: Throttle::default(),
         }
     }
 
@@ -100,10 +157,21 @@ impl Auth {
             })
         };
         if token.chars().count() < MIN_TOKEN {
-            return bad(&format!("it must be at least {MIN_TOKEN} characters long"));
+            return bad(&format!(
+                "it must be at least {MIN_TOKEN} characters long: {MAKE_ONE}"
+            ));
         }
         if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return bad("it must not hold spaces or control characters");
+            return bad(&format!(
+                "it must not hold spaces or control characters: {MAKE_ONE}"
+            ));
+        }
+        let bits = strength_bits(token);
+        if bits < MIN_BITS {
+            return bad(&format!(
+                "it is easy to guess (repeated or consecutive characters, few kinds of \
+                 character: about {bits:.0} bits, at least {MIN_BITS:.0} needed): {MAKE_ONE}"
+            ));
         }
         let mut auth = Auth::read_only();
         auth.token_tag = Some(auth.mac(&[b"token", token.as_bytes()]).to_vec());
@@ -132,11 +200,24 @@ impl Auth {
     }
 
     /// Whether `given` is the write token (false when there is none).
-    pub(crate) fn token_matches(&self, given: &str) -> bool {
+    fn token_matches(&self, given: &str) -> bool {
         match &self.token_tag {
             Some(tag) => self.verify(&[b"token", given.as_bytes()], tag),
             None => false,
         }
+    }
+
+    /// Whether `given`, from `client`, is the write token; refused (429)
+    /// without a look at it while the client is in its back-off.
+    pub(crate) fn check_token(&self, given: &str, client: Client) -> Result<bool, PageError> {
+        self.throttle
+            .attempt(client, Instant::now())
+            .map_err(throttled)?;
+        let ok = self.token_matches(given);
+        if ok {
+            self.throttle.passed(client);
+        }
+        Ok(ok)
     }
 
     /// A fresh session cookie's value.
@@ -207,11 +288,13 @@ impl Auth {
 
     /// Lets a state-changing request through, or says why not: the console
     /// is read-only; the request comes from another origin; it carries
-    /// neither the token as a bearer nor a session with its CSRF token.
+    /// neither the token as a bearer nor a session with its CSRF token;
+    /// its client is in its back-off after wrong tokens.
     pub(crate) fn authorize(
         &self,
         headers: &HeaderMap,
         form_csrf: Option<&str>,
+        client: Client,
     ) -> Result<(), PageError> {
         if !self.writable() {
             return Err(PageError::Forbidden(
@@ -222,7 +305,7 @@ impl Auth {
         }
         same_origin(headers)?;
         if let Some(given) = bearer(headers) {
-            return if self.token_matches(given) {
+            return if self.check_token(given, client)? {
                 Ok(())
             } else {
                 Err(PageError::Forbidden("wrong write token".into()))
@@ -296,33 +379,59 @@ mod tests {
         h
     }
 
+    /// A token of the tests, random enough.
+    const TOKEN: &str = "5d0c9a7e31f84b26";
+
     #[test]
-    fn short_or_spaced_tokens_are_refused() {
-        assert!(Auth::with_token("short").is_err());
-        assert!(Auth::with_token("sixteen chars ok").is_err());
-        assert!(Auth::with_token("0123456789abcdef").is_ok());
+    fn short_spaced_or_guessable_tokens_are_refused() {
+        let refused = |t: &str| Auth::with_token(t).err().map(|e| e.to_string());
+        assert!(refused("short").unwrap().contains("at least 16 characters"));
+        assert!(refused("sixteen chars ok").unwrap().contains("spaces"));
+        for weak in [
+            "aaaaaaaaaaaaaaaa",
+            "0123456789abcdef",
+            "abcdefghijklmnopqrstuvwxyz",
+            "password12345678",
+            "abababababababababab",
+        ] {
+            let e = refused(weak).unwrap_or_else(|| panic!("{weak} accepted"));
+            assert!(
+                e.contains("easy to guess") && e.contains("openssl rand -hex 16"),
+                "{e}"
+            );
+        }
+        for strong in [
+            TOKEN,
+            "ac457a4b69173f7967c2b78204bc04da",
+            "test-write-token-0123456789",
+        ] {
+            assert!(refused(strong).is_none(), "{strong}: {:?}", refused(strong));
+        }
+        assert!(strength_bits("ac457a4b69173f7967c2b78204bc04da") > 120.0);
+        assert!(strength_bits("aaaaaaaaaaaaaaaa") < 25.0);
     }
 
     #[test]
     fn the_token_matches_only_itself() {
-        let a = Auth::with_token("0123456789abcdef").unwrap();
-        assert!(a.token_matches("0123456789abcdef"));
-        assert!(!a.token_matches("0123456789abcdeF"));
+        let a = Auth::with_token(TOKEN).unwrap();
+        assert!(a.token_matches(TOKEN));
+        assert!(!a.token_matches("5d0c9a7e31f84b2F"));
         assert!(!a.token_matches(""));
-        assert!(!Auth::read_only().token_matches("0123456789abcdef"));
+        assert!(!Auth::read_only().token_matches(TOKEN));
     }
 
     #[test]
     fn sessions_are_signed_and_carry_their_csrf_token() {
-        let a = Auth::with_token("0123456789abcdef").unwrap();
+        let a = Auth::with_token(TOKEN).unwrap();
         let v = a.new_session();
         let s = a.session(&cookie(&v)).expect("own cookie");
         let csrf = a.csrf(&s);
-        assert!(a.authorize(&cookie(&v), Some(&csrf)).is_ok());
-        assert!(a.authorize(&cookie(&v), None).is_err());
-        assert!(a.authorize(&cookie(&v), Some("00")).is_err());
+        let c = Client::unknown();
+        assert!(a.authorize(&cookie(&v), Some(&csrf), c).is_ok());
+        assert!(a.authorize(&cookie(&v), None, c).is_err());
+        assert!(a.authorize(&cookie(&v), Some("00"), c).is_err());
         // Another console's cookie (another key), or a tampered one.
-        let b = Auth::with_token("0123456789abcdef").unwrap();
+        let b = Auth::with_token(TOKEN).unwrap();
         assert!(b.session(&cookie(&v)).is_none());
         let mut forged = v.clone();
         forged.replace_range(0..1, "9");

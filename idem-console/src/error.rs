@@ -17,6 +17,14 @@ pub(crate) enum PageError {
     NotFound(String),
     /// 421: a `Host` the console does not answer to.
     Misdirected(String),
+    /// 429: a client in its back-off after wrong tokens; `retry_after`
+    /// seconds left.
+    TooManyRequests {
+        /// What to tell the client.
+        message: String,
+        /// Seconds until it may try again.
+        retry_after: u64,
+    },
     /// 500: the database failed (the message says how).
     Database(String),
 }
@@ -55,11 +63,19 @@ impl ErrorPage {
 
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
+        let mut retry = None;
         let (status, title, message) = match self {
             PageError::BadRequest(m) => (StatusCode::BAD_REQUEST, "Bad request", m),
             PageError::Forbidden(m) => (StatusCode::FORBIDDEN, "Refused", m),
             PageError::NotFound(m) => (StatusCode::NOT_FOUND, "Not found", m),
             PageError::Misdirected(m) => (StatusCode::MISDIRECTED_REQUEST, "Unknown host", m),
+            PageError::TooManyRequests {
+                message,
+                retry_after,
+            } => {
+                retry = Some(retry_after);
+                (StatusCode::TOO_MANY_REQUESTS, "Too many attempts", message)
+            }
             PageError::Database(m) => {
                 tracing::warn!(error = %m, "idem console: database error");
                 (
@@ -72,6 +88,10 @@ impl IntoResponse for PageError {
         // The text alone, should the response ever leave without the
         // router's layer; the layer replaces it with the page.
         let mut r = (status, message.clone()).into_response();
+        if let Some(secs) = retry {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
         r.extensions_mut().insert(ErrorPage { title, message });
         r
     }

@@ -71,6 +71,7 @@ mod metrics_page;
 mod mount;
 mod pages;
 mod params;
+mod throttle;
 
 pub use auth::TokenError;
 pub use host::HostError;
@@ -124,8 +125,15 @@ impl<DB: Backend> Console<DB> {
     }
 
     /// Allows requeues to whoever presents `token` (at least 16 characters,
-    /// no spaces or control characters): signed in through `/login`, or as
-    /// `Authorization: Bearer <token>`.
+    /// no spaces or control characters, not easy to guess: a token of
+    /// repeated or consecutive characters is refused; make one with
+    /// `openssl rand -hex 16`): signed in through `/login`, or as
+    /// `Authorization: Bearer <token>`. After 5 wrong tokens in a row, a
+    /// client's attempts are refused unchecked (429, `Retry-After`) for
+    /// 1 s, doubling with each further wrong token up to 5 minutes; a
+    /// client is its IP address when the router is served with
+    /// `into_make_service_with_connect_info::<SocketAddr>()` (as `idem
+    /// serve` does), else all clients share one back-off.
     pub fn write_token(mut self, token: impl Into<String>) -> Result<Self, TokenError> {
         self.inner.auth = auth::Auth::with_token(&token.into())?;
         Ok(self)
@@ -211,7 +219,11 @@ impl<DB: Backend> Console<DB> {
             // A page's failure is rendered here, where the prefix is known.
             if let Some(e) = r.extensions_mut().remove::<error::ErrorPage>() {
                 let status = r.status();
+                let retry = r.headers().get(header::RETRY_AFTER).cloned();
                 r = (status, e.render(&mount)).into_response();
+                if let Some(retry) = retry {
+                    r.headers_mut().insert(header::RETRY_AFTER, retry);
+                }
             }
             let h = r.headers_mut();
             h.insert(

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, HOST};
+use reqwest::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -128,6 +128,232 @@ async fn a_console_answers_only_to_its_addresses_and_the_hosts_it_was_given() {
         assert!(
             e.to_string().starts_with("unusable allowed host"),
             "{bad:?}: {e}"
+        );
+    }
+}
+
+const TOKEN: &str = "guards-write-token-5f1c9e27b3a4";
+
+/// A console served with its peers' addresses (as `idem serve` serves
+/// it, so that the throttle tells clients apart), until dropped.
+struct WithPeers {
+    base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WithPeers {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve_with_peers<DB: Backend>(console: Console<DB>) -> WithPeers {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = console
+        .router()
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    WithPeers { base, task }
+}
+
+/// A client whose connections come from `ip` (one of 127.0.0.0/8).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(10))
+        .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Signs in with `token`: the status, `Retry-After` (if any) and the body.
+async fn sign_in(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+) -> (StatusCode, Option<u64>, String) {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .append_pair("token", token)
+        .finish();
+    let r = http
+        .post(format!("{base}/login"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .expect("POST /login");
+    let status = r.status();
+    let retry = r.headers().get(RETRY_AFTER).map(|v| {
+        v.to_str()
+            .unwrap()
+            .parse::<u64>()
+            .expect("Retry-After in seconds")
+    });
+    (status, retry, r.text().await.unwrap())
+}
+
+/// Wrong tokens in a row: the first five are checked (403), then every
+/// attempt is refused unchecked (429 and `Retry-After`), even the right
+/// token, a bearer's too, until the back-off ends; another client is not
+/// held back; after the back-off the right token signs in. Over HTTP with
+/// the peers' addresses, as `idem serve` serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_are_throttled_per_client_and_the_right_one_signs_in_after_the_back_off() {
+    // Sign-in reads no table: SQLite is enough.
+    let pool = any(&idem_testkit::sqlite_url(), 1).await.unwrap();
+    let console = Console::new(pool).write_token(TOKEN).unwrap();
+    let served = serve_with_peers(console).await;
+    let base = &served.base;
+    let me = client_from("127.0.0.1");
+    let wrong = "wrong-token-0123456789abcdef";
+    let mut before_fifth = std::time::Instant::now();
+    for i in 0..5 {
+        before_fifth = std::time::Instant::now();
+        let (status, retry, html) = sign_in(&me, base, wrong).await;
+        assert_eq!(
+            (status, retry),
+            (StatusCode::FORBIDDEN, None),
+            "attempt {i}: {html}"
+        );
+        assert!(html.contains(r#"id="login-error""#), "{html}");
+    }
+    // The sixth, even with the right token, and a bearer: refused
+    // unchecked (sent well within the first back-off, 1 s).
+    if before_fifth.elapsed() < std::time::Duration::from_millis(500) {
+        let (status, retry, html) = sign_in(&me, base, TOKEN).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{html}");
+        assert_eq!(retry, Some(1));
+        assert!(html.contains("Too many wrong tokens"), "{html}");
+    }
+    if before_fifth.elapsed() < std::time::Duration::from_millis(500) {
+        let bearer = me
+            .post(format!("{base}/requeue"))
+            .bearer_auth(wrong)
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body("id=1&max_id=1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(bearer.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(bearer.headers()[RETRY_AFTER], "1");
+        let page = bearer.text().await.unwrap();
+        assert!(page.contains("Too many wrong tokens"), "{page}");
+    }
+    // Hammering: the tokens are no longer checked.
+    let (mut refused, mut checked) = (0, 0);
+    let start = std::time::Instant::now();
+    for _ in 0..200 {
+        let (status, retry, html) = sign_in(&me, base, wrong).await;
+        match status {
+            StatusCode::TOO_MANY_REQUESTS => {
+                let retry = retry.expect("Retry-After");
+                assert!((1..=300).contains(&retry), "{retry}");
+                refused += 1;
+            }
+            StatusCode::FORBIDDEN => checked += 1,
+            other => panic!("{other}: {html}"),
+        }
+    }
+    let took = start.elapsed();
+    println!(
+        "200 attempts after 5 wrong tokens in {took:?}: {refused} refused unchecked, \
+         {checked} checked"
+    );
+    // Back-offs of 1, 2, 4… s: at most one more check per doubling.
+    let doublings = (before_fifth.elapsed().as_secs_f64() + 1.0).log2().ceil() as usize + 1;
+    assert!(checked <= doublings, "{checked} checked in {took:?}");
+    assert!(refused >= 200 - doublings, "{refused}");
+
+    // Another client is checked, not held back.
+    let other = client_from("127.0.0.2");
+    let (status, retry, _) = sign_in(&other, base, wrong).await;
+    assert_eq!((status, retry), (StatusCode::FORBIDDEN, None));
+
+    // 40 wrong tokens at once from a third client: five are checked.
+    let third = client_from("127.0.0.3");
+    let start = std::time::Instant::now();
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let (third, base) = (third.clone(), base.clone());
+            tokio::spawn(async move { sign_in(&third, &base, wrong).await.0 })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for b in burst {
+        statuses.push(b.await.unwrap());
+    }
+    let checked = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::FORBIDDEN)
+        .count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    println!(
+        "40 at once: {checked} checked, {refused} refused, in {:?}",
+        start.elapsed()
+    );
+    assert_eq!(checked + refused, 40, "{statuses:?}");
+    if start.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(checked, 5, "{statuses:?}");
+    }
+
+    // After the back-off (as long as Retry-After says), the right token
+    // signs in; the count then starts afresh.
+    let mut signed_in = false;
+    for _ in 0..5 {
+        let (status, retry, html) = sign_in(&me, base, TOKEN).await;
+        match (status, retry) {
+            (StatusCode::SEE_OTHER, _) => {
+                signed_in = true;
+                break;
+            }
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(secs * 1000 + 100)).await;
+            }
+            other => panic!("{other:?}: {html}"),
+        }
+    }
+    assert!(signed_in, "the right token after the back-off");
+    let (status, retry, _) = sign_in(&me, base, wrong).await;
+    assert_eq!((status, retry), (StatusCode::FORBIDDEN, None));
+}
+
+/// A write token that is short or easy to guess is refused when the
+/// console is built, saying why and how to make one.
+#[tokio::test]
+async fn weak_write_tokens_are_refused_at_start_up() {
+    let pool = any(&idem_testkit::sqlite_url(), 1).await.unwrap();
+    for (weak, says) in [
+        ("aaaaaaaaaaaaaaaa", "easy to guess"),
+        ("0123456789abcdef", "easy to guess"),
+        ("abcdefghijklmnopqrstuvwxyz", "easy to guess"),
+        ("password12345678", "easy to guess"),
+        ("short", "at least 16 characters"),
+    ] {
+        let e = Console::new(pool.clone())
+            .write_token(weak)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(says) && e.contains("openssl rand -hex 16"),
+            "{weak}: {e}"
+        );
+    }
+    for strong in [
+        TOKEN,
+        "ac457a4b69173f7967c2b78204bc04da",
+        "Zq3vL9xR2mT8wK4p",
+    ] {
+        assert!(
+            Console::new(pool.clone()).write_token(strong).is_ok(),
+            "{strong}"
         );
     }
 }

@@ -67,7 +67,11 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
              HTTP; put it behind a TLS proxy"
         );
     }
-    axum::serve(listener, console.router())
+    // With the peers' addresses: the sign-in back-off is per client.
+    let app = console
+        .router()
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(stopped())
         .await
         .map_err(|e| Fail {

@@ -1,9 +1,11 @@
 //! `/login` and `/logout`: a browser signs in with the write token once and
 //! then holds a signed session cookie (`HttpOnly`, `SameSite=Strict`).
+//! Wrong tokens put their client in a back-off ([`crate::throttle`]).
 
 use crate::auth::{Auth, same_origin};
 use crate::error::PageError;
 use crate::params::Params;
+use crate::throttle::Client;
 use crate::{Shared, layout};
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -38,11 +40,14 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
+/// The sign-in form, with `error` above it when an attempt was refused
+/// (answered with `status`).
 fn form<DB: Backend>(
     c: &Shared<DB>,
     headers: &HeaderMap,
     next: &str,
     error: Option<&str>,
+    status: StatusCode,
 ) -> Response {
     let viewer = c.auth.viewer(headers);
     let body = html! {
@@ -59,11 +64,6 @@ fn form<DB: Backend>(
             p.note { "The token is the one the console was started with (idem serve --write-token, or IDEM_WRITE_TOKEN). It is kept in no cookie: the session cookie is signed by the console and ends when it restarts." }
         }
     };
-    let status = if error.is_some() {
-        StatusCode::FORBIDDEN
-    } else {
-        StatusCode::OK
-    };
     (status, layout::page(&c.mount, "Sign in", "", &viewer, body)).into_response()
 }
 
@@ -73,11 +73,18 @@ pub(crate) async fn form_page<DB: Backend>(
     RawQuery(q): RawQuery,
 ) -> Response {
     let p = Params::query(q.as_deref());
-    form(&c, &headers, &safe_next(p.get("next")), None)
+    form(
+        &c,
+        &headers,
+        &safe_next(p.get("next")),
+        None,
+        StatusCode::OK,
+    )
 }
 
 pub(crate) async fn login<DB: Backend>(
     State(c): State<Shared<DB>>,
+    client: Client,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, PageError> {
@@ -89,9 +96,24 @@ pub(crate) async fn login<DB: Backend>(
     same_origin(&headers)?;
     let p = Params::body(&body);
     let next = safe_next(p.get("next"));
-    if !c.auth.token_matches(p.get("token").unwrap_or("")) {
-        metrics::counter!("idem_console_refused_writes_total").increment(1);
-        return Ok(form(&c, &headers, &next, Some("Wrong write token.")));
+    match c.auth.check_token(p.get("token").unwrap_or(""), client) {
+        Ok(true) => {}
+        Ok(false) => {
+            metrics::counter!("idem_console_refused_writes_total").increment(1);
+            let error = Some("Wrong write token.");
+            return Ok(form(&c, &headers, &next, error, StatusCode::FORBIDDEN));
+        }
+        Err(PageError::TooManyRequests {
+            message,
+            retry_after,
+        }) => {
+            let status = StatusCode::TOO_MANY_REQUESTS;
+            let mut r = form(&c, &headers, &next, Some(&message), status);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, retry_after.into());
+            return Ok(r);
+        }
+        Err(other) => return Err(other),
     }
     let cookie = Auth::set_cookie(&c.auth.new_session(), &c.mount.cookie_path());
     Ok((
@@ -106,11 +128,12 @@ pub(crate) async fn login<DB: Backend>(
 
 pub(crate) async fn logout<DB: Backend>(
     State(c): State<Shared<DB>>,
+    client: Client,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, PageError> {
     let p = Params::body(&body);
-    c.auth.authorize(&headers, p.get("csrf"))?;
+    c.auth.authorize(&headers, p.get("csrf"), client)?;
     Ok((
         StatusCode::SEE_OTHER,
         [

@@ -6,6 +6,7 @@
 use super::messages::message_table;
 use crate::error::PageError;
 use crate::params::{Params, query_string};
+use crate::throttle::Client;
 use crate::{Shared, layout};
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -126,11 +127,12 @@ pub(crate) async fn preview<DB: Backend>(
 
 pub(crate) async fn confirm<DB: Backend>(
     State(c): State<Shared<DB>>,
+    client: Client,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Html<String>, PageError> {
     let p = Params::body(&body);
-    if let Err(refused) = c.auth.authorize(&headers, p.get("csrf")) {
+    if let Err(refused) = c.auth.authorize(&headers, p.get("csrf"), client) {
         metrics::counter!("idem_console_refused_writes_total").increment(1);
         return Err(refused);
     }
