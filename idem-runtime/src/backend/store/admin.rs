@@ -5,6 +5,7 @@ use super::super::sql::{SqlSet, marks};
 use super::super::types::{OutboxMessage, RequeueTarget};
 use super::super::{AdminStore, sealed::Sealed};
 use super::persist;
+use crate::backend::Dialect;
 use idem_core::is_identifier;
 use sqlx::{Database, Pool};
 
@@ -13,26 +14,65 @@ const CHUNK: usize = 500;
 
 type MessageRow = (i64, String, String, String, i32, Option<String>, String);
 
+/// A text column as the operator's reads select it. SQLite stores
+/// whatever bytes it is given in a text column (a BLOB, or text that is no
+/// UTF-8), which no `String` decodes: there the column is read as the hex
+/// of its bytes (always ASCII) and [`lossy`] turns it back, lossily.
+/// PostgreSQL and MariaDB hold valid UTF-8 only: the column as it is.
+fn text_column(d: Dialect, column: &str) -> String {
+    match d {
+        Dialect::Sqlite => format!("hex({column})"),
+        Dialect::Postgres | Dialect::MySql => column.to_string(),
+    }
+}
+
+/// A value of a [`text_column`]: on SQLite its bytes, decoded with
+/// U+FFFD for what is no UTF-8.
+fn lossy(d: Dialect, value: String) -> String {
+    match d {
+        Dialect::Sqlite => {
+            let bytes: Vec<u8> = value
+                .as_bytes()
+                .chunks(2)
+                .filter_map(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+        Dialect::Postgres | Dialect::MySql => value,
+    }
+}
+
 fn message(
+    d: Dialect,
     (id, topic, msg_id, status, attempts, last_error, updated_at): MessageRow,
 ) -> OutboxMessage {
     OutboxMessage {
         id,
-        topic,
-        msg_id,
+        topic: lossy(d, topic),
+        msg_id: lossy(d, msg_id),
         status,
         attempts: i64::from(attempts),
-        last_error,
+        last_error: last_error.map(|e| lossy(d, e)),
         updated_at,
     }
 }
 
-/// The columns of an [`OutboxMessage`].
-fn message_columns(sql: &SqlSet) -> String {
+/// The columns of an [`OutboxMessage`] (decoded by [`message`]).
+fn message_columns(d: Dialect, sql: &SqlSet) -> String {
     format!(
-        "id, topic, msg_id, status, attempts, last_error, {}",
+        "id, {}, {}, status, attempts, {}, {}",
+        text_column(d, "topic"),
+        text_column(d, "msg_id"),
+        text_column(d, "last_error"),
         (sql.admin.ts_text)("updated_at")
     )
+}
+
+/// `(topic, status, count)` rows with their topic decoded.
+fn topic_counts(d: Dialect, rows: Vec<(String, String, i64)>) -> Vec<(String, String, i64)> {
+    rows.into_iter()
+        .map(|(t, status, n)| (lossy(d, t), status, n))
+        .collect()
 }
 
 /// The condition selecting `target`'s messages (binds: [`target_binds`]).
@@ -73,15 +113,17 @@ impl AdminStore for DB {
         pool: &'a Pool<Self>,
         topic: Option<&'a str>,
     ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        let d = DB::dialect_of_pool(pool);
         let filter = if topic.is_some() { " WHERE topic = ?" } else { "" };
         let text = sql_of_pool(pool).render(&format!(
-            "SELECT topic, status, COUNT(*) FROM idem_outbox{filter} GROUP BY topic, status"
+            "SELECT {}, status, COUNT(*) FROM idem_outbox{filter} GROUP BY topic, status",
+            text_column(d, "topic")
         ));
         let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
         if let Some(t) = topic {
             q = q.bind(t);
         }
-        on_pool!(pool, |conn| q.fetch_all(conn))
+        Ok(topic_counts(d, on_pool!(pool, |conn| q.fetch_all(conn))?))
     }
 
     async fn outbox_open_counts<'a>(
@@ -89,16 +131,18 @@ impl AdminStore for DB {
         topic: Option<&'a str>,
     ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
         // `status` leads idx_idem_outbox_due: only the open rows are read.
+        let d = DB::dialect_of_pool(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
         let text = sql_of_pool(pool).render(&format!(
-            "SELECT topic, status, COUNT(*) FROM idem_outbox \
-             WHERE status IN ('pending', 'failed'){and} GROUP BY topic, status"
+            "SELECT {}, status, COUNT(*) FROM idem_outbox \
+             WHERE status IN ('pending', 'failed'){and} GROUP BY topic, status",
+            text_column(d, "topic")
         ));
         let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
         if let Some(t) = topic {
             q = q.bind(t);
         }
-        on_pool!(pool, |conn| q.fetch_all(conn))
+        Ok(topic_counts(d, on_pool!(pool, |conn| q.fetch_all(conn))?))
     }
 
     async fn outbox_pending_age<'a>(
@@ -106,16 +150,20 @@ impl AdminStore for DB {
         topic: Option<&'a str>,
     ) -> Result<Vec<(String, Option<f64>)>, sqlx::Error> {
         let sql = sql_of_pool(pool);
+        let d = DB::dialect_of_pool(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
         let text = sql.render(&format!(
-            "SELECT topic, {} FROM idem_outbox WHERE status = 'pending'{and} GROUP BY topic",
+            "SELECT {}, {} FROM idem_outbox WHERE status = 'pending'{and} GROUP BY topic",
+            text_column(d, "topic"),
             sql.admin.pending_age
         ));
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
+        let mut q = sqlx::query_as::<_, (String, Option<f64>)>(sqlx::AssertSqlSafe(text))
+            .persistent(persist());
         if let Some(t) = topic {
             q = q.bind(t);
         }
-        on_pool!(pool, |conn| q.fetch_all(conn))
+        let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
+        Ok(rows.into_iter().map(|(t, age)| (lossy(d, t), age)).collect())
     }
 
     async fn outbox_list<'a>(
@@ -128,9 +176,10 @@ impl AdminStore for DB {
         let sql = sql_of_pool(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
         let above = if after.is_some() { " AND id > ?" } else { "" };
+        let d = DB::dialect_of_pool(pool);
         let text = sql.render(&format!(
             "SELECT {} FROM idem_outbox WHERE status = ?{and}{above} ORDER BY id LIMIT ?",
-            message_columns(sql)
+            message_columns(d, sql)
         ));
         let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
             .persistent(persist())
@@ -143,7 +192,7 @@ impl AdminStore for DB {
         }
         let q = q.bind(limit);
         let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
-        Ok(rows.into_iter().map(message).collect())
+        Ok(rows.into_iter().map(|r| message(d, r)).collect())
     }
 
     async fn outbox_requeue<'a>(
@@ -153,11 +202,12 @@ impl AdminStore for DB {
         dry_run: bool,
     ) -> Result<(Vec<OutboxMessage>, u64), sqlx::Error> {
         let sql = sql_of_pool(pool);
+        let d = DB::dialect_of_pool(pool);
         let filter = target_filter(target);
         let upto = if max_id.is_some() { " AND id <= ?" } else { "" };
         let text = sql.render(&format!(
             "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter}{upto} ORDER BY id{}",
-            message_columns(sql),
+            message_columns(d, sql),
             sql.row_lock
         ));
         // SQLite: the write lock up front (`Backend::begin` runs `BEGIN
@@ -182,7 +232,7 @@ impl AdminStore for DB {
             q = q.bind(m);
         }
         let messages: Vec<OutboxMessage> =
-            q.fetch_all(&mut *tx).await?.into_iter().map(message).collect();
+            q.fetch_all(&mut *tx).await?.into_iter().map(|r| message(d, r)).collect();
         if dry_run {
             tx.rollback().await?;
             let n = messages.len() as u64;
@@ -211,17 +261,26 @@ impl AdminStore for DB {
         pool: &Pool<Self>,
     ) -> Result<Vec<(String, i64, i64, Option<String>, Option<String>)>, sqlx::Error> {
         let sql = sql_of_pool(pool);
+        let d = DB::dialect_of_pool(pool);
         let ts = sql.admin.ts_text;
         let text = sql.render(&format!(
-            "SELECT lease_owner, COUNT(*), COUNT(CASE WHEN locked_until > {} THEN 1 END), {}, {} \
+            "SELECT {}, COUNT(*), COUNT(CASE WHEN locked_until > {} THEN 1 END), {}, {} \
              FROM idem_outbox WHERE status = 'pending' AND lease_owner IS NOT NULL \
              GROUP BY lease_owner ORDER BY lease_owner",
+            text_column(d, "lease_owner"),
             sql.admin.now,
             ts("MIN(locked_until)"),
             ts("MAX(locked_until)"),
         ));
-        let q = sqlx::query_as(sqlx::AssertSqlSafe(text)).persistent(persist());
-        on_pool!(pool, |conn| q.fetch_all(conn))
+        let q = sqlx::query_as::<_, (String, i64, i64, Option<String>, Option<String>)>(
+            sqlx::AssertSqlSafe(text),
+        )
+        .persistent(persist());
+        let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
+        Ok(rows
+            .into_iter()
+            .map(|(owner, n, live, first, last)| (lossy(d, owner), n, live, first, last))
+            .collect())
     }
 
     async fn outbox_deliveries(
@@ -251,13 +310,14 @@ impl AdminStore for DB {
         shown: i64,
     ) -> Result<(u64, Option<i64>, Vec<OutboxMessage>), sqlx::Error> {
         let sql = sql_of_pool(pool);
+        let d = DB::dialect_of_pool(pool);
         let filter = target_filter(target);
         let count = sql.render(&format!(
             "SELECT COUNT(*), MAX(id) FROM idem_outbox WHERE status = 'failed'{filter}"
         ));
         let first = sql.render(&format!(
             "SELECT {} FROM idem_outbox WHERE status = 'failed'{filter} ORDER BY id LIMIT ?",
-            message_columns(sql)
+            message_columns(d, sql)
         ));
         let mut q = sqlx::query_as::<_, (i64, Option<i64>)>(sqlx::AssertSqlSafe(count))
             .persistent(persist());
@@ -278,7 +338,7 @@ impl AdminStore for DB {
         }
         let q = q.bind(shown);
         let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
-        Ok((n.max(0) as u64, max_id, rows.into_iter().map(message).collect()))
+        Ok((n.max(0) as u64, max_id, rows.into_iter().map(|r| message(d, r)).collect()))
     }
 
     async fn outbox_status(
