@@ -5,8 +5,10 @@
 //! effect; another payload under a used key is 422 with no effect; a
 //! request in flight is 409; a missing or malformed key is 400; a request
 //! that died in flight blocks its key until its lease runs out, then the
-//! key is taken over; a route whose key is optional runs keyless requests
-//! without a record. Effects are counted in each test's own table.
+//! key is taken over; retries of a key whose slow handler outlived its lease
+//! answer 409 without taking the pool from other requests; a route whose key
+//! is optional runs keyless requests without a record. Effects are counted
+//! in each test's own table.
 
 #[path = "common/http.rs"]
 mod http;
@@ -23,6 +25,7 @@ use idem_runtime::{CallerTx, idempotent};
 use idem_testkit::{ids, sql, unique};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -33,29 +36,34 @@ struct Gate {
     entered: Semaphore,
     /// Handlers wait for a permit here, when the gate holds them.
     open: Semaphore,
-    held: bool,
+    /// How many handlers still to hold.
+    holds: AtomicUsize,
 }
 
 impl Gate {
-    fn new(held: bool) -> Arc<Self> {
+    fn new(holds: usize) -> Arc<Self> {
         Arc::new(Gate {
             entered: Semaphore::new(0),
             open: Semaphore::new(0),
-            held,
+            holds: AtomicUsize::new(holds),
         })
     }
     fn open() -> Arc<Self> {
-        Gate::new(false)
+        Gate::new(0)
     }
     fn holding() -> Arc<Self> {
-        Gate::new(true)
+        Gate::new(usize::MAX)
+    }
+    /// Holds the first handler only.
+    fn holding_first() -> Arc<Self> {
+        Gate::new(1)
     }
     fn release(&self) {
         self.open.add_permits(1000);
     }
     async fn pass(&self) {
         self.entered.add_permits(1);
-        if self.held {
+        if self.holds.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| h.checked_sub(1)).is_ok() {
             self.open.acquire().await.expect("open").forget();
         }
     }
@@ -111,7 +119,7 @@ async fn chunked_status(base: &str, path: &str, body: &str) -> u16 {
 }
 
 macro_rules! backend_tests {
-    ($module:ident, $db:ty, $conn:ty, $dialect:expr, $pool:expr) => {
+    ($module:ident, $db:ty, $conn:ty, $dialect:expr, |$max:ident| $pool:expr) => {
         mod $module {
             use super::*;
             type Db = $db;
@@ -169,10 +177,12 @@ macro_rules! backend_tests {
             }
 
             async fn fixture(gate: Arc<Gate>, delay: Duration, lease: Duration) -> Option<Fixture> {
-                fixture_with(gate, delay, lease, false).await
+                fixture_with(gate, delay, lease, false, 8).await
             }
 
-            async fn fixture_with(gate: Arc<Gate>, delay: Duration, lease: Duration, optional: bool) -> Option<Fixture> {
+            /// The fixture on a pool of `max` connections.
+            async fn fixture_with(gate: Arc<Gate>, delay: Duration, lease: Duration, optional: bool, max: u32) -> Option<Fixture> {
+                let $max = max;
                 let pool: sqlx::Pool<Db> = $pool?;
                 let table = unique("http_orders");
                 let ddl = match $dialect {
@@ -393,7 +403,7 @@ macro_rules! backend_tests {
 
             #[tokio::test]
             async fn an_optional_key_runs_keyless_requests_without_a_record() {
-                let Some(f) = fixture_with(Gate::open(), Duration::ZERO, Duration::from_secs(60), true).await else { return };
+                let Some(f) = fixture_with(Gate::open(), Duration::ZERO, Duration::from_secs(60), true, 8).await else { return };
                 for _ in 0..2 {
                     let (status, replayed, body) = answer(f.post(None, "{}").send().await.unwrap()).await;
                     assert_eq!((status, replayed), (201, false), "{body}");
@@ -443,6 +453,64 @@ macro_rules! backend_tests {
                 let (status, replayed, again) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
                 assert_eq!((status, replayed, again), (201, true, body));
                 assert_eq!(f.records().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn retries_past_a_slow_handlers_lease_answer_409_and_leave_the_pool_free() {
+                // A pool of 5; the slow handler's transaction holds one.
+                let Some(f) = fixture_with(Gate::holding_first(), Duration::ZERO, Duration::from_secs(1), false, 5).await else { return };
+                let f = Arc::new(f);
+                let k = key("slow");
+                let first = tokio::spawn({
+                    let (f, k) = (f.clone(), k.clone());
+                    async move { answer(f.post(Some(&k), "{}").send().await.expect("send")).await }
+                });
+                f.gate.wait_entered().await;
+                // Past its lease, and alive: its transaction holds the key.
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                // A guard against hanging, not a time asserted.
+                let guard = Duration::from_secs(15);
+                let send = |f: Arc<Fixture>, k: String, body: &'static str| async move {
+                    match f.post(Some(&k), body).timeout(guard).send().await {
+                        Ok(r) => Ok(answer(r).await),
+                        Err(e) => Err(format!("{e} (timed out: {})", e.is_timeout())),
+                    }
+                };
+                let retries: Vec<_> = (0..20).map(|_| tokio::spawn(send(f.clone(), k.clone(), "{}"))).collect();
+                // An unrelated request meanwhile, once the retries are in.
+                let fresh = tokio::spawn({
+                    let send = send(f.clone(), key("fresh"), "{\"fresh\":1}");
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        send.await
+                    }
+                });
+                if $dialect == Dialect::Sqlite {
+                    // SQLite has no row locks: the slow handler's transaction
+                    // holds the database's write lock, which every writer
+                    // (the fresh key's in-flight row too) waits for.
+                    let f = f.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        f.gate.release();
+                    });
+                }
+                let fresh = fresh.await.unwrap();
+                assert!(matches!(&fresh, Ok((201, false, _))), "the fresh key: {fresh:?}");
+                for retry in retries {
+                    match retry.await.unwrap() {
+                        Ok((409, false, body)) => assert!(body.contains("in progress"), "{body}"),
+                        // SQLite: it waited for the write lock, then found the answer.
+                        Ok((201, true, _)) if $dialect == Dialect::Sqlite => {}
+                        other => panic!("a retry of the slow key: {other:?}"),
+                    }
+                }
+                f.gate.release();
+                let (status, replayed, body) = first.await.unwrap();
+                assert_eq!((status, replayed), (201, false), "{body}");
+                let (status, replayed, again) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!((status, replayed, again), (201, true, body));
+                assert_eq!(f.effects().await, 2);
             }
 
             // ------------------------------------------------ composition
@@ -568,6 +636,7 @@ macro_rules! backend_tests {
             }
 
             async fn composed(delay: Duration) -> Option<Composed> {
+                let $max = 8;
                 let pool: sqlx::Pool<Db> = $pool?;
                 let table = unique("http_books");
                 let ddl = match $dialect {
@@ -797,19 +866,19 @@ backend_tests!(
     sqlx::Postgres,
     sqlx::PgConnection,
     Dialect::Postgres,
-    idem_testkit::postgres(8).await
+    |max| idem_testkit::postgres(max).await
 );
 backend_tests!(
     sqlite,
     sqlx::Sqlite,
     sqlx::SqliteConnection,
     Dialect::Sqlite,
-    Some(idem_testkit::sqlite(8).await)
+    |max| Some(idem_testkit::sqlite(max).await)
 );
 backend_tests!(
     mariadb,
     sqlx::MySql,
     sqlx::MySqlConnection,
     Dialect::MySql,
-    idem_testkit::mysql(8).await
+    |max| idem_testkit::mysql(max).await
 );

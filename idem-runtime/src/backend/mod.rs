@@ -217,7 +217,9 @@ pub trait RequestStore: Database {
         lease: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
-    /// Replaces the expired lease `old` by `lease`; true if it did.
+    /// Replaces the expired lease `old` by `lease`; true if it did. Never
+    /// waits on a row lock (where there are row locks): false when another
+    /// transaction holds the row.
     fn request_take_over<'a>(
         pool: &'a Pool<Self>,
         key: &'a str,

@@ -420,7 +420,9 @@ pub(crate) fn error_is_connection_loss(number: u16, message: &str) -> bool {
 /// The MariaDB / MySQL statements of `Idempotency-Key` requests. The find
 /// is a consistent read (no `LOCK IN SHARE MODE`): it must not wait for
 /// the handler's transaction that holds the row. INSERT IGNORE can only
-/// ignore the duplicate: every value is length-checked before.
+/// ignore the duplicate: every value is length-checked before. The
+/// take-over's lock skips a row held by another transaction (`SKIP LOCKED`:
+/// MariaDB 10.6, MySQL 8.0).
 pub(crate) const REQUESTS: RequestSql = RequestSql {
     find: "SELECT fingerprint, result, \
         CAST(CASE WHEN expire_time < UTC_TIMESTAMP(6) THEN 1 ELSE 0 END AS SIGNED) \
@@ -432,6 +434,10 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ? \
         AND expire_time < UTC_TIMESTAMP(6)",
+    lock: Some(
+        "SELECT 1 FROM idem_record WHERE idempotency_key = ? AND biz_type = ? \
+        FOR UPDATE SKIP LOCKED",
+    ),
     fence: "UPDATE idem_record SET expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
     complete: "UPDATE idem_record SET result = ?, \

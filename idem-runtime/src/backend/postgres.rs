@@ -329,6 +329,10 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
     take_over: "UPDATE idem_record SET result = $1, \
         expire_time = now() + make_interval(secs => $2::float8) \
         WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5 AND expire_time < now()",
+    lock: Some(
+        "SELECT 1 FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2 \
+        FOR UPDATE SKIP LOCKED",
+    ),
     fence: "UPDATE idem_record SET expire_time = now() + make_interval(secs => $1::float8) \
         WHERE idempotency_key = $2 AND biz_type = $3 AND result = $4",
     complete: "UPDATE idem_record SET result = $1, \

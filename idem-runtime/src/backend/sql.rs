@@ -385,8 +385,15 @@ pub(crate) struct RequestSql {
     /// in-flight row, unless the pair exists (0 rows, never an error).
     pub insert: &'static str,
     /// `lease, lease_secs, key, biz_type, old_lease`: takes over an
-    /// in-flight row whose lease ran out.
+    /// in-flight row whose lease ran out, in a transaction of its own after
+    /// [`lock`](Self::lock).
     pub take_over: &'static str,
+    /// `key, biz_type`: before the take-over, in its transaction, the row
+    /// locked, or no row when another transaction holds it (`FOR UPDATE
+    /// SKIP LOCKED`: a request whose handler is still running, only slower
+    /// than its lease), never a wait on that lock. `None` where there are no
+    /// row locks (SQLite: a writer waits for the database's write lock).
+    pub lock: Option<&'static str>,
     /// `lease_secs, key, biz_type, lease`: in the handler's transaction,
     /// the row still held by this lease, locked until the commit.
     pub fence: &'static str,

@@ -308,6 +308,9 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ? \
         AND expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    // No row locks: the take-over's `BEGIN IMMEDIATE` waits (busy_timeout)
+    // while a handler's transaction holds the write lock, as every writer.
+    lock: None,
     fence: "UPDATE idem_record \
         SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ?",

@@ -54,6 +54,7 @@
 //! | answered or in flight, another method, target or body | 422 |
 //! | in flight | 409 (the draft's choice: the client retries later, nothing waits on the server) |
 //! | in flight past its lease (the process that ran it died) | taken over: the handler runs |
+//! | in flight past its lease, its handler still running (slower than the lease) | 409: its transaction holds the row, and a retry does not wait for it |
 //!
 //! Two identical requests at the same moment: the in-flight row's insert
 //! is atomic, one of them writes it and runs, the other reads it and gets
@@ -66,6 +67,37 @@
 //! after the answer, until the archiver moves it to history with the other
 //! expired records ([`archive`](crate::archive)); the same key after that
 //! is a new request.
+//!
+//! ## Connections: the pool against retries
+//!
+//! A request holds one connection of the pool at a time: a few statements
+//! in autocommit to read and claim its key (step 4), then its handler's
+//! transaction for as long as the handler runs (5 to 8). The handlers
+//! running at once are what the pool must hold, plus headroom for the
+//! claims: a pool of `n` runs `n - 1` handlers at once and still has a
+//! connection to answer replays, 409s and 422s (a new key's handler waits
+//! for a connection to come back).
+//!
+//! Retries of a key whose request is in flight cost a connection for a few
+//! milliseconds each and never wait on the server: they read the record
+//! without locking it and answer 409. Past the lease, the take-over first
+//! locks the row with `FOR UPDATE SKIP LOCKED` (PostgreSQL, MariaDB 10.6+,
+//! MySQL 8.0) in a transaction of its own: a row that a running handler's
+//! transaction holds is skipped, and the retry answers 409 at once, where
+//! an `UPDATE` alone would wait for that transaction with its connection
+//! checked out. So 20 concurrent retries of a handler slower than its lease,
+//! on a pool of 5, leave the pool free for other requests
+//! (`retries_past_a_slow_handlers_lease_answer_409_and_leave_the_pool_free`
+//! in the repository's tests). Keep the lease above the handlers' longest
+//! run all the same: the lease is what frees the key of a process that
+//! died.
+//!
+//! SQLite has no row locks: a handler's transaction holds the database's
+//! write lock until it commits, and every writer waits for it (up to the
+//! busy timeout), a request with a new key (its in-flight row) and a
+//! retry's take-over alike, each with its connection checked out. On SQLite
+//! size the pool above the requests that may wait at once, and keep
+//! handlers short: the write lock, not the pool, is what they share.
 //!
 //! ```
 //! use axum::{Router, extract::State, http::StatusCode, routing::post};

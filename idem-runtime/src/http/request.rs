@@ -345,8 +345,10 @@ impl Idempotency {
                 Held::Lease(old) => {
                     // The request that held it died (or stalls past its
                     // lease before its transaction began): take it over.
-                    // Waits while that request's transaction holds the row,
-                    // then finds it answered.
+                    // A row its handler's transaction still holds (alive,
+                    // slower than its lease) is not waited for: false, and
+                    // after the rounds 409 (on SQLite the take-over waits
+                    // for the write lock, as every writer does).
                     if DB::request_take_over(
                         pool,
                         &held.key,

@@ -2,7 +2,7 @@
 
 use super::super::types::NewRecord;
 use super::super::{RequestStore, sealed::Sealed};
-use super::{persist, stmt};
+use super::{begin, persist, stmt};
 use sqlx::{Database, Pool, Transaction};
 
 for_every_backend! {
@@ -47,14 +47,34 @@ impl RequestStore for DB {
         lease: &'a str,
         lease_secs: i64,
     ) -> Result<bool, sqlx::Error> {
-        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).requests().take_over))
+        let sql = DB::dialect_of_pool(pool).requests();
+        // The row locked first, in a transaction of its own: a row that a
+        // running handler's transaction holds is skipped (false: the caller
+        // answers 409), where the UPDATE alone would wait for that
+        // transaction with a connection of the pool.
+        let mut tx = begin(pool).await?;
+        if let Some(lock) = sql.lock {
+            let row = sqlx::query(stmt(lock))
+                .persistent(persist())
+                .bind(key)
+                .bind(biz_type)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if row.is_none() {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+        }
+        let done = sqlx::query(stmt(sql.take_over))
             .persistent(persist())
             .bind(lease)
             .bind(lease_secs)
             .bind(key)
             .bind(biz_type)
-            .bind(old);
-        let done = on_pool!(pool, |conn| q.execute(conn))?;
+            .bind(old)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(DB::rows_affected(&done) == 1)
     }
 
