@@ -20,12 +20,38 @@ use idem_runtime::outbox::admin::{self, LeaseHolder, OutboxStats, TopicStats};
 use idem_runtime::{Backend, Error};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use std::time::Instant;
 
 /// A value is kept at least this many times as long as its read took.
 pub(crate) const STRETCH: u32 = 10;
+
+/// The longest one read of the console waits for the database: acquiring
+/// a connection and running its statements. A database that does not
+/// answer (black-holed) fails the read then, whatever the pool's own
+/// acquire timeout, and the future is dropped (the statement abandoned).
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The same for the reads that scan the outbox or the history tables
+/// (the delivered counts, the archive page), which the sampler or a
+/// single operator runs, not every scrape.
+pub(crate) const SCAN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `read`, failed when it takes longer than `limit`.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    read: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(limit, read).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the database did not answer within {limit:?}"),
+        )))),
+    }
+}
 
 /// How many sampling intervals old a page or scrape takes the delivered
 /// counts, which the sampler refreshes every interval.
@@ -126,6 +152,14 @@ impl<T: Clone> Cached<T> {
         Ok(value)
     }
 
+    /// The last value read, however old, and its age (none: never read,
+    /// or cleared).
+    pub(crate) fn last(&self) -> Option<(T, Duration)> {
+        self.cell()
+            .as_ref()
+            .map(|r| (r.value.clone(), r.at.elapsed()))
+    }
+
     /// Forgets the value once the read under way, if any, is done (so that
     /// it cannot store what it read before): the next reader queries.
     pub(crate) async fn clear(&self) {
@@ -143,6 +177,8 @@ pub(crate) struct Figures {
     pub(crate) counts: Cached<OutboxStats>,
     pub(crate) deliveries: Cached<Vec<u64>>,
     pub(crate) leases: Cached<Vec<LeaseHolder>>,
+    /// `/metrics` scrapes that could not read the database.
+    pub(crate) scrape_errors: AtomicU64,
 }
 
 impl Figures {
@@ -152,6 +188,7 @@ impl Figures {
             counts: Cached::new(),
             deliveries: Cached::new(),
             leases: Cached::new(),
+            scrape_errors: AtomicU64::new(0),
         }
     }
 }
@@ -207,7 +244,9 @@ impl<DB: Backend> Inner<DB> {
     pub(crate) async fn backlog(&self) -> Result<OutboxStats, Error> {
         self.figures
             .backlog
-            .get(self.sample_every, || admin::backlog(&self.pool, None))
+            .get(self.sample_every, || {
+                bounded(READ_TIMEOUT, admin::backlog(&self.pool, None))
+            })
             .await
     }
 
@@ -222,7 +261,7 @@ impl<DB: Backend> Inner<DB> {
             .figures
             .counts
             .get(self.sample_every * COUNTS_AGE, || {
-                admin::stats(&self.pool, None)
+                bounded(SCAN_TIMEOUT, admin::stats(&self.pool, None))
             })
             .await?;
         Ok(merge(&backlog, &counts))
@@ -233,7 +272,10 @@ impl<DB: Backend> Inner<DB> {
         self.figures
             .deliveries
             .get(self.sample_every, || {
-                admin::deliveries(&self.pool, crate::chart::WINDOW, crate::chart::BUCKET)
+                bounded(
+                    READ_TIMEOUT,
+                    admin::deliveries(&self.pool, crate::chart::WINDOW, crate::chart::BUCKET),
+                )
             })
             .await
     }
@@ -242,8 +284,27 @@ impl<DB: Backend> Inner<DB> {
     pub(crate) async fn leases(&self) -> Result<Vec<LeaseHolder>, Error> {
         self.figures
             .leases
-            .get(self.sample_every, || admin::leases(&self.pool))
+            .get(self.sample_every, || {
+                bounded(READ_TIMEOUT, admin::leases(&self.pool))
+            })
             .await
+    }
+
+    /// The figures as last read, however old, for `/metrics` when this
+    /// scrape's read failed: the outbox's counts (the backlog with the
+    /// delivered counts as last counted) and how old the backlog is, and
+    /// the lease holders.
+    pub(crate) fn last_figures(
+        &self,
+    ) -> (Option<(OutboxStats, Duration)>, Option<Vec<LeaseHolder>>) {
+        let stats = self.figures.backlog.last().map(|(backlog, age)| {
+            let stats = match self.figures.counts.last() {
+                Some((counts, _)) => merge(&backlog, &counts),
+                None => backlog,
+            };
+            (stats, age)
+        });
+        (stats, self.figures.leases.last().map(|(l, _)| l))
     }
 }
 

@@ -4,6 +4,7 @@
 //! last minutes, drawn as inline SVG.
 
 use crate::Inner;
+use crate::cache::{READ_TIMEOUT, SCAN_TIMEOUT, bounded};
 use idem_runtime::Backend;
 use idem_runtime::outbox::admin;
 use maud::{Markup, PreEscaped};
@@ -86,14 +87,16 @@ pub(crate) fn spawn_sampler<DB: Backend>(console: Weak<Inner<DB>>) {
             let backlog = c
                 .figures
                 .backlog
-                .get(fresh, || admin::backlog(&c.pool, None))
+                .get(fresh, || {
+                    bounded(READ_TIMEOUT, admin::backlog(&c.pool, None))
+                })
                 .await;
             // The delivered counts are refreshed here, so that pages and
             // scrapes find them read (see `Inner::stats`).
             if let Err(e) = c
                 .figures
                 .counts
-                .get(every, || admin::stats(&c.pool, None))
+                .get(every, || bounded(SCAN_TIMEOUT, admin::stats(&c.pool, None)))
                 .await
             {
                 tracing::debug!(error = %e, "idem console: counting the outbox failed");

@@ -13,33 +13,76 @@
 //! | `idem_outbox_success` | `topic` | delivered messages not yet archived |
 //! | `idem_outbox_oldest_pending_age_seconds` | `topic` | age of the oldest pending message (0: none) |
 //! | `idem_outbox_lease_holders` | | relays holding leases on pending messages |
-//! | `idem_console_database_up` | | 1 when the database answered a ping during this scrape |
+//! | `idem_console_database_up` | | 1 when the database answered this scrape (a ping and the gauges' reads) |
+//! | `idem_console_stale` | | 1 when it did not: the outbox gauges above are the last known, not dropped |
+//! | `idem_console_gauges_age_seconds` | | how long ago the outbox gauges were read |
+//! | `idem_console_scrape_errors_total` | | scrapes that could not read the database (a counter) |
 //!
 //! The gauges are read at most once per sampling interval
 //! ([`Console::sample_every`](crate::Console::sample_every), 2 s by
 //! default), shared with the overview; `idem_outbox_success` is the
 //! sampler's last count of the delivered messages, which on a large
 //! outbox runs at most a tenth of the time.
+//!
+//! A scrape waits at most [`METRICS_BUDGET`] (5 s, under Prometheus's
+//! default 10 s scrape timeout) for the database, each read at most
+//! [`READ_TIMEOUT`](crate::cache::READ_TIMEOUT) (3 s, acquiring a
+//! connection included) and the ping 3 s, whatever the pool's own acquire
+//! timeout: a database that is down or black-holed is reported as
+//! `idem_console_database_up 0` in time.
 
 use crate::Shared;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_runtime::Backend;
-use metrics::{Unit, describe_gauge, gauge};
+use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use sqlx::Connection;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// The longest `/metrics` waits for the database (Prometheus's default
+/// scrape timeout is 10 s): past it the scrape answers with the database
+/// down and the last known gauges.
+pub(crate) const METRICS_BUDGET: Duration = Duration::from_secs(5);
+
 pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
-    let stats = c.stats().await;
-    let leases = c.leases().await;
-    let local = PrometheusBuilder::new().build_recorder();
     // The figures may be one sampling interval old; whether the database
-    // answers is asked now.
-    let up = ping(&c).await.is_ok();
+    // answers is asked now, at the same time.
+    let reads = tokio::time::timeout(METRICS_BUDGET, async {
+        tokio::join!(c.stats(), c.leases())
+    });
+    let (reads, ping) = tokio::join!(reads, ping(&c));
+    let (fresh, failure) = match reads {
+        Ok((Ok(stats), Ok(leases))) => (Some((stats, leases)), ping.err()),
+        Ok((Err(e), _) | (_, Err(e))) => (None, Some(e.to_string())),
+        Err(_) => (
+            None,
+            Some(format!("no answer within {}s", METRICS_BUDGET.as_secs())),
+        ),
+    };
+    let errors = &c.figures.scrape_errors;
+    if let Some(e) = &failure {
+        errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %e, "idem console: /metrics could not read the database");
+    }
+    // The figures read now, else the last known ones, marked stale.
+    let (stats, leases, age) = match fresh {
+        Some((stats, leases)) => {
+            let age = c.figures.backlog.last().map(|(_, age)| age);
+            (Some(stats), Some(leases), age)
+        }
+        None => {
+            let (stats, leases) = c.last_figures();
+            let age = stats.as_ref().map(|(_, age)| *age);
+            (stats.map(|(s, _)| s), leases, age)
+        }
+    };
+    let stale = failure.is_some();
+    let local = PrometheusBuilder::new().build_recorder();
     metrics::with_local_recorder(&local, || {
         describe_gauge!(
             "idem_outbox_pending",
@@ -68,9 +111,22 @@ pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Respons
         );
         describe_gauge!(
             "idem_console_database_up",
-            "1 when the database answered this scrape."
+            "1 when the database answered this scrape: its ping and the gauges' reads."
         );
-        if let Ok(s) = &stats {
+        describe_gauge!(
+            "idem_console_stale",
+            "1 when this scrape could not read the database: the outbox gauges are the last known."
+        );
+        describe_gauge!(
+            "idem_console_gauges_age_seconds",
+            Unit::Seconds,
+            "How long ago the outbox gauges were read from the database."
+        );
+        describe_counter!(
+            "idem_console_scrape_errors_total",
+            "Scrapes of /metrics that could not read the database."
+        );
+        if let Some(s) = &stats {
             for t in &s.topics {
                 let topic = t.topic.clone();
                 gauge!("idem_outbox_pending", "topic" => topic.clone()).set(t.pending as f64);
@@ -80,14 +136,16 @@ pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Respons
                     .set(t.oldest_pending_age_secs.unwrap_or(0.0));
             }
         }
-        if let Ok(l) = &leases {
+        if let Some(l) = &leases {
             gauge!("idem_outbox_lease_holders").set(l.len() as f64);
         }
-        gauge!("idem_console_database_up").set(if up { 1.0 } else { 0.0 });
+        gauge!("idem_console_database_up").set(if stale { 0.0 } else { 1.0 });
+        gauge!("idem_console_stale").set(if stale { 1.0 } else { 0.0 });
+        if let Some(age) = age {
+            gauge!("idem_console_gauges_age_seconds").set(age.as_secs_f64());
+        }
+        counter!("idem_console_scrape_errors_total").absolute(errors.load(Ordering::Relaxed));
     });
-    if let Err(e) = stats.as_ref().map(|_| ()).and(leases.as_ref().map(|_| ())) {
-        tracing::warn!(error = %e, "idem console: /metrics could not read the database");
-    }
     let mut body = c
         .prometheus
         .as_ref()

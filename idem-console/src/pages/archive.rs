@@ -1,6 +1,7 @@
 //! `/archive`: what the archiver would move now, when it last ran, and
 //! how large the history tables are.
 
+use crate::cache::{SCAN_TIMEOUT, bounded};
 use crate::error::PageError;
 use crate::{Shared, fmt, layout};
 use axum::extract::State;
@@ -14,7 +15,11 @@ pub(crate) async fn page<DB: Backend>(
     headers: HeaderMap,
 ) -> Result<Html<String>, PageError> {
     let viewer = c.auth.viewer(&headers);
-    let s = idem_runtime::archive::status(&c.pool, c.outbox_retention).await?;
+    let s = bounded(
+        SCAN_TIMEOUT,
+        idem_runtime::archive::status(&c.pool, c.outbox_retention),
+    )
+    .await?;
     let body = html! {
         h1 { "Archiving" }
         p.note { "Expired idempotency records and finished outbox messages (delivered or dead-lettered, last changed more than "

@@ -1,6 +1,7 @@
 //! `/messages` (any status) and `/dead-letters` (failed, with their
 //! reasons, to select for a requeue): oldest first, a page at a time.
 
+use crate::cache::{READ_TIMEOUT, bounded};
 use crate::error::PageError;
 use crate::mount::Mount;
 use crate::params::{Params, query_string};
@@ -84,7 +85,11 @@ async fn render<DB: Backend>(
 ) -> Result<Html<String>, PageError> {
     let viewer = c.auth.viewer(headers);
     let dead = path == "/dead-letters";
-    let page = admin::page(&c.pool, l.status, l.topic.as_deref(), l.after, l.limit).await?;
+    let page = bounded(
+        READ_TIMEOUT,
+        admin::page(&c.pool, l.status, l.topic.as_deref(), l.after, l.limit),
+    )
+    .await?;
     let stats = c.stats().await?;
     let topics: Vec<&str> = stats
         .topics

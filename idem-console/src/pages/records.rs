@@ -1,5 +1,6 @@
 //! `/records`: an idempotency record by key, online or archived.
 
+use crate::cache::{READ_TIMEOUT, bounded};
 use crate::error::PageError;
 use crate::params::Params;
 use crate::{Shared, layout};
@@ -21,7 +22,7 @@ pub(crate) async fn page<DB: Backend>(
     // The column's width.
     let biz_type = p.filter("biz_type", 64)?;
     let found = match key {
-        Some(k) => Some(find_record(&c.pool, k, biz_type).await?),
+        Some(k) => Some(bounded(READ_TIMEOUT, find_record(&c.pool, k, biz_type)).await?),
         None => None,
     };
     let form = html! {
