@@ -111,6 +111,11 @@ pub(crate) struct ServeArgs {
     /// reach it at.
     #[arg(long = "allowed-host", value_name = "HOST")]
     pub(crate) allowed_hosts: Vec<String>,
+    /// The origin users reach the console at through a reverse proxy, such as
+    /// https://console.example.com (repeatable): sign-ins and requeues from it are accepted
+    /// although the proxy replaced Host (nginx's default), and its host is answered.
+    #[arg(long = "public-origin", value_name = "ORIGIN")]
+    pub(crate) public_origins: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -223,3 +223,68 @@ async fn serve_under_a_path_prefix_keeps_every_page_under_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unusable mount path"), "{err}");
 }
+
+/// `idem serve`'s guards as a process: another `Host` is refused (421)
+/// while `--allowed-host` and `--public-origin` names are answered; a
+/// sign-in whose `Origin` is the public origin passes although `Host` is
+/// the internal address; a token easy to guess is refused at start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_its_hosts_accepts_its_public_origin_and_refuses_a_weak_token() {
+    let url = sqlite_url();
+    let _migrated = any(&url, 1).await.expect("sqlite never skips");
+    let (server, _) = serve_with(
+        &url,
+        Some(TOKEN),
+        &[
+            "--allowed-host",
+            "console.internal",
+            "--public-origin",
+            "https://console.example.com",
+        ],
+    );
+    let base = &server.base;
+    for (host, expected) in [
+        ("evil.example", 421),
+        ("console.internal:8080", 200),
+        ("console.example.com", 200),
+        ("localhost", 200),
+    ] {
+        let r = http()
+            .get(format!("{base}/health"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), expected, "{host}");
+    }
+    let sign_in = |origin: &'static str| {
+        http()
+            .post(format!("{base}/login"))
+            .header("origin", origin)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={TOKEN}"))
+            .send()
+    };
+    // reqwest follows the redirect to the overview: 200 after signing in.
+    assert_eq!(sign_in("https://evil.example").await.unwrap().status(), 403);
+    assert_eq!(
+        sign_in("https://console.example.com")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .env("IDEM_WRITE_TOKEN", "aaaaaaaaaaaaaaaa")
+        .args(["--database-url", &url, "serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("easy to guess") && err.contains("openssl rand -hex 16"),
+        "{err}"
+    );
+}

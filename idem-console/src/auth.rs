@@ -10,6 +10,7 @@
 //! start-up.
 
 use crate::error::PageError;
+use crate::host::Site;
 use crate::throttle::{self, Client, Throttle};
 use axum::http::{HeaderMap, header};
 use hmac::{KeyInit, Mac};
@@ -287,7 +288,8 @@ impl Auth {
     }
 
     /// Lets a state-changing request through, or says why not: the console
-    /// is read-only; the request comes from another origin; it carries
+    /// is read-only; the request comes from another origin than this host
+    /// or one of `site`'s public origins; it carries
     /// neither the token as a bearer nor a session with its CSRF token;
     /// its client is in its back-off after wrong tokens.
     pub(crate) fn authorize(
@@ -295,6 +297,7 @@ impl Auth {
         headers: &HeaderMap,
         form_csrf: Option<&str>,
         client: Client,
+        site: &Site,
     ) -> Result<(), PageError> {
         if !self.writable() {
             return Err(PageError::Forbidden(
@@ -303,7 +306,7 @@ impl Auth {
                     .into(),
             ));
         }
-        same_origin(headers)?;
+        same_origin(headers, site)?;
         if let Some(given) = bearer(headers) {
             return if self.check_token(given, client)? {
                 Ok(())
@@ -337,13 +340,17 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Refuses a request a browser sent from another origin: its `Origin`
-/// must name this host (as the `Host` header gives it), and
+/// must be one of the public origins (behind a reverse proxy that
+/// rewrites `Host`) or name this host (as the `Host` header gives it), and
 /// `Sec-Fetch-Site`, when present, must not say cross-site. Requests with
 /// neither header (curl, scripts) pass on to the token checks.
-pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), PageError> {
+pub(crate) fn same_origin(headers: &HeaderMap, site: &Site) -> Result<(), PageError> {
     let refuse = || {
         Err(PageError::Forbidden(
-            "cross-origin request refused: submit the console's own forms".into(),
+            "cross-origin request refused: submit the console's own forms. Behind a reverse \
+             proxy that rewrites Host (nginx's default), start the console with \
+             --public-origin and the origin users reach it at (Console::public_origin)"
+                .into(),
         ))
     };
     if let Some(site) = headers.get("sec-fetch-site")
@@ -354,6 +361,9 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), PageError> {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return Ok(());
     };
+    if origin.to_str().is_ok_and(|o| site.is_public_origin(o)) {
+        return Ok(());
+    }
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let origin_host = origin.to_str().ok().and_then(|o| {
         o.strip_prefix("http://")
@@ -427,9 +437,10 @@ mod tests {
         let s = a.session(&cookie(&v)).expect("own cookie");
         let csrf = a.csrf(&s);
         let c = Client::unknown();
-        assert!(a.authorize(&cookie(&v), Some(&csrf), c).is_ok());
-        assert!(a.authorize(&cookie(&v), None, c).is_err());
-        assert!(a.authorize(&cookie(&v), Some("00"), c).is_err());
+        let site = Site::default();
+        assert!(a.authorize(&cookie(&v), Some(&csrf), c, &site).is_ok());
+        assert!(a.authorize(&cookie(&v), None, c, &site).is_err());
+        assert!(a.authorize(&cookie(&v), Some("00"), c, &site).is_err());
         // Another console's cookie (another key), or a tampered one.
         let b = Auth::with_token(TOKEN).unwrap();
         assert!(b.session(&cookie(&v)).is_none());
@@ -441,6 +452,8 @@ mod tests {
 
     #[test]
     fn cross_origin_posts_are_refused() {
+        let site = Site::default();
+        let same_origin = |h: &HeaderMap| same_origin(h, &site);
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
         assert!(same_origin(&h).is_ok());
@@ -456,5 +469,29 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(same_origin(&h).is_err());
+    }
+
+    #[test]
+    fn behind_a_proxy_the_public_origin_is_the_consoles() {
+        let mut site = Site::default();
+        site.public_origin("https://console.example.com").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://console.example.com"),
+        );
+        assert!(same_origin(&h, &site).is_ok());
+        assert!(same_origin(&h, &Site::default()).is_err());
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.test"),
+        );
+        assert!(same_origin(&h, &site).is_err());
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        assert!(same_origin(&h, &site).is_ok(), "its own host still");
     }
 }

@@ -1,12 +1,13 @@
-//! Which names the console answers to: the `Host` allowlist that defeats
-//! DNS rebinding.
+//! Which names the console answers to (the `Host` allowlist that defeats
+//! DNS rebinding) and which origins its forms may come from besides its
+//! own (the public origin behind a reverse proxy that rewrites `Host`).
 //!
 //! A page on another site can point a name of its own at the console's
 //! address (DNS rebinding) and then read the console as its own origin:
 //! the browser then sends that name as `Host`. So the console answers only
 //! to names that cannot be pointed elsewhere: IP addresses and `localhost`
 //! by default, and the names it was given (`Console::allowed_host`, `idem
-//! serve --allowed-host`).
+//! serve --allowed-host`, the host of each public origin).
 
 use crate::Shared;
 use crate::error::PageError;
@@ -16,7 +17,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use idem_runtime::Backend;
 
-/// A host name the console cannot be told to answer to.
+/// An allowed host or a public origin that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostError {
     what: &'static str,
@@ -77,10 +78,34 @@ fn unreboundable(name: &str) -> bool {
         || (name.starts_with('[') && name.ends_with(']'))
 }
 
-/// The names the console answers to.
+/// An origin (`scheme://host[:port]`), the default port left out as
+/// browsers do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Origin {
+    scheme: &'static str,
+    host: HostPort,
+}
+
+fn parse_origin(s: &str) -> Option<Origin> {
+    let (scheme, rest, default) = if let Some(r) = s.strip_prefix("https://") {
+        ("https", r, 443)
+    } else if let Some(r) = s.strip_prefix("http://") {
+        ("http", r, 80)
+    } else {
+        return None;
+    };
+    let mut host = parse_host(rest)?;
+    if host.port == Some(default) {
+        host.port = None;
+    }
+    Some(Origin { scheme, host })
+}
+
+/// The names and origins the console answers to.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Site {
     hosts: Vec<HostPort>,
+    origins: Vec<Origin>,
 }
 
 impl Site {
@@ -98,6 +123,28 @@ impl Site {
         Ok(())
     }
 
+    /// Accepts forms from `origin` (`https://console.example.com`), and
+    /// answers to its host.
+    pub(crate) fn public_origin(&mut self, origin: &str) -> Result<(), HostError> {
+        let shown: String = origin.chars().take(80).collect();
+        let trimmed = origin.trim();
+        let trimmed = trimmed.strip_suffix('/').unwrap_or(trimmed);
+        let parsed = parse_origin(trimmed).ok_or_else(|| HostError {
+            what: "public origin",
+            reason: format!(
+                "{shown:?} is not an origin: write the scheme and host users reach the \
+                 console at, with the port if not the scheme's default and no path \
+                 (such as https://console.example.com)"
+            ),
+        })?;
+        self.hosts.push(HostPort {
+            name: parsed.host.name.clone(),
+            port: None,
+        });
+        self.origins.push(parsed);
+        Ok(())
+    }
+
     /// Whether a request with this `Host` is answered.
     pub(crate) fn allows_host(&self, host: &str) -> bool {
         let Some(h) = parse_host(host) else {
@@ -108,6 +155,11 @@ impl Site {
                 .hosts
                 .iter()
                 .any(|a| a.name == h.name && (a.port.is_none() || a.port == h.port))
+    }
+
+    /// Whether `origin` is one of the public origins.
+    pub(crate) fn is_public_origin(&self, origin: &str) -> bool {
+        parse_origin(origin).is_some_and(|o| self.origins.contains(&o))
     }
 }
 
@@ -195,6 +247,28 @@ mod tests {
         for bad in ["", "a/b", "https://x", "x:y", "a b"] {
             let e = s.allow_host(bad).unwrap_err();
             assert!(e.to_string().starts_with("unusable allowed host"), "{e}");
+        }
+    }
+
+    #[test]
+    fn public_origins_are_normalised_and_answered() {
+        let mut s = Site::default();
+        s.public_origin("https://Console.Example.com:443/").unwrap();
+        s.public_origin("http://10.0.0.5:8080").unwrap();
+        assert!(s.is_public_origin("https://console.example.com"));
+        assert!(s.is_public_origin("http://10.0.0.5:8080"));
+        assert!(!s.is_public_origin("http://console.example.com"));
+        assert!(!s.is_public_origin("https://console.example.com:8443"));
+        assert!(!s.is_public_origin("null"));
+        assert!(s.allows_host("console.example.com"));
+        for bad in [
+            "console.example.com",
+            "https://x/path",
+            "ftp://x",
+            "https://",
+        ] {
+            let e = s.public_origin(bad).unwrap_err();
+            assert!(e.to_string().starts_with("unusable public origin"), "{e}");
         }
     }
 }

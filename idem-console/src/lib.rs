@@ -40,12 +40,13 @@
 //! the host names given with [`Console::allowed_host`] (421 to any other
 //! `Host`), so that a page of another site cannot read it through a name
 //! of its own pointed at it (DNS rebinding). Without a write token the
-//! console is read-only: every POST
-//! but sign-in is refused with 403. With one, a state-changing request is a
+//! console is read-only: every POST but sign-in is refused with 403.
+//! With one, a state-changing request is a
 //! POST that carries either a session cookie (from `/login`) and its CSRF
 //! token, or `Authorization: Bearer <token>`; a POST from another origin is
-//! refused either way. Requeues go through
-//! [`idem_runtime::outbox::admin::requeue`], the guarded function the CLI
+//! refused either way (behind a reverse proxy that rewrites `Host`, give
+//! the console its [`public_origin`](Console::public_origin)). Requeues
+//! go through [`idem_runtime::outbox::admin::requeue`], the guarded function the CLI
 //! uses: only failed messages change, never successful or pending ones.
 //! Nothing from a request reaches SQL except as a bound value.
 
@@ -152,6 +153,23 @@ impl<DB: Backend> Console<DB> {
     /// ```
     pub fn allowed_host(mut self, host: &str) -> Result<Self, HostError> {
         self.inner.site.allow_host(host)?;
+        Ok(self)
+    }
+
+    /// The origin users reach the console at through a reverse proxy
+    /// (such as `https://console.example.com`; may be given more than
+    /// once): sign-ins and requeues whose `Origin` it is are accepted
+    /// although the proxy replaced `Host` (nginx's default), and the
+    /// console answers to its host (which Caddy passes on). Without it, a
+    /// POST is accepted only from the origin that `Host` names.
+    ///
+    /// ```
+    /// # fn f(pool: sqlx::SqlitePool) -> Result<(), idem_console::HostError> {
+    /// let console = idem_console::Console::new(pool).public_origin("https://console.example.com")?;
+    /// # let _ = console; Ok(()) }
+    /// ```
+    pub fn public_origin(mut self, origin: &str) -> Result<Self, HostError> {
+        self.inner.site.public_origin(origin)?;
         Ok(self)
     }
 

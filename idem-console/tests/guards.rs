@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, COOKIE, HOST, LOCATION, ORIGIN, RETRY_AFTER, SET_COOKIE};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -354,6 +354,113 @@ async fn weak_write_tokens_are_refused_at_start_up() {
         assert!(
             Console::new(pool.clone()).write_token(strong).is_ok(),
             "{strong}"
+        );
+    }
+}
+
+/// Behind nginx's default `proxy_pass http://127.0.0.1:8080`, a browser
+/// at `https://console.example.com` sends that as `Origin` while the
+/// console sees `Host: 127.0.0.1:8080`: without `public_origin` every
+/// sign-in and requeue is refused as cross-origin; with it they pass, and
+/// another origin is still refused. Caddy passes `Host` on: the public
+/// origin's host is answered too. On the three backends (the requeue
+/// changes the row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_proxy_that_rewrites_host_the_public_origin_signs_in_and_requeues() {
+    const PUBLIC: &str = "https://console.example.com";
+    for db in databases("guards_proxy").await {
+        let d = db.d;
+        let dead = db
+            .message("payments", "f0", "failed", 5, Some("boom"))
+            .await;
+        // As nginx forwards a browser's sign-in: Host is the upstream's.
+        let login = |base: String, origin: &'static str| async move {
+            let body = form_urlencoded::Serializer::new(String::new())
+                .append_pair("token", TOKEN)
+                .append_pair("next", "/dead-letters")
+                .finish();
+            client()
+                .post(format!("{base}/login"))
+                .header(ORIGIN, origin)
+                .header("sec-fetch-site", "same-origin")
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(body)
+                .send()
+                .await
+                .expect("POST /login")
+        };
+        let plain = serve(Console::new(db.pool.clone()).write_token(TOKEN).unwrap()).await;
+        let r = login(plain.base.clone(), PUBLIC).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{d:?}");
+        let html = r.text().await.unwrap();
+        assert!(html.contains("--public-origin"), "{d:?}: {html}");
+
+        let console = Console::new(db.pool.clone())
+            .write_token(TOKEN)
+            .unwrap()
+            .public_origin(PUBLIC)
+            .unwrap();
+        let served = serve(console).await;
+        let base = &served.base;
+        let r = login(base.clone(), "https://evil.example").await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{d:?}: another origin");
+        let r = login(base.clone(), "http://console.example.com").await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{d:?}: another scheme");
+        let r = login(base.clone(), PUBLIC).await;
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{d:?}");
+        assert_eq!(r.headers()[LOCATION], "/dead-letters");
+        let set = r.headers()[SET_COOKIE].to_str().unwrap();
+        let cookie = set.split(';').next().unwrap().to_string();
+
+        // The requeue, confirmed from the preview as the browser would.
+        let r = client()
+            .get(format!("{base}/requeue?id={dead}"))
+            .header(COOKIE, &cookie)
+            .send()
+            .await
+            .unwrap();
+        let html = r.text().await.unwrap();
+        let csrf = input_value(&html, "csrf").expect("the preview's form");
+        let confirm = |origin: &'static str| {
+            let body = form_urlencoded::Serializer::new(String::new())
+                .append_pair("id", &dead.to_string())
+                .append_pair("max_id", &dead.to_string())
+                .append_pair("previewed", "1")
+                .append_pair("csrf", &csrf)
+                .finish();
+            client()
+                .post(format!("{base}/requeue"))
+                .header(COOKIE, &cookie)
+                .header(ORIGIN, origin)
+                .header("sec-fetch-site", "same-origin")
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(body)
+                .send()
+        };
+        let r = confirm("https://evil.example").await.unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{d:?}");
+        assert_eq!(db.status(dead).await, "failed", "{d:?}");
+        let r = confirm(PUBLIC).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{d:?}");
+        assert_eq!(db.status(dead).await, "pending", "{d:?}");
+
+        // Caddy forwards the browser's Host: the public origin's is answered.
+        let (status, _) = get_as(&format!("{base}/dead-letters"), "console.example.com").await;
+        assert_eq!(status, StatusCode::OK, "{d:?}");
+        let (status, _) = get_as(&format!("{base}/dead-letters"), "evil.example").await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{d:?}");
+    }
+    let pool = any(&idem_testkit::sqlite_url(), 1).await.unwrap();
+    for bad in [
+        "console.example.com",
+        "https://console.example.com/ops",
+        "ftp://x",
+        "null",
+    ] {
+        let e = Console::new(pool.clone()).public_origin(bad).unwrap_err();
+        assert!(
+            e.to_string().starts_with("unusable public origin"),
+            "{bad:?}: {e}"
         );
     }
 }

@@ -25,6 +25,11 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
             .allowed_host(host)
             .map_err(|e| Fail::usage(e.to_string()))?;
     }
+    for origin in &args.public_origins {
+        console = console
+            .public_origin(origin)
+            .map_err(|e| Fail::usage(e.to_string()))?;
+    }
     let writable = match args.write_token.as_deref().map(str::trim) {
         Some(token) if !token.is_empty() => {
             console = console

@@ -93,7 +93,7 @@ pub(crate) async fn login<DB: Backend>(
             "this console is read-only: there is nothing to sign in to".into(),
         ));
     }
-    same_origin(&headers)?;
+    same_origin(&headers, &c.site)?;
     let p = Params::body(&body);
     let next = safe_next(p.get("next"));
     match c.auth.check_token(p.get("token").unwrap_or(""), client) {
@@ -133,7 +133,7 @@ pub(crate) async fn logout<DB: Backend>(
     body: Bytes,
 ) -> Result<Response, PageError> {
     let p = Params::body(&body);
-    c.auth.authorize(&headers, p.get("csrf"), client)?;
+    c.auth.authorize(&headers, p.get("csrf"), client, &c.site)?;
     Ok((
         StatusCode::SEE_OTHER,
         [

@@ -132,7 +132,7 @@ pub(crate) async fn confirm<DB: Backend>(
     body: Bytes,
 ) -> Result<Html<String>, PageError> {
     let p = Params::body(&body);
-    if let Err(refused) = c.auth.authorize(&headers, p.get("csrf"), client) {
+    if let Err(refused) = c.auth.authorize(&headers, p.get("csrf"), client, &c.site) {
         metrics::counter!("idem_console_refused_writes_total").increment(1);
         return Err(refused);
     }
