@@ -1,4 +1,6 @@
-//! HTTP entry points, on axum 0.8 (feature `axum`).
+//! HTTP entry points, on axum 0.8 (feature `axum`), over every backend:
+//! PostgreSQL, MariaDB, SQLite, and `sqlx::Any` (feature `any`: the
+//! futures are `Send` though `AnyConnection` is not `Sync`).
 //!
 //! Two sources of duplicate requests, two sets of pieces:
 //!
