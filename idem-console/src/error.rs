@@ -77,11 +77,16 @@ impl IntoResponse for PageError {
                 (StatusCode::TOO_MANY_REQUESTS, "Too many attempts", message)
             }
             PageError::Database(m) => {
+                // The database's own text goes to the log only: it can
+                // name tables, values and server details, and it came
+                // with a prefix of its own.
                 tracing::warn!(error = %m, "idem console: database error");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "Database error",
-                    format!("database error: {m}"),
+                    "the database could not answer this page; the console's log has the \
+                     details. Retry in a moment."
+                        .to_owned(),
                 )
             }
         };
