@@ -63,7 +63,11 @@ impl Gate {
     }
     async fn pass(&self) {
         self.entered.add_permits(1);
-        if self.holds.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| h.checked_sub(1)).is_ok() {
+        if self
+            .holds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| h.checked_sub(1))
+            .is_ok()
+        {
             self.open.acquire().await.expect("open").forget();
         }
     }
