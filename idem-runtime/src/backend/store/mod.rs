@@ -115,6 +115,28 @@ macro_rules! bind_secs {
     };
 }
 
+/// The failure bookkeeping's statement (see
+/// [`OutboxStore::outbox_settle_failure`]), bound: over a pending row this
+/// attempt holds, or (`over_success`) over this attempt's own `success`.
+macro_rules! settle_query {
+    ($sql:expr, $over_success:expr, $id:expr, $owner:expr, $attempt:expr, $dead:expr, $delay_secs:expr, $error:expr) => {{
+        let sql = $sql;
+        let text = if $over_success {
+            sql.outbox_revert
+        } else {
+            sql.outbox_settle
+        };
+        let q = sqlx::query(stmt(text))
+            .persistent(persist())
+            .bind(if $dead { "failed" } else { "pending" });
+        bind_secs!(q, sql, $delay_secs)
+            .bind($error)
+            .bind($id)
+            .bind($owner)
+            .bind($attempt)
+    }};
+}
+
 type RowTuple = (i64, String, String, String, i32);
 
 /// A claimed row and its lease owner before the claim.
@@ -598,16 +620,16 @@ impl OutboxStore for DB {
         delay_secs: f64,
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
-        let sql = DB::dialect_of_pool(pool).sql();
-        let text = if over_success { sql.outbox_revert } else { sql.outbox_settle };
-        let q = sqlx::query(stmt(text))
-            .persistent(persist())
-            .bind(if dead { "failed" } else { "pending" });
-        let q = bind_secs!(q, sql, delay_secs)
-            .bind(error)
-            .bind(id)
-            .bind(owner)
-            .bind(attempt);
+        let q = settle_query!(
+            DB::dialect_of_pool(pool).sql(),
+            over_success,
+            id,
+            owner,
+            attempt,
+            dead,
+            delay_secs,
+            error
+        );
         let done = on_pool!(pool, |conn| q.execute(conn));
         #[cfg(feature = "testing")]
         let done = crate::testing::after_commit(crate::testing::Kind::Settle, done);
@@ -624,16 +646,16 @@ impl OutboxStore for DB {
         delay_secs: f64,
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
-        let sql = sql_of(tx);
-        let text = if over_success { sql.outbox_revert } else { sql.outbox_settle };
-        let q = sqlx::query(stmt(text))
-            .persistent(persist())
-            .bind(if dead { "failed" } else { "pending" });
-        let q = bind_secs!(q, sql, delay_secs)
-            .bind(error)
-            .bind(id)
-            .bind(owner)
-            .bind(attempt);
+        let q = settle_query!(
+            sql_of(tx),
+            over_success,
+            id,
+            owner,
+            attempt,
+            dead,
+            delay_secs,
+            error
+        );
         Ok(DB::rows_affected(&q.execute(&mut **tx).await?) == 1)
     }
 }
