@@ -415,6 +415,16 @@ impl Event {
             .map(serde_json::from_str)
             .collect()
     }
+
+    /// The events of a trace recorded as JSON values (the runtime's
+    /// `testing::trace`), in order; the first value that is no event is
+    /// the error, with its text.
+    pub fn from_values(values: &[serde_json::Value]) -> Result<Vec<Event>, String> {
+        values
+            .iter()
+            .map(|v| Event::deserialize(v).map_err(|e| format!("{e}: {v}")))
+            .collect()
+    }
 }
 
 /// What the trace was recorded under.

@@ -52,9 +52,7 @@ impl Drop for Hooks {
 fn events_of(topic: &str) -> Vec<Event> {
     let mut raw = idem_runtime::testing::trace::take_topic(topic);
     idem_runtime::testing::trace::sort(&mut raw);
-    raw.into_iter()
-        .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
-        .collect()
+    Event::from_values(&raw).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Checks `topic`'s trace against the model; the report, or the violation.

@@ -402,10 +402,7 @@ async fn enqueue_deductions(pool: &MySqlPool, topic: &str, prefix: &str) -> i64 
 async fn conforms(cluster: &Galera, node: usize, topic: &str, commit_batch: usize) {
     let mut events = idem_runtime::testing::trace::take_topic(topic);
     idem_runtime::testing::trace::sort(&mut events);
-    let events: Vec<idem_model::trace::Event> = events
-        .into_iter()
-        .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
-        .collect();
+    let events = idem_model::trace::Event::from_values(&events).unwrap_or_else(|e| panic!("{e}"));
     let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = ?")
         .bind(topic)
         .fetch_all(&mut cluster.synced(node).await)

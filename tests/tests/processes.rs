@@ -303,10 +303,7 @@ async fn kill_mid_run_then_restart_batched(url: &str, commit_batch: usize) {
     // The model checks both processes' trace, the victim's cut short.
     let mut events = idem_runtime::testing::trace::read_file(&trace.0, &topic).expect("trace");
     idem_runtime::testing::trace::sort(&mut events);
-    let events: Vec<idem_model::trace::Event> = events
-        .into_iter()
-        .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
-        .collect();
+    let events = idem_model::trace::Event::from_values(&events).unwrap_or_else(|e| panic!("{e}"));
     let ids: Vec<i64> = sqlx::query_scalar(sql(d, "SELECT id FROM idem_outbox WHERE topic = ?"))
         .bind(&topic)
         .fetch_all(&pool)
