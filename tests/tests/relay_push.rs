@@ -24,7 +24,7 @@ mod postgres {
         idem_testkit::postgres(16).await
     );
 
-    use idem_runtime::outbox::LISTENER_APP;
+    use idem_runtime::outbox::{LISTENER_APP, NOTIFIER_APP};
 
     /// Far longer than the window: a delivery in the window is a wake-up.
     const POLL: Duration = Duration::from_secs(10);
@@ -153,7 +153,9 @@ mod postgres {
             "relay_push: push on, poll 10 s: delivered {in_window}/50 within 2 s, push_wakeups={wakeups}"
         );
         assert_eq!(in_window, 50);
-        assert!(wakeups >= 50, "{wakeups} wake-ups for 50 messages");
+        // One notification may cover several messages (the notifier
+        // coalesces what committed since its last round).
+        assert!(wakeups >= 1, "{wakeups} wake-ups for 50 messages");
     }
 
     /// The control: the same run without push delivers nothing in the
@@ -229,6 +231,75 @@ mod postgres {
             in_window, n,
             "pushed again after each reconnection: delivered long before the poll"
         );
+    }
+
+    /// The backend pids of `owner`'s notifier (it connects on first use).
+    async fn notifier_pids(pool: &Pool<Db>, owner: &str) -> Vec<i32> {
+        sqlx::query_scalar(
+            "SELECT pid FROM pg_catalog.pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(format!("{NOTIFIER_APP}:{owner}"))
+        .fetch_all(pool)
+        .await
+        .expect("pg_stat_activity")
+    }
+
+    /// The producers' transactions do not notify while a pushing relay of
+    /// the process runs a notifier: its own connection does, after their
+    /// commit. Its backend killed three times (each time with messages
+    /// enqueued right after), every message is still delivered within the
+    /// window (10 s poll: a wake-up delivered it), once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_killed_notifier_reconnects_and_keeps_waking_the_relay() {
+        let Some(pool) = pool().await else { return };
+        let topic = topic("notifier");
+        let owner = format!("push-n-{}", ids(1));
+        let handle = asleep(&pool, &topic, relay(&pool, &topic, &owner)).await;
+        listening(&pool, &owner).await;
+        let mut coupons = one_by_one(&pool, &topic, 5).await;
+        delivered(&pool, &topic, 6).await;
+        for round in 0..3 {
+            let pids = notifier_pids(&pool, &owner).await;
+            assert_eq!(
+                pids.len(),
+                1,
+                "round {round}: one notifier connection, {pids:?}"
+            );
+            let killed: bool = sqlx::query_scalar("SELECT pg_catalog.pg_terminate_backend($1)")
+                .bind(pids[0])
+                .fetch_one(&pool)
+                .await
+                .expect("terminate");
+            assert!(killed, "notifier {} not terminated", pids[0]);
+            coupons.extend(one_by_one(&pool, &topic, 10).await);
+            let n = coupons.len() as i64 + 1;
+            let start = Instant::now();
+            while by_status(&pool, &topic, "success").await < n {
+                assert!(
+                    start.elapsed() < WINDOW,
+                    "round {round}: after the notifier's kill, messages waited for the poll"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed);
+        handle.shutdown().await;
+        let (double, lost) = double_lost(&pool, &coupons).await;
+        eprintln!(
+            "relay_push: notifier killed 3 times, poll 10 s: {} delivered by wake-ups, push_wakeups={wakeups}, double={double} lost={lost}",
+            coupons.len()
+        );
+        assert_eq!((double, lost), (0, 0));
+        assert_eq!(by_status(&pool, &topic, "pending").await, 0);
+        // The notifier ended with its relay.
+        let start = Instant::now();
+        while !notifier_pids(&pool, &owner).await.is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{owner}'s notifier outlived its relay's shutdown"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A pool as `role` (a superuser of this test's own, created here),

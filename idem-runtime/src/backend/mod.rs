@@ -264,12 +264,14 @@ pub trait RequestStore: Database {
 pub trait OutboxStore: Database {
     /// Inserts a pending outbox message unless `(topic, msg_id)` exists
     /// (never a unique-violation error, which would abort a PostgreSQL
-    /// transaction); then reads the existing one.
+    /// transaction); then reads the existing one. `notify`: in the same
+    /// statement, notify a new message where the dialect can.
     fn outbox_insert<'a>(
         conn: &'a mut Self::Connection,
         topic: &'a str,
         msg_id: &'a str,
         payload: &'a str,
+        notify: bool,
     ) -> impl Future<Output = Result<OutboxInsert, sqlx::Error>> + Send + 'a;
 
     /// Marks the outbox message `lease` holds as delivered, fenced by the

@@ -9,10 +9,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The PostgreSQL channel [`enqueue`] notifies on (`pg_notify`), with the
 /// message's topic as the payload, and a PostgreSQL [`Relay`](crate::outbox::Relay)
 /// listens on to wake up at once (its
-/// [push wake-up](crate::outbox::Relay::push_wakeup)). The notification
-/// is part of the insert statement, so it is sent when the caller's
-/// transaction commits and never when it rolls back, and only for a new
-/// message ([`Enqueued::New`]). Your own code may `LISTEN` on it too.
+/// [push wake-up](crate::outbox::Relay::push_wakeup)). A notification is
+/// sent only for a new message ([`Enqueued::New`]) whose transaction
+/// committed, never for one rolled back. Your own code may `LISTEN` on it
+/// too.
+///
+/// Who sends it: where a relay of the same process pushes for the topic,
+/// its *notifier* does, on a connection of its own, once the message is
+/// visible (committed), coalescing the messages of any number of
+/// producers into one statement (see [`NOTIFIER_APP`](crate::outbox::NOTIFIER_APP)).
+/// Elsewhere (a producer-only process) the insert statement itself
+/// notifies, delivered at the commit.
 pub const NOTIFY_CHANNEL: &str = "idem_outbox";
 
 static NOTIFY: AtomicBool = AtomicBool::new(true);
@@ -21,13 +28,15 @@ static NOTIFY: AtomicBool = AtomicBool::new(true);
 /// yes), for the whole process. MariaDB and SQLite have no `NOTIFY`: their
 /// relays poll, whatever this says.
 ///
-/// The notification costs no extra round trip (it is part of the insert
-/// statement), but PostgreSQL serializes the commits of notifying
-/// transactions on one lock of the notification queue; a producer that
-/// enqueues at thousands of commits per second with relays that poll
-/// anyway (or run with [`push_wakeup(false)`](crate::outbox::Relay::push_wakeup))
-/// can turn it off. Relays then find the messages by polling: nothing is
-/// lost either way.
+/// PostgreSQL serializes the commits of transactions that issued
+/// `NOTIFY` on one database-wide lock, so producers that notify in their
+/// own transaction commit one at a time. With a pushing relay in the
+/// process the producers' transactions do not notify (its notifier does,
+/// after their commit, see [`NOTIFY_CHANNEL`]); a producer-only process
+/// that enqueues at thousands of commits per second, with relays that poll
+/// anyway (or run with [`push_wakeup(false)`](crate::outbox::Relay::push_wakeup)),
+/// can turn notifying off. Relays then find the messages by polling:
+/// nothing is lost either way.
 ///
 /// ```
 /// idem_runtime::outbox::notify_on_enqueue(false);
@@ -91,9 +100,9 @@ impl Enqueued {
 /// message commits or rolls back with the business change.
 ///
 /// On PostgreSQL (native or through `sqlx::Any`) a new message also
-/// notifies [`NOTIFY_CHANNEL`] in the same statement, delivered on
-/// commit: relays listening there wake up at once instead of at their
-/// next poll (see [`notify_on_enqueue`]).
+/// notifies [`NOTIFY_CHANNEL`] once committed: relays listening there wake
+/// up at once instead of at their next poll (see [`NOTIFY_CHANNEL`] for
+/// who sends it, and [`notify_on_enqueue`]).
 ///
 /// Idempotent per `(topic, msg_id)`, so a producer can retry its whole
 /// transaction after a lost commit acknowledgement:
@@ -152,11 +161,24 @@ async fn enqueue_once<DB: Backend>(
             ),
         ));
     }
+    // A relay of this process with push wake-up runs a notifier for the
+    // topic: it notifies after the commit, outside this transaction, so
+    // producers do not serialize on the notification lock. Otherwise the
+    // insert notifies itself (where the dialect can).
+    let notify = notify_on_enqueue_enabled();
+    let coalesced = notify && super::notifier::covers(topic);
     // Twice at most: a message found to exist, then gone before it could
     // be read (the archiver moved it), is inserted anew.
     for _ in 0..2 {
-        match DB::outbox_insert(&mut **tx, topic, msg_id, &text).await? {
-            OutboxInsert::New(id) => return Ok(Enqueued::New(id)),
+        match DB::outbox_insert(&mut **tx, topic, msg_id, &text, notify && !coalesced).await? {
+            OutboxInsert::New(id) => {
+                if coalesced {
+                    // `false`: the relay stopped meanwhile; polling finds
+                    // the message.
+                    super::notifier::hand_over(topic, id);
+                }
+                return Ok(Enqueued::New(id));
+            }
             OutboxInsert::Existing {
                 id,
                 payload: stored,

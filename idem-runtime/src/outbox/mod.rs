@@ -69,12 +69,14 @@ impl Status {
 
 pub mod admin;
 mod enqueue;
+mod notifier;
 mod relay;
 pub use crate::backend::OutboxRow;
 pub use enqueue::{
     Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, notify_on_enqueue,
     notify_on_enqueue_enabled,
 };
+pub use notifier::{GIVE_UP as NOTIFIER_GIVE_UP, NOTIFIER_APP};
 pub use relay::{
     Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
     RelayStatsSnapshot, Settled, Settlement,

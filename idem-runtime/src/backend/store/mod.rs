@@ -299,10 +299,11 @@ impl OutboxStore for DB {
         topic: &'a str,
         msg_id: &'a str,
         payload: &'a str,
+        notify: bool,
     ) -> Result<OutboxInsert, sqlx::Error> {
         let sql = DB::dialect_of_conn(conn).sql();
         let insert = match sql.outbox_insert_notify {
-            Some(notify) if crate::outbox::notify_on_enqueue_enabled() => notify,
+            Some(with_notify) if notify => with_notify,
             _ => sql.outbox_insert,
         };
         let new = match sql.insert_id {

@@ -58,9 +58,14 @@ pub(super) fn spawn_listener<DB: Backend>(
         let options = pg_options(pool)?.application_name(&format!("{LISTENER_APP}:{}", how.owner));
         let topics = topics.to_vec();
         let catch_up = how.catch_up;
-        Some(tokio::spawn(pg::listen(
-            options, catch_up, topics, wake, stop, stats,
-        )))
+        // The enqueues of this process notify through it, after their
+        // commit (see `outbox::notifier`); unregistered when the listener
+        // task ends.
+        let notifier = crate::outbox::notifier::start(options.clone(), how.owner, &topics);
+        Some(tokio::spawn(async move {
+            let _notifier = notifier;
+            pg::listen(options, catch_up, topics, wake, stop, stats).await
+        }))
     }
     #[cfg(not(feature = "postgres"))]
     {

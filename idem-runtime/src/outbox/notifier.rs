@@ -1,0 +1,220 @@
+//! Push wake-ups sent after the producer's commit, coalesced, from a
+//! connection of their own.
+//!
+//! A PostgreSQL transaction that issued `NOTIFY` takes a database-wide lock
+//! at commit (so that the notification queue holds entries in commit
+//! order), so producers whose enqueue notifies commit one at a time. A
+//! relay with [push wake-up](super::Relay::push_wakeup) therefore starts a
+//! *notifier* for its topics: while one is registered in the process,
+//! [`enqueue`](super::enqueue) of such a topic inserts without `NOTIFY` and
+//! hands the new message's id to the notifier instead. The notifier's task
+//! waits for the ids to become visible (their transaction committed), then
+//! notifies [`NOTIFY_CHANNEL`](super::NOTIFY_CHANNEL) for their topics in
+//! one statement of its own, and keeps the ids that are not visible yet for
+//! its next rounds (2 ms, doubling to 64 ms, for at most
+//! [`GIVE_UP`]): a rolled-back enqueue never becomes visible and notifies
+//! nobody. Every id handed over while a round runs waits for the next one,
+//! so one notifying statement at a time covers any number of producers.
+//!
+//! Polling stays the safety net: an id whose transaction takes longer than
+//! [`GIVE_UP`], or a notifier whose connection is lost, delays a message to
+//! the relay's next poll, never loses it. A producer in a process with no
+//! such relay notifies in its own statement, as before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The start of the `application_name` of a notifier's connection:
+/// `idem-notifier:` and the relay's owner.
+pub const NOTIFIER_APP: &str = "idem-notifier";
+
+/// How long a notifier waits for an enqueued message's transaction to
+/// commit before leaving the message to the relays' polling.
+pub const GIVE_UP: Duration = Duration::from_secs(2);
+
+/// A running notifier: where its ids go.
+// Built by the PostgreSQL notifier only.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+struct Notifier {
+    ids: mpsc::UnboundedSender<i64>,
+}
+
+type Registry = Mutex<HashMap<String, Vec<Weak<Notifier>>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Whether a notifier covers `topic` in this process: [`enqueue`](super::enqueue)
+/// then inserts without `NOTIFY` and [`hand_over`]s the id.
+pub(crate) fn covers(topic: &str) -> bool {
+    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.get(topic)
+        .is_some_and(|v| v.iter().any(|w| w.strong_count() > 0))
+}
+
+/// Hands a newly enqueued (uncommitted) message's id to every notifier of
+/// `topic`. Returns whether one took it; `false` (none left, the relay
+/// stopped since [`covers`]) leaves the message to polling.
+pub(crate) fn hand_over(topic: &str, id: i64) -> bool {
+    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    let mut taken = false;
+    for n in map
+        .get(topic)
+        .into_iter()
+        .flatten()
+        .filter_map(Weak::upgrade)
+    {
+        taken |= n.ids.send(id).is_ok();
+    }
+    taken
+}
+
+/// A registered notifier; dropping it unregisters it and ends its task.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct Registration {
+    notifier: Option<Arc<Notifier>>,
+    topics: Vec<String>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let Some(mine) = self.notifier.take() else {
+            return;
+        };
+        let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+        for t in &self.topics {
+            if let Some(v) = map.get_mut(t) {
+                v.retain(|w| w.upgrade().is_some_and(|n| !Arc::ptr_eq(&n, &mine)));
+                if v.is_empty() {
+                    map.remove(t);
+                }
+            }
+        }
+        // The sender goes with `mine`: the task sees its channel closed.
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) use pg::start;
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::{GIVE_UP, NOTIFIER_APP, Notifier, Registration, registry};
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    /// The first wait for ids not visible yet; doubled each round to
+    /// [`MAX_WAIT`].
+    const FIRST_WAIT: Duration = Duration::from_millis(2);
+    const MAX_WAIT: Duration = Duration::from_millis(64);
+
+    /// The notifying statement: the visible ones of the ids (committed),
+    /// each notifying its topic (PostgreSQL folds equal notifications of
+    /// one transaction into one).
+    const NOTIFY_VISIBLE: &str = "SELECT o.id FROM idem_outbox o, \
+        LATERAL pg_notify('idem_outbox', o.topic::text) AS n \
+        WHERE o.id = ANY($1)";
+
+    /// Starts a notifier for `topics` on a connection of its own, opened
+    /// with `options` (the relay pool's, so the same database and schema).
+    pub(crate) fn start(options: PgConnectOptions, owner: &str, topics: &[String]) -> Registration {
+        let (ids, rx) = mpsc::unbounded_channel();
+        let notifier = Arc::new(Notifier { ids });
+        {
+            let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+            for t in topics {
+                map.entry(t.clone())
+                    .or_default()
+                    .push(Arc::downgrade(&notifier));
+            }
+        }
+        let options = options.application_name(&format!("{NOTIFIER_APP}:{owner}"));
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(Duration::from_secs(5))
+            // No ping before each round: a lost connection fails the
+            // round's statement, and the next round reconnects.
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        tokio::spawn(run(pool, rx));
+        Registration {
+            notifier: Some(notifier),
+            topics: topics.to_vec(),
+        }
+    }
+
+    /// The notifier's loop: ends when its registration is dropped (and
+    /// what it holds was notified or given up).
+    async fn run(pool: sqlx::PgPool, mut rx: mpsc::UnboundedReceiver<i64>) {
+        // Ids waiting to be visible, with when they were handed over.
+        let mut waiting: Vec<(i64, Instant)> = Vec::new();
+        let mut wait = FIRST_WAIT;
+        let mut open = true;
+        while open || !waiting.is_empty() {
+            if waiting.is_empty() {
+                match rx.recv().await {
+                    Some(id) => waiting.push((id, Instant::now())),
+                    None => break,
+                }
+                wait = FIRST_WAIT;
+            }
+            // Give the producers' transactions time to commit; ids handed
+            // over meanwhile join this round.
+            tokio::time::sleep(wait).await;
+            drain(&mut rx, &mut waiting, &mut open);
+            let ids: Vec<i64> = waiting.iter().map(|(id, _)| *id).collect();
+            match sqlx::query_scalar::<_, i64>(NOTIFY_VISIBLE)
+                .bind(&ids)
+                .fetch_all(&pool)
+                .await
+            {
+                Ok(visible) => {
+                    let visible: HashSet<i64> = visible.into_iter().collect();
+                    waiting.retain(|(id, _)| !visible.contains(id));
+                    wait = if visible.is_empty() {
+                        (wait * 2).min(MAX_WAIT)
+                    } else {
+                        FIRST_WAIT
+                    };
+                }
+                Err(error) => {
+                    // The ids stay for the next round, on a new connection.
+                    tracing::debug!(%error, "outbox notifier could not notify; retrying (the relays' polling finds the messages anyway)");
+                    wait = MAX_WAIT;
+                }
+            }
+            let now = Instant::now();
+            waiting.retain(|(_, since)| now.duration_since(*since) < GIVE_UP);
+        }
+        pool.close().await;
+    }
+
+    /// Takes the ids already queued without waiting.
+    fn drain(
+        rx: &mut mpsc::UnboundedReceiver<i64>,
+        waiting: &mut Vec<(i64, Instant)>,
+        open: &mut bool,
+    ) {
+        loop {
+            match rx.try_recv() {
+                Ok(id) => waiting.push((id, Instant::now())),
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    *open = false;
+                    return;
+                }
+            }
+        }
+    }
+}
