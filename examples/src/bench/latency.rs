@@ -163,3 +163,67 @@ pub async fn enqueue_times(
     }
     Ok((times, n as f64 / start.elapsed().as_secs_f64()))
 }
+
+/// How a run of [`enqueue_with_relay`] wakes its relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// The relay pushes: its notifier notifies after the producers'
+    /// commits (the default with a pushing relay in the process).
+    Push,
+    /// The producers' own insert statements notify (a producer-only
+    /// process); the relay polls.
+    InTransaction,
+    /// Nobody notifies; the relay polls.
+    Off,
+}
+
+/// `n` enqueue-and-commit transactions from `producers` concurrent
+/// producers (a connection each) while a relay drains the topic, woken as
+/// `wakeup` says; the producers' rate (messages per second), once the
+/// relay delivered every message.
+pub async fn enqueue_with_relay(
+    url: &str,
+    topic: &str,
+    producers: usize,
+    n: usize,
+    wakeup: Wakeup,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let relay_pool = PgPoolOptions::new().max_connections(4).connect(url).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(producers.max(1) as u32)
+        .min_connections(producers.max(1) as u32)
+        .connect(url)
+        .await?;
+    idem_runtime::outbox::notify_on_enqueue(wakeup != Wakeup::Off);
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let d = done.clone();
+    let relay = Relay::new(relay_pool.clone())
+        .route(topic.to_string(), move |_d, _m: serde_json::Value| {
+            d.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok::<_, idem_runtime::Error>(Outcome::Executed(())) }
+        })
+        .poll_interval(Duration::from_millis(100))
+        .push_wakeup(wakeup == Wakeup::Push)
+        .spawn();
+    // Let the relay start (and its listener listen).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, rate) = enqueue_times(&pool, topic, n, producers)
+        .await
+        .map_err(|e| e as Box<dyn std::error::Error>)?;
+    let start = Instant::now();
+    while done.load(std::sync::atomic::Ordering::Relaxed) < n {
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err("the relay did not deliver every message within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.shutdown().await;
+    idem_runtime::outbox::notify_on_enqueue(true);
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(topic)
+        .execute(&pool)
+        .await?;
+    relay_pool.close().await;
+    pool.close().await;
+    Ok(rate)
+}
