@@ -4,7 +4,9 @@
 //! enqueue's notification woke the relay (the control, push off, delivers
 //! none); a killed listener connection, and messages enqueued while it is
 //! down, lose nothing and double nothing; a rolled-back enqueue wakes and
-//! delivers nothing. Every assertion counts rows in the database.
+//! delivers nothing; with a pushing relay in the process the notification
+//! comes from its notifier's backend, never the producer's, and a killed
+//! notifier reconnects. Every assertion counts rows in the database.
 //!
 //! No latency is asserted: the window (2 s) is five times shorter than the
 //! poll interval (10 s), so only a wake-up can deliver in it.
@@ -300,6 +302,85 @@ mod postgres {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The backend pids that notified `topic` within `wait`, heard on a
+    /// listener of the test's own.
+    async fn notifiers_heard(
+        listener: &mut sqlx::postgres::PgListener,
+        topic: &str,
+        wait: Duration,
+    ) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let until = Instant::now() + wait;
+        while let Ok(Ok(n)) = tokio::time::timeout_at(until.into(), listener.recv()).await {
+            if n.payload() == topic {
+                pids.push(n.process_id());
+            }
+        }
+        pids
+    }
+
+    /// Who notifies: with a pushing relay of the process for the topic, the
+    /// notifier's backend, never the producer's (whose transaction would
+    /// otherwise take the notification commit lock); for a topic no relay
+    /// of the process pushes (the control), the producer's own statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_a_pushing_relay_the_producer_never_notifies_itself() {
+        let Some(pool) = pool().await else { return };
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .expect("listener");
+        listener.listen("idem_outbox").await.expect("listen");
+        let pushed_topic = topic("who");
+        let owner = format!("push-w-{}", ids(1));
+        let handle = asleep(&pool, &pushed_topic, relay(&pool, &pushed_topic, &owner)).await;
+        listening(&pool, &owner).await;
+        // Drain what the start-up sent.
+        notifiers_heard(&mut listener, &pushed_topic, Duration::from_millis(300)).await;
+        // The producer: one connection, its backend pid known.
+        let mut conn = pool.acquire().await.expect("acquire");
+        let producer: i32 = sqlx::query_scalar("SELECT pg_catalog.pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("pid");
+        for i in 0..5 {
+            let mut tx = sqlx::Acquire::begin(&mut *conn).await.expect("begin");
+            idem_runtime::outbox::enqueue(
+                &mut tx,
+                &pushed_topic,
+                &format!("w-{i}"),
+                &serde_json::json!({"coupon_id": 0, "order_id": 0}),
+            )
+            .await
+            .expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+        let pushed = notifiers_heard(&mut listener, &pushed_topic, Duration::from_secs(1)).await;
+        let notifier = notifier_pids(&pool, &owner).await;
+        // The control: a topic no relay of this process pushes for.
+        let other = topic("who-control");
+        let mut tx = sqlx::Acquire::begin(&mut *conn).await.expect("begin");
+        idem_runtime::outbox::enqueue(&mut tx, &other, "w-c", &serde_json::json!({}))
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let control = notifiers_heard(&mut listener, &other, Duration::from_secs(1)).await;
+        handle.shutdown().await;
+        eprintln!(
+            "relay_push: 5 enqueues with a pushing relay: notified by {pushed:?} (notifier {notifier:?}, producer {producer}); control topic notified by {control:?}"
+        );
+        assert!(!pushed.is_empty(), "nobody notified the pushed topic");
+        assert_eq!(notifier.len(), 1, "{notifier:?}");
+        assert!(
+            pushed.iter().all(|p| *p as i32 == notifier[0]),
+            "the producer's own transaction notified: {pushed:?}, producer {producer}"
+        );
+        assert_eq!(
+            control,
+            vec![producer as u32],
+            "the control's producer notifies itself"
+        );
     }
 
     /// A pool as `role` (a superuser of this test's own, created here),
