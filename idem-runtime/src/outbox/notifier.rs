@@ -16,6 +16,14 @@
 //! nobody. Every id handed over while a round runs waits for the next one,
 //! so one notifying statement at a time covers any number of producers.
 //!
+//! A topic pushed by relays of several databases in one process (shards)
+//! keeps notifying in the producers' statements: an enqueue cannot tell
+//! which database its transaction writes to. Nor can it where the process
+//! runs a pushing relay for a topic on one database and enqueues that
+//! topic into another that no relay of the process serves: those messages
+//! wait for the other database's relays' poll (`notify_on_enqueue` and
+//! one relay per database avoid it).
+//!
 //! Polling stays the safety net: an id whose transaction takes longer than
 //! [`GIVE_UP`], or a notifier whose connection is lost, delays a message to
 //! the relay's next poll, never loses it. A producer in a process with no
@@ -39,6 +47,8 @@ pub const GIVE_UP: Duration = Duration::from_secs(2);
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 struct Notifier {
     ids: mpsc::UnboundedSender<i64>,
+    /// The database (and schema options) it notifies in.
+    target: String,
 }
 
 type Registry = Mutex<HashMap<String, Vec<Weak<Notifier>>>>;
@@ -50,10 +60,22 @@ fn registry() -> &'static Registry {
 
 /// Whether a notifier covers `topic` in this process: [`enqueue`](super::enqueue)
 /// then inserts without `NOTIFY` and [`hand_over`]s the id.
+///
+/// Only where every live notifier of the topic notifies in one database:
+/// with the topic pushed by relays of several databases in the process
+/// (shards), an enqueue cannot tell which one its transaction writes to,
+/// so it notifies in its own statement, as before.
 pub(crate) fn covers(topic: &str) -> bool {
     let map = registry().lock().unwrap_or_else(|p| p.into_inner());
-    map.get(topic)
-        .is_some_and(|v| v.iter().any(|w| w.strong_count() > 0))
+    let mut live = map
+        .get(topic)
+        .into_iter()
+        .flatten()
+        .filter_map(Weak::upgrade);
+    match live.next() {
+        Some(first) => live.all(|n| n.target == first.target),
+        None => false,
+    }
 }
 
 /// Hands a newly enqueued (uncommitted) message's id to every notifier of
@@ -127,7 +149,15 @@ mod pg {
     /// with `options` (the relay pool's, so the same database and schema).
     pub(crate) fn start(options: PgConnectOptions, owner: &str, topics: &[String]) -> Registration {
         let (ids, rx) = mpsc::unbounded_channel();
-        let notifier = Arc::new(Notifier { ids });
+        let target = format!(
+            "{}:{}:{:?}/{:?}?{:?}",
+            options.get_host(),
+            options.get_port(),
+            options.get_socket(),
+            options.get_database(),
+            options.get_options()
+        );
+        let notifier = Arc::new(Notifier { ids, target });
         {
             let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
             for t in topics {
@@ -216,5 +246,38 @@ mod pg {
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::{covers, hand_over, start};
+    use sqlx::postgres::PgConnectOptions;
+
+    fn options(database: &str) -> PgConnectOptions {
+        PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(1)
+            .database(database)
+    }
+
+    #[tokio::test]
+    async fn a_topic_is_covered_while_its_notifiers_share_one_database() {
+        let t = ["notifier-unit.a".to_string()];
+        assert!(!covers(&t[0]));
+        let one = start(options("a"), "u1", &t);
+        assert!(covers(&t[0]));
+        let same = start(options("a"), "u2", &t);
+        assert!(covers(&t[0]), "two relays of one database");
+        let other = start(options("b"), "u3", &t);
+        assert!(
+            !covers(&t[0]),
+            "two databases (shards): the producer notifies itself"
+        );
+        drop(other);
+        assert!(covers(&t[0]));
+        drop((one, same));
+        assert!(!covers(&t[0]));
+        assert!(!hand_over(&t[0], 1), "nobody left to take the id");
     }
 }
