@@ -190,6 +190,39 @@ pub(crate) fn broken_batch_leases() -> bool {
     BROKEN_BATCH_LEASES.load(Ordering::SeqCst)
 }
 
+static BATCH_CONFLICTS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes the next `n` commits of relay batches (see
+/// `Relay::commit_batch`) fail as the loser of a deadlock does: the
+/// batch's transaction rolls back, nothing of it committed, and the relay
+/// sees a conflict (its adaptive batching halves the batch size and
+/// delivers the messages one by one). 0 turns it off.
+pub fn set_batch_conflicts(n: u64) {
+    BATCH_CONFLICTS.store(n, Ordering::SeqCst);
+}
+
+/// Takes one injected batch conflict, if any is left.
+pub(crate) fn take_batch_conflict() -> bool {
+    BATCH_CONFLICTS
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+static BROKEN_ADAPTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A deliberately broken build, for controls: while on, a relay batch
+/// that lost a conflict does not shrink the batch size (no adaptive
+/// batching).
+#[doc(hidden)]
+pub fn set_broken_adaptive_batching(on: bool) {
+    BROKEN_ADAPTIVE.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`set_broken_adaptive_batching`] is on.
+pub(crate) fn broken_adaptive_batching() -> bool {
+    BROKEN_ADAPTIVE.load(Ordering::SeqCst)
+}
+
 /// The error a lost acknowledgement produces.
 pub(crate) fn lost_ack_error() -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(

@@ -34,6 +34,12 @@
 //!   back to): nothing committed, and every message
 //!   of the batch is delivered again on the per-message path, under the
 //!   same leases.
+//! - **Contention.** A batch that did not commit because of a conflict
+//!   with a concurrent transaction (a deadlock, a serialization failure,
+//!   a lock-wait time-out: [`contended`]) is the refused case above: its
+//!   messages go one by one at once, under the same leases (no back-off,
+//!   no attempt burnt), and the relay halves its batch size ([`Adaptive`]);
+//!   each clean commit adds one back, up to `commit_batch`.
 
 use super::Relay;
 use super::attempt::one_call_per_delivery;
@@ -44,8 +50,94 @@ use crate::call::{CallerTx, SharedTx};
 use crate::consume::{self, Failure, Verdict};
 use crate::error::Error;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use tokio::task::JoinSet;
+
+/// The batch size in force (AIMD): halved when a batch meets contention,
+/// one more after each clean commit, up to `commit_batch`.
+#[derive(Debug, Default)]
+pub(super) struct Adaptive {
+    /// The size in force; 0: `commit_batch` itself (never shrunk yet).
+    limit: AtomicUsize,
+    shrinks: AtomicU64,
+}
+
+impl Adaptive {
+    /// The size in force, `max` being `commit_batch`.
+    pub(super) fn limit(&self, max: usize) -> usize {
+        match self.limit.load(Ordering::Relaxed) {
+            0 => max.max(1),
+            n => n.clamp(1, max.max(1)),
+        }
+    }
+
+    /// Contention: halves the size (at least 1).
+    fn shrink(&self, max: usize) {
+        #[cfg(feature = "testing")]
+        if crate::testing::broken_adaptive_batching() {
+            return;
+        }
+        let _ = self
+            .limit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                let now = if n == 0 { max.max(1) } else { n };
+                Some((now / 2).max(1))
+            });
+        self.shrinks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A clean commit: one more, up to `max`.
+    fn grow(&self, max: usize) {
+        let _ = self
+            .limit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
+                0 => None,
+                n if n >= max => Some(0),
+                n => Some(n + 1),
+            });
+    }
+
+    /// How many times contention halved the size.
+    pub(super) fn shrinks(&self) -> u64 {
+        self.shrinks.load(Ordering::Relaxed)
+    }
+}
+
+/// The reason of the batch commit the `testing` feature's injected
+/// conflict refused.
+#[cfg(feature = "testing")]
+const INJECTED_CONFLICT: &str = "injected fault: the batch's commit lost a deadlock";
+
+/// Whether a batch's transaction failed for a conflict with a concurrent
+/// transaction: a deadlock or a serialization failure
+/// (`crate::error::is_conflict`: PostgreSQL `40P01`, `40001`;
+/// MariaDB/MySQL `1213`, `1020`, `1614`) or a lock wait that timed out
+/// (PostgreSQL `55P03`, MariaDB/MySQL `1205`). Nothing of it committed.
+pub(super) fn contended(e: &Error) -> bool {
+    #[cfg(feature = "testing")]
+    if let Error::TransactionLost { reason } = e
+        && reason == INJECTED_CONFLICT
+    {
+        return true;
+    }
+    crate::error::find_sqlx(e).is_some_and(|s| crate::error::is_conflict(s) || lock_wait(s))
+}
+
+/// A lock wait that timed out (PostgreSQL `55P03`, MariaDB/MySQL `1205`).
+fn lock_wait(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number() == 1205;
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return pg.code() == "55P03";
+    }
+    false
+}
 
 /// One message of a batch, once its handler ran.
 struct Ran {
@@ -62,7 +154,7 @@ impl<DB: Backend> Relay<DB> {
     /// Delivers one claim's `rows` in batches of
     /// [`commit_batch`](Relay::commit_batch) messages, the batches at once.
     pub(super) async fn deliver_batches(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let n = self.inner.commit_batch.max(1);
+        let n = self.inner.adaptive.limit(self.inner.commit_batch);
         let mut rows = rows.into_iter().peekable();
         let mut batches = JoinSet::new();
         while rows.peek().is_some() {
@@ -90,6 +182,9 @@ impl<DB: Backend> Relay<DB> {
                         &owner,
                         || serde_json::json!({ "renewed": [], "begun": false }),
                     );
+                }
+                if contended(&e) {
+                    i.adaptive.shrink(i.commit_batch);
                 }
                 tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
                 return self.deliver_each(rows, owner).await;
@@ -159,6 +254,7 @@ impl<DB: Backend> Relay<DB> {
         match committed {
             Ok(()) => {
                 i.stats.batches.fetch_add(1, Ordering::Relaxed);
+                i.adaptive.grow(i.commit_batch);
                 #[cfg(feature = "redis")]
                 write_markers(&shared).await;
                 for r in ran {
@@ -184,6 +280,16 @@ impl<DB: Backend> Relay<DB> {
                     self.settle(&r.lease, &owner, r.marked, result, &r.span)
                         .await;
                 }
+            }
+            Err(e) if contended(&e) => {
+                // A conflict (a hot row): nothing of the batch committed.
+                // Its messages one by one at once, under the same lease,
+                // and smaller batches from now on.
+                i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
+                i.adaptive.shrink(i.commit_batch);
+                tracing::debug!(error = %e, messages = ran.len(), commit_batch_now = i.adaptive.limit(i.commit_batch), "an outbox batch lost a conflict; delivering its messages one by one and halving the batch size");
+                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
+                self.deliver_each(again, owner.clone()).await;
             }
             Err(e) => {
                 // Nothing of the batch committed: every message again,
@@ -366,6 +472,14 @@ impl<DB: Backend> Relay<DB> {
 /// Commits a batch's transaction (under the `testing` feature's lost
 /// acknowledgements, [`Kind::Batch`](crate::testing::Kind::Batch)).
 async fn commit<DB: Backend>(tx: CallerTx<DB>) -> Result<(), Error> {
+    #[cfg(feature = "testing")]
+    if crate::testing::take_batch_conflict() {
+        // Rolled back (dropped), as the loser of a deadlock is.
+        drop(tx);
+        return Err(Error::TransactionLost {
+            reason: INJECTED_CONFLICT.to_owned(),
+        });
+    }
     let committed = tx.commit().await;
     #[cfg(feature = "testing")]
     let committed = match committed {

@@ -195,6 +195,9 @@ struct Inner<DB: Backend> {
     batch_size: i64,
     /// See [`Relay::commit_batch`] (1: off).
     commit_batch: usize,
+    /// The batch size in force now, shrunk under contention (see
+    /// [`Relay::commit_batch`]).
+    adaptive: batch::Adaptive,
     concurrency: usize,
     lease: Duration,
     poll_interval: Duration,
@@ -250,6 +253,7 @@ impl<DB: Backend> Relay<DB> {
                 backlog: AtomicBool::new(true),
                 batch_size: 64,
                 commit_batch: 1,
+                adaptive: batch::Adaptive::default(),
                 concurrency: 16,
                 lease: Duration::from_secs(30),
                 poll_interval: Duration::from_millis(100),
@@ -407,8 +411,40 @@ impl<DB: Backend> Relay<DB> {
     /// per message. On SQLite the batch holds the write lock throughout: a
     /// handler writing on its own connection instead of its source waits
     /// for it (and times out). See the module `batch.rs` for the details.
+    ///
+    /// **Contention (hot rows).** A batch holds every row its handlers
+    /// wrote until it commits, so batches whose handlers all update one
+    /// shared row (a stock counter) wait for each other, and two batches
+    /// that take shared rows in different orders deadlock. When a batch's
+    /// transaction fails with a conflict (a deadlock, a serialization
+    /// failure, a lock-wait time-out: PostgreSQL `40P01`, `40001`, `55P03`;
+    /// MariaDB/MySQL `1213`, `1205`, `1020`, `1614`), nothing of it
+    /// committed: its messages are delivered again one by one **at once**
+    /// (no back-off, no attempt burnt), and the batch size is halved; each
+    /// batch that commits cleanly grows it by one again, up to `n`
+    /// (additive increase, multiplicative decrease).
+    /// [`commit_batch_now`](Relay::commit_batch_now) is the size in force.
+    ///
+    /// **Lock order.** A batch first locks its messages' outbox rows in
+    /// message-id order (its lease renewal), then runs its handlers in
+    /// message-id order, each taking its own rows. To keep batches from
+    /// deadlocking, handlers should take shared rows (counters, balances)
+    /// **last**, after the rows of their own message, and several shared
+    /// rows always in one order (by key).
     pub fn commit_batch(self, n: usize) -> Self {
         self.edit(|i| i.commit_batch = n.max(1))
+    }
+
+    /// The batch size in force now: [`commit_batch`](Relay::commit_batch)'s
+    /// `n`, less while batches meet contention (see there).
+    pub fn commit_batch_now(&self) -> usize {
+        self.inner.adaptive.limit(self.inner.commit_batch)
+    }
+
+    /// How many times contention halved the batch size (see
+    /// [`commit_batch`](Relay::commit_batch)).
+    pub fn commit_batch_shrinks(&self) -> u64 {
+        self.inner.adaptive.shrinks()
     }
 
     /// Calls `hook` after each attempt of a message is settled, with what
