@@ -10,6 +10,12 @@
 //! mid-body leaves nothing in the batch. SIGKILL mid-batch:
 //! `processes.rs` (`*_batched_relay_killed_mid_batch_loses_nothing`).
 //!
+//! Hot rows: every handler also updates one shared counter row, and
+//! batch commits lose deadlocks (the `testing` hook
+//! `set_batch_conflicts`, deterministic): the counter equals the number
+//! of messages, each deduction once, and the batch size shrank (AIMD);
+//! also with lost acknowledgements. Its control turns the shrinking off.
+//!
 //! The control breaks the savepoints (a failed call in a batch releases
 //! its savepoint instead of rolling back to it) and shows the
 //! failing-message test catching it.
@@ -34,6 +40,8 @@ impl Drop for Hooks {
         idem_runtime::testing::set_lost_ack_rate(0.0);
         idem_runtime::testing::set_broken_batch_savepoints(false);
         idem_runtime::testing::set_broken_batch_leases(false);
+        idem_runtime::testing::set_batch_conflicts(0);
+        idem_runtime::testing::set_broken_adaptive_batching(false);
     }
 }
 
@@ -525,6 +533,132 @@ macro_rules! batch_tests {
                     rival_claims > 0 && attempts.iter().any(|a| *a == 2),
                     "the broken build was not caught: attempts={attempts:?} rival_claims={rival_claims}"
                 );
+            }
+
+            /// The deduction, then the shared counter row `hot` (last, as
+            /// `Relay::commit_batch` advises).
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_hot(tx: &mut Transaction<'_, Db>, msg: &Deduct, hot: i64) -> Result<(), sqlx::Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                sqlx::query(sql(D, "UPDATE idem_r_hot SET n = n + 1 WHERE id = ?"))
+                    .bind(hot)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            /// What a hot-row drain came to.
+            struct HotRun {
+                counter: i64,
+                double_lost: (usize, usize),
+                success: i64,
+                shrinks: u64,
+                now: usize,
+                lost_batches: u64,
+            }
+
+            /// 64 messages whose handlers all update one counter row,
+            /// batches of 16, the next `conflicts` batch commits losing a
+            /// deadlock; `lost_acks`: a rate of lost acknowledgements.
+            async fn hot_run(name: &str, conflicts: u64, lost_acks: f64) -> Option<HotRun> {
+                let pool = pool().await?;
+                sqlx::query("CREATE TABLE IF NOT EXISTS idem_r_hot (id BIGINT PRIMARY KEY, n BIGINT NOT NULL)")
+                    .execute(&pool)
+                    .await
+                    .expect("create table");
+                let hot = ids(1);
+                sqlx::query(sql(D, "INSERT INTO idem_r_hot (id, n) VALUES (?, 0)"))
+                    .bind(hot)
+                    .execute(&pool)
+                    .await
+                    .expect("insert the hot row");
+                let topic = topic(name);
+                let coupons = produce_n(&pool, &topic, 64, false).await;
+                let relay = Relay::new(pool.clone())
+                    .commit_batch(16)
+                    .batch_size(32)
+                    .concurrency(32)
+                    .lease(Duration::from_secs(60))
+                    .poll_interval(Duration::from_millis(10))
+                    .backoff(Duration::from_millis(500), Duration::from_secs(1))
+                    .route(topic.clone(), move |d, m: Deduct| async move { deduct_hot(d.source(), &m, hot).await });
+                let before = lost_acks_on(Kind::Batch);
+                idem_runtime::testing::set_batch_conflicts(conflicts);
+                idem_runtime::testing::set_lost_ack_rate(lost_acks);
+                let running = relay.clone().spawn();
+                let start = Instant::now();
+                while by_status(&pool, &topic, "pending").await > 0 {
+                    assert!(start.elapsed() < Duration::from_secs(30), "the hot-row drain did not finish");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                idem_runtime::testing::set_lost_ack_rate(0.0);
+                idem_runtime::testing::set_batch_conflicts(0);
+                running.shutdown().await;
+                let counter: i64 = sqlx::query_scalar(sql(D, "SELECT n FROM idem_r_hot WHERE id = ?"))
+                    .bind(hot)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("the counter");
+                let run = HotRun {
+                    counter,
+                    double_lost: double_and_lost(&pool, &coupons).await,
+                    success: by_status(&pool, &topic, "success").await,
+                    shrinks: relay.commit_batch_shrinks(),
+                    now: relay.commit_batch_now(),
+                    lost_batches: lost_acks_on(Kind::Batch) - before,
+                };
+                eprintln!(
+                    "{}: hot row ({name}): counter={} double_lost={:?} success={} shrinks={} commit_batch_now={} batch_acks_lost={} in {:?}",
+                    stringify!($module),
+                    run.counter, run.double_lost, run.success, run.shrinks, run.now, run.lost_batches, start.elapsed()
+                );
+                Some(run)
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hot_row_batches_shrink_on_conflicts_and_count_each_message_once() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(run) = hot_run("hot", 3, 0.0).await else { return };
+                assert_eq!(run.counter, 64, "the shared counter counts every message once");
+                assert_eq!(run.double_lost, (0, 0), "double and lost deductions");
+                assert_eq!(run.success, 64);
+                assert_eq!(run.shrinks, 3, "each conflict halved the batch size");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hot_row_lost_acks_under_adaptive_batching_stay_exactly_once() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(run) = hot_run("hotlost", 2, 0.3).await else { return };
+                assert_eq!(run.counter, 64, "the shared counter counts every message once");
+                assert_eq!(run.double_lost, (0, 0), "double and lost deductions");
+                assert_eq!(run.success, 64);
+                assert!(run.shrinks >= 2, "the conflicts halved the batch size: {}", run.shrinks);
+            }
+
+            /// The control: with the shrinking off, the hot-row test's
+            /// assertion on it fails.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn control_hot_row_without_adaptive_batching_is_caught() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                idem_runtime::testing::set_broken_adaptive_batching(true);
+                let Some(run) = hot_run("hotctl", 3, 0.0).await else { return };
+                assert_eq!(run.counter, 64);
+                assert_ne!(run.shrinks, 3, "the broken build was not caught");
+                assert_eq!(run.now, 16, "the batch size never shrank");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
