@@ -1,6 +1,7 @@
 //! What the benchmark binaries share: the PostgreSQL they measure, checked
 //! before anything runs, and a warning when they are not built optimized.
 
+pub mod cpu;
 pub mod latency;
 pub mod outbox;
 pub mod records;

@@ -1,7 +1,8 @@
 //! The idem side: enqueue, then drain through a [`Relay`] into an
 //! `#[idempotent]` handler, and check the database.
 
-use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET, Setup};
+use super::{BoxError, COUPON, LEASE_SECS, LEDGER, ORDER_OFFSET, STOCK, Setup};
+use crate::bench::cpu::{Cpu, per_message_us};
 use idem_runtime::outbox::{Relay, RelayHandle, enqueue};
 use idem_runtime::{State, idempotent};
 use serde::{Deserialize, Serialize};
@@ -49,6 +50,45 @@ async fn deduct(tx: &mut Transaction<'_, Postgres>, msg: &DeductCoupon) -> Resul
     .await?;
     Ok(())
 }
+
+/// [`deduct`] in a service where every message also takes one unit off a
+/// shared stock counter (one hot row every handler updates), taken last in
+/// the body, after the message's own rows (the lock order
+/// `Relay::commit_batch` documents).
+#[idempotent(
+    key = "bench-outbox:{msg.msg_id}",
+    strategy = state_machine,
+    table = "bench_outbox_coupon", id = msg.coupon_id,
+    from = CouponState::Unused, to = CouponState::Used,
+)]
+async fn deduct_hot(
+    tx: &mut Transaction<'_, Postgres>,
+    msg: &DeductCoupon,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO bench_outbox_ledger (coupon_id, order_id, msg_id) VALUES ($1, $2, $3)",
+    )
+    .bind(msg.coupon_id)
+    .bind(msg.order_id)
+    .bind(msg.msg_id.as_str())
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE bench_outbox_stock SET units = units - 1 WHERE id = 1")
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Which rows the handlers write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// Each message its own coupon and ledger row: no two handlers touch
+    /// one row.
+    Own,
+    /// Also one shared row, a stock counter every handler decrements
+    /// ([`deduct_hot`]): the hot-row workload.
+    Hot,
+}
 // ---- the idem side -------------------------------------------------------------------
 
 /// One idem run.
@@ -72,6 +112,14 @@ pub struct IdemRun {
     pub claim_period: Duration,
     /// Share of the handler slots' time spent in handler calls.
     pub utilization: f64,
+    /// How often a batch lost a conflict and halved the batch size
+    /// (`Relay::commit_batch_shrinks`).
+    pub shrinks: u64,
+    /// CPU per message while draining: this process's (the relay, the
+    /// client) and the rest of the machine's (the server, on an otherwise
+    /// idle machine), µs.
+    pub client_us: f64,
+    pub server_us: f64,
 }
 
 /// Counters read from the statistics views.
@@ -119,11 +167,14 @@ pub async fn idem_run(
     n: i64,
     run: &str,
     commits: Commits,
+    rows: Rows,
 ) -> Result<IdemRun, BoxError> {
     let c = opts.concurrency;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("TRUNCATE {LEDGER}, {COUPON}")))
-        .execute(admin)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "TRUNCATE {LEDGER}, {COUPON}, {STOCK}; INSERT INTO {STOCK} (id, units) VALUES (1, {n})"
+    )))
+    .execute(admin)
+    .await?;
     let topic = format!(
         "bench-outbox.{}.{run}.{}",
         std::process::id(),
@@ -180,15 +231,16 @@ pub async fn idem_run(
     .await?;
 
     let connect: PgConnectOptions = url.parse()?;
-    let d = drain(admin, &connect, opts, &topic, n, commits).await?;
+    let d = drain(admin, &connect, opts, &topic, n, commits, rows).await?;
     // Verify in the database.
-    let (success, other, wrong, ledger): (i64, i64, i64, i64) = sqlx::query_as(
+    let (success, other, wrong, ledger, units): (i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT \
            (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status = 'success'), \
            (SELECT COUNT(*) FROM idem_outbox WHERE topic = $1 AND status <> 'success'), \
            (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
               OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
-           (SELECT COUNT(*) FROM bench_outbox_ledger)",
+           (SELECT COUNT(*) FROM bench_outbox_ledger), \
+           (SELECT units FROM bench_outbox_stock WHERE id = 1)",
     )
     .bind(&topic)
     .fetch_one(admin)
@@ -201,10 +253,19 @@ pub async fn idem_run(
         claimed,
         ..
     } = d;
-    if success != n || other != 0 || wrong != 0 || ledger != n || executed != n as u64 {
+    // The hot row lost one unit per message, the others none.
+    let units_left = if rows == Rows::Hot { 0 } else { n };
+    if success != n
+        || other != 0
+        || wrong != 0
+        || ledger != n
+        || units != units_left
+        || executed != n as u64
+    {
         return Err(format!(
             "idem run {run}: VERIFY FAILED: {success} of {n} messages success, {other} not, \
-             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows; \
+             {wrong} coupons not USED with exactly one ledger row, {ledger} ledger rows, \
+             {units} stock units left (expected {units_left}); \
              relay: {executed} executed, {duplicates} duplicates, {retried} retried, \
              {dead} dead-lettered, {claimed} claimed"
         )
@@ -233,6 +294,10 @@ pub struct Drained {
     pub dead: u64,
     /// Messages claimed.
     pub claimed: u64,
+    /// Batches that lost a conflict (`Relay::commit_batch_shrinks`).
+    pub shrinks: u64,
+    /// CPU spent while draining (see [`Cpu`]).
+    pub cpu: Cpu,
     handler_total: Duration,
     before: PgCounters,
     after: PgCounters,
@@ -255,6 +320,9 @@ impl Drained {
             commits_per_msg: (self.after.commits - self.before.commits) as f64 / n as f64,
             handler_avg: self.handler_total / n as u32,
             utilization: self.handler_total.as_secs_f64() / (self.drain.as_secs_f64() * c as f64),
+            shrinks: self.shrinks,
+            client_us: per_message_us(self.cpu.own, n),
+            server_us: per_message_us(self.cpu.rest(), n),
         }
     }
 }
@@ -270,6 +338,7 @@ pub async fn drain(
     topic: &str,
     n: i64,
     commits: Commits,
+    rows: Rows,
 ) -> Result<Drained, BoxError> {
     let c = opts.concurrency;
     // Drain: the relay's own pool, C handlers plus the claiming loop.
@@ -288,13 +357,17 @@ pub async fn drain(
     let before = counters(admin).await?;
     let handler_nanos = Arc::new(AtomicU64::new(0));
     let hn = handler_nanos.clone();
+    let cpu = Cpu::now();
     let started = Instant::now();
     let builder = Relay::new(pool.clone())
         .route(topic.to_string(), move |d, m: DeductCoupon| {
             let hn = hn.clone();
             async move {
                 let t = Instant::now();
-                let r = deduct(d.source(), &m).await;
+                let r = match rows {
+                    Rows::Own => deduct(d.source(), &m).await,
+                    Rows::Hot => deduct_hot(d.source(), &m).await,
+                };
                 hn.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 r
             }
@@ -313,8 +386,11 @@ pub async fn drain(
             .concurrency(c * k as usize)
             .batch_size((c as u32) * k),
     };
+    // A clone shares the running relay's state (its batch size in force).
+    let view = builder.clone();
     let relay = builder.spawn();
     let drain = drained(&relay, n, started).await?;
+    let cpu = Cpu::now().since(&cpu);
     let (executed, duplicates, retried, dead, claimed) = {
         let s = relay.stats();
         (
@@ -325,6 +401,7 @@ pub async fn drain(
             s.claimed.load(Ordering::Relaxed),
         )
     };
+    let shrinks = view.commit_batch_shrinks();
     relay.shutdown().await;
     pool.close().await;
     let after = counters(admin).await?;
@@ -336,6 +413,8 @@ pub async fn drain(
         retried,
         dead,
         claimed,
+        shrinks,
+        cpu,
         handler_total: Duration::from_nanos(handler_nanos.load(Ordering::Relaxed)),
         before,
         after,
@@ -360,6 +439,8 @@ pub async fn drained(relay: &RelayHandle, n: i64, started: Instant) -> Result<Du
         } else if last.1.elapsed() > Duration::from_secs(60) {
             return Err(format!("relay stalled at {done} of {n} messages for 60 s").into());
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Often enough to time a drain of seconds to 0.2%; rarely enough
+        // not to count in its CPU per message.
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

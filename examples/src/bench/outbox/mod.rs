@@ -7,7 +7,9 @@
 mod idem;
 mod pgbench;
 
-pub use idem::{Commits, CouponState, DeductCoupon, Drained, IdemRun, drain, drained, idem_run};
+pub use idem::{
+    Commits, CouponState, DeductCoupon, Drained, IdemRun, Rows, drain, drained, idem_run,
+};
 pub use pgbench::{PgbenchRun, pgbench_rows, pgbench_run, pgbench_scripts};
 
 use idem_runtime::__private::Dialect;
@@ -20,6 +22,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub const COUPON: &str = "bench_outbox_coupon";
 /// The idem side's ledger.
 pub const LEDGER: &str = "bench_outbox_ledger";
+/// The hot-row workload's shared stock counter (see [`Rows::Hot`]).
+pub const STOCK: &str = "bench_outbox_stock";
 /// The pgbench side's tables.
 const PGB_COUPON: &str = "bench_outbox_pgb_coupon";
 const PGB_LEDGER: &str = "bench_outbox_pgb_ledger";
@@ -53,8 +57,10 @@ pub async fn prepare(admin: &PgPool) -> Result<(), BoxError> {
         .await?;
     let mut ddl = vec![
         format!(
-            "DROP TABLE IF EXISTS {LEDGER}, {COUPON}, {PGB_LEDGER}, {PGB_COUPON}, {PGB_OUTBOX}"
+            "DROP TABLE IF EXISTS {LEDGER}, {COUPON}, {STOCK}, {PGB_LEDGER}, {PGB_COUPON}, \
+             {PGB_OUTBOX}"
         ),
+        format!("CREATE TABLE {STOCK} (id INT PRIMARY KEY, units BIGINT NOT NULL)"),
         format!("CREATE TABLE {COUPON} (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)"),
         format!("CREATE TABLE {PGB_COUPON} (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)"),
     ];

@@ -2,6 +2,7 @@
 //! run by `pgbench -M prepared` on copies of the tables, and checked.
 
 use super::{BoxError, LEASE_SECS, ORDER_OFFSET, PGB_COUPON, PGB_LEDGER, PGB_OUTBOX, Setup};
+use crate::bench::cpu::{Cpu, per_message_us};
 use idem_runtime::__private::Dialect;
 use sqlx::PgPool;
 
@@ -19,6 +20,10 @@ pub struct PgbenchRun {
     /// Mean latency of script 1 (one message) and script 2 (one claim).
     pub message_latency_ms: f64,
     pub claim_latency_ms: f64,
+    /// CPU per message: pgbench's (the client) and the rest of the
+    /// machine's (the server, on an otherwise idle machine), µs.
+    pub client_us: f64,
+    pub server_us: f64,
 }
 
 /// Replaces the numbered placeholders `$1`, `$2`, … of `sql` by pgbench
@@ -157,6 +162,7 @@ pub async fn pgbench_run(
     let (mpath, cpath) = (dir.join("message.sql"), dir.join("claim.sql"));
     std::fs::write(&mpath, message)?;
     std::fs::write(&cpath, claim)?;
+    let cpu = Cpu::now();
     let out = tokio::process::Command::new(&opts.pgbench)
         .args(["-n", "-M", "prepared"])
         .args(["-c", &c.to_string(), "-j", &c.min(2).to_string()])
@@ -185,6 +191,7 @@ pub async fn pgbench_run(
         .output()
         .await
         .map_err(|e| format!("cannot run {}: {e}", opts.pgbench))?;
+    let cpu = Cpu::now().since(&cpu);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() || stderr.contains("aborted") {
@@ -233,6 +240,8 @@ pub async fn pgbench_run(
         claims,
         message_latency_ms,
         claim_latency_ms,
+        client_us: per_message_us(cpu.children, messages),
+        server_us: per_message_us(cpu.rest(), messages),
     })
 }
 

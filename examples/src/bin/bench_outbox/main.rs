@@ -66,8 +66,8 @@ mod args;
 use args::Args;
 use clap::Parser;
 use idem_examples::bench::outbox::{
-    BoxError, Commits, Setup, best, idem_run, median, pgbench_rows, pgbench_run, pgbench_scripts,
-    prepare,
+    BoxError, Commits, Rows, Setup, best, idem_run, median, pgbench_rows, pgbench_run,
+    pgbench_scripts, prepare,
 };
 use sqlx::postgres::PgPoolOptions;
 use std::process::ExitCode;
@@ -144,6 +144,7 @@ async fn run() -> Result<ExitCode, BoxError> {
             opts.messages.min(2000),
             "warmup",
             Commits::PerMessage,
+            Rows::Own,
         )
         .await?;
         let p = pgbench_run(
@@ -177,6 +178,7 @@ async fn run() -> Result<ExitCode, BoxError> {
             opts.messages,
             &round.to_string(),
             Commits::PerMessage,
+            Rows::Own,
         )
         .await?;
         println!(

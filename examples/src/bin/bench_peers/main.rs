@@ -15,6 +15,10 @@
 //! - **pgbench per-message**: `bench_outbox`'s pgbench side, the physical
 //!   limit of the per-message design: `pgbench -M prepared` running the
 //!   relay's and the handler's statements for `--pgbench-seconds`;
+//! - **idem hot row per-message / batched 16**: the same service where
+//!   every message also takes one unit off one shared stock counter (one
+//!   row every handler updates, last in its body): batches meet each other
+//!   on that row, and `commit_batch` must not fall behind per-message;
 //! - **sqlxmq**: the job queue a peer would pick, sqlxmq 0.6 from
 //!   crates.io, running the same work in its own harness (`benches/peers`,
 //!   built here on first use: it is its own workspace, since its sqlx 0.8
@@ -48,7 +52,7 @@ use args::Args;
 use chart::Bar;
 use clap::Parser;
 use idem_examples::bench::outbox::{
-    BoxError, Commits, Setup, best, idem_run, pgbench_rows, pgbench_run, prepare,
+    BoxError, Commits, Rows, Setup, best, idem_run, pgbench_rows, pgbench_run, prepare,
 };
 use sqlx::postgres::PgPoolOptions;
 use std::path::{Path, PathBuf};
@@ -57,8 +61,9 @@ use std::process::ExitCode;
 /// What one variant runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Variant {
-    /// idem's relay, committing as given.
-    Idem(Commits),
+    /// idem's relay, committing as given, the handlers writing the rows
+    /// given.
+    Idem(Commits, Rows),
     /// pgbench running the per-message statements.
     Pgbench,
     /// sqlxmq's runner (benches/peers).
@@ -67,12 +72,31 @@ enum Variant {
 
 /// The PostgreSQL variants, in the order they run.
 const VARIANTS: &[(&str, Variant)] = &[
-    ("idem per-message", Variant::Idem(Commits::PerMessage)),
-    ("idem batched 16", Variant::Idem(Commits::Batched(16))),
-    ("idem batched 64", Variant::Idem(Commits::Batched(64))),
+    (
+        "idem per-message",
+        Variant::Idem(Commits::PerMessage, Rows::Own),
+    ),
+    (
+        "idem batched 16",
+        Variant::Idem(Commits::Batched(16), Rows::Own),
+    ),
+    (
+        "idem batched 64",
+        Variant::Idem(Commits::Batched(64), Rows::Own),
+    ),
     ("pgbench per-message", Variant::Pgbench),
     ("sqlxmq", Variant::Sqlxmq),
+    (
+        HOT_PER_MESSAGE,
+        Variant::Idem(Commits::PerMessage, Rows::Hot),
+    ),
+    (HOT_BATCHED, Variant::Idem(Commits::Batched(16), Rows::Hot)),
 ];
+
+/// The hot-row variants: every handler also decrements one shared stock
+/// counter.
+const HOT_PER_MESSAGE: &str = "idem hot row per-message";
+const HOT_BATCHED: &str = "idem hot row batched 16";
 
 /// The SQLite variants.
 const SQLITE_VARIANTS: &[(&str, Commits)] = &[
@@ -341,6 +365,7 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
             opts.messages.min(2000),
             "warmup",
             Commits::PerMessage,
+            Rows::Own,
         )
         .await?;
         let p = pgbench_run(
@@ -362,22 +387,35 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
     let mut runs: Vec<(&str, Vec<f64>)> = Vec::new();
     for round in 1..=opts.rounds {
         for &(name, v) in VARIANTS {
-            let rate = match v {
-                Variant::Idem(commits) => {
-                    idem_run(&admin, url, setup, opts.messages, name, commits)
-                        .await?
-                        .rate
+            // msg/s, and CPU µs per message: the client's, the rest's.
+            let (rate, cpu) = match v {
+                Variant::Idem(commits, rows) => {
+                    let r =
+                        idem_run(&admin, url, setup, opts.messages, name, commits, rows).await?;
+                    if r.shrinks > 0 {
+                        println!(
+                            "  round {round}: {name}: {} batches lost a conflict (size halved)",
+                            r.shrinks
+                        );
+                    }
+                    (r.rate, Some((r.client_us, r.server_us)))
                 }
                 Variant::Pgbench => {
                     let n = pgbench_rows(expected, opts.pgbench_seconds, setup);
                     let p = pgbench_run(&admin, url, setup, opts.pgbench_seconds, n, &dir).await?;
                     expected = expected.max(p.rate);
-                    p.rate
+                    (p.rate, Some((p.client_us, p.server_us)))
                 }
                 Variant::Sqlxmq if opts.no_sqlxmq => continue,
-                Variant::Sqlxmq => sqlxmq_run(url, opts).await?,
+                Variant::Sqlxmq => (sqlxmq_run(url, opts).await?, None),
             };
-            println!("  round {round}: {name:<22}{rate:>8.0} msg/s");
+            match cpu {
+                Some((client, server)) => println!(
+                    "  round {round}: {name:<26}{rate:>8.0} msg/s   CPU per message: client \
+                     {client:>5.0} µs, server {server:>5.0} µs"
+                ),
+                None => println!("  round {round}: {name:<26}{rate:>8.0} msg/s"),
+            }
             match runs.iter_mut().find(|r| r.0 == name) {
                 Some(r) => r.1.push(rate),
                 None => runs.push((name, vec![rate])),
@@ -434,6 +472,13 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
             }
             println!();
         }
+    }
+
+    if let (Some(b), Some(p)) = (of(HOT_BATCHED), of(HOT_PER_MESSAGE)) {
+        println!(
+            "{HOT_BATCHED} / {HOT_PER_MESSAGE}: {:.2} (target ≥ 0.9)",
+            b / p
+        );
     }
 
     if !opts.no_chart {

@@ -11,7 +11,7 @@
 //! messages off each queue through the `#[idempotent]` handler.
 
 use idem_examples::bench::outbox::{
-    BoxError, COUPON, Commits, LEASE_SECS, LEDGER, ORDER_OFFSET, Setup, drain,
+    BoxError, COUPON, Commits, LEASE_SECS, LEDGER, ORDER_OFFSET, Rows, Setup, drain,
 };
 use idem_runtime::__private::Dialect;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -157,7 +157,16 @@ pub(crate) async fn scale(
     }
     let mut out = Vec::new();
     for (schema, rows, pool, connect, took, mut lat) in queues {
-        let d = drain(&pool, &connect, setup, TOPIC, drain_n, Commits::PerMessage).await?;
+        let d = drain(
+            &pool,
+            &connect,
+            setup,
+            TOPIC,
+            drain_n,
+            Commits::PerMessage,
+            Rows::Own,
+        )
+        .await?;
         // Drained: at least `drain_n`, each coupon once.
         let (success, used, ledger, twice): (i64, i64, i64, i64) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
