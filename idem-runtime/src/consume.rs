@@ -19,7 +19,10 @@ use crate::Error;
 use crate::task::BoxFuture;
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::task::{JoinError, JoinHandle};
 
 /// A message an entry point hands to its handlers.
@@ -103,6 +106,53 @@ pub(crate) fn start<M>(
         Ok(fut) => Ok(tokio::spawn(fut)),
         Err(e) => Err(Failure::dead(unparsable(&e))),
     }
+}
+
+/// [`start`] without a task of its own, for a caller that runs each
+/// message in a task already (the relay's deliveries): the handler is
+/// polled in the caller's task, a panic caught as a failed attempt that a
+/// retry may heal, as [`verdict`] reads a panicked task.
+pub(crate) fn inline<M>(handler: &Handler<M>, message: M) -> Result<Inline, Failure> {
+    match handler(message) {
+        Ok(fut) => Ok(Inline(Some(fut))),
+        Err(e) => Err(Failure::dead(unparsable(&e))),
+    }
+}
+
+/// A handler run by [`inline`]; its output is the attempt's [`Verdict`].
+pub(crate) struct Inline(Option<BoxFuture<Result<bool, Error>>>);
+
+impl Future for Inline {
+    type Output = Verdict;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+        let Some(fut) = self.0.as_mut() else {
+            return Poll::Ready(Err(Failure::retry("handler polled after it ended")));
+        };
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)));
+        let verdict = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(Ok(executed))) => Ok(executed),
+            Ok(Poll::Ready(Err(e))) => Err(Failure::of(&e)),
+            Err(panic) => Err(Failure::retry(format!(
+                "handler panicked: {}",
+                panic_message(&*panic)
+            ))),
+        };
+        // Never polled again; a panicked future is dropped here.
+        self.0 = None;
+        Poll::Ready(verdict)
+    }
+}
+
+/// The message of a panic's payload (`panic!` gives a `&str` or a
+/// `String`).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic payload that is not a string")
 }
 
 /// What a handler's task came to: a panic is a failed attempt, which a

@@ -148,6 +148,17 @@ pub trait CallStore: Database {
         id: &'a EntityIdValue,
     ) -> impl Future<Output = Result<Option<(String, Option<String>)>, sqlx::Error>> + Send + 'a;
 
+    /// Runs [`StateSql::lock_marked`] (the dialect has it): the fenced
+    /// outbox update of `lease` and the state machine's locking read in
+    /// one statement. Returns the outbox rows updated (1: held) and what
+    /// [`CallStore::lock_state`] returns.
+    fn mark_lock_state<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        sql: &'a StateSql,
+        lease: &'a OutboxLease,
+        id: &'a EntityIdValue,
+    ) -> impl Future<Output = Result<(i64, Option<(String, Option<String>)>), sqlx::Error>> + Send + 'a;
+
     /// Runs the guarded transition (writing `key` into the key column when
     /// the spec has one); returns the rows it changed.
     fn transition<'a>(

@@ -53,6 +53,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     text: |e| format!("CAST({e} AS CHAR)"),
     row_lock: " FOR UPDATE",
     begin: None,
+    mark_with: None,
     micros: true,
     fetch_record: "SELECT fingerprint, result FROM idem_record \
         WHERE idempotency_key = ? AND biz_type = ? LOCK IN SHARE MODE",

@@ -49,6 +49,12 @@ pub(crate) const SQL: SqlSet = SqlSet {
     text: |e| format!("{e}::text"),
     row_lock: " FOR UPDATE",
     begin: None,
+    mark_with: Some(
+        "WITH idem_mark AS (UPDATE idem_outbox SET status = 'success', \
+         updated_at = now(), lease_owner = NULL, locked_until = NULL \
+         WHERE id = ? AND topic = ? AND status = 'pending' AND lease_owner = ? AND attempts = ? \
+         RETURNING 1)",
+    ),
     micros: false,
     fetch_record: "SELECT fingerprint::text, result FROM idem_record \
         WHERE idempotency_key = $1 AND biz_type = $2",
@@ -157,7 +163,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         // A claim lost in a crash only means the message is claimed
         // again: no need to wait for its WAL flush. (A lost
         // acknowledgement is recovered: the read-back sees the commit.)
-        prelude: Some("SET LOCAL synchronous_commit = off"),
+        // Set in the BEGIN's round trip.
+        begin: Some("BEGIN; SET LOCAL synchronous_commit = off"),
     },
     claim_recover: |ids| {
         format!(

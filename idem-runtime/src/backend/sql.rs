@@ -13,6 +13,12 @@ pub struct StateSql {
     pub transition: String,
     /// Whether the transition writes the key column.
     pub with_key: bool,
+    /// Where the dialect can (PostgreSQL): the fenced outbox update and
+    /// the locking read in one statement, one round trip (binds: the
+    /// outbox message's id, topic, lease owner and attempt, then the
+    /// entity id). It returns the rows the update changed, the state and
+    /// the key column (both NULL without the entity).
+    pub lock_marked: Option<String>,
 }
 
 /// The claim statements of a relay, rendered once for its topics.
@@ -48,6 +54,11 @@ pub(crate) struct SqlSet {
     pub row_lock: &'static str,
     /// The statement beginning a call's transaction (`None`: `BEGIN`).
     pub begin: Option<&'static str>,
+    /// Where a data-modifying `WITH` exists (PostgreSQL): the fenced
+    /// outbox update ([`SqlSet::outbox_success`]) as the `WITH idem_mark
+    /// AS (… RETURNING 1)` that the state machine's locking read is
+    /// folded into ([`StateSql::lock_marked`]). `?` placeholders.
+    pub mark_with: Option<&'static str>,
     /// Intervals are bound as whole microseconds (MariaDB's `INTERVAL ?
     /// MICROSECOND`), not as fractional seconds.
     pub micros: bool,
@@ -147,14 +158,16 @@ pub(crate) enum InsertId {
 #[derive(Debug)]
 pub(crate) enum Claim {
     /// One `UPDATE … RETURNING` (binds: owner, lease seconds, topics…,
-    /// limit, offset), after `prelude` in the same transaction. It returns `id,
+    /// limit, offset), in a transaction opened by `begin`. It returns `id,
     /// topic, msg_id, payload, attempts` (as leased) and the row's previous
     /// `lease_owner`.
     Returning {
         /// The claim, for the topics' list.
         render: Render,
-        /// Run first in the claim's transaction.
-        prelude: Option<&'static str>,
+        /// The claim transaction's `BEGIN` (`None`: the dialect's), with
+        /// the settings that go first in it, sent as one simple query: one
+        /// round trip.
+        begin: Option<&'static str>,
     },
     /// Two statements in one transaction (MariaDB: no `UPDATE …
     /// RETURNING`; SQLite: its `RETURNING` cannot tell the previous lease
@@ -321,6 +334,15 @@ impl SqlSet {
             (self.text)(&s),
             self.row_lock
         ));
+        let lock_marked = self.mark_with.map(|with| {
+            self.render(&format!(
+                "{with} SELECT (SELECT COUNT(*) FROM idem_mark), e.s, e.k \
+                 FROM (SELECT 1) AS idem_one LEFT JOIN \
+                 (SELECT {} AS s, {key_read} AS k FROM {t} WHERE {i} = ?{}) AS e ON true",
+                (self.text)(&s),
+                self.row_lock
+            ))
+        });
         let transition = self.render(&match &k {
             Some(k) => format!("UPDATE {t} SET {s} = ?, {k} = ? WHERE {i} = ? AND {s} = ?"),
             None => format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
@@ -329,6 +351,7 @@ impl SqlSet {
             lock,
             transition,
             with_key: k.is_some(),
+            lock_marked,
         }
     }
 

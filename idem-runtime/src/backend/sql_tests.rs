@@ -211,3 +211,27 @@ fn admin_pieces_bind_like_the_archiver() {
         assert!((admin.floor_int)("x").contains('x'));
     }
 }
+
+#[test]
+fn the_folded_fenced_update_is_the_fenced_update() {
+    // PostgreSQL folds the fenced outbox update into the state machine's
+    // locking read: the same update, its binds first, the entity id last.
+    let pg = Dialect::Postgres.state_sql("coupon", "id", "status", Some("used_by"));
+    let folded = pg.lock_marked.expect("PostgreSQL folds");
+    let fenced = Dialect::Postgres.sql().outbox_success;
+    let with = format!("WITH idem_mark AS ({fenced} RETURNING 1)");
+    assert!(folded.starts_with(&with), "{folded}");
+    assert!(
+        folded.ends_with(
+            r#"(SELECT "status"::text AS s, "used_by"::text AS k FROM "coupon" WHERE "id" = $5 FOR UPDATE) AS e ON true"#
+        ),
+        "{folded}"
+    );
+    for d in [Dialect::MySql, Dialect::Sqlite] {
+        assert!(
+            d.state_sql("coupon", "id", "status", None)
+                .lock_marked
+                .is_none()
+        );
+    }
+}

@@ -50,6 +50,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     // No FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
     row_lock: "",
     begin: Some("BEGIN IMMEDIATE"),
+    mark_with: None,
     micros: false,
     fetch_record: "SELECT fingerprint, result FROM idem_record \
         WHERE idempotency_key = ? AND biz_type = ?",

@@ -78,7 +78,17 @@ pub struct CallerTx<DB: Backend> {
     /// A relay batch's call was dropped unfinished: the transaction goes
     /// back to [`BATCH_SAVEPOINT`] before anything else runs on it.
     undo: bool,
+    /// A relay batch's calls each run under a [`BATCH_SAVEPOINT`]. Off (a
+    /// batch the relay trusts, see `Relay::commit_batch`): no savepoint,
+    /// one round trip less per call, and a call that fails or is dropped
+    /// takes the whole transaction down ([`BARE_BATCH_UNDONE`]).
+    savepoints: bool,
 }
+
+/// Why a relay batch without savepoints is gone: one of its calls failed
+/// (or was dropped), and nothing of the batch may commit.
+pub(crate) const BARE_BATCH_UNDONE: &str =
+    "a call of a relay batch without savepoints failed; the batch is undone";
 
 /// The savepoint each call of a relay batch runs under. One name for all:
 /// a call opens it (`SAVEPOINT` of a name in use makes a new one, which
@@ -113,6 +123,7 @@ impl<DB: Backend> CallerTx<DB> {
             tx: Some(tx),
             lost: None,
             undo: false,
+            savepoints: true,
         }
     }
 
@@ -237,8 +248,10 @@ impl<DB: Backend> std::fmt::Debug for SharedTx<DB> {
 }
 
 impl<DB: Backend> SharedTx<DB> {
-    /// Shares `tx`.
-    pub(crate) fn new(tx: CallerTx<DB>) -> Self {
+    /// Shares `tx`; `savepoints`: each call under a savepoint of its own
+    /// (see [`CallerTx`]'s field).
+    pub(crate) fn new(mut tx: CallerTx<DB>, savepoints: bool) -> Self {
+        tx.savepoints = savepoints;
         SharedTx {
             tx: std::sync::Arc::new(tokio::sync::Mutex::new(tx)),
             marks: Default::default(),
@@ -271,6 +284,7 @@ impl<DB: Backend> SharedTx<DB> {
                 tx: None,
                 lost: Some("the relay's batch has ended".into()),
                 undo: false,
+                savepoints: true,
             },
         )
     }
@@ -339,6 +353,7 @@ impl<'c, DB: Backend> Pending<'c, DB> {
             tx: Some(tx),
             home: self.defuse(),
             batch,
+            bare: false,
         }
     }
 }
@@ -361,6 +376,9 @@ pub(crate) struct Lent<'c, DB: Backend> {
     /// Under a relay batch's [`BATCH_SAVEPOINT`] rather than a savepoint
     /// level of sqlx's.
     batch: bool,
+    /// In a relay batch without savepoints: a failure or a drop loses the
+    /// batch's transaction ([`BARE_BATCH_UNDONE`]).
+    bare: bool,
 }
 
 impl<'c, DB: Backend> Lent<'c, DB> {
@@ -368,6 +386,17 @@ impl<'c, DB: Backend> Lent<'c, DB> {
     /// savepoint in it, in a task of its own that always completes.
     pub(crate) async fn open(mut home: Home<'c, DB>) -> Result<Self, Error> {
         let batch = matches!(home, Home::Shared(_));
+        if batch && !home.savepoints {
+            // Nothing to run, nothing in flight to cancel.
+            home.transaction()?;
+            let tx = home.tx.take().expect("checked above");
+            return Ok(Lent {
+                tx: Some(tx),
+                home,
+                batch,
+                bare: true,
+            });
+        }
         let undo = std::mem::take(&mut home.undo);
         home.transaction()?;
         let mut tx = home.tx.take().expect("checked above");
@@ -463,6 +492,10 @@ impl<'c, DB: Backend> Lent<'c, DB> {
     /// Rolls back to the savepoint and hands the transaction back.
     pub(crate) async fn roll_back(mut self) {
         let mut tx = self.tx.take().expect("present");
+        if self.bare {
+            self.home.lose(tx, BARE_BATCH_UNDONE.into());
+            return;
+        }
         let back = match self.batch {
             true => DB::exec(&mut tx, BATCH_ROLLBACK).await,
             false => DB::TransactionManager::rollback(&mut *tx).await,
@@ -480,6 +513,10 @@ impl<'c, DB: Backend> Lent<'c, DB> {
 impl<DB: Backend> Drop for Lent<'_, DB> {
     fn drop(&mut self) {
         if let Some(mut tx) = self.tx.take() {
+            if self.bare {
+                self.home.lose(tx, BARE_BATCH_UNDONE.into());
+                return;
+            }
             if self.batch {
                 // Before the next statement of the batch.
                 self.home.undo = true;

@@ -19,15 +19,16 @@ mod outcome;
 mod source;
 
 pub use caller::CallerTx;
-pub(crate) use caller::SharedTx;
+pub(crate) use caller::{BARE_BATCH_UNDONE, SharedTx};
 pub use outcome::Outcome;
 use source::Conn;
 pub use source::{OutboxLease, Source};
 
 pub(crate) use cache_marker::{replay_marker, replay_of};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, StateSql};
 use crate::error::{BoxError, Error};
+use crate::state::EntityIdValue;
 use crate::strategy::{Settled, Strategy, Verdict};
 use sqlx::Transaction;
 use tracing::Span;
@@ -138,8 +139,14 @@ pub(crate) struct CallState<'c, DB: Backend> {
     lease: Option<Box<OutboxLease>>,
     /// A failure is booked in this transaction (see `FailureBook`,
     /// backend/types.rs): [`BODY_SAVEPOINT`] is open just after the fenced
-    /// update.
+    /// update (or, when the guard ran it, just after the guard).
     booking: bool,
+    /// The fenced outbox update is left to the strategy's guard, which
+    /// folds it into its first statement (see [`Call::mark_in_guard`]).
+    mark_in_guard: bool,
+    /// The fenced update found the message not held by this delivery:
+    /// the call ends with nothing more written (dropped: rolled back).
+    fence_refused: bool,
 }
 
 /// Opened just after a call's fenced outbox update when its relay books
@@ -190,11 +197,18 @@ impl<'c, DB: Backend> Call<'c, DB> {
             cache_duplicate(&key, &span);
             return Ok(Open::Done(Outcome::Duplicate(stored)));
         }
-        let mut call = Call::begin(source, key, S::NAME, spec.scope(), span).await?;
+        let mut call = Call::begin(source, key, S::NAME, spec.scope(), span, S::FOLDS_MARK).await?;
         match spec.guard(&mut call).await {
             Ok(Verdict::Run(guard)) => {
                 call.state
                     .trace("guard", || serde_json::json!({ "done": false }));
+                if call.state.mark_in_guard
+                    && let Some(lease) = call.state.lease.take()
+                {
+                    let opened = call.open_booking(&lease).await;
+                    call.state.lease = Some(lease);
+                    opened?;
+                }
                 Ok(Open::Run(call.with_guard(guard)))
             }
             Ok(Verdict::Duplicate { stored, marker }) => {
@@ -202,6 +216,9 @@ impl<'c, DB: Backend> Call<'c, DB> {
                     .trace("guard", || serde_json::json!({ "done": true }));
                 call.duplicate(stored, marker).await.map(Open::Done)
             }
+            // The folded fenced update refused: as in `begin`, nothing
+            // more is written (the error is recorded already).
+            Err(e) if call.state.fence_refused => Err(e),
             Err(e) => {
                 // The state check failed (a statement error, a lost
                 // connection): the call's transaction aborts.
@@ -221,6 +238,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         strategy: &'static str,
         scope: &'static str,
         span: Span,
+        folds: bool,
     ) -> Result<Self, Error> {
         span.record("key", key.as_str());
         #[cfg(feature = "redis")]
@@ -293,6 +311,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 batch_mark: None,
                 lease: source.outbox.clone().map(Box::new),
                 booking: false,
+                mark_in_guard: false,
+                fence_refused: false,
             },
             guard: (),
         };
@@ -310,6 +330,18 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 }
                 call.state.batch_mark = Some((marks, lease.id));
             }
+            // The guard runs the fenced update in its first statement:
+            // one round trip fewer (PostgreSQL's state machine).
+            (Some(_), None)
+                if folds
+                    && matches!(call.state.tx, CallTx::Own(_))
+                    && DB::dialect(call.state.tx.tx_ref())
+                        .sql()
+                        .mark_with
+                        .is_some() =>
+            {
+                call.state.mark_in_guard = true;
+            }
             // On failure the transaction rolls back when `call` drops.
             (Some(lease), None) => {
                 call.mark_outbox(lease).await?;
@@ -323,6 +355,52 @@ impl<'c, DB: Backend> Call<'c, DB> {
     /// The fenced outbox update: exactly one row, or the call fails.
     async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
         let marked = DB::outbox_success(self.state.tx.tx(), lease).await;
+        self.marked(lease, marked).await
+    }
+
+    /// The state machine's locking read; when the call left the fenced
+    /// outbox update to the guard (see
+    /// [`Strategy::FOLDS_MARK`](crate::strategy::Strategy::FOLDS_MARK)),
+    /// both in one statement, and a refused update fails the call as in
+    /// [`Call::begin`].
+    pub(crate) async fn lock_state(
+        &mut self,
+        sql: &StateSql,
+        id: &EntityIdValue,
+    ) -> Result<Option<(String, Option<String>)>, Error> {
+        let folded = match (self.state.mark_in_guard, self.state.lease.as_deref()) {
+            (true, Some(lease)) => DB::mark_lock_state(self.state.tx.tx(), sql, lease, id).await,
+            _ => {
+                return DB::lock_state(self.state.tx.tx(), sql, id)
+                    .await
+                    .map_err(Error::database);
+            }
+        };
+        match folded {
+            Ok((1, found)) => {
+                self.state
+                    .trace("fenced_update", || serde_json::json!({ "held": true }));
+                Ok(found)
+            }
+            refused => {
+                let lease = self.state.lease.clone().expect("matched above");
+                let n = refused.map(|(n, _)| u64::try_from(n).unwrap_or(0));
+                self.marked(&lease, n).await.map(|()| None)
+            }
+        }
+    }
+
+    /// What the fenced outbox update came to (`marked`: the rows it
+    /// changed): `Ok` if it held, the call's error otherwise (recorded on
+    /// its span; the message's state read to tell why).
+    async fn marked(
+        &mut self,
+        lease: &OutboxLease,
+        marked: Result<u64, sqlx::Error>,
+    ) -> Result<(), Error> {
+        if marked.as_ref().is_ok_and(|n| *n != 1) || marked.is_err() {
+            self.state.fence_refused = true;
+        }
         match &marked {
             Ok(n) => {
                 let held = *n == 1;

@@ -68,6 +68,10 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
 
     const NAME: &'static str = "state_machine";
 
+    /// PostgreSQL: the fenced outbox update in the locking read's
+    /// statement ([`StateSql::lock_marked`]).
+    const FOLDS_MARK: bool = true;
+
     fn scope(&self) -> &'static str {
         self.scope
     }
@@ -82,9 +86,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// reached under another key: an illegal-state error.
     async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<StateSql, T>, Error> {
         let sql = self.sql(call)?;
-        let found = DB::lock_state(call.state.tx.tx(), &sql, &self.id)
-            .await
-            .map_err(Error::database)?;
+        let found = call.lock_state(&sql, &self.id).await?;
         let duplicate = Verdict::Duplicate {
             stored: None,
             marker: None,

@@ -190,6 +190,21 @@ pub(crate) fn broken_batch_leases() -> bool {
     BROKEN_BATCH_LEASES.load(Ordering::SeqCst)
 }
 
+static BROKEN_QUEUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A deliberately broken build, for controls: while on, a message a relay
+/// claimed ahead of a free handler slot waits for it without renewing its
+/// lease (so a slow queue lets the lease run out).
+#[doc(hidden)]
+pub fn set_broken_queued_renewal(on: bool) {
+    BROKEN_QUEUED.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`set_broken_queued_renewal`] is on.
+pub(crate) fn broken_queued_renewal() -> bool {
+    BROKEN_QUEUED.load(Ordering::SeqCst)
+}
+
 static BATCH_CONFLICTS: AtomicU64 = AtomicU64::new(0);
 
 /// Makes the next `n` commits of relay batches (see

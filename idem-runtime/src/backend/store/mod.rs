@@ -200,6 +200,27 @@ impl CallStore for DB {
         bind_id!(q, id).fetch_optional(&mut **tx).await
     }
 
+    async fn mark_lock_state<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        sql: &'a StateSql,
+        lease: &'a OutboxLease,
+        id: &'a EntityIdValue,
+    ) -> Result<(i64, Option<(String, Option<String>)>), sqlx::Error> {
+        let Some(text) = sql.lock_marked.as_deref() else {
+            return Err(sqlx::Error::Protocol(
+                "no folded outbox update and state read in this dialect".into(),
+            ));
+        };
+        let q = sqlx::query_as::<_, (i64, Option<String>, Option<String>)>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(lease.id)
+            .bind(lease.topic.as_str())
+            .bind(lease.owner.as_str())
+            .bind(lease.attempt);
+        let (marked, state, key) = bind_id!(q, id).fetch_one(&mut **tx).await?;
+        Ok((marked, state.map(|s| (s, key))))
+    }
+
     async fn transition<'a>(
         tx: &'a mut Transaction<'_, Self>,
         sql: &'a StateSql,
@@ -407,7 +428,14 @@ impl OutboxStore for DB {
         offset: i64,
         lease_secs: f64,
     ) -> Result<Claimed, ClaimError> {
-        let mut tx = begin(pool).await.map_err(ClaimError::Failed)?;
+        // The claim's own BEGIN where its dialect has one (its settings in
+        // the same round trip), the dialect's otherwise.
+        let pool_sql = DB::dialect_of_pool(pool).sql();
+        let opening = match &pool_sql.claim {
+            Claim::Returning { begin: Some(b), .. } => Some(*b),
+            _ => pool_sql.begin,
+        };
+        let mut tx = crate::tx::begin(pool, opening).await.map_err(ClaimError::Failed)?;
         let sql = sql_of(&tx);
         let chosen: Vec<ClaimTuple> = match &sql.claim {
             Claim::LockThenLease { lease, lock, .. } => {
@@ -458,14 +486,7 @@ impl OutboxStore for DB {
                 }
                 rows
             }
-            Claim::Returning { prelude, .. } => {
-                if let Some(prelude) = prelude {
-                    sqlx::query(stmt(prelude))
-                        .persistent(persist())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(ClaimError::Failed)?;
-                }
+            Claim::Returning { .. } => {
                 let mut q =
                     sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
                         .persistent(persist())

@@ -66,9 +66,9 @@ impl<DB: Backend> Relay<DB> {
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts)
             .with_book(i.max_attempts, delay.as_secs_f64());
         let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), takes.clone());
-        let result = match consume::start(&route, delivery) {
+        let result = match consume::inline(&route, delivery) {
             Err(failure) => Err(failure),
-            Ok(task) => consume::verdict(self.heartbeat(&lease, task, &span).await),
+            Ok(handler) => self.heartbeat(&lease, handler, &span).await,
         };
         let takes = takes.load(Ordering::Relaxed);
         let result = one_call_per_delivery(takes, result);
@@ -392,32 +392,50 @@ impl<DB: Backend> Relay<DB> {
         Err(last.expect("at least one try"))
     }
 
-    /// Waits for a running handler, renewing its message's lease every
-    /// third of the lease meanwhile.
-    async fn heartbeat<T>(
+    /// Runs a handler to its end, renewing its message's lease every third
+    /// of the lease meanwhile (the handler keeps running while a renewal
+    /// is in flight).
+    async fn heartbeat<F: Future + Unpin>(
         &self,
         lease: &OutboxLease,
-        mut handler: tokio::task::JoinHandle<T>,
+        mut handler: F,
         span: &tracing::Span,
-    ) -> Result<T, tokio::task::JoinError> {
+    ) -> F::Output {
         let i = &self.inner;
         let every = (i.lease / 3).max(Duration::from_millis(10));
+        let ids = [lease.id()];
+        let tick = tokio::time::sleep(every);
+        tokio::pin!(tick);
         loop {
             tokio::select! {
                 done = &mut handler => return done,
-                _ = tokio::time::sleep(every) => {
-                    match DB::renew_leases(&i.pool, lease.owner(), &[lease.id()], i.lease.as_secs_f64()).await {
-                        Ok(n) => {
-                            trace_event!(of_lease("renew", lease, || serde_json::json!({ "renewed": n == 1 })));
-                            crate::metrics::lease_renewals(n)
-                        }
-                        Err(e) => {
-                            trace_event!(of_lease("renew", lease, || serde_json::json!({ "renewed": false, "error": true })));
-                            tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler")
-                        }
-                    }
+                _ = &mut tick => {}
+            }
+            let renew = DB::renew_leases(&i.pool, lease.owner(), &ids, i.lease.as_secs_f64());
+            tokio::pin!(renew);
+            let renewed = tokio::select! {
+                done = &mut handler => return done,
+                renewed = &mut renew => renewed,
+            };
+            match renewed {
+                Ok(n) => {
+                    trace_event!(of_lease(
+                        "renew",
+                        lease,
+                        || serde_json::json!({ "renewed": n == 1 })
+                    ));
+                    crate::metrics::lease_renewals(n)
+                }
+                Err(e) => {
+                    trace_event!(of_lease(
+                        "renew",
+                        lease,
+                        || serde_json::json!({ "renewed": false, "error": true })
+                    ));
+                    tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler")
                 }
             }
+            tick.as_mut().reset(tokio::time::Instant::now() + every);
         }
     }
 }
