@@ -16,9 +16,14 @@
 //! of messages, each deduction once, and the batch size shrank (AIMD);
 //! also with lost acknowledgements. Its control turns the shrinking off.
 //!
+//! After four clean batches in a row a relay runs its batches without
+//! savepoints; a failing call there undoes its batch, whose messages go one
+//! by one (the failing one dead-letters alone, the others commit once).
+//!
 //! The control breaks the savepoints (a failed call in a batch releases
-//! its savepoint instead of rolling back to it) and shows the
-//! failing-message test catching it.
+//! its savepoint instead of rolling back to it; in a batch without
+//! savepoints, keeps its effects) and shows both failing-message tests
+//! catching it.
 //!
 //! The tests of this target run one at a time: the `testing` hooks (lost
 //! acknowledgements, broken savepoints) are process-wide.
@@ -249,6 +254,88 @@ macro_rules! batch_tests {
                 let Some(((deducted, status, _, _), _, _)) = failing_message_mid_batch(true).await else { return };
                 // The failed call's deduction committed with the batch, on
                 // every attempt (the call failed before its transition): the
+                // real test's `deducted == 0` fails.
+                assert!(deducted >= 1, "the broken build was not caught: deductions={deducted} status={status}");
+            }
+
+            /// A relay that earned its trust (64 good messages: four clean
+            /// batches of 16 and more, after which its batches run without
+            /// savepoints), then 31 good coupons and one whose handler
+            /// deducts and fails mid-batch; `broken`: the control's broken
+            /// savepoints (a failed call keeps its effects). Returns the
+            /// failing coupon's (deductions, status, attempts), the good
+            /// ones' (double, lost) and the lost batches of the second part.
+            async fn failing_message_in_a_trusted_batch(broken: bool) -> Option<((i64, String, i32), (usize, usize), u64)> {
+                let pool = pool().await?;
+                let topic = topic(if broken { "trustfailctl" } else { "trustfail" });
+                let warm = produce_n(&pool, &topic, 64, false).await;
+                let bad = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(-1));
+                let b = bad.clone();
+                let relay = batched(&pool).max_attempts(3).route(topic.clone(), move |d, m: Deduct| {
+                    let b = b.clone();
+                    async move {
+                        if m.coupon_id == b.load(Ordering::SeqCst) {
+                            return deduct_then_fail(d.source(), &m).await;
+                        }
+                        deduct(d.source(), &m).await
+                    }
+                });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                let before = relay.stats().lost_batches.load(Ordering::Relaxed);
+                let mut good = produce_n(&pool, &topic, 8, false).await;
+                let bad_coupon = produce(&pool, &topic, 1).await;
+                bad.store(bad_coupon, Ordering::SeqCst);
+                good.extend(produce_n(&pool, &topic, 23, false).await);
+                good.extend(warm);
+                idem_runtime::testing::set_broken_batch_savepoints(broken);
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                idem_runtime::testing::set_broken_batch_savepoints(false);
+                let lost = relay.stats().lost_batches.load(Ordering::Relaxed) - before;
+                let (status, attempts): (String, i32) = sqlx::query_as(sql(
+                    D,
+                    "SELECT status, attempts FROM idem_outbox WHERE topic = ? AND msg_id = ?",
+                ))
+                .bind(&topic)
+                .bind(format!("m-{bad_coupon}-0"))
+                .fetch_one(&pool)
+                .await
+                .expect("the failing message");
+                let bad_row = (deductions(&pool, bad_coupon).await, status, attempts);
+                let good_counts = double_and_lost(&pool, &good).await;
+                eprintln!(
+                    "{}: failing message in a trusted batch{}: its deductions={} status={} attempts={} good double={} lost={} batches undone={lost}",
+                    stringify!($module),
+                    if broken { " (control: broken savepoints)" } else { "" },
+                    bad_row.0,
+                    bad_row.1,
+                    bad_row.2,
+                    good_counts.0,
+                    good_counts.1,
+                );
+                Some((bad_row, good_counts, lost))
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_failing_call_undoes_its_trusted_batch_and_fails_alone() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(((deducted, status, attempts), good, undone)) = failing_message_in_a_trusted_batch(false).await else { return };
+                assert_eq!(good, (0, 0), "the others committed, once each");
+                assert_eq!(deducted, 0, "the failed message's effects rolled back with its batch");
+                assert_eq!((status.as_str(), attempts), ("failed", 3), "dead-lettered after max_attempts");
+                // The batch without savepoints was undone (its messages then
+                // went one by one): the path this test is about ran.
+                assert!(undone >= 1, "no batch ran without savepoints");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn control_a_trusted_batch_keeping_a_failed_call_is_caught() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let _hooks = Hooks;
+                let Some(((deducted, status, _), _, _)) = failing_message_in_a_trusted_batch(true).await else { return };
+                // The failed call's deduction committed with its batch: the
                 // real test's `deducted == 0` fails.
                 assert!(deducted >= 1, "the broken build was not caught: deductions={deducted} status={status}");
             }

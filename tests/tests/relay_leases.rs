@@ -2,13 +2,19 @@
 //! crashed relay's leases expire and its messages are taken over; shutdown
 //! finishes in-flight work and stops claiming; a handler that outlives its
 //! lease never commits on a dead letter, a running one keeps its lease, and
-//! claimed messages never wait out their lease in the queue. Every
+//! claimed messages never wait out their lease in the queue, also those
+//! claimed ahead of a free handler slot (renewed while they wait; the
+//! control does not renew them). Every
 //! assertion counts rows in the database.
 
 #[macro_use]
 #[path = "common/relay.rs"]
 mod common;
 use common::*;
+
+/// The queued-renewal hook is process-wide: the runs that set it (on or
+/// off) take turns, on every backend.
+static QUEUE_HOOK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 macro_rules! relay_tests {
     ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
@@ -242,6 +248,73 @@ macro_rules! relay_tests {
                 for c in coupons {
                     assert_eq!(deductions(&pool, c).await, 1);
                 }
+            }
+
+            /// Two relays of one handler slot each, 1.5 s per message,
+            /// 600 ms leases, six messages: a relay claims one message
+            /// ahead of its slot, which waits 1.5 s, longer than its lease.
+            /// `broken`: the control, whose queued messages are not
+            /// renewed. Returns the attempts of every message.
+            async fn queued_past_the_lease(broken: bool) -> Option<Vec<i32>> {
+                let pool = pool().await?;
+                if D == Dialect::Sqlite {
+                    // As above: SQLite's write lock is not fair.
+                    eprintln!("sqlite: not run (SQLite's write lock is not fair)");
+                    return None;
+                }
+                let _turn = QUEUE_HOOK.lock().await;
+                let topic = topic(if broken { "aheadctl" } else { "ahead" });
+                let mut coupons = Vec::new();
+                for _ in 0..6 {
+                    coupons.push(produce(&pool, &topic, 1).await);
+                }
+                idem_runtime::testing::set_broken_queued_renewal(broken);
+                let relay = |owner: &'static str| {
+                    Relay::new(pool.clone())
+                        .route(topic.clone(), |d, m: Deduct| async move {
+                            deduct_slow(d.source(), &m, Duration::from_millis(1500)).await
+                        })
+                        .concurrency(1)
+                        .batch_size(6)
+                        // Oldest first: B's claim takes the expired one.
+                        .claim_spread(1)
+                        .lease(Duration::from_millis(600))
+                        .poll_interval(Duration::from_millis(20))
+                        .owner(owner)
+                };
+                // A claims its first message and one ahead, which waits
+                // 1.5 s for A's slot; B starts after that message's first
+                // lease ran out (0.6 s) and well before A's slot frees.
+                let a = relay("relay-ahead1").spawn();
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let b = relay("relay-ahead2").spawn();
+                drained(&pool, &topic).await;
+                a.shutdown().await;
+                b.shutdown().await;
+                idem_runtime::testing::set_broken_queued_renewal(false);
+                for c in &coupons {
+                    assert_eq!(deductions(&pool, *c).await, 1, "each coupon deducted once");
+                }
+                Some(attempts_of(&pool, &topic).await)
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn messages_claimed_ahead_keep_their_leases_while_they_wait() {
+                let Some(attempts) = queued_past_the_lease(false).await else {
+                    return;
+                };
+                assert_eq!(attempts, vec![1; 6], "no queued message was taken over");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn control_queued_messages_without_renewal_are_taken_over() {
+                let Some(attempts) = queued_past_the_lease(true).await else {
+                    return;
+                };
+                assert!(
+                    attempts.iter().any(|a| *a > 1),
+                    "the broken build was not caught: {attempts:?}"
+                );
             }
         }
     };
