@@ -137,6 +137,10 @@ pub trait Backend:
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
 
+/// What the state machine's locking read found: the state and the key
+/// column's value (`None` without a key column).
+pub(crate) type LockedState = (String, Option<String>);
+
 /// The statements of the `#[idempotent]` strategies, inside the call's
 /// transaction.
 pub trait CallStore: Database {
@@ -157,7 +161,7 @@ pub trait CallStore: Database {
         sql: &'a StateSql,
         lease: &'a OutboxLease,
         id: &'a EntityIdValue,
-    ) -> impl Future<Output = Result<(i64, Option<(String, Option<String>)>), sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<(i64, Option<LockedState>), sqlx::Error>> + Send + 'a;
 
     /// Runs the guarded transition (writing `key` into the key column when
     /// the spec has one); returns the rows it changed.
