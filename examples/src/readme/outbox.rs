@@ -28,7 +28,7 @@ pub async fn pay_and_relay(
     // which keys on the delivery's topic and id (`d`): the payload carries neither.
     let relay = Relay::new(pool.clone())
         .route("readme.coupon.deduct", |d, msg: DeductCoupon| async move { deduct_coupon(d.source(), &d, &msg).await })
-        .batch_size(64)          // most messages claimed per round (never more than free slots)
+        .batch_size(64)          // most messages claimed per round
         .concurrency(16)         // handlers at once
         .lease(Duration::from_secs(30))
         .max_attempts(10)
