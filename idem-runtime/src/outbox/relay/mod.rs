@@ -799,6 +799,12 @@ impl<DB: Backend> Relay<DB> {
                 }
                 continue;
             }
+            // A batched claim takes all its slots at once: never more
+            // than there are.
+            let room = match self.inner.commit_batch >= 2 {
+                true => room.min(self.inner.concurrency),
+                false => room,
+            };
             let batch: Vec<_> = match self.claim_round(room as i64).await {
                 Ok(Round::Claimed(b)) => b.rows.into_iter().map(|r| (r, b.owner.clone())).collect(),
                 Ok(Round::Lost {
@@ -806,32 +812,20 @@ impl<DB: Backend> Relay<DB> {
                     chosen,
                     error,
                 }) => {
-                    // Read back beside the claim loop, holding the slots
-                    // the lost rows would take, once free.
-                    let slots = u32::try_from(chosen.rows.len()).unwrap_or(u32::MAX);
-                    let ids: Vec<i64> = chosen.rows.iter().map(|r| r.id).collect();
+                    // Read back beside the claim loop; what is read back
+                    // waits for its slots as a claimed message does.
+                    let n = chosen.rows.len();
                     let me = self.clone();
                     let permits = permits.clone();
-                    waiting.fetch_add(ids.len(), Ordering::Relaxed);
+                    waiting.fetch_add(n, Ordering::Relaxed);
                     let waiting = waiting.clone();
                     tasks.spawn(async move {
-                        let reserved = me
-                            .queued(permits.acquire_many_owned(slots), &owner, &ids)
-                            .await;
-                        waiting.fetch_sub(ids.len(), Ordering::Relaxed);
-                        if let Ok(batch) = me.recover(owner, chosen, error).await {
-                            if me.inner.commit_batch >= 2 {
-                                me.deliver_batches(batch.rows, batch.owner).await;
-                            } else {
-                                let mut deliveries = JoinSet::new();
-                                for row in batch.rows {
-                                    let (me, owner) = (me.clone(), batch.owner.clone());
-                                    deliveries.spawn(async move { me.deliver(row, owner).await });
-                                }
-                                while deliveries.join_next().await.is_some() {}
-                            }
-                        }
-                        drop(reserved);
+                        let Ok(batch) = me.recover(owner, chosen, error).await else {
+                            waiting.fetch_sub(n, Ordering::Relaxed);
+                            return;
+                        };
+                        waiting.fetch_sub(n - batch.rows.len().min(n), Ordering::Relaxed);
+                        me.deliver_claimed(batch, permits, waiting).await;
                     });
                     continue;
                 }
@@ -897,6 +891,42 @@ impl<DB: Backend> Relay<DB> {
         if let Some(listener) = listener {
             let _ = listener.await;
         }
+    }
+
+    /// Delivers a read-back claim's messages (counted in `waiting` until
+    /// each has its slot): batched, all at once when their slots are free
+    /// (a batched claim is never larger than the slots); otherwise each as
+    /// soon as it has a slot.
+    async fn deliver_claimed(
+        &self,
+        batch: Batch,
+        permits: Arc<Semaphore>,
+        waiting: Arc<AtomicUsize>,
+    ) {
+        let n = batch.rows.len();
+        if self.inner.commit_batch >= 2 {
+            let slots = u32::try_from(n).unwrap_or(u32::MAX);
+            let ids: Vec<i64> = batch.rows.iter().map(|r| r.id).collect();
+            let reserved = self
+                .queued(permits.acquire_many_owned(slots), &batch.owner, &ids)
+                .await;
+            waiting.fetch_sub(n, Ordering::Relaxed);
+            self.deliver_batches(batch.rows, batch.owner).await;
+            drop(reserved);
+            return;
+        }
+        let mut deliveries = JoinSet::new();
+        for row in batch.rows {
+            let (me, owner) = (self.clone(), batch.owner.clone());
+            let (permits, waiting) = (permits.clone(), waiting.clone());
+            deliveries.spawn(async move {
+                let permit = me.queued(permits.acquire_owned(), &owner, &[row.id]).await;
+                waiting.fetch_sub(1, Ordering::Relaxed);
+                me.deliver(row, owner).await;
+                drop(permit);
+            });
+        }
+        while deliveries.join_next().await.is_some() {}
     }
 
     /// Waits for `slot` (handler slots for claimed messages `ids`),
