@@ -96,14 +96,23 @@ async fn form_round_trip_and_screenshot() {
         .await
         .expect("fill the name");
     form.submit().await.expect("submit the form");
-    let result = page
-        .wait()
-        .for_element(Locator::Id("result"))
-        .await
-        .expect("the result page")
-        .text()
-        .await
-        .expect("its text");
+    // While the browser navigates to the result page, a look-up can fail
+    // with "aborted by navigation" instead of "no such element": both mean
+    // "not there yet", until the deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let result = loop {
+        let found = match page.find(Locator::Id("result")).await {
+            Ok(e) => e.text().await,
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(text) => break text,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the result page: {e:?}"),
+        }
+    };
     assert_eq!(result, "Received: Ada <3");
     let url = page.current_url().await.expect("current URL");
     assert_eq!(url.path(), "/submit");
