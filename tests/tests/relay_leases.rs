@@ -250,9 +250,10 @@ macro_rules! relay_tests {
                 }
             }
 
-            /// Two relays of one handler slot each, 1.5 s per message,
-            /// 600 ms leases, six messages: a relay claims one message
-            /// ahead of its slot, which waits 1.5 s, longer than its lease.
+            /// Two relays of one handler slot each, 3 s per message, 1.2 s
+            /// leases (a relay claims ahead with leases of a second or
+            /// more), six messages: a relay claims one message ahead of its
+            /// slot, which waits 3 s, longer than its lease.
             /// `broken`: the control, whose queued messages are not
             /// renewed. Returns the attempts of every message.
             async fn queued_past_the_lease(broken: bool) -> Option<Vec<i32>> {
@@ -272,21 +273,21 @@ macro_rules! relay_tests {
                 let relay = |owner: &'static str| {
                     Relay::new(pool.clone())
                         .route(topic.clone(), |d, m: Deduct| async move {
-                            deduct_slow(d.source(), &m, Duration::from_millis(1500)).await
+                            deduct_slow(d.source(), &m, Duration::from_millis(3000)).await
                         })
                         .concurrency(1)
                         .batch_size(6)
                         // Oldest first: B's claim takes the expired one.
                         .claim_spread(1)
-                        .lease(Duration::from_millis(600))
+                        .lease(Duration::from_millis(1200))
                         .poll_interval(Duration::from_millis(20))
                         .owner(owner)
                 };
                 // A claims its first message and one ahead, which waits
-                // 1.5 s for A's slot; B starts after that message's first
-                // lease ran out (0.6 s) and well before A's slot frees.
+                // 3 s for A's slot; B starts after that message's first
+                // lease ran out (1.2 s) and well before A's slot frees.
                 let a = relay("relay-ahead1").spawn();
-                tokio::time::sleep(Duration::from_millis(900)).await;
+                tokio::time::sleep(Duration::from_millis(1800)).await;
                 let b = relay("relay-ahead2").spawn();
                 drained(&pool, &topic).await;
                 a.shutdown().await;

@@ -123,6 +123,10 @@ type Route<DB> = consume::Handler<Delivery<DB>>;
 /// A fanned-out topic's subscriber: its name and its handler.
 type Subscriber<DB> = consume::Subscriber<Delivery<DB>>;
 
+/// The shortest lease with which a relay claims messages ahead of its free
+/// handler slots (see [`Relay::batch_size`]).
+const AHEAD_MIN_LEASE: Duration = Duration::from_secs(1);
+
 /// A relay's settings (see [`Relay::settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelaySettings {
@@ -387,9 +391,10 @@ impl<DB: Backend> Relay<DB> {
 
     /// The most messages claimed per round (default 64). With no backlog a
     /// round claims at most the free handler slots (see
-    /// [`concurrency`](Relay::concurrency)); while there is one, up to as
-    /// many more as there are slots, so that the next messages are at hand
-    /// when the running ones end. Those wait for a slot with their leases
+    /// [`concurrency`](Relay::concurrency)); while there is one (and the
+    /// lease is a second or longer), up to as many more as there are
+    /// slots, so that the next messages are at hand when the running ones
+    /// end. Those wait for a slot with their leases
     /// renewed every third of a lease: no claimed message waits out its
     /// lease in the queue.
     pub fn batch_size(self, n: u32) -> Self {
@@ -788,7 +793,13 @@ impl<DB: Backend> Relay<DB> {
         while !*stop.borrow() {
             while tasks.try_join_next().is_some() {}
             let backlog = self.inner.backlog.load(Ordering::Relaxed);
-            let ahead = if backlog { self.inner.concurrency } else { 0 };
+            // Not with leases under a second: between two renewals of a
+            // queued message, another relay would take it over (and a
+            // short-leased relay claiming ahead mostly feeds the others).
+            let ahead = match backlog && self.inner.lease >= AHEAD_MIN_LEASE {
+                true => self.inner.concurrency,
+                false => 0,
+            };
             let room = (permits.available_permits() + ahead)
                 .saturating_sub(waiting.load(Ordering::Relaxed));
             let starved = backlog && room < refill && !tasks.is_empty();
