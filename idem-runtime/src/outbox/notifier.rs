@@ -166,7 +166,14 @@ mod pg {
                     .push(Arc::downgrade(&notifier));
             }
         }
-        let options = options.application_name(&format!("{NOTIFIER_APP}:{owner}"));
+        // A notifying transaction takes a transaction id, so its commit
+        // would wait for a WAL flush of its own, competing with the
+        // producers' (whose commits are what the bench of push wake-up
+        // measures): a notification is a hint, it need not survive a
+        // crash.
+        let options = options
+            .application_name(&format!("{NOTIFIER_APP}:{owner}"))
+            .options([("synchronous_commit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
