@@ -69,7 +69,7 @@
 //! prepared statements) are an [`Error::Config`](crate::Error::Config)
 //! that names the pooler and this option, not a retryable database error.
 
-use crate::backend::Dialect;
+use crate::backend::dialect::Dialect;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The environment variable that turns the mode on: `1`, `true`, `yes` or

@@ -1,49 +1,12 @@
 //! MariaDB and MySQL: their statements, schema and upgrade steps, and
 //! which of their error numbers a retry can heal.
 
-use super::Dialect;
+#[cfg(feature = "mysql")]
+use super::class::Class;
+use super::dialect::Dialect;
 use super::sql::{
     AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
 };
-
-#[cfg(feature = "mysql")]
-mod driver {
-    use super::super::{Backend, Dialect, NewRecord, sealed};
-    use sqlx::{MySql, Pool, Transaction};
-
-    impl sealed::Sealed for MySql {
-        fn dialect_of_tx(_: &Transaction<'_, Self>) -> Dialect {
-            Dialect::MySql
-        }
-
-        fn dialect_of_pool(_: &Pool<Self>) -> Dialect {
-            Dialect::MySql
-        }
-
-        fn dialect_of_conn(_: &Self::Connection) -> Dialect {
-            Dialect::MySql
-        }
-
-        fn rows_affected(done: &Self::QueryResult) -> u64 {
-            done.rows_affected()
-        }
-
-        fn last_insert_id(done: &Self::QueryResult) -> Result<i64, sqlx::Error> {
-            i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-        }
-    }
-
-    impl Backend for MySql {
-        const NAME: &'static str = "mysql";
-
-        async fn claim_record<'a>(
-            tx: &'a mut Transaction<'_, Self>,
-            rec: &'a NewRecord<'a>,
-        ) -> Result<bool, sqlx::Error> {
-            super::super::store::claim_record(tx, rec).await
-        }
-    }
-}
 
 /// The MariaDB / MySQL statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -416,6 +379,19 @@ fn is_read_only(number: u16, message: &str) -> bool {
 pub(crate) fn error_is_connection_loss(number: u16, message: &str) -> bool {
     matches!(number, 1053 | 1927 | 1158..=1161)
         || (number == 4031 && message.contains("because of inactivity"))
+}
+
+/// What a MariaDB/MySQL error means, if `db` is one of its driver.
+#[cfg(feature = "mysql")]
+pub(crate) fn classify(db: &dyn sqlx::error::DatabaseError) -> Option<Class> {
+    let my = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?;
+    let (number, message) = (my.number(), my.message());
+    Some(Class {
+        transient: error_is_transient(number, message),
+        conflict: number_is_conflict(number),
+        session_lost: error_is_connection_loss(number, message),
+        pooler: None,
+    })
 }
 
 /// The MariaDB / MySQL statements of `Idempotency-Key` requests. The find

@@ -1,45 +1,11 @@
 //! PostgreSQL: its statements, its schema and upgrade steps, and which of
 //! its SQLSTATEs a retry can heal.
 
-use super::Dialect;
+use super::class::{Class, PoolerFault};
+use super::dialect::Dialect;
 use super::sql::{
     AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
 };
-
-#[cfg(feature = "postgres")]
-mod driver {
-    use super::super::{Backend, Dialect, NewRecord, sealed};
-    use sqlx::{Pool, Postgres, Transaction};
-
-    impl sealed::Sealed for Postgres {
-        fn dialect_of_tx(_: &Transaction<'_, Self>) -> Dialect {
-            Dialect::Postgres
-        }
-
-        fn dialect_of_pool(_: &Pool<Self>) -> Dialect {
-            Dialect::Postgres
-        }
-
-        fn dialect_of_conn(_: &Self::Connection) -> Dialect {
-            Dialect::Postgres
-        }
-
-        fn rows_affected(done: &Self::QueryResult) -> u64 {
-            done.rows_affected()
-        }
-    }
-
-    impl Backend for Postgres {
-        const NAME: &'static str = "postgres";
-
-        async fn claim_record<'a>(
-            tx: &'a mut Transaction<'_, Self>,
-            rec: &'a NewRecord<'a>,
-        ) -> Result<bool, sqlx::Error> {
-            super::super::store::claim_record(tx, rec).await
-        }
-    }
-}
 
 /// The PostgreSQL statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -322,6 +288,51 @@ pub(crate) fn sqlstate_is_conflict(code: &str) -> bool {
 /// happened.
 pub(crate) fn sqlstate_is_connection_loss(code: &str) -> bool {
     matches!(code, "57P01" | "57P02" | "57P03" | "57P05") || code.starts_with("08")
+}
+
+/// What a PostgreSQL error means, if `db` is one of PostgreSQL's driver.
+#[cfg(feature = "postgres")]
+pub(crate) fn classify(db: &dyn sqlx::error::DatabaseError) -> Option<Class> {
+    let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
+    Some(sqlstate_class(pg.code(), pg.message()))
+}
+
+/// What a SQLSTATE (and its message) means by PostgreSQL's rules: also
+/// how an error of a driver idem does not know is read.
+pub(crate) fn sqlstate_class(code: &str, message: &str) -> Class {
+    Class {
+        transient: sqlstate_is_transient(code),
+        conflict: sqlstate_is_conflict(code),
+        session_lost: sqlstate_is_connection_loss(code),
+        pooler: pooler_fault(code, message),
+    }
+}
+
+/// The errors a connection pooler in transaction mode (pgbouncer
+/// `pool_mode = transaction`) causes: `26000` (`prepared statement
+/// "sqlx_s_3" does not exist`) and `42P05` (`… already exists`) when
+/// statements are prepared as named statements; `08P01` about a prepared
+/// statement or a bind message (`bind message supplies 2 parameters, but
+/// prepared statement "" requires 1`: the statement parsed on one server
+/// connection, bound on another); and pgbouncer's `08P01 unsupported
+/// startup parameter` (one sqlx sends on connecting, which pgbouncer
+/// refuses unless listed in its `ignore_startup_parameters`).
+fn pooler_fault(code: &str, message: &str) -> Option<PoolerFault> {
+    match code {
+        // invalid_sql_statement_name, duplicate_prepared_statement
+        "26000" | "42P05" => Some(PoolerFault::Statements),
+        "08P01" if message.starts_with("unsupported startup parameter") => {
+            Some(PoolerFault::StartupParameter)
+        }
+        // protocol_violation: PostgreSQL's own answer to a Bind meant for
+        // a statement prepared elsewhere (parameter or result-format count).
+        "08P01" => {
+            let m = message.to_ascii_lowercase();
+            (m.contains("prepared statement") || m.contains("bind message"))
+                .then_some(PoolerFault::Statements)
+        }
+        _ => None,
+    }
 }
 
 /// The PostgreSQL statements of `Idempotency-Key` requests.

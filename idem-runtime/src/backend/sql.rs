@@ -1,7 +1,7 @@
 //! The shape of one dialect's statements ([`SqlSet`]: each database file
 //! fills one in), and the renderers every dialect shares.
 
-use super::Dialect;
+use super::dialect::Dialect;
 use idem_core::{is_identifier, numbered_placeholders};
 
 /// The statements of a state machine spec, rendered for one dialect.

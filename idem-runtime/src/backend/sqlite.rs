@@ -1,45 +1,12 @@
 //! SQLite: its statements, schema and upgrade steps, and which of its
 //! result codes a retry can heal.
 
-use super::Dialect;
+#[cfg(feature = "sqlite")]
+use super::class::Class;
+use super::dialect::Dialect;
 use super::sql::{
     AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
 };
-
-#[cfg(feature = "sqlite")]
-mod driver {
-    use super::super::{Backend, Dialect, NewRecord, sealed};
-    use sqlx::{Pool, Sqlite, Transaction};
-
-    impl sealed::Sealed for Sqlite {
-        fn dialect_of_tx(_: &Transaction<'_, Self>) -> Dialect {
-            Dialect::Sqlite
-        }
-
-        fn dialect_of_pool(_: &Pool<Self>) -> Dialect {
-            Dialect::Sqlite
-        }
-
-        fn dialect_of_conn(_: &Self::Connection) -> Dialect {
-            Dialect::Sqlite
-        }
-
-        fn rows_affected(done: &Self::QueryResult) -> u64 {
-            done.rows_affected()
-        }
-    }
-
-    impl Backend for Sqlite {
-        const NAME: &'static str = "sqlite";
-
-        async fn claim_record<'a>(
-            tx: &'a mut Transaction<'_, Self>,
-            rec: &'a NewRecord<'a>,
-        ) -> Result<bool, sqlx::Error> {
-            super::super::store::claim_record(tx, rec).await
-        }
-    }
-}
 
 /// The SQLite statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -328,6 +295,23 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn code_is_transient(code: i32) -> bool {
     matches!(code & 0xff, 5 | 6)
+}
+
+/// What a SQLite error means, if `db` is one of its driver: busy and
+/// locked are transient, nothing is a conflict (the busy time-out already
+/// waited) or a lost session (the database is in the process).
+#[cfg(feature = "sqlite")]
+pub(crate) fn classify(db: &dyn sqlx::error::DatabaseError) -> Option<Class> {
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
+    // The driver reports the extended result code, in decimal.
+    let transient = db
+        .code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(code_is_transient);
+    Some(Class {
+        transient,
+        ..Class::default()
+    })
 }
 
 #[cfg(test)]

@@ -362,7 +362,7 @@ impl AdminStore for DB {
         match on_pool!(pool, |conn| q.execute(conn)) {
             Ok(_) => Ok(true),
             // Not an answer about the table: a pooler in transaction mode.
-            Err(e) if crate::error::pooler_error(&e).is_some() => Err(e),
+            Err(e) if crate::backend::classify::pooler_error(&e).is_some() => Err(e),
             Err(_) => Ok(false),
         }
     }

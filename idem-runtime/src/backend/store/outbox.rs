@@ -1,0 +1,428 @@
+//! [`OutboxStore`] for every backend: enqueue, claim, lease, settle and
+//! read back outbox messages, with the dialect's statements.
+
+use super::super::sql::{Claim, InsertId, Renew, marks};
+use super::super::types::{ClaimError, Claimed, OutboxInsert, OutboxRow, OutboxState};
+use super::super::{ClaimSql, OutboxStore, sealed::Sealed};
+use super::{begin, persist, sql_of, stmt};
+use crate::backend::OutboxLease;
+use sqlx::{Database, Pool, Transaction};
+
+/// The failure bookkeeping's statement (see
+/// [`OutboxStore::outbox_settle_failure`]), bound: over a pending row this
+/// attempt holds, or (`over_success`) over this attempt's own `success`.
+macro_rules! settle_query {
+    ($sql:expr, $over_success:expr, $id:expr, $owner:expr, $attempt:expr, $dead:expr, $delay_secs:expr, $error:expr) => {{
+        let sql = $sql;
+        let text = if $over_success {
+            sql.outbox_revert
+        } else {
+            sql.outbox_settle
+        };
+        let q = sqlx::query(stmt(text))
+            .persistent(persist())
+            .bind(if $dead { "failed" } else { "pending" });
+        bind_secs!(q, sql, $delay_secs)
+            .bind($error)
+            .bind($id)
+            .bind($owner)
+            .bind($attempt)
+    }};
+}
+
+type RowTuple = (i64, String, String, String, i32);
+
+/// A claimed row and its lease owner before the claim.
+type ClaimTuple = (i64, String, String, String, i32, Option<String>);
+
+/// `outbox_state`'s columns: topic, status, lease owner, attempts.
+type StateRow = (String, String, Option<String>, i32);
+
+fn to_state((topic, status, lease_owner, attempts): StateRow) -> OutboxState {
+    OutboxState {
+        topic,
+        status,
+        lease_owner,
+        attempts,
+    }
+}
+
+fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
+    OutboxRow {
+        id,
+        topic,
+        msg_id,
+        payload,
+        attempts,
+    }
+}
+
+for_every_backend! {
+impl OutboxStore for DB {
+    async fn outbox_insert<'a>(
+        conn: &'a mut Self::Connection,
+        topic: &'a str,
+        msg_id: &'a str,
+        payload: &'a str,
+        notify: bool,
+    ) -> Result<OutboxInsert, sqlx::Error> {
+        let sql = DB::dialect_of_conn(conn).sql();
+        let insert = match sql.outbox_insert_notify {
+            Some(with_notify) if notify => with_notify,
+            _ => sql.outbox_insert,
+        };
+        let new = match sql.insert_id {
+            InsertId::Returning => {
+                sqlx::query_scalar(stmt(insert))
+                    .persistent(persist())
+                    .bind(topic)
+                    .bind(msg_id)
+                    .bind(payload)
+                    .fetch_optional(&mut *conn)
+                    .await?
+            }
+            InsertId::LastInsertId => {
+                let done = sqlx::query(stmt(insert))
+                    .persistent(persist())
+                    .bind(topic)
+                    .bind(msg_id)
+                    .bind(payload)
+                    .execute(&mut *conn)
+                    .await?;
+                match DB::rows_affected(&done) {
+                    0 => None,
+                    _ => Some(DB::last_insert_id(&done)?),
+                }
+            }
+        };
+        if let Some(id) = new {
+            return Ok(OutboxInsert::New(id));
+        }
+        let found: Option<(i64, String)> = sqlx::query_as(stmt(sql.outbox_find))
+            .persistent(persist())
+            .bind(topic)
+            .bind(msg_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(match found {
+            Some((id, payload)) => OutboxInsert::Existing { id, payload },
+            None => OutboxInsert::Missing,
+        })
+    }
+
+    async fn outbox_success<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        lease: &'a OutboxLease,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(DB::rows_affected(&sqlx::query(stmt(sql_of(tx).outbox_success))
+            .persistent(persist())
+            .bind(lease.id)
+            .bind(lease.topic.as_str())
+            .bind(lease.owner.as_str())
+            .bind(lease.attempt)
+            .execute(&mut **tx)
+            .await?))
+    }
+
+    async fn outbox_success_pool<'a>(
+        pool: &'a Pool<Self>,
+        lease: &'a OutboxLease,
+    ) -> Result<u64, sqlx::Error> {
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().outbox_success))
+            .persistent(persist())
+            .bind(lease.id)
+            .bind(lease.topic.as_str())
+            .bind(lease.owner.as_str())
+            .bind(lease.attempt);
+        let done = on_pool!(pool, |conn| q.execute(conn));
+        #[cfg(feature = "testing")]
+        let done = crate::testing::after_commit(crate::testing::Kind::Success, done);
+        Ok(DB::rows_affected(&done?))
+    }
+
+    async fn outbox_state(
+        tx: &mut Transaction<'_, Self>,
+        id: i64,
+    ) -> Result<Option<OutboxState>, sqlx::Error> {
+        let row: Option<StateRow> = sqlx::query_as(stmt(sql_of(tx).outbox_state))
+            .persistent(persist())
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(row.map(to_state))
+    }
+
+    async fn outbox_state_pool(
+        pool: &Pool<Self>,
+        id: i64,
+    ) -> Result<Option<OutboxState>, sqlx::Error> {
+        let q = sqlx::query_as(stmt(DB::dialect_of_pool(pool).sql().outbox_state))
+            .persistent(persist())
+            .bind(id);
+        let row: Option<StateRow> = on_pool!(pool, |conn| q.fetch_optional(conn))?;
+        Ok(row.map(to_state))
+    }
+
+    async fn claim_outbox<'a>(
+        pool: &'a Pool<Self>,
+        claim: &'a ClaimSql,
+        owner: &'a str,
+        topics: &'a [String],
+        limit: i64,
+        offset: i64,
+        lease_secs: f64,
+    ) -> Result<Claimed, ClaimError> {
+        // The claim's own BEGIN where its dialect has one (its settings in
+        // the same round trip), the dialect's otherwise.
+        let pool_sql = DB::dialect_of_pool(pool).sql();
+        let opening = match &pool_sql.claim {
+            Claim::Returning { begin: Some(b), .. } => Some(*b),
+            _ => pool_sql.begin,
+        };
+        let mut tx = crate::tx::begin(pool, opening).await.map_err(ClaimError::Failed)?;
+        let sql = sql_of(&tx);
+        let chosen: Vec<ClaimTuple> = match &sql.claim {
+            Claim::LockThenLease { lease, lock, .. } => {
+                let mut rows = match lock {
+                    None => {
+                        let mut q =
+                            sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                                .persistent(persist());
+                        for t in topics {
+                            q = q.bind(t.as_str());
+                        }
+                        q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
+                    }
+                    Some(lock) => {
+                        let mut q =
+                            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                                .persistent(persist());
+                        for t in topics {
+                            q = q.bind(t.as_str());
+                        }
+                        let ids = q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?;
+                        if ids.is_empty() {
+                            Vec::new()
+                        } else {
+                            let text = sql.render(&lock(&marks(ids.len())));
+                            let mut q = sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(text))
+                                .persistent(persist());
+                            for id in &ids {
+                                q = q.bind(*id);
+                            }
+                            q.fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
+                        }
+                    }
+                };
+                if !rows.is_empty() {
+                    let text = sql.render(&lease(&marks(rows.len())));
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text))
+                        .persistent(persist())
+                        .bind(owner);
+                    let mut q = bind_secs!(q, sql, lease_secs);
+                    for r in &rows {
+                        q = q.bind(r.0);
+                    }
+                    q.execute(&mut *tx).await.map_err(ClaimError::Failed)?;
+                    for r in &mut rows {
+                        r.4 += 1;
+                    }
+                }
+                rows
+            }
+            Claim::Returning { .. } => {
+                let mut q =
+                    sqlx::query_as::<_, ClaimTuple>(sqlx::AssertSqlSafe(claim.claim.as_str()))
+                        .persistent(persist())
+                        .bind(owner)
+                        .bind(lease_secs);
+                for t in topics {
+                    q = q.bind(t.as_str());
+                }
+                q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
+            }
+        };
+        let claimed = Claimed {
+            reclaimed: chosen.iter().filter(|r| r.5.is_some()).count(),
+            rows: chosen
+                .into_iter()
+                .map(|(id, topic, msg_id, payload, attempts, _)| to_row((id, topic, msg_id, payload, attempts)))
+                .collect(),
+        };
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = crate::testing::after_commit(crate::testing::Kind::Claim, committed);
+        match committed {
+            Ok(()) => Ok(claimed),
+            Err(e) if !crate::backend::classify::commit_outcome_unknown(&e) => Err(ClaimError::Failed(e)),
+            // Nothing chosen, nothing leased: whatever the outcome.
+            Err(e) if claimed.rows.is_empty() => Err(ClaimError::Failed(e)),
+            Err(error) => Err(ClaimError::CommitUnknown { error, chosen: claimed }),
+        }
+    }
+
+    async fn recover_claim<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = DB::dialect_of_pool(pool).sql();
+        let text = sql.render(&(sql.claim_recover)(&marks(ids.len())));
+        let mut q = sqlx::query_as::<_, RowTuple>(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(owner);
+        for id in ids {
+            q = q.bind(*id);
+        }
+        let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
+        Ok(rows.into_iter().map(to_row).collect())
+    }
+
+    async fn renew_leases<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = begin(pool).await?;
+        let renewed = Self::renew_leases_in(&mut tx, owner, ids, lease_secs).await?.len() as u64;
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = crate::testing::after_commit(crate::testing::Kind::Renew, committed);
+        committed?;
+        Ok(renewed)
+    }
+
+    async fn renew_held<'a>(
+        pool: &'a Pool<Self>,
+        owner: &'a str,
+        id: i64,
+        lease_secs: f64,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = DB::dialect_of_pool(pool).sql();
+        let q = sqlx::query(stmt(sql.renew_held)).persistent(persist());
+        let q = bind_secs!(q, sql, lease_secs).bind(id).bind(owner);
+        let done = on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn renew_leases_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+        lease_secs: f64,
+    ) -> Result<Vec<(i64, i32)>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = sql_of(tx);
+        let renewed = match &sql.renew {
+            Renew::LockThenUpdate { lock, update } => {
+                let text = sql.render(&lock(&marks(ids.len())));
+                let mut q = sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(text))
+                    .persistent(persist())
+                    .bind(owner);
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                let free: Vec<(i64, i32)> = q.fetch_all(&mut **tx).await?;
+                if !free.is_empty() {
+                    let text = sql.render(&update(&marks(free.len())));
+                    let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
+                    let mut q = bind_secs!(q, sql, lease_secs);
+                    for (id, _) in &free {
+                        q = q.bind(*id);
+                    }
+                    q.execute(&mut **tx).await?;
+                }
+                free
+            }
+            Renew::Update(update) => {
+                let text = sql.render(&update(&marks(ids.len())));
+                let q = sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(text))
+                    .persistent(persist());
+                let mut q = bind_secs!(q, sql, lease_secs).bind(owner);
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                q.fetch_all(&mut **tx).await?
+            }
+        };
+        Ok(renewed)
+    }
+
+    async fn outbox_success_batch<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        owner: &'a str,
+        ids: &'a [i64],
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = sql_of(tx);
+        let text = sql.render(&(sql.outbox_success_batch)(&marks(ids.len())));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(text))
+            .persistent(persist())
+            .bind(owner);
+        for id in ids {
+            q = q.bind(*id);
+        }
+        Ok(DB::rows_affected(&q.execute(&mut **tx).await?))
+    }
+
+    async fn outbox_settle_failure<'a>(
+        pool: &'a Pool<Self>,
+        over_success: bool,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let q = settle_query!(
+            DB::dialect_of_pool(pool).sql(),
+            over_success,
+            id,
+            owner,
+            attempt,
+            dead,
+            delay_secs,
+            error
+        );
+        let done = on_pool!(pool, |conn| q.execute(conn));
+        #[cfg(feature = "testing")]
+        let done = crate::testing::after_commit(crate::testing::Kind::Settle, done);
+        Ok(DB::rows_affected(&done?) == 1)
+    }
+
+    async fn outbox_settle_failure_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        over_success: bool,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        dead: bool,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let q = settle_query!(
+            sql_of(tx),
+            over_success,
+            id,
+            owner,
+            attempt,
+            dead,
+            delay_secs,
+            error
+        );
+        Ok(DB::rows_affected(&q.execute(&mut **tx).await?) == 1)
+    }
+}
+}
