@@ -109,6 +109,19 @@ macro_rules! trace_now {
     }};
 }
 
+/// `$result`, or, with the feature `testing` and its lost acknowledgements
+/// on, the injected one of a commit of kind `$kind` (see
+/// [`testing::set_lost_ack_rate`]); `$result` itself without the feature.
+macro_rules! after_commit {
+    ($kind:ident, $result:expr) => {{
+        #[cfg(feature = "testing")]
+        let result = crate::testing::after_commit(crate::testing::Kind::$kind, $result);
+        #[cfg(not(feature = "testing"))]
+        let result = $result;
+        result
+    }};
+}
+
 macro_rules! trace_event {
     ($f:ident ( $($arg:tt)* )) => {
         #[cfg(feature = "testing")]

@@ -135,8 +135,7 @@ impl OutboxStore for DB {
             .bind(lease.owner.as_str())
             .bind(lease.attempt);
         let done = on_pool!(pool, |conn| q.execute(conn));
-        #[cfg(feature = "testing")]
-        let done = crate::testing::after_commit(crate::testing::Kind::Success, done);
+        let done = after_commit!(Success, done);
         Ok(DB::rows_affected(&done?))
     }
 
@@ -250,8 +249,7 @@ impl OutboxStore for DB {
                 .collect(),
         };
         let committed = tx.commit().await;
-        #[cfg(feature = "testing")]
-        let committed = crate::testing::after_commit(crate::testing::Kind::Claim, committed);
+        let committed = after_commit!(Claim, committed);
         match committed {
             Ok(()) => Ok(claimed),
             Err(e) if !crate::backend::classify::commit_outcome_unknown(&e) => Err(ClaimError::Failed(e)),
@@ -293,8 +291,7 @@ impl OutboxStore for DB {
         let mut tx = begin(pool).await?;
         let renewed = Self::renew_leases_in(&mut tx, owner, ids, lease_secs).await?.len() as u64;
         let committed = tx.commit().await;
-        #[cfg(feature = "testing")]
-        let committed = crate::testing::after_commit(crate::testing::Kind::Renew, committed);
+        let committed = after_commit!(Renew, committed);
         committed?;
         Ok(renewed)
     }
@@ -397,8 +394,7 @@ impl OutboxStore for DB {
             error
         );
         let done = on_pool!(pool, |conn| q.execute(conn));
-        #[cfg(feature = "testing")]
-        let done = crate::testing::after_commit(crate::testing::Kind::Settle, done);
+        let done = after_commit!(Settle, done);
         Ok(DB::rows_affected(&done?) == 1)
     }
 
