@@ -1,9 +1,9 @@
 //! The one error type of idem, and whether a retry can help.
 
 // Until every caller names the classification's own home.
-pub use crate::backend::classify::is_transient;
+use crate::backend::classify::pooler_error;
 pub(crate) use crate::backend::classify::{
-    commit_outcome_unknown, find_sqlx, is_conflict, pooler_error,
+    commit_outcome_unknown, find_sqlx, is_conflict, is_transient,
 };
 use std::error::Error as StdError;
 use std::fmt;
@@ -95,7 +95,7 @@ pub enum Error {
     },
     /// The database failed. Retryable when the failure is transient: lost
     /// connection, pool time-out, deadlock, serialization failure, lock
-    /// wait time-out, or a busy SQLite database (see [`is_transient`] for
+    /// wait time-out, or a busy SQLite database (see [`is_transient`](crate::is_transient) for
     /// the codes of each database).
     Database(sqlx::Error),
     /// The connection failed while committing: the transaction may or may

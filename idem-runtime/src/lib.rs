@@ -56,7 +56,8 @@
 //!   newtypes), [`KeyPart`], [`Outcome`], [`Source`], [`CallerTx`] (calls
 //!   inside a transaction the caller holds), [`OutboxLease`],
 //!   [`Error`], [`BoxError`], [`Result`], [`is_transient`], and [`Backend`]
-//!   (sealed) for handlers generic over the database.
+//!   (sealed) for handlers generic over the database, with the [`Dialect`]
+//!   it speaks.
 //! - Keys built by hand, for code that needs a handler's key outside the
 //!   handler (to look its record up, to enqueue the message that will carry
 //!   it): [`KeyBuilder`] applies the encoding and the checks the attribute's
@@ -161,9 +162,10 @@ pub mod testing;
 mod tx;
 mod unique;
 
-pub use backend::Backend;
+pub use backend::classify::is_transient;
+pub use backend::{Backend, Dialect};
 pub use call::{CallerTx, OutboxLease, Outcome, Source};
-pub use error::{BoxError, Error, is_transient};
+pub use error::{BoxError, Error};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
 pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};

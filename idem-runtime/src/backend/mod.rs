@@ -453,7 +453,7 @@ impl Dialect {
     /// is read under the lock and written by the transition.
     ///
     /// # Panics
-    /// If a name is not a plain identifier (see [`is_identifier`]); the
+    /// If a name is not a plain identifier (see [`is_identifier`](idem_core::is_identifier)); the
     /// generated code checks them before calling this.
     pub fn state_sql(
         self,
