@@ -72,6 +72,7 @@ mod metrics_page;
 mod mount;
 mod pages;
 mod params;
+mod read;
 mod throttle;
 
 pub use auth::TokenError;
