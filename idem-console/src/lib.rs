@@ -74,6 +74,7 @@ mod pages;
 mod params;
 mod read;
 mod throttle;
+mod viewer;
 
 pub use auth::TokenError;
 pub use host::HostError;
