@@ -12,6 +12,7 @@
 use crate::error::PageError;
 use crate::host::Site;
 use crate::throttle::{self, Client, Throttle};
+use crate::viewer::Viewer;
 use axum::http::{HeaderMap, header};
 use hmac::{KeyInit, Mac};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -55,15 +56,6 @@ pub(crate) struct Auth {
 #[derive(Debug, Clone)]
 pub(crate) struct Session {
     nonce: String,
-}
-
-/// What the person asking may do, for the page to show.
-#[derive(Debug, Clone)]
-pub(crate) struct Viewer {
-    /// The console has a write token.
-    pub(crate) writable: bool,
-    /// Signed in: the CSRF token its forms carry.
-    pub(crate) csrf: Option<String>,
 }
 
 fn random_key() -> [u8; 32] {

@@ -16,6 +16,8 @@
 //! fresh on an outbox of any size.
 
 use crate::Inner;
+use crate::chart::{BUCKET, WINDOW};
+use crate::read::{READ_TIMEOUT, SCAN_TIMEOUT, bounded};
 use idem_runtime::outbox::admin::{self, LeaseHolder, OutboxStats, TopicStats};
 use idem_runtime::{Backend, Error};
 use std::collections::BTreeMap;
@@ -27,31 +29,6 @@ use std::time::Instant;
 
 /// A value is kept at least this many times as long as its read took.
 pub(crate) const STRETCH: u32 = 10;
-
-/// The longest one read of the console waits for the database: acquiring
-/// a connection and running its statements. A database that does not
-/// answer (black-holed) fails the read then, whatever the pool's own
-/// acquire timeout, and the future is dropped (the statement abandoned).
-pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The same for the reads that scan the outbox or the history tables
-/// (the delivered counts, the archive page), which the sampler or a
-/// single operator runs, not every scrape.
-pub(crate) const SCAN_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// `read`, failed when it takes longer than `limit`.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    read: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
-    match tokio::time::timeout(limit, read).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("the database did not answer within {limit:?}"),
-        )))),
-    }
-}
 
 /// How many sampling intervals old a page or scrape takes the delivered
 /// counts, which the sampler refreshes every interval.
@@ -272,10 +249,7 @@ impl<DB: Backend> Inner<DB> {
         self.figures
             .deliveries
             .get(self.sample_every, || {
-                bounded(
-                    READ_TIMEOUT,
-                    admin::deliveries(&self.pool, crate::chart::WINDOW, crate::chart::BUCKET),
-                )
+                bounded(READ_TIMEOUT, admin::deliveries(&self.pool, WINDOW, BUCKET))
             })
             .await
     }

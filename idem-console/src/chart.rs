@@ -4,7 +4,7 @@
 //! last minutes, drawn as inline SVG.
 
 use crate::Inner;
-use crate::cache::{READ_TIMEOUT, SCAN_TIMEOUT, bounded};
+use crate::read::{READ_TIMEOUT, SCAN_TIMEOUT, bounded};
 use idem_runtime::Backend;
 use idem_runtime::outbox::admin;
 use maud::{Markup, PreEscaped};

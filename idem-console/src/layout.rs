@@ -1,7 +1,7 @@
 //! The frame every page shares: head, navigation, who is signed in.
 
-use crate::auth::Viewer;
 use crate::mount::Mount;
+use crate::viewer::Viewer;
 use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
 

@@ -72,7 +72,9 @@ mod metrics_page;
 mod mount;
 mod pages;
 mod params;
+mod read;
 mod throttle;
+mod viewer;
 
 pub use auth::TokenError;
 pub use host::HostError;

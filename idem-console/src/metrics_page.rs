@@ -26,7 +26,7 @@
 //!
 //! A scrape waits at most [`METRICS_BUDGET`] (5 s, under Prometheus's
 //! default 10 s scrape timeout) for the database, each read at most
-//! [`READ_TIMEOUT`](crate::cache::READ_TIMEOUT) (3 s, acquiring a
+//! [`READ_TIMEOUT`](crate::read::READ_TIMEOUT) (3 s, acquiring a
 //! connection included) and the ping 3 s, whatever the pool's own acquire
 //! timeout: a database that is down or black-holed is reported as
 //! `idem_console_database_up 0` in time.

@@ -31,12 +31,15 @@ fn success(msg: i64, attempt: i32, owner: &str) -> String {
 
 #[test]
 fn every_documented_example_parses() {
-    let doc = include_str!("../src/trace.rs");
+    let doc = include_str!("../src/trace/mod.rs");
     let examples: Vec<&str> = doc
         .lines()
         .filter_map(|l| l.strip_prefix("//! {"))
         .collect();
-    assert!(examples.len() >= 14, "the examples at the top of trace.rs");
+    assert!(
+        examples.len() >= 14,
+        "the examples at the top of trace/mod.rs"
+    );
     for e in examples {
         let json = format!("{{{e}");
         serde_json::from_str::<Event>(&json).unwrap_or_else(|err| panic!("{json}: {err}"));

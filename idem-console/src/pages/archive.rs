@@ -1,8 +1,8 @@
 //! `/archive`: what the archiver would move now, when it last ran, and
 //! how large the history tables are.
 
-use crate::cache::{SCAN_TIMEOUT, bounded};
 use crate::error::PageError;
+use crate::read::{SCAN_TIMEOUT, bounded};
 use crate::{Shared, fmt, layout};
 use axum::extract::State;
 use axum::http::HeaderMap;

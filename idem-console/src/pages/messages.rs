@@ -1,10 +1,10 @@
 //! `/messages` (any status) and `/dead-letters` (failed, with their
 //! reasons, to select for a requeue): oldest first, a page at a time.
 
-use crate::cache::{READ_TIMEOUT, bounded};
 use crate::error::PageError;
 use crate::mount::Mount;
 use crate::params::{Params, query_string};
+use crate::read::{READ_TIMEOUT, bounded};
 use crate::{Shared, layout};
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;

@@ -1,8 +1,8 @@
 //! `/records`: an idempotency record by key, online or archived.
 
-use crate::cache::{READ_TIMEOUT, bounded};
 use crate::error::PageError;
 use crate::params::Params;
+use crate::read::{READ_TIMEOUT, bounded};
 use crate::{Shared, layout};
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
