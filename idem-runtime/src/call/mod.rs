@@ -17,6 +17,7 @@ mod cache_marker;
 mod caller;
 mod outcome;
 mod source;
+mod strategy;
 
 pub use caller::CallerTx;
 pub(crate) use caller::{BARE_BATCH_UNDONE, SharedTx};
@@ -25,11 +26,13 @@ use source::Conn;
 pub use source::{OutboxLease, Source};
 
 pub(crate) use cache_marker::{replay_marker, replay_of};
+pub use strategy::Strategy;
+pub(crate) use strategy::sealed::Sealed;
+pub(crate) use strategy::{Settled, Verdict};
 
 use crate::backend::{Backend, StateSql};
 use crate::error::{BoxError, Error};
 use crate::state::EntityIdValue;
-use crate::strategy::{Settled, Strategy, Verdict};
 use sqlx::Transaction;
 use tracing::Span;
 
@@ -360,7 +363,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
 
     /// The state machine's locking read; when the call left the fenced
     /// outbox update to the guard (see
-    /// [`Strategy::FOLDS_MARK`](crate::strategy::Strategy::FOLDS_MARK)),
+    /// [`Strategy::FOLDS_MARK`](Strategy::FOLDS_MARK)),
     /// both in one statement, and a refused update fails the call as in
     /// [`Call::begin`].
     pub(crate) async fn lock_state(
