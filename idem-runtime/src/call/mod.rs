@@ -149,8 +149,8 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// call's transaction is fenced by it).
     lease: Option<Box<OutboxLease>>,
     /// A failure is booked in this transaction (see `FailureBook`,
-    /// backend/types.rs): [`BODY_SAVEPOINT`](booking::BODY_SAVEPOINT) is open just after the fenced
-    /// update (or, when the guard ran it, just after the guard).
+    /// backend/types.rs): `BODY_SAVEPOINT` (booking.rs) is open just after
+    /// the fenced update (or, when the guard ran it, just after the guard).
     booking: bool,
     /// The fenced outbox update is left to the strategy's guard, which
     /// folds it into its first statement (see [`Call::mark_in_guard`]).
