@@ -366,9 +366,9 @@ pub mod __private {
         AdminStore, ArchiveStore, CallStore, ClaimError, Claimed, Dialect, Migrate, NewRecord,
         OutboxStore, RequestStore, StateSql, StoredRecord,
     };
-    pub use crate::call::{Call, Open, OutboxLease, Outcome, Source};
+    pub use crate::call::{Call, Open, OutboxLease, Outcome, Source, Strategy};
     pub use crate::key::KeyBuilder;
-    pub use crate::strategy::{Record, StateMachine, Strategy, UniqueInsert};
+    pub use crate::strategy::{Record, StateMachine, UniqueInsert};
     pub use crate::{EntityId, Error, KeyPart, State, fingerprint};
     pub use ::idem_core::is_identifier;
     pub use ::sqlx;

@@ -12,11 +12,21 @@
 //!    commit and the cache marker.
 //!
 //! Dropping a `Call` without finishing it rolls its transaction back.
+//!
+//! Beside the protocol: what it asks of a strategy (`strategy.rs`; the
+//! three implementations are `crate::strategy`'s), the fenced outbox
+//! update (`fence.rs`), the commit point (`commit.rs`), how a failed call
+//! ends (`booking.rs`), the caller's transaction a call may run in
+//! (`caller.rs`) and where a call comes from (`source.rs`).
 
+mod booking;
 mod cache_marker;
 mod caller;
+mod commit;
+mod fence;
 mod outcome;
 mod source;
+mod strategy;
 
 pub use caller::CallerTx;
 pub(crate) use caller::{BARE_BATCH_UNDONE, SharedTx};
@@ -25,11 +35,12 @@ use source::Conn;
 pub use source::{OutboxLease, Source};
 
 pub(crate) use cache_marker::{replay_marker, replay_of};
+pub use strategy::Strategy;
+pub(crate) use strategy::sealed::Sealed;
+pub(crate) use strategy::{Settled, Verdict};
 
-use crate::backend::{Backend, StateSql};
+use crate::backend::Backend;
 use crate::error::{BoxError, Error};
-use crate::state::EntityIdValue;
-use crate::strategy::{Settled, Strategy, Verdict};
 use sqlx::Transaction;
 use tracing::Span;
 
@@ -138,8 +149,8 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// call's transaction is fenced by it).
     lease: Option<Box<OutboxLease>>,
     /// A failure is booked in this transaction (see `FailureBook`,
-    /// backend/types.rs): [`BODY_SAVEPOINT`] is open just after the fenced
-    /// update (or, when the guard ran it, just after the guard).
+    /// backend/types.rs): `BODY_SAVEPOINT` (booking.rs) is open just after
+    /// the fenced update (or, when the guard ran it, just after the guard).
     booking: bool,
     /// The fenced outbox update is left to the strategy's guard, which
     /// folds it into its first statement (see [`Call::mark_in_guard`]).
@@ -148,12 +159,6 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// the call ends with nothing more written (dropped: rolled back).
     fence_refused: bool,
 }
-
-/// Opened just after a call's fenced outbox update when its relay books
-/// failures in the call's transaction: a failure rolls back to it, keeping
-/// the message's row locked, and writes the bookkeeping.
-const BODY_SAVEPOINT: &str = "SAVEPOINT idem_call_body";
-const BODY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT idem_call_body";
 
 impl<DB: Backend> CallState<'_, DB> {
     /// Records a protocol event of the driving outbox message in the
@@ -352,119 +357,6 @@ impl<'c, DB: Backend> Call<'c, DB> {
         Ok(call)
     }
 
-    /// The fenced outbox update: exactly one row, or the call fails.
-    async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        let marked = DB::outbox_success(self.state.tx.tx(), lease).await;
-        self.marked(lease, marked).await
-    }
-
-    /// The state machine's locking read; when the call left the fenced
-    /// outbox update to the guard (see
-    /// [`Strategy::FOLDS_MARK`](crate::strategy::Strategy::FOLDS_MARK)),
-    /// both in one statement, and a refused update fails the call as in
-    /// [`Call::begin`].
-    pub(crate) async fn lock_state(
-        &mut self,
-        sql: &StateSql,
-        id: &EntityIdValue,
-    ) -> Result<Option<(String, Option<String>)>, Error> {
-        let folded = match (self.state.mark_in_guard, self.state.lease.as_deref()) {
-            (true, Some(lease)) => DB::mark_lock_state(self.state.tx.tx(), sql, lease, id).await,
-            _ => {
-                return DB::lock_state(self.state.tx.tx(), sql, id)
-                    .await
-                    .map_err(Error::database);
-            }
-        };
-        match folded {
-            Ok((1, found)) => {
-                self.state
-                    .trace("fenced_update", || serde_json::json!({ "held": true }));
-                Ok(found)
-            }
-            refused => {
-                let lease = self.state.lease.clone().expect("matched above");
-                let n = refused.map(|(n, _)| u64::try_from(n).unwrap_or(0));
-                self.marked(&lease, n).await.map(|()| None)
-            }
-        }
-    }
-
-    /// What the fenced outbox update came to (`marked`: the rows it
-    /// changed): `Ok` if it held, the call's error otherwise (recorded on
-    /// its span; the message's state read to tell why).
-    async fn marked(
-        &mut self,
-        lease: &OutboxLease,
-        marked: Result<u64, sqlx::Error>,
-    ) -> Result<(), Error> {
-        if marked.as_ref().is_ok_and(|n| *n != 1) || marked.is_err() {
-            self.state.fence_refused = true;
-        }
-        match &marked {
-            Ok(n) => {
-                let held = *n == 1;
-                self.state
-                    .trace("fenced_update", || serde_json::json!({ "held": held }));
-            }
-            Err(_) => self.state.trace("aborted", || serde_json::json!({})),
-        }
-        match marked {
-            Ok(1) => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(self.fail(Error::database(e))),
-        }
-        let found = DB::outbox_state(self.state.tx.tx(), lease.id)
-            .await
-            .map_err(|e| self.fail(Error::database(e)))?;
-        let err = match found {
-            None => Error::OutboxMessage {
-                id: lease.id,
-                reason: "no such outbox message".into(),
-            },
-            Some(row) if row.topic != lease.topic => Error::OutboxMessage {
-                id: lease.id,
-                reason: format!(
-                    "the message belongs to topic `{}`, not `{}`",
-                    row.topic, lease.topic
-                ),
-            },
-            Some(row)
-                if row.lease_owner.as_deref() != Some(lease.owner.as_str())
-                    || row.attempts != lease.attempt =>
-            {
-                Error::LeaseLost {
-                    id: lease.id,
-                    holder: row.lease_owner,
-                    attempt: row.attempts,
-                }
-            }
-            Some(row) => Error::OutboxMessage {
-                id: lease.id,
-                reason: format!("the message is `{}`, not pending", row.status),
-            },
-        };
-        Err(self.fail(err))
-    }
-
-    /// When the relay books failures in the call's transaction: the
-    /// savepoint a failure rolls back to, just after the fenced update.
-    async fn open_booking(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        #[cfg(feature = "testing")]
-        if crate::testing::broken_failure_booking() {
-            return Ok(());
-        }
-        if lease.book.is_none() || !matches!(self.state.tx, CallTx::Own(_)) {
-            return Ok(());
-        }
-        if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
-            self.state.trace("aborted", || serde_json::json!({}));
-            return Err(self.fail(Error::database(e)));
-        }
-        self.state.booking = true;
-        Ok(())
-    }
-
     fn with_guard<G>(self, guard: G) -> Call<'c, DB, G> {
         Call {
             state: self.state,
@@ -523,139 +415,6 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
         (call, self.guard)
     }
 
-    /// Ends a call whose action already happened: commits (the driving
-    /// outbox message, if any, was marked at the start), re-warming the
-    /// cache with `marker` (the record strategy's fingerprint and result).
-    /// Answers `Duplicate(stored)`.
-    async fn duplicate<T>(
-        self,
-        stored: Option<T>,
-        marker: Option<String>,
-    ) -> Result<Outcome<T>, Error> {
-        let layer = match self.state.strategy {
-            "state_machine" => "domain_state",
-            other => other,
-        };
-        crate::metrics::duplicate(layer);
-        self.commit("duplicate", marker).await?;
-        Ok(Outcome::Duplicate(stored))
-    }
-
-    #[allow(unused_variables, unused_mut)]
-    async fn commit(mut self, outcome: &'static str, marker: Option<String>) -> Result<(), Error> {
-        // A failure here is ambiguous: the server may have committed and
-        // the acknowledgement been lost. Report it as such; a retry is safe.
-        #[cfg(feature = "redis")]
-        let (cache, key, scope, deferred, not_after) = (
-            self.state.cache.take(),
-            std::mem::take(&mut self.state.key),
-            self.state.scope,
-            self.state.deferred.take(),
-            self.state.marker_not_after,
-        );
-        #[cfg(feature = "testing")]
-        let traced = self.state.lease.take();
-        let CallState {
-            tx,
-            span,
-            batch_mark,
-            ..
-        } = self.state;
-        let nested = tx.nested();
-        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-        let at = trace_now!();
-        let committed = tx.commit().await;
-        #[cfg(feature = "testing")]
-        let committed = match committed {
-            Ok(()) if !nested && crate::testing::lose_ack() => {
-                Err(crate::testing::lost_ack_error())
-            }
-            other => other,
-        };
-        #[cfg(feature = "testing")]
-        if let (Some(lease), false) = (&traced, nested) {
-            let result = match &committed {
-                Ok(()) => "ok",
-                Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
-                Err(_) => "failed",
-            };
-            crate::testing::trace::of_lease(
-                "commit",
-                lease,
-                || serde_json::json!({ "outcome": result, "dup": outcome == "duplicate", "at": at }),
-            );
-        }
-        match committed {
-            Ok(()) => {
-                if let Some((marks, id)) = batch_mark
-                    && let Ok(mut marks) = marks.lock()
-                {
-                    marks.push(id);
-                }
-                span.record("outcome", outcome);
-                tracing::debug!(parent: &span, outcome, "idempotent call finished");
-                crate::metrics::call(outcome);
-                // Only now, after the commit: the marker of a rolled-back
-                // call would skip the action forever. A call inside the
-                // caller's transaction leaves none: its commit is not ours
-                // to see.
-                // A call in a relay batch leaves its marker to the relay,
-                // which writes it after the batch's commit.
-                // Its TTL stops at its record's expiry, if it has one.
-                #[cfg(feature = "redis")]
-                if let Some(cache) = cache {
-                    let marker = crate::cache::Marker {
-                        value: marker.unwrap_or_else(|| cache_marker::PLAIN_MARKER.to_owned()),
-                        not_after,
-                    };
-                    if !nested {
-                        cache.put(scope, &key, &marker).await;
-                        #[cfg(feature = "testing")]
-                        if let Some(lease) = &traced {
-                            crate::testing::trace::of_lease("marker", lease, || {
-                                serde_json::json!({})
-                            });
-                        }
-                    } else if let Some(deferred) = deferred
-                        && let Ok(mut markers) = deferred.lock()
-                    {
-                        markers.push(caller::DeferredMarker {
-                            cache,
-                            scope,
-                            key,
-                            marker,
-                        });
-                    }
-                }
-                Ok(())
-            }
-            // Releasing a savepoint commits nothing: a failure there leaves
-            // the caller's transaction to roll back, not an unknown commit.
-            Err(e) if nested => Err(fail(&span, Error::database(e))),
-            Err(e) if crate::error::commit_outcome_unknown(&e) => {
-                Err(fail(&span, Error::CommitUnknown(e)))
-            }
-            Err(e) => Err(fail(&span, Error::database(e))),
-        }
-    }
-
-    async fn abort(self, err: Error) -> Error {
-        let CallState {
-            tx,
-            span,
-            lease,
-            booking,
-            ..
-        } = self.state;
-        match (tx, lease) {
-            (CallTx::Own(tx), Some(lease)) if booking => {
-                book_failure(tx, &lease, &err, &span).await
-            }
-            (tx, _) => tx.rollback().await,
-        }
-        fail(&span, err)
-    }
-
     fn fail(&self, err: Error) -> Error {
         fail(&self.state.span, err)
     }
@@ -668,87 +427,6 @@ fn trace_aborted(lease: Option<&OutboxLease>) {
     #[cfg(feature = "testing")]
     if let Some(lease) = lease {
         crate::testing::trace::of_lease("aborted", lease, || serde_json::json!({}));
-    }
-}
-
-/// A failed call's bookkeeping, in its own transaction, which still holds
-/// the message's row (see `FailureBook` (backend/types.rs)):
-/// back to [`BODY_SAVEPOINT`], the failure written over the call's own
-/// success mark, and the commit. If any of it fails, the transaction rolls
-/// back and the relay writes the failure itself, as before.
-async fn book_failure<DB: Backend>(
-    mut tx: Transaction<'static, DB>,
-    lease: &OutboxLease,
-    err: &Error,
-    span: &Span,
-) {
-    let Some(book) = lease.book.as_ref() else {
-        return;
-    };
-    let (dead, reason) = book.decide(
-        lease.attempt,
-        err.is_retryable(),
-        format!("{}: {err}", err.kind()),
-    );
-    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-    let at = trace_now!();
-    let written = async {
-        DB::exec(&mut tx, BODY_ROLLBACK).await?;
-        DB::outbox_settle_failure_in(
-            &mut tx,
-            true,
-            lease.id,
-            &lease.owner,
-            lease.attempt,
-            dead,
-            book.delay_secs,
-            &reason,
-        )
-        .await
-    }
-    .await;
-    match written {
-        Ok(true) => {
-            trace_event!(of_lease("settle", lease, || serde_json::json!({
-                "dead": dead,
-                "retryable": err.is_retryable(),
-                "applied": true,
-                "in_tx": true,
-                "at": at,
-            })));
-        }
-        Ok(false) => {
-            tracing::warn!(parent: span, "the failed call's bookkeeping found its outbox message changed; left to the relay");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping could not be written in its transaction; left to the relay");
-            return;
-        }
-    }
-    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-    let at = trace_now!();
-    let committed = tx.commit().await;
-    #[cfg(feature = "testing")]
-    let committed = crate::testing::after_commit(crate::testing::Kind::Settle, committed);
-    trace_event!(of_lease("commit", lease, || serde_json::json!({
-        "outcome": match &committed {
-            Ok(()) => "ok",
-            Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
-            Err(_) => "failed",
-        },
-        "dup": false,
-        "at": at,
-    })));
-    match committed {
-        Ok(()) => {
-            book.wrote(dead);
-        }
-        Err(e) => {
-            // Committed or not, the relay's bookkeeping finds out: its
-            // fenced write, or the row already settled.
-            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping did not confirm its commit; left to the relay");
-        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! after it, and the handler takes the request's transaction with the
 //! [`RequestTx`] extractor.
 
-use super::request::{Idempotency, IdempotentRequest, RequestCall, head_of};
+use super::call::RequestCall;
+use super::policy::Idempotency;
+use super::request::{IdempotentRequest, head_of};
 use crate::backend::Backend;
 use crate::call::{CallerTx, Source};
 use axum::body::{Body, Bytes};

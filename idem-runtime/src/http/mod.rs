@@ -211,18 +211,22 @@
 //! # let _ = app;
 //! ```
 
+mod call;
 mod callback;
 mod key;
 mod layer;
+mod policy;
 mod problem;
 mod request;
 mod stored;
 
+pub use call::RequestCall;
 pub use callback::{
     CallbackError, CallbackRejection, CallbackVerifier, MAX_SERIAL_LEN, SerialFrom, SignedCallback,
 };
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_IDEMPOTENCY_KEY_LEN};
 pub use layer::{DEFAULT_MAX_BODY, IdempotencyLayer, IdempotencyService, RequestTx};
+pub use policy::Idempotency;
 pub use problem::Problem;
-pub use request::{Idempotency, IdempotentRequest, RequestCall};
+pub use request::IdempotentRequest;
 pub use stored::IDEMPOTENT_REPLAYED;

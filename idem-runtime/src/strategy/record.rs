@@ -1,9 +1,8 @@
 //! `strategy = record`: an idempotency record, unique per (biz_type, key),
 //! written before the body and holding its result after it.
 
-use super::{Settled, Strategy, Verdict};
 use crate::backend::{Backend, NewRecord};
-use crate::call::{Call, replay_marker, replay_of};
+use crate::call::{Call, Settled, Strategy, Verdict, replay_marker, replay_of};
 use crate::error::{BoxError, Error};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

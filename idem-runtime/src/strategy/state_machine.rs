@@ -1,8 +1,7 @@
 //! `strategy = state_machine`: the entity's own state is the guard.
 
-use super::{Settled, Strategy, Verdict};
 use crate::backend::{Backend, StateSql};
-use crate::call::Call;
+use crate::call::{Call, Settled, Strategy, Verdict};
 use crate::error::{BoxError, Error};
 use crate::state::EntityIdValue;
 use tracing::Span;

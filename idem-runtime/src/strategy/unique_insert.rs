@@ -1,9 +1,8 @@
 //! `strategy = unique_insert`: the body's own insert is the guard; a
 //! violation of the action's unique constraint means Duplicate.
 
-use super::{Settled, Strategy, Verdict};
 use crate::backend::Backend;
-use crate::call::Call;
+use crate::call::{Call, Settled, Strategy, Verdict};
 use crate::error::{BoxError, Error, find_sqlx};
 use tracing::Span;
 

@@ -1,0 +1,136 @@
+//! How a failed call ends: rolled back, or, when its relay books failures
+//! in the call's transaction (see `FailureBook`, backend/types.rs), rolled
+//! back to the savepoint just after the fenced update, the failure written
+//! over the success mark and committed, the message's row held throughout.
+
+use super::{Call, CallState, CallTx, OutboxLease, fail};
+use crate::backend::Backend;
+use crate::error::Error;
+use sqlx::Transaction;
+use tracing::Span;
+
+/// Opened just after a call's fenced outbox update when its relay books
+/// failures in the call's transaction: a failure rolls back to it, keeping
+/// the message's row locked, and writes the bookkeeping.
+const BODY_SAVEPOINT: &str = "SAVEPOINT idem_call_body";
+const BODY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT idem_call_body";
+
+impl<DB: Backend> Call<'_, DB> {
+    /// When the relay books failures in the call's transaction: the
+    /// savepoint a failure rolls back to, just after the fenced update.
+    pub(super) async fn open_booking(&mut self, lease: &OutboxLease) -> Result<(), Error> {
+        #[cfg(feature = "testing")]
+        if crate::testing::broken_failure_booking() {
+            return Ok(());
+        }
+        if lease.book.is_none() || !matches!(self.state.tx, CallTx::Own(_)) {
+            return Ok(());
+        }
+        if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
+            self.state.trace("aborted", || serde_json::json!({}));
+            return Err(self.fail(Error::database(e)));
+        }
+        self.state.booking = true;
+        Ok(())
+    }
+}
+
+impl<DB: Backend, G> Call<'_, DB, G> {
+    pub(super) async fn abort(self, err: Error) -> Error {
+        let CallState {
+            tx,
+            span,
+            lease,
+            booking,
+            ..
+        } = self.state;
+        match (tx, lease) {
+            (CallTx::Own(tx), Some(lease)) if booking => {
+                book_failure(tx, &lease, &err, &span).await
+            }
+            (tx, _) => tx.rollback().await,
+        }
+        fail(&span, err)
+    }
+}
+
+/// A failed call's bookkeeping, in its own transaction, which still holds
+/// the message's row (see `FailureBook` (backend/types.rs)):
+/// back to [`BODY_SAVEPOINT`], the failure written over the call's own
+/// success mark, and the commit. If any of it fails, the transaction rolls
+/// back and the relay writes the failure itself, as before.
+async fn book_failure<DB: Backend>(
+    mut tx: Transaction<'static, DB>,
+    lease: &OutboxLease,
+    err: &Error,
+    span: &Span,
+) {
+    let Some(book) = lease.book.as_ref() else {
+        return;
+    };
+    let (dead, reason) = book.decide(
+        lease.attempt,
+        err.is_retryable(),
+        format!("{}: {err}", err.kind()),
+    );
+    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+    let at = trace_now!();
+    let written = async {
+        DB::exec(&mut tx, BODY_ROLLBACK).await?;
+        DB::outbox_settle_failure_in(
+            &mut tx,
+            true,
+            lease.id,
+            &lease.owner,
+            lease.attempt,
+            dead,
+            book.delay_secs,
+            &reason,
+        )
+        .await
+    }
+    .await;
+    match written {
+        Ok(true) => {
+            trace_event!(of_lease("settle", lease, || serde_json::json!({
+                "dead": dead,
+                "retryable": err.is_retryable(),
+                "applied": true,
+                "in_tx": true,
+                "at": at,
+            })));
+        }
+        Ok(false) => {
+            tracing::warn!(parent: span, "the failed call's bookkeeping found its outbox message changed; left to the relay");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping could not be written in its transaction; left to the relay");
+            return;
+        }
+    }
+    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+    let at = trace_now!();
+    let committed = tx.commit().await;
+    #[cfg(feature = "testing")]
+    let committed = crate::testing::after_commit(crate::testing::Kind::Settle, committed);
+    trace_event!(of_lease("commit", lease, || serde_json::json!({
+        "outcome": match &committed {
+            Ok(()) => "ok",
+            Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
+            Err(_) => "failed",
+        },
+        "dup": false,
+        "at": at,
+    })));
+    match committed {
+        Ok(()) => {
+            book.wrote(dead);
+        }
+        Err(e) => {
+            // Committed or not, the relay's bookkeeping finds out: its
+            // fenced write, or the row already settled.
+            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping did not confirm its commit; left to the relay");
+        }
+    }
+}

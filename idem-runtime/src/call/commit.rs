@@ -1,0 +1,132 @@
+//! How a call that ends well ends, executed or a duplicate: its one commit
+//! point (or, inside the caller's transaction, the savepoint's release),
+//! the lost acknowledgement the `testing` feature injects there, the relay
+//! batch's mark, and the front cache's marker, written only once
+//! committed. A failed call ends in `booking.rs`.
+
+use super::{Call, CallState, Outcome, fail};
+use crate::backend::Backend;
+use crate::error::Error;
+
+impl<DB: Backend, G> Call<'_, DB, G> {
+    /// Ends a call whose action already happened: commits (the driving
+    /// outbox message, if any, was marked at the start), re-warming the
+    /// cache with `marker` (the record strategy's fingerprint and result).
+    /// Answers `Duplicate(stored)`.
+    pub(super) async fn duplicate<T>(
+        self,
+        stored: Option<T>,
+        marker: Option<String>,
+    ) -> Result<Outcome<T>, Error> {
+        let layer = match self.state.strategy {
+            "state_machine" => "domain_state",
+            other => other,
+        };
+        crate::metrics::duplicate(layer);
+        self.commit("duplicate", marker).await?;
+        Ok(Outcome::Duplicate(stored))
+    }
+
+    #[allow(unused_variables, unused_mut)]
+    pub(super) async fn commit(
+        mut self,
+        outcome: &'static str,
+        marker: Option<String>,
+    ) -> Result<(), Error> {
+        // A failure here is ambiguous: the server may have committed and
+        // the acknowledgement been lost. Report it as such; a retry is safe.
+        #[cfg(feature = "redis")]
+        let (cache, key, scope, deferred, not_after) = (
+            self.state.cache.take(),
+            std::mem::take(&mut self.state.key),
+            self.state.scope,
+            self.state.deferred.take(),
+            self.state.marker_not_after,
+        );
+        #[cfg(feature = "testing")]
+        let traced = self.state.lease.take();
+        let CallState {
+            tx,
+            span,
+            batch_mark,
+            ..
+        } = self.state;
+        let nested = tx.nested();
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+        let at = trace_now!();
+        let committed = tx.commit().await;
+        #[cfg(feature = "testing")]
+        let committed = match committed {
+            Ok(()) if !nested && crate::testing::lose_ack() => {
+                Err(crate::testing::lost_ack_error())
+            }
+            other => other,
+        };
+        #[cfg(feature = "testing")]
+        if let (Some(lease), false) = (&traced, nested) {
+            let result = match &committed {
+                Ok(()) => "ok",
+                Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
+                Err(_) => "failed",
+            };
+            crate::testing::trace::of_lease(
+                "commit",
+                lease,
+                || serde_json::json!({ "outcome": result, "dup": outcome == "duplicate", "at": at }),
+            );
+        }
+        match committed {
+            Ok(()) => {
+                if let Some((marks, id)) = batch_mark
+                    && let Ok(mut marks) = marks.lock()
+                {
+                    marks.push(id);
+                }
+                span.record("outcome", outcome);
+                tracing::debug!(parent: &span, outcome, "idempotent call finished");
+                crate::metrics::call(outcome);
+                // Only now, after the commit: the marker of a rolled-back
+                // call would skip the action forever. A call inside the
+                // caller's transaction leaves none: its commit is not ours
+                // to see.
+                // A call in a relay batch leaves its marker to the relay,
+                // which writes it after the batch's commit.
+                // Its TTL stops at its record's expiry, if it has one.
+                #[cfg(feature = "redis")]
+                if let Some(cache) = cache {
+                    let marker = crate::cache::Marker {
+                        value: marker
+                            .unwrap_or_else(|| super::cache_marker::PLAIN_MARKER.to_owned()),
+                        not_after,
+                    };
+                    if !nested {
+                        cache.put(scope, &key, &marker).await;
+                        #[cfg(feature = "testing")]
+                        if let Some(lease) = &traced {
+                            crate::testing::trace::of_lease("marker", lease, || {
+                                serde_json::json!({})
+                            });
+                        }
+                    } else if let Some(deferred) = deferred
+                        && let Ok(mut markers) = deferred.lock()
+                    {
+                        markers.push(super::caller::DeferredMarker {
+                            cache,
+                            scope,
+                            key,
+                            marker,
+                        });
+                    }
+                }
+                Ok(())
+            }
+            // Releasing a savepoint commits nothing: a failure there leaves
+            // the caller's transaction to roll back, not an unknown commit.
+            Err(e) if nested => Err(fail(&span, Error::database(e))),
+            Err(e) if crate::error::commit_outcome_unknown(&e) => {
+                Err(fail(&span, Error::CommitUnknown(e)))
+            }
+            Err(e) => Err(fail(&span, Error::database(e))),
+        }
+    }
+}
