@@ -150,3 +150,9 @@ impl<DB: Backend> serde::Serialize for Delivery<DB> {
         st.end()
     }
 }
+
+impl<DB: Backend> crate::consume::Incoming for Delivery<DB> {
+    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        serde_json::from_str(&self.message.payload)
+    }
+}
