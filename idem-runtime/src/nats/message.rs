@@ -51,6 +51,12 @@ impl Message {
     }
 }
 
+impl crate::consume::Incoming for Message {
+    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
+}
+
 impl serde::Serialize for Message {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
