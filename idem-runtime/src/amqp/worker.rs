@@ -8,7 +8,7 @@ use super::message::Message;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consume::{self, ConsumerStats, Failure, Running, Verdict};
+use crate::consume::{self, ConsumerStats, Failure, Next, Running, Verdict};
 use futures_util::StreamExt;
 use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
@@ -106,9 +106,7 @@ impl Shared {
         );
         async move {
             let verdict = match message_id {
-                None => Err(Failure::dead(
-                    "no message_id property: the delivery cannot be made idempotent",
-                )),
+                None => Err(Failure::unkeyed("message_id property")),
                 Some(message_id) => self.handle(&d, message_id, attempt).await,
             };
             self.settle(d, verdict, attempt).await;
@@ -139,12 +137,10 @@ impl Shared {
                 Ok(true) => self.stats.acked(executed),
                 other => self.settle_failed("ack", other),
             },
-            Err(f) if f.retryable && attempt >= self.max_attempts => {
-                let reason = format!("gave up after {attempt} attempts: {}", f.reason);
-                self.dead_letter(&d, &reason).await;
-            }
-            Err(f) if f.retryable => self.retry(d, attempt, &f.reason).await,
-            Err(f) => self.dead_letter(&d, &f.reason).await,
+            Err(f) => match f.next(attempt, self.max_attempts, "attempts") {
+                Next::Retry(reason) => self.retry(d, attempt, &reason).await,
+                Next::Dead(reason) => self.dead_letter(&d, &reason).await,
+            },
         }
     }
 

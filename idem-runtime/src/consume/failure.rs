@@ -45,3 +45,37 @@ impl Failure {
 /// What one attempt came to: `Ok(executed)` (`false`: a duplicate), or
 /// the failure.
 pub(crate) type Verdict = Result<bool, Failure>;
+/// What becomes of a failed attempt (see [`Failure::next`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// A later attempt, for the failure's reason.
+    Retry(String),
+    /// A dead letter, for this reason.
+    Dead(String),
+}
+
+impl Failure {
+    /// The give-up rule every entry point follows: a failure no retry
+    /// heals is dead at once; a retryable one is retried, unless `attempt`
+    /// (from 1) is the last one allowed, `max` (`0`: no bound), and then
+    /// it is dead with a reason that says so, "gave up after {attempt}
+    /// {counted}: …" (`counted`: "attempts", "deliveries").
+    pub(crate) fn next(self, attempt: u32, max: u32, counted: &str) -> Next {
+        match self.retryable {
+            false => Next::Dead(self.reason),
+            true if max > 0 && attempt >= max => Next::Dead(format!(
+                "gave up after {attempt} {counted}: {}",
+                self.reason
+            )),
+            true => Next::Retry(self.reason),
+        }
+    }
+
+    /// The failure of a delivery without the id its key is made of
+    /// (`id`: "message_id property", "Nats-Msg-Id header"): no retry
+    /// heals it.
+    #[cfg(any(feature = "amqp", feature = "nats"))]
+    pub(crate) fn unkeyed(id: &str) -> Self {
+        Failure::dead(format!("no {id}: the delivery cannot be made idempotent"))
+    }
+}

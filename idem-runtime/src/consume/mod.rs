@@ -13,6 +13,9 @@
 //!   call, answering whether it executed or was a duplicate;
 //! - it runs in a task of its own, so that a panic is a failed attempt
 //!   and not a dead consumer;
+//! - one give-up rule says what a failed attempt comes to: a retry, or a
+//!   dead letter once no retry heals it or it was the last attempt
+//!   allowed;
 //! - a fan-out makes one handler of several subscribers: one message,
 //!   several handlers, each acting once in its own scope.
 //!
@@ -28,7 +31,7 @@ mod run;
 #[cfg(any(feature = "amqp", feature = "nats"))]
 mod stats;
 
-pub(crate) use failure::{Failure, Verdict};
+pub(crate) use failure::{Failure, Next, Verdict};
 #[cfg(any(feature = "amqp", feature = "nats"))]
 pub(crate) use fan_out::Handling;
 pub(crate) use fan_out::{Subscriber, add, fan_out};

@@ -12,10 +12,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::task::{JoinError, JoinHandle};
 
-/// A message an entry point hands to its handlers.
+/// A message an entry point hands to its handlers: all that the core
+/// needs of it is its body.
 pub(crate) trait Incoming: Send + 'static {
-    /// The payload, parsed from the message's JSON body.
-    fn payload<P: DeserializeOwned>(&self) -> Result<P, serde_json::Error>;
+    /// The body: the payload, as JSON.
+    fn body(&self) -> &[u8];
+
+    /// The payload, parsed from the body.
+    fn payload<P: DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        serde_json::from_slice(self.body())
+    }
 }
 
 /// A handler as stored: parses the payload, then runs the call

@@ -52,8 +52,8 @@ impl Message {
 }
 
 impl crate::consume::Incoming for Message {
-    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
-        serde_json::from_slice(&self.body)
+    fn body(&self) -> &[u8] {
+        &self.body
     }
 }
 

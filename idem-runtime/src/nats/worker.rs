@@ -9,7 +9,7 @@ use super::{
 };
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consume::{self, ConsumerStats, Failure, Running, Verdict};
+use crate::consume::{self, ConsumerStats, Failure, Next, Running, Verdict};
 use async_nats::header;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
@@ -179,9 +179,7 @@ impl Shared {
         );
         async move {
             let verdict = match message_id {
-                None => Err(Failure::dead(
-                    "no Nats-Msg-Id header: the delivery cannot be made idempotent",
-                )),
+                None => Err(Failure::unkeyed("Nats-Msg-Id header")),
                 Some(message_id) => self.handle(&m, message_id, &meta).await,
             };
             self.settle(&m, verdict, &meta).await;
@@ -232,15 +230,13 @@ impl Shared {
                 Ok(()) => self.stats.acked(executed),
                 Err(e) => self.settle_failed("ack", &e),
             },
-            Err(f) if f.retryable && self.max_deliver > 0 && meta.delivered >= self.max_deliver => {
-                let reason = format!("gave up after {} deliveries: {}", meta.delivered, f.reason);
-                self.dead_letter(m, &reason, meta).await;
-            }
-            Err(f) if f.retryable => {
-                let delay = self.backoff.delay(meta.delivered);
-                self.nak(m, delay, &f.reason).await;
-            }
-            Err(f) => self.dead_letter(m, &f.reason, meta).await,
+            Err(f) => match f.next(meta.delivered, self.max_deliver, "deliveries") {
+                Next::Retry(reason) => {
+                    let delay = self.backoff.delay(meta.delivered);
+                    self.nak(m, delay, &reason).await;
+                }
+                Next::Dead(reason) => self.dead_letter(m, &reason, meta).await,
+            },
         }
     }
 

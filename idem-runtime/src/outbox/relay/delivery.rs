@@ -152,7 +152,7 @@ impl<DB: Backend> serde::Serialize for Delivery<DB> {
 }
 
 impl<DB: Backend> crate::consume::Incoming for Delivery<DB> {
-    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
-        serde_json::from_str(&self.message.payload)
+    fn body(&self) -> &[u8] {
+        self.message.payload.as_bytes()
     }
 }

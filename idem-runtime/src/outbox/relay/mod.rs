@@ -58,6 +58,8 @@ mod batch;
 mod builder;
 mod claim;
 mod delivery;
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) mod forward;
 mod handle;
 mod progress;
 mod run;
