@@ -42,6 +42,7 @@ impl<M> ConsumerHandle<M> {
 
     /// What the consumer shares, as the entry point that spawned it knows
     /// it (`S`: its own type, which the handle of its `M`s always holds).
+    #[cfg(feature = "nats")]
     pub(crate) fn running<S: Running>(&self) -> &S {
         let running: &dyn Any = &*self.running;
         running
