@@ -140,6 +140,9 @@ pub mod backoff;
 #[cfg(feature = "redis")]
 pub mod cache;
 mod call;
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub mod consume;
+#[cfg(not(any(feature = "amqp", feature = "nats")))]
 mod consume;
 pub mod duration;
 mod error;

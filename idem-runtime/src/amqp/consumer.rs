@@ -1,5 +1,6 @@
-//! The [`Consumer`] builder, its counters and its running handle.
+//! The [`Consumer`] builder.
 
+use super::ConsumerHandle;
 use super::channel::ConfirmChannel;
 use super::error::from_lapin;
 use super::fields::short;
@@ -16,34 +17,7 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// Counters of one consumer, since it started.
-#[derive(Debug, Default)]
-pub struct ConsumerStats {
-    /// Deliveries received.
-    pub received: AtomicU64,
-    /// Acknowledged after the handler executed the action.
-    pub executed: AtomicU64,
-    /// Acknowledged after the handler answered `Duplicate`.
-    pub duplicates: AtomicU64,
-    /// Failed attempts requeued for a retry (through the retry queue, or
-    /// requeued in place when the retry queue could not take them).
-    pub retried: AtomicU64,
-    /// Rejected to the dead-letter exchange: non-retryable, unparsable,
-    /// without `message_id`, or out of attempts.
-    pub dead_lettered: AtomicU64,
-    /// Deliveries whose ack/nack/reject could not be sent (channel or
-    /// connection gone): the broker redelivers them.
-    pub settle_failed: AtomicU64,
-}
-
-impl ConsumerStats {
-    pub(super) fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// Consumes a queue and runs an `#[idempotent]` handler for each delivery;
 /// see the [module documentation](super) for the settlement rules.
@@ -296,49 +270,6 @@ impl Consumer {
         });
         let s = shared.clone();
         let task = TaskHandle::spawn(move |stop| run(s, channel, consumer, stop));
-        Ok(ConsumerHandle { task, shared })
-    }
-}
-
-/// A running [`Consumer`]. Dropping it stops the consumer as
-/// [`ConsumerHandle::shutdown`] does, without waiting.
-#[must_use = "dropping the handle stops the consumer"]
-pub struct ConsumerHandle {
-    task: TaskHandle<Result<(), Error>>,
-    shared: Arc<Shared>,
-}
-
-impl fmt::Debug for ConsumerHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConsumerHandle")
-            .field("queue", &self.shared.queue)
-            .field("task", &self.task)
-            .field("stats", &self.shared.stats)
-            .finish()
-    }
-}
-
-impl ConsumerHandle {
-    /// The consumer's counters (still readable after
-    /// [`shutdown`](ConsumerHandle::shutdown), where they are final).
-    pub fn stats(&self) -> Arc<ConsumerStats> {
-        self.shared.stats.clone()
-    }
-
-    /// Whether the consumer stopped (shut down, or its channel failed).
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Graceful shutdown: cancels the subscription (no new deliveries),
-    /// waits for the handlers in flight and their acknowledgements, then
-    /// closes the consumer's channels (the broker requeues anything
-    /// prefetched but not started). The connection stays open. An error if
-    /// the consumer had stopped because its channel or connection failed.
-    pub async fn shutdown(self) -> Result<(), Error> {
-        match self.task.shutdown().await {
-            Ok(r) => r,
-            Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
-        }
+        Ok(ConsumerHandle::new(task, shared))
     }
 }

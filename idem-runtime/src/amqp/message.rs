@@ -40,6 +40,12 @@ impl Message {
     }
 }
 
+impl crate::consume::Incoming for Message {
+    fn body(&self) -> &[u8] {
+        &self.body
+    }
+}
+
 impl serde::Serialize for Message {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;

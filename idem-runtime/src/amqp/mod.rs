@@ -118,11 +118,16 @@ mod retry;
 mod topology;
 mod worker;
 
-pub use consumer::{Consumer, ConsumerHandle, ConsumerStats};
+pub use crate::consume::ConsumerStats;
+pub use consumer::Consumer;
 pub use error::from_lapin;
 pub use message::Message;
 pub use publisher::Publisher;
 pub use topology::Topology;
+
+/// A running [`Consumer`]: its counters and its graceful shutdown (see
+/// [`consume::ConsumerHandle`](crate::consume::ConsumerHandle)).
+pub type ConsumerHandle = crate::consume::ConsumerHandle<Message>;
 
 use crate::Error;
 use lapin::{Connection, ConnectionProperties};

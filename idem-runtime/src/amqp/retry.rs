@@ -1,10 +1,10 @@
 //! A failed attempt republished to the retry queue with its back-off as
 //! TTL (see the [module documentation](super)).
 
-use super::consumer::ConsumerStats;
 use super::fields::long;
 use super::worker::Shared;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
+use crate::consume::ConsumerStats;
 use lapin::BasicProperties;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};

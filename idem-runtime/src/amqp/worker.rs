@@ -2,14 +2,13 @@
 //! of the [module documentation](super).
 
 use super::channel::ConfirmChannel;
-use super::consumer::ConsumerStats;
 use super::error::from_lapin;
 use super::fields::{header_str, header_u32};
 use super::message::Message;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consume::{self, Failure, Verdict};
+use crate::consume::{self, ConsumerStats, Failure, Next, Running, Verdict};
 use futures_util::StreamExt;
 use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
@@ -22,12 +21,6 @@ use tracing::Instrument;
 /// The handler as stored (see [`consume`]).
 pub(super) type Handler = consume::Handler<Message>;
 
-impl consume::Incoming for Message {
-    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
-        serde_json::from_slice(&self.body)
-    }
-}
-
 /// What every delivery task of one consumer shares.
 pub(super) struct Shared {
     pub(super) queue: String,
@@ -37,6 +30,16 @@ pub(super) struct Shared {
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
     pub(super) stats: Arc<ConsumerStats>,
+}
+
+impl Running for Shared {
+    fn stats(&self) -> &Arc<ConsumerStats> {
+        &self.stats
+    }
+
+    fn describe(&self, f: &mut std::fmt::DebugStruct<'_, '_>) {
+        f.field("queue", &self.queue);
+    }
 }
 
 /// The consumer's task: a delivery task per delivery, until stopped.
@@ -103,9 +106,7 @@ impl Shared {
         );
         async move {
             let verdict = match message_id {
-                None => Err(Failure::dead(
-                    "no message_id property: the delivery cannot be made idempotent",
-                )),
+                None => Err(Failure::unkeyed("message_id property")),
                 Some(message_id) => self.handle(&d, message_id, attempt).await,
             };
             self.settle(d, verdict, attempt).await;
@@ -131,22 +132,15 @@ impl Shared {
     }
 
     async fn settle(&self, d: AmqpDelivery, verdict: Verdict, attempt: u32) {
-        let stats = &self.stats;
         match verdict {
             Ok(executed) => match d.acker.ack(BasicAckOptions::default()).await {
-                Ok(true) => ConsumerStats::bump(if executed {
-                    &stats.executed
-                } else {
-                    &stats.duplicates
-                }),
+                Ok(true) => self.stats.acked(executed),
                 other => self.settle_failed("ack", other),
             },
-            Err(f) if f.retryable && attempt >= self.max_attempts => {
-                let reason = format!("gave up after {attempt} attempts: {}", f.reason);
-                self.dead_letter(&d, &reason).await;
-            }
-            Err(f) if f.retryable => self.retry(d, attempt, &f.reason).await,
-            Err(f) => self.dead_letter(&d, &f.reason).await,
+            Err(f) => match f.next(attempt, self.max_attempts, "attempts") {
+                Next::Retry(reason) => self.retry(d, attempt, &reason).await,
+                Next::Dead(reason) => self.dead_letter(&d, &reason).await,
+            },
         }
     }
 

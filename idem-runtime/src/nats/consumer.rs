@@ -1,5 +1,6 @@
-//! The [`Consumer`] builder, its counters and its running handle.
+//! The [`Consumer`] builder, and what only its running handle tells.
 
+use super::ConsumerHandle;
 use super::error::from_consumer;
 use super::message::Message;
 use super::worker::{Shared, run};
@@ -13,42 +14,7 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// Counters of one consumer, since it started.
-#[derive(Debug, Default)]
-pub struct ConsumerStats {
-    /// Deliveries received.
-    pub received: AtomicU64,
-    /// Of those, redeliveries (`delivered > 1`): nak'd, ack wait run out,
-    /// or handed out again after a consumer or a server failed.
-    pub redelivered: AtomicU64,
-    /// Acknowledged after the handler executed the action.
-    pub executed: AtomicU64,
-    /// Acknowledged after the handler answered `Duplicate`.
-    pub duplicates: AtomicU64,
-    /// Failed attempts nak'd with a back-off delay, for a redelivery.
-    pub retried: AtomicU64,
-    /// Terminated (`+TERM`, after the copy to the dead-letter subject when
-    /// one is set): non-retryable, unparsable, without `Nats-Msg-Id`, or
-    /// out of deliveries.
-    pub dead_lettered: AtomicU64,
-    /// In-progress acks sent while a handler ran.
-    pub progress_acks: AtomicU64,
-    /// Deliveries whose ack could not be sent or was not confirmed (a
-    /// connection or a server gone): the server delivers them again.
-    pub settle_failed: AtomicU64,
-    /// Pull requests that failed (no responders, a connection gone);
-    /// each was made again after a pause.
-    pub pull_failures: AtomicU64,
-}
-
-impl ConsumerStats {
-    pub(super) fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// Pulls from a durable JetStream consumer and runs an `#[idempotent]`
 /// handler for each delivery; see the [module documentation](super) for
@@ -322,58 +288,19 @@ impl Consumer {
         });
         let s = shared.clone();
         let task = TaskHandle::spawn(move |stop| run(s, pull, stop));
-        Ok(ConsumerHandle { task, shared })
+        Ok(ConsumerHandle::new(task, shared))
     }
 }
 
-/// A running [`Consumer`]. Dropping it stops the consumer as
-/// [`ConsumerHandle::shutdown`] does, without waiting.
-#[must_use = "dropping the handle stops the consumer"]
-pub struct ConsumerHandle {
-    task: TaskHandle<Result<(), Error>>,
-    shared: Arc<Shared>,
-}
-
-impl fmt::Debug for ConsumerHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConsumerHandle")
-            .field("stream", &self.shared.stream)
-            .field("consumer", &self.shared.consumer)
-            .field("task", &self.task)
-            .field("stats", &self.shared.stats)
-            .finish()
-    }
-}
-
+/// What only a NATS consumer's handle tells.
 impl ConsumerHandle {
-    /// The consumer's counters (still readable after
-    /// [`shutdown`](ConsumerHandle::shutdown), where they are final).
-    pub fn stats(&self) -> Arc<ConsumerStats> {
-        self.shared.stats.clone()
-    }
-
     /// The bound on deliveries read from the server (`0`: unbounded).
     pub fn max_deliver(&self) -> u32 {
-        self.shared.max_deliver
+        self.running::<Shared>().max_deliver
     }
 
     /// The in-progress ack interval in use (`None`: off).
     pub fn progress_every(&self) -> Option<Duration> {
-        self.shared.progress
-    }
-
-    /// Whether the consumer stopped.
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Graceful shutdown: stops pulling, waits for the handlers in flight
-    /// and their acks. Deliveries pulled but not started are nak'd, so the
-    /// server hands them out again at once. The connection stays open.
-    pub async fn shutdown(self) -> Result<(), Error> {
-        match self.task.shutdown().await {
-            Ok(r) => r,
-            Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
-        }
+        self.running::<Shared>().progress
     }
 }

@@ -148,10 +148,15 @@ mod publisher;
 mod topology;
 mod worker;
 
-pub use consumer::{Consumer, ConsumerHandle, ConsumerStats};
+pub use crate::consume::ConsumerStats;
+pub use consumer::Consumer;
 pub use message::Message;
 pub use publisher::Publisher;
 pub use topology::Topology;
+
+/// A running [`Consumer`]: its counters and its graceful shutdown (see
+/// [`consume::ConsumerHandle`](crate::consume::ConsumerHandle)).
+pub type ConsumerHandle = crate::consume::ConsumerHandle<Message>;
 
 use crate::Error;
 use async_nats::jetstream::Context;

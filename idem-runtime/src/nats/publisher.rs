@@ -4,7 +4,8 @@
 use super::TOPIC_HEADER;
 use super::error::from_publish;
 use crate::backend::Backend;
-use crate::outbox::Delivery;
+use crate::outbox::forward::{self, Forward};
+use crate::outbox::{Delivery, OutboxRow};
 use crate::task::BoxFuture;
 use crate::{Error, Outcome};
 use async_nats::jetstream::Context;
@@ -138,16 +139,14 @@ impl Publisher {
         &self,
     ) -> impl Fn(Delivery<DB>, IgnoredAny) -> BoxFuture<Result<Outcome<()>, Error>> + Send + Sync + 'static
     {
-        let publisher = self.clone();
-        move |delivery: Delivery<DB>, _: IgnoredAny| {
-            let publisher = publisher.clone();
-            Box::pin(async move {
-                let m = delivery.message();
-                publisher
-                    .publish(&m.topic, &m.msg_id, m.payload.as_bytes())
-                    .await?;
-                Ok(Outcome::Executed(()))
-            })
-        }
+        forward::route(self)
+    }
+}
+
+impl Forward for Publisher {
+    async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
+        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
+            .await
+            .map(|_ack| ())
     }
 }

@@ -2,7 +2,6 @@
 //! per delivery, each settled by the rules of the
 //! [module documentation](super).
 
-use super::consumer::ConsumerStats;
 use super::message::Message;
 use super::{
     DEAD_CONSUMER_HEADER, DEAD_DELIVERED_HEADER, DEAD_REASON_HEADER, DEAD_SEQUENCE_HEADER,
@@ -10,7 +9,7 @@ use super::{
 };
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consume::{self, Failure, Verdict};
+use crate::consume::{self, ConsumerStats, Failure, Next, Running, Verdict};
 use async_nats::header;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
@@ -23,12 +22,6 @@ use tracing::Instrument;
 
 /// The handler as stored (see [`consume`]).
 pub(super) type Handler = consume::Handler<Message>;
-
-impl consume::Incoming for Message {
-    fn payload<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
-        serde_json::from_slice(&self.body)
-    }
-}
 
 /// What every delivery task of one consumer shares.
 pub(super) struct Shared {
@@ -44,6 +37,17 @@ pub(super) struct Shared {
     pub(super) max_in_flight: usize,
     pub(super) dead_letter_subject: Option<String>,
     pub(super) stats: Arc<ConsumerStats>,
+}
+
+impl Running for Shared {
+    fn stats(&self) -> &Arc<ConsumerStats> {
+        &self.stats
+    }
+
+    fn describe(&self, f: &mut std::fmt::DebugStruct<'_, '_>) {
+        f.field("stream", &self.stream)
+            .field("consumer", &self.consumer);
+    }
 }
 
 /// The consumer's task: pulls as many deliveries as it has free slots,
@@ -175,9 +179,7 @@ impl Shared {
         );
         async move {
             let verdict = match message_id {
-                None => Err(Failure::dead(
-                    "no Nats-Msg-Id header: the delivery cannot be made idempotent",
-                )),
+                None => Err(Failure::unkeyed("Nats-Msg-Id header")),
                 Some(message_id) => self.handle(&m, message_id, &meta).await,
             };
             self.settle(&m, verdict, &meta).await;
@@ -221,27 +223,20 @@ impl Shared {
     }
 
     async fn settle(&self, m: &JsMessage, verdict: Verdict, meta: &Meta) {
-        let stats = &self.stats;
         match verdict {
             // Confirmed by the server: an ack lost on the way is an error
             // here, and the server delivers the message again.
             Ok(executed) => match m.double_ack().await {
-                Ok(()) => ConsumerStats::bump(if executed {
-                    &stats.executed
-                } else {
-                    &stats.duplicates
-                }),
+                Ok(()) => self.stats.acked(executed),
                 Err(e) => self.settle_failed("ack", &e),
             },
-            Err(f) if f.retryable && self.max_deliver > 0 && meta.delivered >= self.max_deliver => {
-                let reason = format!("gave up after {} deliveries: {}", meta.delivered, f.reason);
-                self.dead_letter(m, &reason, meta).await;
-            }
-            Err(f) if f.retryable => {
-                let delay = self.backoff.delay(meta.delivered);
-                self.nak(m, delay, &f.reason).await;
-            }
-            Err(f) => self.dead_letter(m, &f.reason, meta).await,
+            Err(f) => match f.next(meta.delivered, self.max_deliver, "deliveries") {
+                Next::Retry(reason) => {
+                    let delay = self.backoff.delay(meta.delivered);
+                    self.nak(m, delay, &reason).await;
+                }
+                Next::Dead(reason) => self.dead_letter(m, &reason, meta).await,
+            },
         }
     }
 

@@ -77,6 +77,8 @@ pub use enqueue::{
     notify_on_enqueue_enabled,
 };
 pub use notifier::{GIVE_UP as NOTIFIER_GIVE_UP, NOTIFIER_APP};
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) use relay::forward;
 pub use relay::{
     Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
     RelayStatsSnapshot, Settled, Settlement,

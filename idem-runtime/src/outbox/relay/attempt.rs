@@ -4,7 +4,7 @@
 use super::{Delivery, Relay, Settled, Settlement};
 use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow, OutboxState};
-use crate::consume::{self, Failure, Verdict};
+use crate::consume::{self, Failure, Next, Verdict};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -195,18 +195,16 @@ impl<DB: Backend> Relay<DB> {
                     false => Settlement::Retried,
                 }
             }
-            Err(Failure {
-                retryable,
-                reason,
-                commit_unknown,
-            }) => {
-                let dead = !retryable || attempts >= i.max_attempts;
-                let reason = if dead && retryable {
-                    format!("gave up after {attempts} attempts: {reason}")
-                } else {
-                    reason
-                };
+            Err(failure) => {
+                let commit_unknown = failure.commit_unknown;
+                #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+                let retryable = failure.retryable;
                 let attempt = u32::try_from(attempts).unwrap_or(0);
+                let max = u32::try_from(i.max_attempts).unwrap_or(u32::MAX);
+                let (dead, reason) = match failure.next(attempt, max, "attempts") {
+                    Next::Dead(reason) => (true, reason),
+                    Next::Retry(reason) => (false, reason),
+                };
                 let delay = i.backoff.jittered(attempt, id);
                 let reason: String = reason.chars().take(2000).collect();
                 let status = if dead { "failed" } else { "pending" };

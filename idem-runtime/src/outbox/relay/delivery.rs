@@ -150,3 +150,9 @@ impl<DB: Backend> serde::Serialize for Delivery<DB> {
         st.end()
     }
 }
+
+impl<DB: Backend> crate::consume::Incoming for Delivery<DB> {
+    fn body(&self) -> &[u8] {
+        self.message.payload.as_bytes()
+    }
+}

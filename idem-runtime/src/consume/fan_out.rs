@@ -1,0 +1,150 @@
+//! One message, several handlers: the subscribers of a topic or a queue,
+//! run one after the other as one handler.
+
+use super::run::{Handler, panicked, unparsable};
+use crate::Error;
+use crate::task::BoxFuture;
+use std::sync::Arc;
+
+/// One handler of a fanned-out message: its name (unique among the
+/// subscribers of one topic or queue) and its handler.
+pub(crate) struct Subscriber<M> {
+    pub(crate) name: Arc<str>,
+    pub(crate) handler: Handler<M>,
+}
+
+impl<M> Clone for Subscriber<M> {
+    fn clone(&self) -> Self {
+        Subscriber {
+            name: self.name.clone(),
+            handler: self.handler.clone(),
+        }
+    }
+}
+
+/// Adds the subscriber `name` to `subscribers`.
+///
+/// # Panics
+/// When `subscribers` has one of that name already (`of` names the topic
+/// or queue in the message).
+pub(crate) fn add<M>(subscribers: &mut Vec<Subscriber<M>>, of: &str, name: String, h: Handler<M>) {
+    assert!(
+        subscribers.iter().all(|s| *s.name != *name),
+        "{of} has a subscriber named `{name}` already"
+    );
+    subscribers.push(Subscriber {
+        name: name.into(),
+        handler: h,
+    });
+}
+
+/// The handler of a fanned-out message: its subscribers one after the
+/// other, in order, each on the message `hand(&message, settles)` gives
+/// it, where `settles` is true for the last subscriber when every one
+/// before it ended well (the relay gives that one the delivery that marks
+/// the message). A subscriber that fails or panics does not stop the
+/// others; the first failure is the attempt's, naming its subscriber. An
+/// unknown commit outcome of the last subscriber stays one, so that the
+/// entry point can read back whether it landed.
+pub(crate) fn fan_out<M: Send + 'static>(
+    subscribers: Vec<Subscriber<M>>,
+    hand: fn(&M, bool) -> M,
+) -> Handler<M> {
+    let subscribers: Arc<[Subscriber<M>]> = subscribers.into();
+    Arc::new(move |m: M| {
+        let subscribers = subscribers.clone();
+        Ok(Box::pin(async move {
+            let mut executed = false;
+            let mut failed: Option<Error> = None;
+            let last = subscribers.len().saturating_sub(1);
+            for (k, s) in subscribers.iter().enumerate() {
+                let message = hand(&m, k == last && failed.is_none());
+                let result = match (s.handler)(message) {
+                    Err(e) => Err(Error::Handler {
+                        source: unparsable(&e).into(),
+                        retryable: false,
+                    }),
+                    // A panicking subscriber is a failed attempt; the
+                    // others still run.
+                    Ok(fut) => tokio::spawn(fut).await.unwrap_or_else(|join| {
+                        Err(Error::Handler {
+                            source: panicked(&join).into(),
+                            retryable: true,
+                        })
+                    }),
+                };
+                match result {
+                    Ok(ran) => executed |= ran,
+                    Err(e) => {
+                        tracing::info!(subscriber = &*s.name, error = %e, "a subscriber of a fanned-out message failed");
+                        if failed.is_none() {
+                            failed = Some(match e {
+                                // The settling commit's outcome: read back.
+                                e @ Error::CommitUnknown(_) if k == last => e,
+                                e => Error::Handler {
+                                    retryable: e.is_retryable(),
+                                    source: format!("subscriber `{}`: {}: {e}", s.name, e.kind())
+                                        .into(),
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+            match failed {
+                None => Ok(executed),
+                Some(e) => Err(e),
+            }
+        }) as BoxFuture<_>)
+    })
+}
+
+/// What a consumer of a queue runs for each message: one handler, or the
+/// subscribers of a fan-out.
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) enum Handling<M> {
+    /// One handler (`Consumer::new`).
+    One(Handler<M>),
+    /// Several (`Consumer::fan_out`, then `subscribe` for each).
+    Fanned(Vec<Subscriber<M>>),
+}
+
+#[cfg(any(feature = "amqp", feature = "nats"))]
+impl<M: Clone + Send + 'static> Handling<M> {
+    /// Subscribes `h` as `name` (`of` names the queue in the messages).
+    ///
+    /// # Panics
+    /// On a consumer of one handler, or a second subscriber of that name.
+    pub(crate) fn subscribe(&mut self, of: &str, name: String, h: Handler<M>) {
+        match self {
+            Handling::One(_) => panic!(
+                "{of} has a handler already (Consumer::new): build a consumer of several \
+                 handlers with Consumer::fan_out, then subscribe each"
+            ),
+            Handling::Fanned(subs) => add(subs, of, name, h),
+        }
+    }
+
+    /// The handler to run for each message: an error for a fan-out with
+    /// no subscriber (it would acknowledge every message unhandled).
+    pub(crate) fn into_handler(self, of: &str) -> Result<Handler<M>, Error> {
+        match self {
+            Handling::One(h) => Ok(h),
+            Handling::Fanned(subs) if subs.is_empty() => Err(Error::Config {
+                reason: format!(
+                    "{of} is a fan-out without subscribers: subscribe at least one handler \
+                     (Consumer::subscribe) before spawning it"
+                ),
+            }),
+            Handling::Fanned(subs) => Ok(fan_out(subs, |m, _| m.clone())),
+        }
+    }
+
+    /// The subscribers' names (empty for a consumer of one handler).
+    pub(crate) fn names(&self) -> Vec<Arc<str>> {
+        match self {
+            Handling::One(_) => Vec::new(),
+            Handling::Fanned(subs) => subs.iter().map(|s| s.name.clone()).collect(),
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Claims: due messages leased under an owner of their own, spread over
+//! the due set while there is a backlog, claimed again after a conflict,
+//! and read back when a claim's commit outcome is unknown (see the
+//! [module documentation](super)).
+
+use super::{Inner, Relay};
+use crate::Error;
+use crate::backend::{Backend, ClaimError, Claimed, OutboxRow};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The waits before each read-back of a claim whose commit outcome is
+/// unknown (a fresh connection each time).
+const RECOVERY_WAITS: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
+
+/// How many times in a row a claim that lost a conflict (see the module
+/// documentation) is retried at once before the relay waits out its poll
+/// interval.
+pub(super) const CONFLICT_RETRIES: u32 = 3;
+
+/// One claim's rows, and the lease owner that claim wrote.
+pub(super) struct Batch {
+    pub(super) owner: Arc<str>,
+    pub(super) rows: Vec<OutboxRow>,
+}
+
+/// What one claim produced.
+pub(super) enum Round {
+    /// Rows to deliver.
+    Claimed(Batch),
+    /// A claim whose commit outcome is unknown, to read back.
+    Lost {
+        owner: Arc<str>,
+        chosen: Claimed,
+        error: sqlx::Error,
+    },
+}
+
+impl<DB: Backend> Relay<DB> {
+    /// Claims up to `n` messages, reading back a claim whose commit
+    /// outcome is unknown before it returns.
+    pub(super) async fn claim_up_to(&self, n: i64) -> Result<Batch, Error> {
+        match self.claim_round(n).await? {
+            Round::Claimed(batch) => Ok(batch),
+            Round::Lost {
+                owner,
+                chosen,
+                error,
+            } => self.recover(owner, chosen, error).await,
+        }
+    }
+
+    /// Claims up to `n` messages: at a spread offset while there is a
+    /// backlog, again at once (after a few milliseconds of jitter) when
+    /// the claim lost a conflict, at most `CONFLICT_RETRIES` times.
+    pub(super) async fn claim_round(&self, n: i64) -> Result<Round, Error> {
+        let i = &self.inner;
+        let limit = n.min(i.batch_size);
+        let mut conflicts = 0;
+        loop {
+            let owner: Arc<str> = i.claim_owner().into();
+            if i.topics.is_empty() {
+                return Ok(Round::Claimed(Batch {
+                    owner,
+                    rows: Vec::new(),
+                }));
+            }
+            let offset = i.spread_offset(limit);
+            let mut claimed = self.claim_at(&owner, limit, offset).await;
+            if offset > 0 && matches!(&claimed, Ok(c) if c.rows.is_empty()) {
+                // The due set ends before the offset: from the oldest.
+                claimed = self.claim_at(&owner, limit, 0).await;
+            }
+            // A claim's `at` is taken after it: a claim can take a message
+            // only once its previous holder's last write has committed
+            // (whose `at` is taken before it), and on SQLite the claim
+            // waits for the write lock inside its statement.
+            let at = trace_now!();
+            match claimed {
+                Ok(claimed) => {
+                    trace_claim(&claimed.rows, &owner, "ok", None, at);
+                    i.backlog
+                        .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
+                    return Ok(Round::Claimed(self.counted(owner, claimed)));
+                }
+                Err(ClaimError::Failed(e)) if crate::error::is_conflict(&e) => {
+                    i.stats.claim_conflicts.fetch_add(1, Ordering::Relaxed);
+                    if conflicts >= CONFLICT_RETRIES {
+                        return Err(e.into());
+                    }
+                    conflicts += 1;
+                    let jitter = Duration::from_micros(500 + random() % 4_500);
+                    tracing::debug!(
+                        error = %e,
+                        offset,
+                        retry = conflicts,
+                        retry_in = ?jitter,
+                        "outbox claim lost a conflict with a concurrent claim; claiming again"
+                    );
+                    tokio::time::sleep(jitter).await;
+                }
+                Err(ClaimError::Failed(e)) => return Err(e.into()),
+                Err(ClaimError::CommitUnknown { error, chosen }) => {
+                    trace_claim(&chosen.rows, &owner, "lost_ack", None, at);
+                    i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
+                    if !i.recover_claims {
+                        return Err(Error::CommitUnknown(error));
+                    }
+                    return Ok(Round::Lost {
+                        owner,
+                        chosen,
+                        error,
+                    });
+                }
+            }
+        }
+    }
+
+    /// One claim statement of up to `limit` rows, skipping `offset` due
+    /// rows.
+    async fn claim_at(&self, owner: &str, limit: i64, offset: i64) -> Result<Claimed, ClaimError> {
+        let i = &self.inner;
+        DB::claim_outbox(
+            &i.pool,
+            &i.claim,
+            owner,
+            &i.topics,
+            limit,
+            offset,
+            i.lease.as_secs_f64(),
+        )
+        .await
+    }
+
+    /// The rows of a claim by `owner`, counted.
+    fn counted(&self, owner: Arc<str>, claimed: Claimed) -> Batch {
+        let stats = &self.inner.stats;
+        stats
+            .claimed
+            .fetch_add(claimed.rows.len() as u64, Ordering::Relaxed);
+        stats
+            .reclaimed
+            .fetch_add(claimed.reclaimed as u64, Ordering::Relaxed);
+        Batch {
+            owner,
+            rows: claimed.rows,
+        }
+    }
+
+    /// Reads back the rows a claim by `owner` whose commit failed with
+    /// `error` (outcome unknown) leased, if it landed; a few quick tries,
+    /// each on a fresh connection.
+    pub(super) async fn recover(
+        &self,
+        owner: Arc<str>,
+        chosen: Claimed,
+        mut error: sqlx::Error,
+    ) -> Result<Batch, Error> {
+        let i = &self.inner;
+        let ids: Vec<i64> = chosen.rows.iter().map(|r| r.id).collect();
+        for wait in RECOVERY_WAITS {
+            tokio::time::sleep(wait).await;
+            match DB::recover_claim(&i.pool, &owner, &ids).await {
+                Ok(rows) => {
+                    trace_claim(&chosen.rows, &owner, "read_back", Some(&rows), trace_now!());
+                    i.stats
+                        .recovered
+                        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        owner = &*owner,
+                        chosen = ids.len(),
+                        recovered = rows.len(),
+                        "outbox claim's commit outcome was unknown; read back"
+                    );
+                    // The commit is all or nothing: found, every chosen
+                    // row was leased, those taken over included.
+                    let reclaimed = if rows.is_empty() { 0 } else { chosen.reclaimed };
+                    return Ok(self.counted(owner, Claimed { rows, reclaimed }));
+                }
+                Err(e) => error = e,
+            }
+        }
+        tracing::warn!(owner = &*owner, %error, "could not read back an outbox claim whose commit outcome is unknown; its messages wait out their lease");
+        Err(Error::CommitUnknown(error))
+    }
+}
+
+impl<DB: Backend> Inner<DB> {
+    /// Where the next claim of `limit` rows starts in the due set: 0 with
+    /// no backlog or no spread, else `k·limit` for a random `k` in
+    /// `0..claim_spread`.
+    fn spread_offset(&self, limit: i64) -> i64 {
+        if self.claim_spread <= 1 || !self.backlog.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let k = random() % u64::from(self.claim_spread);
+        i64::try_from(k).unwrap_or(0).saturating_mul(limit)
+    }
+
+    /// A lease owner no other claim writes: the relay's owner and the next
+    /// sequence number.
+    fn claim_owner(&self) -> String {
+        format!(
+            "{}#{:x}",
+            self.owner,
+            self.claims.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// Traces the claim of `rows` by `owner` (feature `testing`): `outcome`
+/// `ok` or `lost_ack`, or `read_back` with the rows found leased.
+#[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+fn trace_claim(
+    rows: &[OutboxRow],
+    owner: &str,
+    outcome: &str,
+    found: Option<&[OutboxRow]>,
+    at: u64,
+) {
+    #[cfg(feature = "testing")]
+    for r in rows {
+        let fields = || match found {
+            None => serde_json::json!({ "outcome": outcome, "at": at }),
+            Some(found) => {
+                serde_json::json!({ "held": found.iter().any(|x| x.id == r.id), "at": at })
+            }
+        };
+        let kind = if found.is_some() {
+            "claim_read_back"
+        } else {
+            "claim"
+        };
+        // A claim whose outcome is unknown: its attempt too (on Galera,
+        // another node's claim may have taken the row meanwhile).
+        let attempt = if outcome == "lost_ack" { 0 } else { r.attempts };
+        crate::testing::trace::emit(kind, r.id, &r.topic, attempt, owner, fields);
+    }
+}
+
+/// A random number, drawn afresh on each call.
+fn random() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    std::collections::hash_map::RandomState::new().hash_one(CALLS.fetch_add(1, Ordering::Relaxed))
+}
