@@ -1,10 +1,6 @@
 //! The one error type of idem, and whether a retry can help.
 
-// Until every caller names the classification's own home.
-use crate::backend::classify::pooler_error;
-pub(crate) use crate::backend::classify::{
-    commit_outcome_unknown, find_sqlx, is_conflict, is_transient,
-};
+use crate::backend::classify::{find_sqlx, is_transient, pooler_error};
 use std::error::Error as StdError;
 use std::fmt;
 

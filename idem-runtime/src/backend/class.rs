@@ -10,6 +10,9 @@ pub(crate) struct Class {
     /// on (a deadlock, a serialization or certification failure): an
     /// immediate retry is right.
     pub(crate) conflict: bool,
+    /// A lock wait that timed out (or a `NOWAIT` lock not granted):
+    /// nothing of the transaction committed.
+    pub(crate) lock_wait: bool,
     /// The session itself ended: an answer to `COMMIT` with it says
     /// nothing about whether the commit happened.
     pub(crate) session_lost: bool,

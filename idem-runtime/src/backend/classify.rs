@@ -164,6 +164,15 @@ pub(crate) fn pooler_error(e: &sqlx::Error) -> Option<String> {
     ))
 }
 
+/// Whether `e` is a lock wait that timed out (PostgreSQL `55P03`,
+/// MariaDB/MySQL `1205`; SQLite's busy is its own time-out, not one).
+pub(crate) fn is_lock_wait(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => class_of(&**db).lock_wait,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +286,8 @@ mod tests {
         }
         assert!(is_conflict(&db("40P01", "deadlock detected")));
         assert!(!is_conflict(&db("55P03", "lock not available")));
+        assert!(is_lock_wait(&db("55P03", "lock not available")));
+        assert!(!is_lock_wait(&db("40P01", "deadlock detected")));
         let body: BoxError = Box::new(db("40001", "could not serialize access"));
         assert!(matches!(
             Error::from_handler(body),

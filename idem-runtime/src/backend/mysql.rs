@@ -389,6 +389,8 @@ pub(crate) fn classify(db: &dyn sqlx::error::DatabaseError) -> Option<Class> {
     Some(Class {
         transient: error_is_transient(number, message),
         conflict: number_is_conflict(number),
+        // ER_LOCK_WAIT_TIMEOUT
+        lock_wait: number == 1205,
         session_lost: error_is_connection_loss(number, message),
         pooler: None,
     })

@@ -303,6 +303,8 @@ pub(crate) fn sqlstate_class(code: &str, message: &str) -> Class {
     Class {
         transient: sqlstate_is_transient(code),
         conflict: sqlstate_is_conflict(code),
+        // lock_not_available
+        lock_wait: code == "55P03",
         session_lost: sqlstate_is_connection_loss(code),
         pooler: pooler_fault(code, message),
     }

@@ -117,7 +117,7 @@ async fn book_failure<DB: Backend>(
     trace_event!(of_lease("commit", lease, || serde_json::json!({
         "outcome": match &committed {
             Ok(()) => "ok",
-            Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
+            Err(e) if crate::backend::classify::commit_outcome_unknown(e) => "lost_ack",
             Err(_) => "failed",
         },
         "dup": false,

@@ -156,7 +156,7 @@ impl<DB: Backend> CallerTx<DB> {
         self.transaction()?;
         let tx = self.tx.take().expect("checked above");
         tx.commit().await.map_err(|e| {
-            if crate::error::commit_outcome_unknown(&e) {
+            if crate::backend::classify::commit_outcome_unknown(&e) {
                 Error::CommitUnknown(e)
             } else {
                 Error::database(e)

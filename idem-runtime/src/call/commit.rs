@@ -66,7 +66,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
         if let (Some(lease), false) = (&traced, nested) {
             let result = match &committed {
                 Ok(()) => "ok",
-                Err(e) if crate::error::commit_outcome_unknown(e) => "lost_ack",
+                Err(e) if crate::backend::classify::commit_outcome_unknown(e) => "lost_ack",
                 Err(_) => "failed",
             };
             crate::testing::trace::of_lease(
@@ -123,7 +123,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
             // Releasing a savepoint commits nothing: a failure there leaves
             // the caller's transaction to roll back, not an unknown commit.
             Err(e) if nested => Err(fail(&span, Error::database(e))),
-            Err(e) if crate::error::commit_outcome_unknown(&e) => {
+            Err(e) if crate::backend::classify::commit_outcome_unknown(&e) => {
                 Err(fail(&span, Error::CommitUnknown(e)))
             }
             Err(e) => Err(fail(&span, Error::database(e))),

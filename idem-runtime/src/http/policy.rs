@@ -149,7 +149,7 @@ impl Idempotency {
     /// it (a retry with the same key is always safe), 500 otherwise.
     pub(super) fn unavailable(&self, e: &sqlx::Error) -> Response {
         tracing::warn!(scope = self.scope, error = %e, "idempotent request: database failure");
-        if crate::is_transient(e) || crate::error::commit_outcome_unknown(e) {
+        if crate::is_transient(e) || crate::backend::classify::commit_outcome_unknown(e) {
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Try again",

@@ -2,8 +2,9 @@
 //! violation of the action's unique constraint means Duplicate.
 
 use crate::backend::Backend;
+use crate::backend::classify::find_sqlx;
 use crate::call::{Call, Settled, Strategy, Verdict};
-use crate::error::{BoxError, Error, find_sqlx};
+use crate::error::{BoxError, Error};
 use tracing::Span;
 
 const SAVEPOINT: &str = "SAVEPOINT idem_unique_insert";

@@ -356,7 +356,9 @@ impl<DB: Backend> Relay<DB> {
                     let wait = OUTAGE_WAIT_FIRST
                         .saturating_mul(2u32.saturating_pow(more))
                         .min(OUTAGE_WAIT_MAX);
-                    let transient = last.as_ref().is_some_and(crate::error::is_transient);
+                    let transient = last
+                        .as_ref()
+                        .is_some_and(crate::backend::classify::is_transient);
                     if !transient || tokio::time::Instant::now() + wait > outage_ends {
                         break;
                     }
@@ -375,7 +377,7 @@ impl<DB: Backend> Relay<DB> {
                     // A database error is the statement's refusal: nothing
                     // changed. A lost connection (or a session ended
                     // under it) may have committed.
-                    unknown |= crate::error::commit_outcome_unknown(&e);
+                    unknown |= crate::backend::classify::commit_outcome_unknown(&e);
                     last = Some(e);
                 }
             }

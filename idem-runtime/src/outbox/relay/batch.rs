@@ -136,7 +136,7 @@ const INJECTED_CONFLICT: &str = "injected fault: the batch's commit lost a deadl
 
 /// Whether a batch's transaction failed for a conflict with a concurrent
 /// transaction: a deadlock or a serialization failure
-/// (`crate::error::is_conflict`: PostgreSQL `40P01`, `40001`;
+/// (`crate::backend::classify::is_conflict`: PostgreSQL `40P01`, `40001`;
 /// MariaDB/MySQL `1213`, `1020`, `1614`) or a lock wait that timed out
 /// (PostgreSQL `55P03`, MariaDB/MySQL `1205`). Nothing of it committed.
 pub(super) fn contended(e: &Error) -> bool {
@@ -146,23 +146,9 @@ pub(super) fn contended(e: &Error) -> bool {
     {
         return true;
     }
-    crate::error::find_sqlx(e).is_some_and(|s| crate::error::is_conflict(s) || lock_wait(s))
-}
-
-/// A lock wait that timed out (PostgreSQL `55P03`, MariaDB/MySQL `1205`).
-fn lock_wait(e: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = e else {
-        return false;
-    };
-    #[cfg(feature = "mysql")]
-    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return my.number() == 1205;
-    }
-    #[cfg(feature = "postgres")]
-    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-        return pg.code() == "55P03";
-    }
-    false
+    crate::backend::classify::find_sqlx(e).is_some_and(|s| {
+        crate::backend::classify::is_conflict(s) || crate::backend::classify::is_lock_wait(s)
+    })
 }
 
 /// One message of a batch, once its handler ran.

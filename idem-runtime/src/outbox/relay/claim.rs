@@ -90,7 +90,7 @@ impl<DB: Backend> Relay<DB> {
                         .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
                     return Ok(Round::Claimed(self.counted(owner, claimed)));
                 }
-                Err(ClaimError::Failed(e)) if crate::error::is_conflict(&e) => {
+                Err(ClaimError::Failed(e)) if crate::backend::classify::is_conflict(&e) => {
                     i.stats.claim_conflicts.fetch_add(1, Ordering::Relaxed);
                     if conflicts >= CONFLICT_RETRIES {
                         return Err(e.into());

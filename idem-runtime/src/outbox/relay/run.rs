@@ -190,7 +190,10 @@ impl<DB: Backend> Relay<DB> {
                     });
                     continue;
                 }
-                Err(e) if crate::error::find_sqlx(&e).is_some_and(crate::error::is_conflict) => {
+                Err(e)
+                    if crate::backend::classify::find_sqlx(&e)
+                        .is_some_and(crate::backend::classify::is_conflict) =>
+                {
                     tracing::debug!(error = %e, retries = CONFLICT_RETRIES, "outbox claim kept losing conflicts; claiming again after the poll interval");
                     Vec::new()
                 }
