@@ -784,4 +784,4 @@ macro_rules! batch_tests {
     };
 }
 
-for_each_backend!(batch_tests);
+idem_testkit::for_each_backend!(batch_tests);
