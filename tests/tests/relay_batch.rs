@@ -283,12 +283,15 @@ macro_rules! batch_tests {
                 let running = relay.clone().spawn();
                 drained(&pool, &topic).await;
                 let before = relay.stats().lost_batches.load(Ordering::Relaxed);
+                // Before the failing message exists: the running relay may
+                // take it, and use up its three attempts, while the rest is
+                // still being produced.
+                idem_runtime::testing::set_broken_batch_savepoints(broken);
                 let mut good = produce_n(&pool, &topic, 8, false).await;
                 let bad_coupon = produce(&pool, &topic, 1).await;
                 bad.store(bad_coupon, Ordering::SeqCst);
                 good.extend(produce_n(&pool, &topic, 23, false).await);
                 good.extend(warm);
-                idem_runtime::testing::set_broken_batch_savepoints(broken);
                 drained(&pool, &topic).await;
                 running.shutdown().await;
                 idem_runtime::testing::set_broken_batch_savepoints(false);
