@@ -2,12 +2,12 @@
 
 /// Runs a test suite once per backend, each in a module of its own.
 ///
-/// A test file writes its suite once, as a `macro_rules!` macro that takes
-/// `(module, database, dialect, pool)` and makes `mod module { … }`; this
-/// macro invokes it for each backend. `$pool` is an expression of type
-/// `Option<sqlx::Pool<database>>` to `.await` nothing more on (the
-/// `.await` is in it): `None` means the server is down and the test is
-/// skipped (a failure when `CI=true`, see [`unreachable()`](crate::unreachable())).
+/// A test file writes its suite once, as a `macro_rules!` macro taking
+/// `(module, database, dialect, pool)` that makes `mod module { … }`; this
+/// macro invokes it once per backend. `pool` is an expression, its `.await`
+/// included, of type `Option<sqlx::Pool<database>>`: `None` when the
+/// server is down, and the test returns early (skipped locally, a failure
+/// when `CI=true`, see [`unreachable()`](crate::unreachable())).
 ///
 /// ```
 /// use idem_runtime::__private::Dialect;
@@ -69,16 +69,14 @@
 ///   argument is `|max| pool of max`, for a suite matching
 ///   `|$max:ident| $pool:expr` that writes `let $max = 8; … $pool …`.
 /// - `postgres { tokens }`: the pool argument is `tokens`, whatever the
-///   suite takes (a pool per database it names, a URL): the backend's
-///   module, database and dialect only come from this macro.
+///   suite takes there (a pool per database it names, a URL): only the
+///   module, database and dialect come from this macro.
 /// - `as mysql`: the module's name, for a suite whose test paths
 ///   (`file::mysql::a_test`) predate this macro.
 /// - `=> (a, b)`: arguments the suite takes after the pool, per backend:
 ///   `suite!(module, database, dialect, pool, a, b)`.
 ///
 /// ```
-/// use idem_runtime::__private::Dialect;
-///
 /// macro_rules! sized_tests {
 ///     ($module:ident, $db:ty, $dialect:expr, |$max:ident| $pool:expr, $what:literal) => {
 ///         mod $module {
