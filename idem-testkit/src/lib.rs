@@ -8,6 +8,9 @@
 //!   helper returns `None`) but fails it when `CI=true`.
 //! - [Names and ids](names): [`unique`] table names and [`ids`] ranges that
 //!   never collide with another test or an earlier run on a shared server.
+//! - [`for_each_backend!`]: a test file's suite, written once as a
+//!   `macro_rules!` macro, run on PostgreSQL, MariaDB and SQLite (and
+//!   through `sqlx::Any`), one module per backend.
 //! - [`concurrently`]: a burst of calls released together by one barrier,
 //!   the way redeliveries arrive.
 //! - [`sql`]: a statement written once with `?` placeholders, renumbered to
@@ -51,6 +54,7 @@ pub mod browser;
 mod burst;
 pub mod cluster;
 mod env;
+mod matrix;
 pub mod names;
 pub mod proxy;
 #[cfg(feature = "redis")]
@@ -68,3 +72,11 @@ pub use servers::{
     sqlite, sqlite_url, unreachable,
 };
 pub use sql::sql;
+
+/// What [`for_each_backend!`] names in its expansion, so that a test
+/// crate needs no dependency for it.
+#[doc(hidden)]
+pub mod __private {
+    pub use idem_runtime::__private::Dialect;
+    pub use sqlx;
+}

@@ -511,43 +511,38 @@ macro_rules! admin_tests {
     };
 }
 
-admin_tests!(postgres, sqlx::Postgres, Dialect::Postgres, |name| {
-    idem_testkit::postgres_database(&name, 4).await
-});
-admin_tests!(mariadb, sqlx::MySql, Dialect::MySql, |name| {
-    idem_testkit::mysql_database(&name, 4).await
-});
-admin_tests!(sqlite, sqlx::Sqlite, Dialect::Sqlite, |name| {
-    let _ = &name;
-    Some(idem_testkit::sqlite(4).await)
-});
-
-// The same through `sqlx::Any`, the dialect chosen by URL.
-admin_tests!(any_postgres, sqlx::Any, Dialect::Postgres, |name| {
-    match idem_testkit::postgres_database(&name, 1).await {
-        Some(_) => {
-            idem_testkit::any(
-                &idem_testkit::database_url(&idem_testkit::postgres_url(), &name),
-                4,
-            )
-            .await
+idem_testkit::for_each_backend!(admin_tests;
+    postgres { |name| idem_testkit::postgres_database(&name, 4).await },
+    mariadb { |name| idem_testkit::mysql_database(&name, 4).await },
+    sqlite {
+        |name| {
+            let _ = &name;
+            Some(idem_testkit::sqlite(4).await)
         }
-        None => None,
-    }
-});
-admin_tests!(any_mariadb, sqlx::Any, Dialect::MySql, |name| {
-    match idem_testkit::mysql_database(&name, 1).await {
-        Some(_) => {
-            idem_testkit::any(
-                &idem_testkit::database_url(&idem_testkit::mysql_url(), &name),
-                4,
-            )
-            .await
+    },
+    // The same through `sqlx::Any`, the dialect chosen by URL.
+    any_postgres {
+        |name| match idem_testkit::postgres_database(&name, 1).await {
+            Some(_) => {
+                let url = idem_testkit::database_url(&idem_testkit::postgres_url(), &name);
+                idem_testkit::any(&url, 4).await
+            }
+            None => None,
         }
-        None => None,
-    }
-});
-admin_tests!(any_sqlite, sqlx::Any, Dialect::Sqlite, |name| {
-    let _ = &name;
-    idem_testkit::any(&idem_testkit::sqlite_url(), 4).await
-});
+    },
+    any_mariadb {
+        |name| match idem_testkit::mysql_database(&name, 1).await {
+            Some(_) => {
+                let url = idem_testkit::database_url(&idem_testkit::mysql_url(), &name);
+                idem_testkit::any(&url, 4).await
+            }
+            None => None,
+        }
+    },
+    any_sqlite {
+        |name| {
+            let _ = &name;
+            idem_testkit::any(&idem_testkit::sqlite_url(), 4).await
+        }
+    },
+);

@@ -420,41 +420,6 @@ macro_rules! archive_tests {
     };
 }
 
-archive_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(16).await
-);
-archive_tests!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(16).await
-);
-archive_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(8).await)
-);
-
-// The same through `sqlx::Any`: the dialect chosen by URL.
-archive_tests!(
-    any_postgres,
-    sqlx::Any,
-    Dialect::Postgres,
-    idem_testkit::any(&idem_testkit::postgres_url(), 16).await
-);
-archive_tests!(
-    any_mariadb,
-    sqlx::Any,
-    Dialect::MySql,
-    idem_testkit::any(&idem_testkit::mysql_url(), 16).await
-);
-archive_tests!(
-    any_sqlite,
-    sqlx::Any,
-    Dialect::Sqlite,
-    idem_testkit::any(&idem_testkit::sqlite_url(), 8).await
+idem_testkit::for_each_backend!(archive_tests;
+    postgres, mariadb, sqlite, any_postgres, any_mariadb, any_sqlite
 );

@@ -368,21 +368,4 @@ macro_rules! cache_ttl_tests {
     };
 }
 
-cache_ttl_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(8).await
-);
-cache_ttl_tests!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(8).await
-);
-cache_ttl_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(8).await)
-);
+idem_testkit::for_each_backend!(cache_ttl_tests; postgres(8), mariadb(8), sqlite(8));

@@ -70,7 +70,7 @@ impl std::fmt::Display for Boom {
 impl std::error::Error for Boom {}
 
 macro_rules! composition_tests {
-    ($module:ident, $db:ty, $conn:ty, $dialect:expr, $pool:expr) => {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
         mod $module {
             use super::*;
             use sqlx::{Pool, Transaction};
@@ -105,7 +105,7 @@ macro_rules! composition_tests {
             // The body written like ordinary sqlx code: the parameter is
             // the transaction's connection, queries run on `&mut *tx`.
             #[idempotent(key = "cx-charge:{c.order_id}", strategy = record, biz_type = "cx_charge")]
-            async fn charge(tx: &mut $conn, c: &Charge) -> Result<Receipt, Box<dyn std::error::Error + Send + Sync>> {
+            async fn charge(tx: &mut <$db as sqlx::Database>::Connection, c: &Charge) -> Result<Receipt, Box<dyn std::error::Error + Send + Sync>> {
                 sqlx::query(sql(D, "INSERT INTO idem_t_cx_charge (order_id, amount) VALUES (?, ?)"))
                     .bind(c.order_id)
                     .bind(c.amount)
@@ -147,7 +147,7 @@ macro_rules! composition_tests {
 
             // Keyed by the delivery: the payload repeats neither field.
             #[idempotent(key = "cx-ship:{d.topic}:{d.msg_id}", strategy = record, biz_type = "cx_ship")]
-            async fn ship(tx: &mut $conn, d: &Delivery<Db>, s: &Ship) -> Result<i64, sqlx::Error> {
+            async fn ship(tx: &mut <$db as sqlx::Database>::Connection, d: &Delivery<Db>, s: &Ship) -> Result<i64, sqlx::Error> {
                 sqlx::query(sql(D, "INSERT INTO idem_t_cx_parcel (parcel, msg_id) VALUES (?, ?)"))
                     .bind(s.parcel)
                     .bind(&d.msg_id)
@@ -454,45 +454,6 @@ macro_rules! composition_tests {
     };
 }
 
-composition_tests!(
-    postgres,
-    sqlx::Postgres,
-    sqlx::PgConnection,
-    Dialect::Postgres,
-    idem_testkit::postgres(16).await
-);
-composition_tests!(
-    mariadb,
-    sqlx::MySql,
-    sqlx::MySqlConnection,
-    Dialect::MySql,
-    idem_testkit::mysql(16).await
-);
-composition_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    sqlx::SqliteConnection,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(8).await)
-);
-composition_tests!(
-    any_postgres,
-    sqlx::Any,
-    sqlx::AnyConnection,
-    Dialect::Postgres,
-    idem_testkit::any(&idem_testkit::postgres_url(), 16).await
-);
-composition_tests!(
-    any_mariadb,
-    sqlx::Any,
-    sqlx::AnyConnection,
-    Dialect::MySql,
-    idem_testkit::any(&idem_testkit::mysql_url(), 16).await
-);
-composition_tests!(
-    any_sqlite,
-    sqlx::Any,
-    sqlx::AnyConnection,
-    Dialect::Sqlite,
-    idem_testkit::any(&idem_testkit::sqlite_url(), 8).await
+idem_testkit::for_each_backend!(composition_tests;
+    postgres, mariadb, sqlite, any_postgres, any_mariadb, any_sqlite
 );

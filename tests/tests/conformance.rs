@@ -322,4 +322,4 @@ macro_rules! conformance_tests {
     };
 }
 
-for_each_backend!(conformance_tests);
+idem_testkit::for_each_backend!(conformance_tests);

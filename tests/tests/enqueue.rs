@@ -137,24 +137,7 @@ macro_rules! enqueue_tests {
     };
 }
 
-enqueue_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(4).await
-);
-enqueue_tests!(
-    mysql,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(4).await
-);
-enqueue_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(2).await)
-);
+idem_testkit::for_each_backend!(enqueue_tests; postgres(4), mariadb(4) as mysql, sqlite(2));
 
 const IDS: usize = 200;
 const LOSS: f64 = 0.25;

@@ -127,15 +127,4 @@ macro_rules! fault_tests {
     };
 }
 
-fault_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(16).await
-);
-fault_tests!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(16).await
-);
+idem_testkit::for_each_backend!(fault_tests; postgres, mariadb);

@@ -200,13 +200,13 @@ async fn runs_once_then_replays(base: &str, path: &str) {
 }
 
 macro_rules! any_tests {
-    ($module:ident, $dialect:expr, $url:expr) => {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
         mod $module {
             use super::*;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_keyed_request_runs_once_and_is_replayed_by_hand_and_behind_the_layer() {
-                let Some(pool) = idem_testkit::any(&$url, 4).await else {
+                let Some(pool): Option<sqlx::Pool<$db>> = $pool else {
                     return;
                 };
                 let (base, app) = serve($dialect, pool).await;
@@ -221,6 +221,9 @@ macro_rules! any_tests {
     };
 }
 
-any_tests!(postgres, Dialect::Postgres, idem_testkit::postgres_url());
-any_tests!(sqlite, Dialect::Sqlite, idem_testkit::sqlite_url());
-any_tests!(mariadb, Dialect::MySql, idem_testkit::mysql_url());
+// Through `sqlx::Any` only, the modules named after the databases.
+idem_testkit::for_each_backend!(any_tests;
+    any_postgres(4) as postgres,
+    any_sqlite(4) as sqlite,
+    any_mariadb(4) as mariadb,
+);

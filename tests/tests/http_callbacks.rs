@@ -15,7 +15,6 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem_runtime::__private::Dialect;
 use idem_runtime::http::{CallbackVerifier, SerialFrom, SignedCallback};
 use idem_runtime::{Error, Outcome, idempotent};
 use idem_testkit::{ids, sql, unique};
@@ -351,21 +350,4 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(8).await
-);
-backend_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(8).await)
-);
-backend_tests!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(8).await
-);
+idem_testkit::for_each_backend!(backend_tests; postgres(8), sqlite(8), mariadb(8));

@@ -123,7 +123,7 @@ async fn chunked_status(base: &str, path: &str, body: &str) -> u16 {
 }
 
 macro_rules! backend_tests {
-    ($module:ident, $db:ty, $conn:ty, $dialect:expr, |$max:ident| $pool:expr) => {
+    ($module:ident, $db:ty, $dialect:expr, |$max:ident| $pool:expr) => {
         mod $module {
             use super::*;
             type Db = $db;
@@ -529,7 +529,7 @@ macro_rules! backend_tests {
             /// The `record` handler run inside the request's transaction:
             /// one row per execution.
             #[idempotent(key = "http-book:{b.table}:{b.order}", strategy = record, biz_type = "http_book")]
-            async fn book(tx: &mut $conn, b: &Booking) -> Result<(), sqlx::Error> {
+            async fn book(tx: &mut <$db as sqlx::Database>::Connection, b: &Booking) -> Result<(), sqlx::Error> {
                 let insert = sql($dialect, "INSERT INTO {t} (body) VALUES (?)");
                 sqlx::query(sqlx::AssertSqlSafe(insert.0.replace("{t}", &b.table)))
                     .bind(b.order.to_string().into_bytes())
@@ -865,24 +865,4 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(
-    postgres,
-    sqlx::Postgres,
-    sqlx::PgConnection,
-    Dialect::Postgres,
-    |max| idem_testkit::postgres(max).await
-);
-backend_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    sqlx::SqliteConnection,
-    Dialect::Sqlite,
-    |max| Some(idem_testkit::sqlite(max).await)
-);
-backend_tests!(
-    mariadb,
-    sqlx::MySql,
-    sqlx::MySqlConnection,
-    Dialect::MySql,
-    |max| idem_testkit::mysql(max).await
-);
+idem_testkit::for_each_backend!(backend_tests; postgres(|max|), sqlite(|max|), mariadb(|max|));

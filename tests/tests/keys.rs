@@ -90,21 +90,4 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(4).await
-);
-backend_tests!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(4).await
-);
-backend_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(4).await)
-);
+idem_testkit::for_each_backend!(backend_tests; postgres(4), mariadb(4), sqlite(4));

@@ -603,7 +603,7 @@ async fn asynchronous_standby_failover_control() {
 /// fix (four tries within 120 ms), the message waited out its lease and
 /// was counted `reclaimed`.
 macro_rules! read_only_window {
-    ($module:ident, $db:ty, $conn:ty, $dialect:expr, $pool:expr, $on:literal, $off:literal) => {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr, $on:literal, $off:literal) => {
         mod $module {
             use super::*;
             use idem_runtime::__private::Dialect;
@@ -614,7 +614,7 @@ macro_rules! read_only_window {
             const D: Dialect = $dialect;
 
             #[idempotent(key = "pgf-ro:{d.topic}:{d.msg_id}", strategy = record, biz_type = "pgf_ro")]
-            async fn ship(tx: &mut $conn, d: &Delivery<Db>, s: &Ship) -> Result<i64, sqlx::Error> {
+            async fn ship(tx: &mut <$db as sqlx::Database>::Connection, d: &Delivery<Db>, s: &Ship) -> Result<i64, sqlx::Error> {
                 sqlx::query(sql(D, "INSERT INTO idem_t_pgf_parcel (parcel, msg_id) VALUES (?, ?)"))
                     .bind(s.parcel)
                     .bind(&d.msg_id)
@@ -725,21 +725,13 @@ macro_rules! read_only_window {
     };
 }
 
-read_only_window!(
-    postgres,
-    sqlx::Postgres,
-    PgConnection,
-    Dialect::Postgres,
-    idem_testkit::postgres(2).await,
-    "SET default_transaction_read_only = on",
-    "SET default_transaction_read_only = off"
-);
-read_only_window!(
-    mariadb,
-    sqlx::MySql,
-    sqlx::MySqlConnection,
-    Dialect::MySql,
-    idem_testkit::mysql(2).await,
-    "SET SESSION TRANSACTION READ ONLY",
-    "SET SESSION TRANSACTION READ WRITE"
+idem_testkit::for_each_backend!(read_only_window;
+    postgres(2) => (
+        "SET default_transaction_read_only = on",
+        "SET default_transaction_read_only = off"
+    ),
+    mariadb(2) => (
+        "SET SESSION TRANSACTION READ ONLY",
+        "SET SESSION TRANSACTION READ WRITE"
+    ),
 );

@@ -27,14 +27,14 @@ fn assert_io_error(err: &sqlx::Error) {
 }
 
 macro_rules! backend_tests {
-    ($module:ident, $db:ty, $conn:ty, $dialect:expr, $url:expr, $what:literal) => {
+    ($module:ident, $db:ty, $dialect:expr, $url:expr, $what:literal) => {
         mod $module {
             use super::*;
             use sqlx::pool::PoolOptions;
             use sqlx::{AssertSqlSafe, Connection, Pool};
 
             type Db = $db;
-            type Conn = $conn;
+            type Conn = <Db as sqlx::Database>::Connection;
             const D: Dialect = $dialect;
 
             fn base_url() -> String {
@@ -284,21 +284,9 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(
-    postgres,
-    sqlx::Postgres,
-    sqlx::PgConnection,
-    Dialect::Postgres,
-    idem_testkit::postgres_url(),
-    "PostgreSQL"
-);
-backend_tests!(
-    mariadb,
-    sqlx::MySql,
-    sqlx::MySqlConnection,
-    Dialect::MySql,
-    idem_testkit::mysql_url(),
-    "MariaDB"
+idem_testkit::for_each_backend!(backend_tests;
+    postgres { idem_testkit::postgres_url() } => ("PostgreSQL"),
+    mariadb { idem_testkit::mysql_url() } => ("MariaDB"),
 );
 
 /// PostgreSQL: a `COMMIT` sent as a prepared statement (`sqlx::query`,

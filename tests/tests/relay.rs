@@ -183,4 +183,4 @@ macro_rules! relay_tests {
     };
 }
 
-for_each_backend!(relay_tests);
+idem_testkit::for_each_backend!(relay_tests);

@@ -283,12 +283,15 @@ macro_rules! batch_tests {
                 let running = relay.clone().spawn();
                 drained(&pool, &topic).await;
                 let before = relay.stats().lost_batches.load(Ordering::Relaxed);
+                // Before the failing message exists: the running relay may
+                // take it, and use up its three attempts, while the rest is
+                // still being produced.
+                idem_runtime::testing::set_broken_batch_savepoints(broken);
                 let mut good = produce_n(&pool, &topic, 8, false).await;
                 let bad_coupon = produce(&pool, &topic, 1).await;
                 bad.store(bad_coupon, Ordering::SeqCst);
                 good.extend(produce_n(&pool, &topic, 23, false).await);
                 good.extend(warm);
-                idem_runtime::testing::set_broken_batch_savepoints(broken);
                 drained(&pool, &topic).await;
                 running.shutdown().await;
                 idem_runtime::testing::set_broken_batch_savepoints(false);
@@ -444,19 +447,30 @@ macro_rules! batch_tests {
                 assert_eq!(attempts.iter().filter(|a| **a == 1).count(), 38, "{attempts:?}");
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            /// On its first attempt, the culprit's handler cancels its call
+            /// (a time-out) while the call's savepoint is being opened: the
+            /// batch's transaction is lost (rolled back as a whole).
+            ///
+            /// One thread, so that the cancellation always lands there: the
+            /// call opens its savepoint in a task of its own, which cannot
+            /// run before the handler, polling the call once and dropping
+            /// it without yielding in between, returns. On two workers the
+            /// other one could run that task and have the `SAVEPOINT`
+            /// answered before the poll looked (a preempted thread, on a
+            /// loaded machine): the call was then dropped inside its
+            /// savepoint, rolled back to it, the batch committed without
+            /// it, and no batch was lost.
+            #[tokio::test(flavor = "current_thread")]
             async fn a_lost_batch_transaction_redelivers_its_messages_alone() {
                 let _one = ONE_AT_A_TIME.lock().await;
                 let Some(pool) = pool().await else { return };
                 let topic = topic("batchgone");
                 let coupons = produce_n(&pool, &topic, 16, false).await;
                 let culprit = coupons[6];
-                // On its first attempt, the culprit's handler cancels its
-                // call (a time-out) while the call's savepoint is being opened: the
-                // batch's transaction is lost (rolled back as a whole).
                 let relay = batched(&pool).route(topic.clone(), move |d, m: Deduct| async move {
                     if m.coupon_id == culprit && d.message().attempts == 1 {
-                        // Polled once (it waits for its SAVEPOINT), then dropped.
+                        // Polled once (it waits for its SAVEPOINT, whose task
+                        // has not run yet), then dropped.
                         let mut call = Box::pin(deduct(d.source(), &m));
                         if let std::task::Poll::Ready(outcome) = futures::poll!(call.as_mut()) {
                             return outcome;
@@ -784,4 +798,4 @@ macro_rules! batch_tests {
     };
 }
 
-for_each_backend!(batch_tests);
+idem_testkit::for_each_backend!(batch_tests);

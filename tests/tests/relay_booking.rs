@@ -197,7 +197,7 @@ macro_rules! booking_tests {
     };
 }
 
-for_each_backend!(booking_tests);
+idem_testkit::for_each_backend!(booking_tests);
 
 macro_rules! unknown_commit_tests {
     ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
@@ -282,5 +282,5 @@ macro_rules! unknown_commit_tests {
 
 mod unknown_commit {
     use super::*;
-    for_each_backend!(unknown_commit_tests);
+    idem_testkit::for_each_backend!(unknown_commit_tests);
 }

@@ -364,4 +364,4 @@ macro_rules! fanout_tests {
     };
 }
 
-for_each_backend!(fanout_tests);
+idem_testkit::for_each_backend!(fanout_tests);

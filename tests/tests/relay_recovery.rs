@@ -255,24 +255,8 @@ macro_rules! recovery_tests {
     };
 }
 
-recovery_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(16).await,
-    Some(idem_testkit::postgres_url())
-);
-recovery_tests!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(16).await,
-    Some(idem_testkit::mysql_url())
-);
-recovery_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(8).await),
-    None
+idem_testkit::for_each_backend!(recovery_tests;
+    postgres => (Some(idem_testkit::postgres_url())),
+    mariadb => (Some(idem_testkit::mysql_url())),
+    sqlite => (None),
 );

@@ -147,21 +147,4 @@ macro_rules! scoping_tests {
     };
 }
 
-scoping_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(4).await
-);
-scoping_tests!(
-    mysql,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(4).await
-);
-scoping_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(2).await)
-);
+idem_testkit::for_each_backend!(scoping_tests; postgres(4), mariadb(4) as mysql, sqlite(2));

@@ -334,25 +334,18 @@ async fn collect<P, F: std::future::Future<Output = Option<P>>>(
     Some(pools)
 }
 
-shard_suite!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    collect(
-        |i| async move { idem_testkit::postgres_database(&format!("idem_t_shard_{i}"), 8).await }
-    )
-    .await
-);
-shard_suite!(
-    mariadb,
-    sqlx::MySql,
-    Dialect::MySql,
-    collect(|i| async move { idem_testkit::mysql_database(&format!("idem_t_shard_{i}"), 8).await })
+idem_testkit::for_each_backend!(shard_suite;
+    postgres {
+        collect(|i| async move {
+            idem_testkit::postgres_database(&format!("idem_t_shard_{i}"), 8).await
+        })
         .await
-);
-shard_suite!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    collect(|_| async { Some(idem_testkit::sqlite(4).await) }).await
+    },
+    mariadb {
+        collect(|i| async move {
+            idem_testkit::mysql_database(&format!("idem_t_shard_{i}"), 8).await
+        })
+        .await
+    },
+    sqlite { collect(|_| async { Some(idem_testkit::sqlite(4).await) }).await },
 );

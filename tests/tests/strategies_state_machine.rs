@@ -200,4 +200,6 @@ macro_rules! backend_tests {
     };
 }
 
-for_each_backend!(backend_tests);
+idem_testkit::for_each_backend!(backend_tests;
+    postgres, mariadb, sqlite, any_postgres, any_mariadb, any_sqlite
+);

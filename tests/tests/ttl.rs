@@ -111,24 +111,7 @@ macro_rules! ttl_tests {
     };
 }
 
-ttl_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    idem_testkit::postgres(2).await
-);
-ttl_tests!(
-    mysql,
-    sqlx::MySql,
-    Dialect::MySql,
-    idem_testkit::mysql(2).await
-);
-ttl_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    Some(idem_testkit::sqlite(1).await)
-);
+idem_testkit::for_each_backend!(ttl_tests; postgres(2), mariadb(2) as mysql, sqlite(1));
 
 /// The finding behind MariaDB's `INSERT IGNORE`: sqlx connects with
 /// `CLIENT_FOUND_ROWS`, so `INSERT … ON DUPLICATE KEY UPDATE id = id`

@@ -136,7 +136,7 @@ async fn fresh_any_mysql() -> Option<(Pool<sqlx::Any>, String)> {
 }
 
 macro_rules! upgrade_tests {
-    ($module:ident, $db:ty, $dialect:expr, $old:expr, $fresh:ident, $drop:ident) => {
+    ($module:ident, $db:ty, $dialect:expr, $fresh:expr, $old:expr, $drop:ident) => {
         mod $module {
             use super::*;
             type Db = $db;
@@ -167,7 +167,7 @@ macro_rules! upgrade_tests {
 
             #[tokio::test]
             async fn migrate_upgrades_the_previous_schema_in_place_keeping_its_rows() {
-                let Some((pool, name)) = $fresh().await else { return };
+                let Some((pool, name)) = $fresh else { return };
                 // The previous release's tables, with rows.
                 {
                     let mut tx = pool.begin().await.expect("begin");
@@ -249,45 +249,12 @@ macro_rules! upgrade_tests {
     };
 }
 
-upgrade_tests!(
-    postgres,
-    sqlx::Postgres,
-    Dialect::Postgres,
-    OLD_PG,
-    fresh_postgres,
-    drop_postgres
-);
-upgrade_tests!(
-    mysql,
-    sqlx::MySql,
-    Dialect::MySql,
-    OLD_MY,
-    fresh_mysql,
-    drop_mysql
-);
-upgrade_tests!(
-    sqlite,
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    OLD_LITE,
-    fresh_sqlite,
-    drop_sqlite
-);
-upgrade_tests!(
-    any_postgres,
-    sqlx::Any,
-    Dialect::Postgres,
-    OLD_PG,
-    fresh_any_postgres,
-    drop_postgres
-);
-upgrade_tests!(
-    any_mysql,
-    sqlx::Any,
-    Dialect::MySql,
-    OLD_MY,
-    fresh_any_mysql,
-    drop_mysql
+idem_testkit::for_each_backend!(upgrade_tests;
+    postgres { fresh_postgres().await } => (OLD_PG, drop_postgres),
+    mariadb { fresh_mysql().await } as mysql => (OLD_MY, drop_mysql),
+    sqlite { fresh_sqlite().await } => (OLD_LITE, drop_sqlite),
+    any_postgres { fresh_any_postgres().await } => (OLD_PG, drop_postgres),
+    any_mariadb { fresh_any_mysql().await } as any_mysql => (OLD_MY, drop_mysql),
 );
 
 /// MariaDB's DDL is not transactional: a migration that died after its

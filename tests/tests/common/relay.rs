@@ -1,6 +1,6 @@
 //! What the relay test targets share (`relay.rs`, `relay_leases.rs`): the
-//! coupon message, each backend's tables, handlers and counting helpers,
-//! and the three backends every suite runs on.
+//! coupon message, and each backend's tables, handlers and counting
+//! helpers. The backends a suite runs on: `idem_testkit::for_each_backend!`.
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
@@ -189,29 +189,5 @@ macro_rules! relay_fixtures {
             fn topic(name: &str) -> String {
                 format!("{TOPIC}.{name}.{}", ids(1))
             }
-    };
-}
-
-/// Runs `$suite!(module, Db, dialect, pool)` on PostgreSQL, MariaDB and SQLite.
-macro_rules! for_each_backend {
-    ($suite:ident) => {
-        $suite!(
-            postgres,
-            sqlx::Postgres,
-            Dialect::Postgres,
-            idem_testkit::postgres(16).await
-        );
-        $suite!(
-            mariadb,
-            sqlx::MySql,
-            Dialect::MySql,
-            idem_testkit::mysql(16).await
-        );
-        $suite!(
-            sqlite,
-            sqlx::Sqlite,
-            Dialect::Sqlite,
-            Some(idem_testkit::sqlite(8).await)
-        );
     };
 }

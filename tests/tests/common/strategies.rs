@@ -1,7 +1,9 @@
 //! What the three strategy test targets share (`strategies_state_machine.rs`,
 //! `strategies_record.rs`, `strategies_unique_insert.rs`): the messages, the
-//! handlers under test and the helpers that count effects in the database,
-//! and the six backends every suite runs on.
+//! handlers under test and the helpers that count effects in the database.
+//! Every suite runs on six backends (`idem_testkit::for_each_backend!`):
+//! PostgreSQL, MariaDB and SQLite natively, then the same three through
+//! `sqlx::Any` (one handler, the dialect chosen by URL).
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
@@ -277,49 +279,5 @@ macro_rules! strategy_fixtures {
                 Deduct { msg_id: format!("m-{coupon}"), coupon_id: coupon, order_id: coupon + 7, fail }
             }
 
-    };
-}
-
-/// Runs `$suite!(module, Db, dialect, pool)` on each backend: PostgreSQL,
-/// MariaDB and SQLite natively, then the same three through `sqlx::Any`
-/// (one handler, the dialect chosen by URL).
-macro_rules! for_each_backend {
-    ($suite:ident) => {
-        $suite!(
-            postgres,
-            sqlx::Postgres,
-            Dialect::Postgres,
-            idem_testkit::postgres(16).await
-        );
-        $suite!(
-            mariadb,
-            sqlx::MySql,
-            Dialect::MySql,
-            idem_testkit::mysql(16).await
-        );
-        $suite!(
-            sqlite,
-            sqlx::Sqlite,
-            Dialect::Sqlite,
-            Some(idem_testkit::sqlite(8).await)
-        );
-        $suite!(
-            any_postgres,
-            sqlx::Any,
-            Dialect::Postgres,
-            idem_testkit::any(&idem_testkit::postgres_url(), 16).await
-        );
-        $suite!(
-            any_mariadb,
-            sqlx::Any,
-            Dialect::MySql,
-            idem_testkit::any(&idem_testkit::mysql_url(), 16).await
-        );
-        $suite!(
-            any_sqlite,
-            sqlx::Any,
-            Dialect::Sqlite,
-            idem_testkit::any(&idem_testkit::sqlite_url(), 8).await
-        );
     };
 }

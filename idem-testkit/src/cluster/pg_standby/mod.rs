@@ -49,10 +49,15 @@
 //! # }
 //! ```
 
+mod haproxy;
+mod node;
+
 use super::{Proc, Scratch, as_user, free_port, need, wait_port};
+use haproxy::haproxy_config;
+use node::{Node, psql, server_command, wait_ready};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -80,86 +85,6 @@ pub enum Replication {
     Asynchronous,
 }
 
-/// One server of the pair.
-#[derive(Debug)]
-struct Node {
-    port: u16,
-    data: PathBuf,
-    /// `runuser … postgres` (the server's processes are killed through
-    /// the pid in `postmaster.pid`: `runuser` does not pass SIGKILL on).
-    proc: Mutex<Proc>,
-}
-
-impl Node {
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    /// SIGKILL to the postmaster and every process it started, at once:
-    /// what a machine crash leaves (no shutdown checkpoint, the WAL
-    /// sender gone with it).
-    fn kill9(&self) {
-        let Ok(mut proc) = self.proc.lock() else {
-            return;
-        };
-        // Only a running server: the pid file of a dead one may name a
-        // process that reused the pid.
-        if !proc.running() {
-            return;
-        }
-        let mut pids = instance_pids(&self.data);
-        pids.extend(proc.pid());
-        // A child may have exited since the listing.
-        let _ = Command::new("kill")
-            .arg("-9")
-            .args(pids.iter().map(u32::to_string))
-            .stderr(std::process::Stdio::null())
-            .status();
-        proc.kill9();
-    }
-
-    fn log_tail(&self, lines: usize) -> String {
-        self.proc
-            .lock()
-            .map(|p| p.log_tail(lines))
-            .unwrap_or_default()
-    }
-}
-
-/// The postmaster of the data directory `data` (from `postmaster.pid`)
-/// and its children.
-fn instance_pids(data: &Path) -> Vec<u32> {
-    let Some(postmaster) = std::fs::read_to_string(data.join("postmaster.pid"))
-        .ok()
-        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
-    else {
-        return Vec::new();
-    };
-    let mut pids = vec![postmaster];
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            // `pid (comm) state ppid …`; the name may hold spaces.
-            let ppid = std::fs::read_to_string(entry.path().join("stat"))
-                .ok()
-                .and_then(|s| {
-                    let rest = s.rsplit_once(')')?.1.to_owned();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                });
-            if ppid == Some(postmaster) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
-
 /// A primary, its standby and the haproxy in front of them (see the
 /// [module](self)). Everything is killed on drop.
 #[derive(Debug)]
@@ -185,71 +110,6 @@ fn run(what: &str, mut cmd: Command) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// The settings both servers start with (`-c name=value`), and the port.
-fn server_command(data: &Path, port: u16, sockets: &Path, extra: &[String]) -> Command {
-    let mut cmd = as_user("postgres", &format!("{BIN}/postgres"));
-    cmd.arg("-D").arg(data).arg("-p").arg(port.to_string());
-    let mut settings = vec![
-        "listen_addresses=127.0.0.1".to_owned(),
-        format!("unix_socket_directories={}", sockets.display()),
-        "wal_level=replica".into(),
-        "max_wal_senders=4".into(),
-        "max_replication_slots=4".into(),
-        "hot_standby=on".into(),
-        "fsync=off".into(),
-        "full_page_writes=off".into(),
-        "shared_buffers=16MB".into(),
-        "max_connections=100".into(),
-        // The standby's reconnect after the promotion is of no interest.
-        "wal_retrieve_retry_interval=200ms".into(),
-        "log_min_messages=warning".into(),
-        "log_line_prefix=%m [%p] %a ".into(),
-    ];
-    settings.extend_from_slice(extra);
-    for s in settings {
-        cmd.arg("-c").arg(s);
-    }
-    cmd
-}
-
-/// Waits until the server on `port` accepts connections (past its start
-/// up), for at most `within`.
-fn wait_ready(port: u16, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let ok = Command::new(format!("{BIN}/pg_isready"))
-            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
-/// A single-value query through `psql` (empty on failure).
-fn psql(port: u16, query: &str) -> String {
-    Command::new(format!("{BIN}/psql"))
-        .args([
-            "-XAtq",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-c",
-            query,
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
 }
 
 impl PgStandby {
@@ -572,31 +432,6 @@ async fn connect(url: &str) -> PgConnection {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("cannot connect to {url}: {last:?}");
-}
-
-/// haproxy in TCP mode: the primary, then the standby as the backup.
-///
-/// `retries 0`: a connection the dead primary refuses fails at once, and
-/// the client retries on its own; haproxy's own retries wait a turn-around
-/// of `min(timeout connect, 1 s)` each and stay on the dead server (its
-/// backup takes only new connections once it is marked down), so with
-/// them every client stalls a second or two in its connect.
-fn haproxy_config(port: u16, primary: u16, standby: u16) -> String {
-    format!(
-        "global\n\
-         \x20   maxconn 512\n\
-         defaults\n\
-         \x20   mode tcp\n\
-         \x20   timeout connect 1s\n\
-         \x20   timeout client 1h\n\
-         \x20   timeout server 1h\n\
-         \x20   retries 0\n\
-         listen postgres\n\
-         \x20   bind 127.0.0.1:{port}\n\
-         \x20   default-server inter 200ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
-         \x20   server primary 127.0.0.1:{primary} check\n\
-         \x20   server standby 127.0.0.1:{standby} check backup\n"
-    )
 }
 
 impl Drop for PgStandby {
