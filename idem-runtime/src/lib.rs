@@ -366,8 +366,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::{
-        AdminStore, ArchiveStore, CallStore, ClaimError, Claimed, Dialect, Migrate, NewRecord,
-        OutboxStore, RequestStore, StateSql, StoredRecord,
+        AdminStore, ArchiveStore, CallStore, ClaimError, Claimed, Migrate, NewRecord, OutboxStore,
+        RequestStore, StateSql, StoredRecord,
     };
     pub use crate::call::{Call, Open, OutboxLease, Outcome, Source, Strategy};
     pub use crate::key::KeyBuilder;

@@ -39,7 +39,7 @@
 //! let table = idem_testkit::unique("coupon");
 //! let id = idem_testkit::ids(1);
 //! let stmt = idem_testkit::sql(
-//!     idem_runtime::__private::Dialect::Postgres,
+//!     idem_runtime::Dialect::Postgres,
 //!     "SELECT 1 WHERE ? = ?",
 //! );
 //! assert_eq!(stmt.0, "SELECT 1 WHERE $1 = $2");
@@ -77,6 +77,6 @@ pub use sql::sql;
 /// crate needs no dependency for it.
 #[doc(hidden)]
 pub mod __private {
-    pub use idem_runtime::__private::Dialect;
+    pub use idem_runtime::Dialect;
     pub use sqlx;
 }

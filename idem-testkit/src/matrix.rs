@@ -10,7 +10,7 @@
 /// when `CI=true`, see [`unreachable()`](crate::unreachable())).
 ///
 /// ```
-/// use idem_runtime::__private::Dialect;
+/// use idem_runtime::Dialect;
 ///
 /// macro_rules! ping_tests {
 ///     ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
@@ -55,7 +55,7 @@
 /// | `any_mariadb`  | `any_mariadb`    | `sqlx::Any`      | `Dialect::MySql`     | [`any`](crate::any)`(&`[`mysql_url()`](crate::mysql_url)`, n)` (16)       |
 /// | `any_sqlite`   | `any_sqlite`     | `sqlx::Any`      | `Dialect::Sqlite`    | [`any`](crate::any)`(&`[`sqlite_url()`](crate::sqlite_url)`, n)` (8)      |
 ///
-/// `Dialect` is idem-runtime's (`idem_runtime::__private::Dialect`).
+/// `Dialect` is idem-runtime's (`idem_runtime::Dialect`).
 ///
 /// # Forms
 ///

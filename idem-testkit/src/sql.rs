@@ -1,13 +1,13 @@
 //! One statement text for every dialect.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 
 /// A statement written with `?` placeholders, in the given dialect
 /// (PostgreSQL gets `$1, $2, …`, through [`idem_core::numbered_placeholders`],
 /// the rule idem itself uses).
 ///
 /// ```
-/// use idem_runtime::__private::Dialect;
+/// use idem_runtime::Dialect;
 /// let q = idem_testkit::sql(Dialect::Postgres, "UPDATE t SET a = ? WHERE id = ?");
 /// assert_eq!(q.0, "UPDATE t SET a = $1 WHERE id = $2");
 /// let q = idem_testkit::sql(Dialect::MySql, "UPDATE t SET a = ? WHERE id = ?");

@@ -6,7 +6,7 @@
 //! `idem_outbox`, …), emptied first; every assertion is checked against the
 //! rows in the database.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::Error;
 use idem_runtime::archive::{self, Archiver};
 use idem_runtime::outbox::Status;

@@ -6,7 +6,7 @@
 //! archived records stay queryable by key. Every assertion counts rows in
 //! the database.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::archive::{Archiver, RecordInfo, find_record};
 use idem_runtime::{Error, Outcome, idempotent};
 use idem_testkit::{ids, sql};

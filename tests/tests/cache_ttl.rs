@@ -13,7 +13,7 @@
 //! (an [`Archiver`](idem_runtime::archive::Archiver) would move every
 //! expired record of the shared test database).
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::cache::RedisCache;
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Outcome, Source, State, idempotent};

@@ -13,7 +13,7 @@
 //!
 //! Effects are counted in the database, never taken from return values.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::{Delivery, Relay, enqueue};
 use idem_runtime::{CallerTx, Error, Outcome, State, idempotent};
 use idem_testkit::{concurrently, ids, sql};

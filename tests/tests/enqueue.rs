@@ -8,7 +8,7 @@
 //! ends with exactly one message per id. Every assertion counts rows in the
 //! database.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::{Enqueued, MAX_ID_LEN, enqueue};
 use idem_runtime::{Backend, Error};
 use idem_testkit::proxy::FaultProxy;

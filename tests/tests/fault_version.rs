@@ -8,7 +8,7 @@
 //! 2. The record table's "fatal race": query the record, and if absent run
 //!    the business logic and write the record — without a unique index.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_testkit::{concurrently, ids, sql};
 
 const CONCURRENCY: usize = 64;

@@ -10,7 +10,7 @@
 //! status updated afterwards, no idempotency — through the same faults and
 //! catches it double-deducting.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, Error, State, idempotent};
 use idem_testkit::proxy::FaultProxy;

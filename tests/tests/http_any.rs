@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::http::{IDEMPOTENT_REPLAYED, Idempotency, IdempotentRequest, RequestTx};
 use idem_runtime::outbox::enqueue;
 use idem_runtime::{CallerTx, idempotent};

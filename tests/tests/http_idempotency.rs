@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::http::{IDEMPOTENT_REPLAYED, Idempotency, IdempotentRequest, RequestTx};
 use idem_runtime::outbox::enqueue;
 use idem_runtime::{CallerTx, idempotent};

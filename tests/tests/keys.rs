@@ -7,7 +7,7 @@
 //! the keys are `coupon:a%3Ab:c` and `coupon:a:b%3Ac`. Effects are counted
 //! in the database, never taken from return values.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::{Outcome, idempotent};
 use idem_testkit::{sql, unique};
 use serde::Serialize;

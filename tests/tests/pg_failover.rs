@@ -606,7 +606,7 @@ macro_rules! read_only_window {
     ($module:ident, $db:ty, $dialect:expr, $pool:expr, $on:literal, $off:literal) => {
         mod $module {
             use super::*;
-            use idem_runtime::__private::Dialect;
+            use idem_runtime::Dialect;
             use idem_testkit::sql;
             use sqlx::{Executor, Pool};
             use std::sync::atomic::AtomicBool;

@@ -4,8 +4,8 @@
 //! a run loses nothing once another one takes over its leases. Effects are
 //! counted in the database: no double deduction, no lost one.
 
-use idem_runtime::__private::Dialect;
 use idem_runtime::Backend;
+use idem_runtime::Dialect;
 use idem_testkit::{ids, sql};
 use sqlx::{Any, AnyPool};
 use std::process::{Child, Command};

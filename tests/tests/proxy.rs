@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_testkit::proxy::FaultProxy;
 use idem_testkit::{sql, unique, unreachable};
 

@@ -5,7 +5,7 @@
 //! `utf8mb4_bin` is PAD SPACE and used to treat them as equal). Every
 //! assertion counts rows in the database.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::enqueue;
 use idem_runtime::{Outcome, idempotent};
 use idem_testkit::{ids, sql};

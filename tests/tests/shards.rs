@@ -16,7 +16,7 @@
 //!   caller transaction from `Shards::begin`) rolls back together, and the
 //!   retry acts once.
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::{Delivery, Enqueued, Relay, enqueue};
 use idem_runtime::shard::Shards;
 use idem_runtime::{CallerTx, Outcome, idempotent};

@@ -6,7 +6,7 @@ use super::args::Args;
 use super::handlers::{DeductCoupon, Handler, consume_coupon_msg_fault_version, deduct_coupon};
 use super::run::connect_with_spares;
 use super::sql::{sql, table_sql};
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::{Relay, RelayHandle};
 use idem_runtime::{Error, Outcome};
 use idem_testkit::proxy::FaultProxy;

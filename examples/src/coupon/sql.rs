@@ -1,7 +1,7 @@
 //! SQL in two placeholder styles.
 
 use super::handlers::Handler;
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use sqlx::AssertSqlSafe;
 
 /// The statement `text`, written with `?` placeholders (MariaDB, SQLite),

@@ -5,7 +5,7 @@ use super::BoxError;
 use super::args::Args;
 use super::handlers::{CouponState, DeductCoupon, Handler};
 use super::sql::{sql, table_sql};
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::State;
 use sqlx::AnyPool;
 

@@ -3,8 +3,8 @@
 //! when reachable) and outbox rows. Each target uses only part of it.
 #![allow(dead_code)]
 
-pub(crate) use idem_runtime::__private::Dialect;
 pub(crate) use idem_runtime::Backend;
+pub(crate) use idem_runtime::Dialect;
 pub(crate) use idem_testkit::{any, ids, mysql_url, postgres_url, sql, sqlite_url};
 pub(crate) use serde_json::Value;
 pub(crate) use sqlx::{Any, AnyPool, Row};

@@ -6,8 +6,8 @@
 #![allow(dead_code)]
 
 pub(crate) use idem_console::Console;
-pub(crate) use idem_runtime::__private::Dialect;
 pub(crate) use idem_runtime::Backend;
+pub(crate) use idem_runtime::Dialect;
 pub(crate) use idem_testkit::{
     any, database_url, mysql_database, mysql_url, postgres_database, postgres_url, sql,
 };

@@ -112,8 +112,7 @@ async fn book_failure<DB: Backend>(
     #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
     let at = trace_now!();
     let committed = tx.commit().await;
-    #[cfg(feature = "testing")]
-    let committed = crate::testing::after_commit(crate::testing::Kind::Settle, committed);
+    let committed = after_commit!(Settle, committed);
     trace_event!(of_lease("commit", lease, || serde_json::json!({
         "outcome": match &committed {
             Ok(()) => "ok",

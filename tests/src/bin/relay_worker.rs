@@ -5,7 +5,7 @@
 //!
 //! Usage: relay_worker URL TOPIC OWNER LEASE_MS HANDLER_SLEEP_MS IDLE_EXIT_MS
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, State, idempotent};
 use idem_testkit::sql;

@@ -4,7 +4,7 @@
 //!
 //! Each target includes this file with `#[path]` and uses only part of it.
 
-pub(crate) use idem_runtime::__private::Dialect;
+pub(crate) use idem_runtime::Dialect;
 pub(crate) use idem_runtime::outbox::Relay;
 pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
 pub(crate) use idem_testkit::{ids, sql};

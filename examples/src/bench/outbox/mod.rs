@@ -12,7 +12,7 @@ pub use idem::{
 };
 pub use pgbench::{PgbenchRun, pgbench_rows, pgbench_run, pgbench_scripts};
 
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use sqlx::PgPool;
 
 /// The benchmarks' error type.

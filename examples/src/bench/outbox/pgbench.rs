@@ -3,7 +3,7 @@
 
 use super::{BoxError, LEASE_SECS, ORDER_OFFSET, PGB_COUPON, PGB_LEDGER, PGB_OUTBOX, Setup};
 use crate::bench::cpu::{Cpu, per_message_us};
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use sqlx::PgPool;
 
 // ---- the pgbench side ----------------------------------------------------------------

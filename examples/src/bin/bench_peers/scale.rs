@@ -13,7 +13,7 @@
 use idem_examples::bench::outbox::{
     BoxError, COUPON, Commits, LEASE_SECS, LEDGER, ORDER_OFFSET, Rows, Setup, drain,
 };
-use idem_runtime::__private::Dialect;
+use idem_runtime::Dialect;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool};
 use std::time::{Duration, Instant};
