@@ -1,4 +1,4 @@
-//! The broker consumers (AMQP, NATS: `consume.rs`, `amqp/`, `nats/`): a
+//! The broker consumers (AMQP, NATS: `consume/`, `amqp/`, `nats/`): a
 //! small model of one message delivered by a broker to a few consumers,
 //! each running its handler in a transaction guarded by the entity's state
 //! (`state_machine`), then acknowledging.

@@ -69,8 +69,9 @@
 //!   always beside the entity's data), [`pooler`] (behind pgbouncer in
 //!   transaction mode: unnamed statements, autocommit statements in
 //!   transactions), `cache` (feature `redis`), `amqp` (feature `amqp`),
-//!   `nats` (feature `nats`), `http` (feature `axum`), `testing` (feature
-//!   `testing`).
+//!   `nats` (feature `nats`), `consume` (the consumer handle and counters
+//!   both brokers share; features `amqp`, `nats`), `http` (feature
+//!   `axum`), `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
 //! specs, SQL dialects) is in a hidden `__private` module and is not API.

@@ -3,8 +3,9 @@
 //! the handle) and one boxed future type.
 //!
 //! [`RelayHandle`](crate::outbox::RelayHandle),
-//! [`ArchiverHandle`](crate::archive::ArchiverHandle) and the AMQP
-//! `ConsumerHandle` each wrap a [`TaskHandle`] and add their counters.
+//! [`ArchiverHandle`](crate::archive::ArchiverHandle) and the brokers'
+//! `ConsumerHandle` (`consume::ConsumerHandle`, features `amqp` and
+//! `nats`) each wrap a [`TaskHandle`] and add their counters.
 
 use std::fmt;
 use std::future::Future;
