@@ -93,6 +93,11 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     relay.shutdown().await;
+    // The run's messages are scratch: leave the outbox as it was.
+    sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
+        .bind(&topic)
+        .execute(&producer)
+        .await?;
     relay_pool.close().await;
     producer.close().await;
     let mut l = latencies.lock().map(|l| l.clone()).unwrap_or_default();
