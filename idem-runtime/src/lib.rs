@@ -54,7 +54,7 @@
 //! - The attribute and what handlers name: [`idempotent`](macro@idempotent),
 //!   [`State`], [`EntityId`] (with [`EntityIdValue`], for your own id
 //!   newtypes), [`KeyPart`], [`Outcome`], [`Source`], [`CallerTx`] (calls
-//!   inside a transaction the caller holds), [`OutboxLease`],
+//!   inside a transaction the caller holds),
 //!   [`Error`], [`BoxError`], [`Result`], [`is_transient`], and [`Backend`]
 //!   (sealed) for handlers generic over the database, with the [`Dialect`]
 //!   it speaks.
@@ -74,7 +74,9 @@
 //!   `axum`), `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
-//! specs, SQL dialects) is in a hidden `__private` module and is not API.
+//! specs) is in a hidden `__private` module and is not API; the stores
+//! behind [`Backend`] are sealed and not reachable at all. A delivery's
+//! lease is [`outbox::OutboxLease`], beside the relay that hands it out.
 //!
 //! ## Cargo features
 //! - `sqlite` (default): the embedded backend, no server needed.
@@ -168,7 +170,7 @@ mod unique;
 
 pub use backend::classify::is_transient;
 pub use backend::{Backend, Dialect};
-pub use call::{CallerTx, OutboxLease, Outcome, Source};
+pub use call::{CallerTx, Outcome, Source};
 pub use error::{BoxError, Error};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
@@ -363,19 +365,16 @@ pub use idem_macros::State;
 /// A `Result` whose error is idem's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Used by the generated code. Not public API.
+/// What `#[idempotent]`'s expansion names, and nothing else: the call
+/// protocol, the strategy specs and the key builder. Not public API: it
+/// changes with the macro, in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::backend::{
-        AdminStore, ArchiveStore, CallStore, ClaimError, Claimed, Migrate, NewRecord, OutboxStore,
-        RequestStore, StateSql, StoredRecord,
-    };
-    pub use crate::call::{Call, Open, OutboxLease, Outcome, Source, Strategy};
+    pub use crate::call::{Call, Open, Outcome, Source, Strategy};
     pub use crate::key::KeyBuilder;
     pub use crate::strategy::{Record, StateMachine, UniqueInsert};
-    pub use crate::{EntityId, Error, KeyPart, State, fingerprint};
-    pub use ::idem_core::is_identifier;
-    pub use ::sqlx;
+    use crate::{EntityId, KeyPart, State};
+    pub use crate::{Error, fingerprint};
     pub use ::tracing::Instrument;
 
     /// The database of a connection type, for handlers whose first

@@ -73,10 +73,7 @@ fn preserve_order_is_on_in_this_build() {
 fn golden_fingerprint() {
     assert_eq!(idem_runtime::fingerprint(&payload()).unwrap(), GOLDEN);
     // The same through the macro's path.
-    assert_eq!(
-        idem_runtime::__private::fingerprint(&payload()).unwrap(),
-        GOLDEN
-    );
+    assert_eq!(idem_runtime::fingerprint(&payload()).unwrap(), GOLDEN);
 }
 
 #[test]

@@ -4,8 +4,9 @@
 //! IGNORE`) or a zero date stored (MariaDB's `INSERT IGNORE`), and
 //! `expire_time` is after `create_time`. Against the real servers.
 
-use idem_runtime::__private::{Call, NewRecord, Record};
+use idem_runtime::__private::{Call, Record};
 use idem_runtime::Dialect;
+use idem_runtime::testing::NewRecord;
 use idem_runtime::{Backend, Error, MAX_TTL_SECS, Source};
 use idem_testkit::{ids, sql};
 

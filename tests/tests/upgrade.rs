@@ -7,8 +7,8 @@
 //! servers, each in a fresh schema (PostgreSQL), database (MariaDB) or file
 //! (SQLite) of its own.
 
-use idem_runtime::__private::NewRecord;
 use idem_runtime::Dialect;
+use idem_runtime::testing::NewRecord;
 use idem_runtime::{Backend, SCHEMA_VERSION};
 use idem_testkit::sql;
 use sqlx::Pool;

@@ -17,6 +17,7 @@
 //! the macro validated at compile time (and that are checked again here),
 //! quoted for the dialect; every value is a bind parameter.
 
+use crate::outbox::lease::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 use std::future::Future;
@@ -36,17 +37,16 @@ pub(crate) mod postgres;
 pub(crate) mod sql;
 pub(crate) mod sqlite;
 mod store;
-mod types;
+pub(crate) mod types;
 
 pub use dialect::Dialect;
-pub use operate::{AdminStore, ArchiveStore, Migrate};
-pub(crate) use sql::ClaimSql;
-pub use sql::StateSql;
-pub use types::{
-    ArchiveTable, ClaimError, Claimed, NewRecord, OutboxLease, OutboxMessage, OutboxRow,
-    RecordInfo, RequeueTarget, StoredRecord,
-};
-pub(crate) use types::{OutboxInsert, OutboxState};
+// The stores are the supertraits of the public, sealed `Backend`, so they
+// are `pub` where they are defined, and reachable from nowhere outside the
+// crate: their methods and argument types are not API.
+pub(crate) use operate::{AdminStore, ArchiveStore, Migrate};
+pub(crate) use sql::{ClaimSql, StateSql};
+pub use types::{ArchiveTable, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget};
+pub(crate) use types::{ClaimError, Claimed, NewRecord, OutboxInsert, OutboxState, StoredRecord};
 
 pub(crate) mod sealed {
     /// Implemented by the four backends only; also holds the one thing
@@ -138,6 +138,7 @@ pub trait Backend:
     /// inserted. Only the duplicate is ignored: any other failure (an
     /// expiry out of range, `expire_time` not after `create_time`) is an
     /// error.
+    #[doc(hidden)]
     fn claim_record<'a>(
         tx: &'a mut Transaction<'_, Self>,
         rec: &'a NewRecord<'a>,

@@ -28,11 +28,12 @@ mod outcome;
 mod source;
 mod strategy;
 
+pub(crate) use crate::outbox::lease::OutboxLease;
 pub use caller::CallerTx;
 pub(crate) use caller::{BARE_BATCH_UNDONE, SharedTx};
 pub use outcome::Outcome;
 use source::Conn;
-pub use source::{OutboxLease, Source};
+pub use source::Source;
 
 pub(crate) use cache_marker::{replay_marker, replay_of};
 pub use strategy::Strategy;

@@ -45,37 +45,18 @@
 //! # Ok(()) }
 //! ```
 
-/// Status of an outbox message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// Waiting to be delivered (or re-delivered).
-    Pending,
-    /// Delivered: the handler's transaction committed.
-    Success,
-    /// Dead-lettered, with its reason in `last_error`.
-    Failed,
-}
-
-impl Status {
-    /// The text stored in the `status` column.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Success => "success",
-            Status::Failed => "failed",
-        }
-    }
-}
-
 pub mod admin;
 mod enqueue;
+pub(crate) mod lease;
 mod notifier;
 mod relay;
+pub(crate) mod status;
 pub use crate::backend::OutboxRow;
 pub use enqueue::{
     Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, notify_on_enqueue,
     notify_on_enqueue_enabled,
 };
+pub use lease::OutboxLease;
 pub use notifier::{GIVE_UP as NOTIFIER_GIVE_UP, NOTIFIER_APP};
 #[cfg(any(feature = "amqp", feature = "nats"))]
 pub(crate) use relay::forward;
@@ -83,3 +64,4 @@ pub use relay::{
     Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
     RelayStatsSnapshot, Settled, Settlement,
 };
+pub use status::Status;

@@ -17,6 +17,11 @@
 
 pub mod trace;
 
+/// The row [`Backend::claim_record`](crate::Backend::claim_record) inserts,
+/// for tests of the stores' own guarantees (the record's bounds, its id
+/// sequence across an upgrade).
+pub use crate::backend::types::NewRecord;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static RATE_PPM: AtomicU64 = AtomicU64::new(0);

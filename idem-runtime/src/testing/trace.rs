@@ -144,7 +144,11 @@ pub(crate) fn emit(
 }
 
 /// [`emit`] for the holder of `lease`.
-pub(crate) fn of_lease(kind: &str, lease: &crate::OutboxLease, fields: impl FnOnce() -> Value) {
+pub(crate) fn of_lease(
+    kind: &str,
+    lease: &crate::outbox::OutboxLease,
+    fields: impl FnOnce() -> Value,
+) {
     emit(
         kind,
         lease.id(),

@@ -74,7 +74,7 @@ fn assert_send<T: Send>(t: T) -> T {
 
 async fn relay(pool: &SqlitePool, msg: &DeductCoupon) -> Result<bool, idem_runtime::Error> {
     let first: Outcome<()> = assert_send(deduct(pool, msg)).await?;
-    let lease = idem_runtime::OutboxLease::new(17, "coupon.deduct", "relay-1", 1);
+    let lease = idem_runtime::outbox::OutboxLease::new(17, "coupon.deduct", "relay-1", 1);
     let again = deduct(Source::outbox(pool, lease), msg).await?;
     Ok(first.is_executed() && again.is_duplicate())
 }

@@ -8,7 +8,8 @@
 //! Each target includes this file with `#[path]` and uses only part of it.
 
 pub(crate) use idem_runtime::Dialect;
-pub(crate) use idem_runtime::{Error, OutboxLease, Outcome, State, idempotent};
+pub(crate) use idem_runtime::outbox::OutboxLease;
+pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
 pub(crate) use idem_testkit::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
 

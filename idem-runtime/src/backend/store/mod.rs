@@ -7,7 +7,7 @@ use super::sql::SqlSet;
 use super::types::{NewRecord, StoredRecord};
 use super::{CallStore, Migrate, StateSql, sealed::Sealed};
 
-use crate::backend::OutboxLease;
+use crate::outbox::lease::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 

@@ -5,7 +5,8 @@ use super::super::sql::{Claim, InsertId, Renew, marks};
 use super::super::types::{ClaimError, Claimed, OutboxInsert, OutboxRow, OutboxState};
 use super::super::{ClaimSql, OutboxStore, sealed::Sealed};
 use super::{begin, persist, sql_of, stmt};
-use crate::backend::OutboxLease;
+use crate::outbox::lease::OutboxLease;
+use crate::outbox::status::Status;
 use sqlx::{Database, Pool, Transaction};
 
 /// The failure bookkeeping's statement (see
@@ -19,9 +20,14 @@ macro_rules! settle_query {
         } else {
             sql.outbox_settle
         };
-        let q = sqlx::query(stmt(text))
-            .persistent(persist())
-            .bind(if $dead { "failed" } else { "pending" });
+        let q = sqlx::query(stmt(text)).persistent(persist()).bind(
+            if $dead {
+                Status::Failed
+            } else {
+                Status::Pending
+            }
+            .as_str(),
+        );
         bind_secs!(q, sql, $delay_secs)
             .bind($error)
             .bind($id)
@@ -38,13 +44,19 @@ type ClaimTuple = (i64, String, String, String, i32, Option<String>);
 /// `outbox_state`'s columns: topic, status, lease owner, attempts.
 type StateRow = (String, String, Option<String>, i32);
 
-fn to_state((topic, status, lease_owner, attempts): StateRow) -> OutboxState {
-    OutboxState {
+/// A state row, or a decoding error for a status the schema does not know.
+fn to_state((topic, status, lease_owner, attempts): StateRow) -> Result<OutboxState, sqlx::Error> {
+    let status = Status::parse(&status).ok_or_else(|| {
+        sqlx::Error::Decode(
+            format!("unknown outbox status `{status}` (not pending, success or failed)").into(),
+        )
+    })?;
+    Ok(OutboxState {
         topic,
         status,
         lease_owner,
         attempts,
-    }
+    })
 }
 
 fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
@@ -148,7 +160,7 @@ impl OutboxStore for DB {
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?;
-        Ok(row.map(to_state))
+        row.map(to_state).transpose()
     }
 
     async fn outbox_state_pool(
@@ -159,7 +171,7 @@ impl OutboxStore for DB {
             .persistent(persist())
             .bind(id);
         let row: Option<StateRow> = on_pool!(pool, |conn| q.fetch_optional(conn))?;
-        Ok(row.map(to_state))
+        row.map(to_state).transpose()
     }
 
     async fn claim_outbox<'a>(

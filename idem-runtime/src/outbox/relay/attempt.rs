@@ -2,9 +2,10 @@
 //! then the bookkeeping (success, retry with back-off, or dead letter).
 
 use super::{Delivery, Relay, Settled, Settlement};
-use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow, OutboxState};
 use crate::consume::{self, Failure, Next, Verdict};
+use crate::outbox::lease::OutboxLease;
+use crate::outbox::status::Status;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -146,7 +147,7 @@ impl<DB: Backend> Relay<DB> {
                                 .await
                                 .map(|n| n == 1)
                         },
-                        |s| s.status == "success" && s.attempts == attempts,
+                        |s| s.status == Status::Success && s.attempts == attempts,
                     );
                     let mark = mark.await;
                     trace_event!(of_lease("relay_mark", lease, || serde_json::json!({
@@ -207,7 +208,11 @@ impl<DB: Backend> Relay<DB> {
                 };
                 let delay = i.backoff.jittered(attempt, id);
                 let reason: String = reason.chars().take(2000).collect();
-                let status = if dead { "failed" } else { "pending" };
+                let status = if dead {
+                    Status::Failed
+                } else {
+                    Status::Pending
+                };
                 // First as a pending message this attempt holds; if it is
                 // not, over a `success` this attempt's own call marked (the
                 // handler failed after its call committed, or took its
@@ -321,7 +326,7 @@ impl<DB: Backend> Relay<DB> {
             id,
             || async {
                 let state = DB::outbox_state_pool(&self.inner.pool, id).await?;
-                Ok(state.is_some_and(|s| s.status == "success"))
+                Ok(state.is_some_and(|s| s.status == Status::Success))
             },
             |_| false,
         );

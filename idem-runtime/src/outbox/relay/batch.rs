@@ -44,11 +44,11 @@
 use super::Relay;
 use super::attempt::one_call_per_delivery;
 use super::delivery::Delivery;
-use crate::OutboxLease;
 use crate::backend::{Backend, OutboxRow};
 use crate::call::{BARE_BATCH_UNDONE, CallerTx, SharedTx};
 use crate::consume::{self, Failure, Verdict};
 use crate::error::Error;
+use crate::outbox::lease::OutboxLease;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use tokio::task::JoinSet;

@@ -1,8 +1,9 @@
 //! One delivery of an outbox message: what a route's handler gets.
 
+use crate::Source;
 use crate::backend::{Backend, OutboxRow};
 use crate::call::SharedTx;
-use crate::{OutboxLease, Source};
+use crate::outbox::lease::OutboxLease;
 use sqlx::Pool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
