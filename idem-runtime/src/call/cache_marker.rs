@@ -5,10 +5,6 @@ use super::Call;
 use crate::backend::Backend;
 use std::time::Instant;
 
-/// The cache marker of a call without a stored result.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) const PLAIN_MARKER: &str = "1";
-
 /// The cache marker of a record-strategy call: its payload fingerprint and
 /// its stored result, so that a cache hit answers only what the database
 /// would (`<fingerprint>:<result JSON>`).
@@ -24,32 +20,16 @@ pub(crate) fn replay_of<'m>(marker: &'m str, fingerprint: &str) -> Option<&'m st
 }
 
 impl<DB: Backend, G> Call<'_, DB, G> {
-    /// Whether this call writes a front-cache marker after its commit: it
-    /// has a cache, and runs in its own transaction or in a relay batch
-    /// (whose markers are written after the batch's commit). A call inside
-    /// a caller's transaction writes none.
+    /// Whether this call writes a front-cache marker after its commit (see
+    /// [`MarkerHook::writes`](super::front::MarkerHook::writes)).
     pub(crate) fn writes_marker(&self) -> bool {
-        #[cfg(feature = "redis")]
-        {
-            self.state.cache.is_some() && (!self.state.tx.nested() || self.state.deferred.is_some())
-        }
-        #[cfg(not(feature = "redis"))]
-        false
+        self.state.front.writes(self.state.tx.nested())
     }
 
-    /// Bounds the marker by its record's expiry: `left_ms` is what was left
-    /// of the record's ttl by the database's clock at a statement sent at
-    /// `asked` (`None`: no record seen, so no marker). The database read
-    /// its clock after `asked`, so the bound is never past the record's
-    /// expiry.
-    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    /// Bounds the marker by its record's expiry (see
+    /// [`MarkerHook::bound`](super::front::MarkerHook::bound)).
     pub(crate) fn bound_marker(&mut self, asked: Instant, left_ms: Option<i64>) {
-        #[cfg(feature = "redis")]
-        {
-            let left =
-                std::time::Duration::from_millis(left_ms.map_or(0, |ms| ms.max(0).unsigned_abs()));
-            self.state.marker_not_after = Some(asked + left);
-        }
+        self.state.front.bound(asked, left_ms);
     }
 }
 

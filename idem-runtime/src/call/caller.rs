@@ -203,18 +203,6 @@ impl<DB: Backend> CallerTx<DB> {
     }
 }
 
-/// A cache marker of a call inside a relay batch, written only after the
-/// batch commits. Its bound (`marker.not_after`, the record's expiry) is an
-/// instant: the time the batch takes to commit counts against it.
-#[cfg(feature = "redis")]
-#[derive(Debug)]
-pub(crate) struct DeferredMarker {
-    pub(crate) cache: crate::cache::RedisCache,
-    pub(crate) scope: &'static str,
-    pub(crate) key: String,
-    pub(crate) marker: crate::cache::Marker,
-}
-
 /// A relay batch's transaction, shared by the calls of its messages: each
 /// call locks it and runs under a savepoint of it (see
 /// [`Conn::Shared`](super::source::Conn)); the relay commits it once.
@@ -226,8 +214,7 @@ pub(crate) struct SharedTx<DB: Backend> {
     pub(crate) marks: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
     /// The cache markers of the calls that released their savepoint, to
     /// write after the batch's commit.
-    #[cfg(feature = "redis")]
-    pub(crate) markers: std::sync::Arc<std::sync::Mutex<Vec<DeferredMarker>>>,
+    pub(crate) markers: super::front::BatchMarkers,
 }
 
 impl<DB: Backend> Clone for SharedTx<DB> {
@@ -235,7 +222,6 @@ impl<DB: Backend> Clone for SharedTx<DB> {
         SharedTx {
             tx: self.tx.clone(),
             marks: self.marks.clone(),
-            #[cfg(feature = "redis")]
             markers: self.markers.clone(),
         }
     }
@@ -255,7 +241,6 @@ impl<DB: Backend> SharedTx<DB> {
         SharedTx {
             tx: std::sync::Arc::new(tokio::sync::Mutex::new(tx)),
             marks: Default::default(),
-            #[cfg(feature = "redis")]
             markers: Default::default(),
         }
     }

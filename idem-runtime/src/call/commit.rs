@@ -27,7 +27,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
         Ok(Outcome::Duplicate(stored))
     }
 
-    #[allow(unused_variables, unused_mut)]
+    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
     pub(super) async fn commit(
         mut self,
         outcome: &'static str,
@@ -35,19 +35,13 @@ impl<DB: Backend, G> Call<'_, DB, G> {
     ) -> Result<(), Error> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
-        #[cfg(feature = "redis")]
-        let (cache, key, scope, deferred, not_after) = (
-            self.state.cache.take(),
-            std::mem::take(&mut self.state.key),
-            self.state.scope,
-            self.state.deferred.take(),
-            self.state.marker_not_after,
-        );
         #[cfg(feature = "testing")]
         let traced = self.state.lease.take();
         let CallState {
             tx,
+            key,
             span,
+            front,
             batch_mark,
             ..
         } = self.state;
@@ -88,35 +82,14 @@ impl<DB: Backend, G> Call<'_, DB, G> {
                 // Only now, after the commit: the marker of a rolled-back
                 // call would skip the action forever. A call inside the
                 // caller's transaction leaves none: its commit is not ours
-                // to see.
-                // A call in a relay batch leaves its marker to the relay,
-                // which writes it after the batch's commit.
-                // Its TTL stops at its record's expiry, if it has one.
-                #[cfg(feature = "redis")]
-                if let Some(cache) = cache {
-                    let marker = crate::cache::Marker {
-                        value: marker
-                            .unwrap_or_else(|| super::cache_marker::PLAIN_MARKER.to_owned()),
-                        not_after,
-                    };
-                    if !nested {
-                        cache.put(scope, &key, &marker).await;
-                        #[cfg(feature = "testing")]
-                        if let Some(lease) = &traced {
-                            crate::testing::trace::of_lease("marker", lease, || {
-                                serde_json::json!({})
-                            });
-                        }
-                    } else if let Some(deferred) = deferred
-                        && let Ok(mut markers) = deferred.lock()
-                    {
-                        markers.push(super::caller::DeferredMarker {
-                            cache,
-                            scope,
-                            key,
-                            marker,
-                        });
-                    }
+                // to see. A call in a relay batch leaves its marker to the
+                // relay, which writes it after the batch's commit. Its TTL
+                // stops at its record's expiry, if it has one.
+                #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+                let wrote = front.committed(key, marker, nested).await;
+                #[cfg(feature = "testing")]
+                if let (true, Some(lease)) = (wrote, &traced) {
+                    crate::testing::trace::of_lease("marker", lease, || serde_json::json!({}));
                 }
                 Ok(())
             }

@@ -24,6 +24,7 @@ mod cache_marker;
 mod caller;
 mod commit;
 mod fence;
+mod front;
 mod outcome;
 mod source;
 mod strategy;
@@ -130,18 +131,8 @@ pub(crate) struct CallState<'c, DB: Backend> {
     pub(crate) key: String,
     span: Span,
     strategy: &'static str,
-    #[cfg(feature = "redis")]
-    scope: &'static str,
-    #[cfg(feature = "redis")]
-    cache: Option<crate::cache::RedisCache>,
-    /// In a relay batch: where the marker goes, to be written after the
-    /// batch's commit.
-    #[cfg(feature = "redis")]
-    deferred: Option<std::sync::Arc<std::sync::Mutex<Vec<caller::DeferredMarker>>>>,
-    /// When the marker must be gone by: its record's expiry (see
-    /// [`Call::bound_marker`]); `None`: the cache's TTL.
-    #[cfg(feature = "redis")]
-    marker_not_after: Option<std::time::Instant>,
+    /// The front cache's marker, written after the commit.
+    front: front::MarkerHook,
     /// In a relay batch: the batch's list of messages to mark `success`,
     /// and this call's message, added when the call ends well.
     batch_mark: Option<(std::sync::Arc<std::sync::Mutex<Vec<i64>>>, i64)>,
@@ -190,13 +181,10 @@ impl<'c, DB: Backend> Call<'c, DB> {
         // Never asked when an outbox message drives the call. Only the
         // cache field is borrowed across the await: a source on the
         // caller's connection is `Send` but not `Sync`.
-        #[cfg(feature = "redis")]
-        let marker = match (&source.outbox, &source.cache) {
-            (None, Some(cache)) => cache.get(spec.scope(), &key).await,
-            _ => None,
+        let marker = match &source.outbox {
+            None => source.cache.lookup(spec.scope(), &key).await,
+            Some(_) => None,
         };
-        #[cfg(not(feature = "redis"))]
-        let marker: Option<String> = None;
         if let Some(marker) = marker
             && let Some(stored) = spec.cached(&marker, &span)
         {
@@ -237,7 +225,6 @@ impl<'c, DB: Backend> Call<'c, DB> {
     /// Begins the call's transaction. When an outbox message drives the
     /// call, marks it `success` first, fenced by its lease: a message that
     /// is not held by this delivery fails the call before anything runs.
-    #[allow(unused_variables)]
     async fn begin(
         source: Source<'c, DB>,
         key: String,
@@ -247,8 +234,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         folds: bool,
     ) -> Result<Self, Error> {
         span.record("key", key.as_str());
-        #[cfg(feature = "redis")]
-        let mut deferred = None;
+        let mut batch = None;
         let mut batch_marks = None;
         let tx = match source.conn {
             Conn::Pool(pool) => match DB::begin(pool).await {
@@ -272,10 +258,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
             // The same, in a relay batch's shared transaction, locked for
             // the call.
             Conn::Shared(shared) => {
-                #[cfg(feature = "redis")]
-                {
-                    deferred = Some(shared.markers.clone());
-                }
+                batch = Some(shared.markers.clone());
                 batch_marks = Some(shared.marks.clone());
                 // Never waited for: the handlers of a batch run one at a
                 // time, so the only holder can be another call of the same
@@ -306,14 +289,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 key,
                 span,
                 strategy,
-                #[cfg(feature = "redis")]
-                scope,
-                #[cfg(feature = "redis")]
-                cache: source.cache,
-                #[cfg(feature = "redis")]
-                deferred,
-                #[cfg(feature = "redis")]
-                marker_not_after: None,
+                front: front::MarkerHook::new(source.cache, scope, batch),
                 batch_mark: None,
                 lease: source.outbox.clone().map(Box::new),
                 booking: false,

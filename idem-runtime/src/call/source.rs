@@ -20,8 +20,7 @@ use sqlx::Pool;
 pub struct Source<'a, DB: Backend> {
     pub(crate) conn: Conn<'a, DB>,
     pub(crate) outbox: Option<OutboxLease>,
-    #[cfg(feature = "redis")]
-    pub(crate) cache: Option<crate::cache::RedisCache>,
+    pub(crate) cache: super::front::FrontCache,
 }
 
 /// The connection a call runs on.
@@ -60,8 +59,7 @@ impl<'a, DB: Backend> Source<'a, DB> {
         Source {
             conn: Conn::Shared(shared),
             outbox: Some(lease),
-            #[cfg(feature = "redis")]
-            cache: None,
+            cache: Default::default(),
         }
     }
 
@@ -72,8 +70,7 @@ impl<'a, DB: Backend> Source<'a, DB> {
         Source {
             conn: Conn::Shared(shared),
             outbox: None,
-            #[cfg(feature = "redis")]
-            cache: None,
+            cache: Default::default(),
         }
     }
 
@@ -83,8 +80,7 @@ impl<'a, DB: Backend> Source<'a, DB> {
         Source {
             conn: Conn::Caller(tx),
             outbox: None,
-            #[cfg(feature = "redis")]
-            cache: None,
+            cache: Default::default(),
         }
     }
 
@@ -92,7 +88,7 @@ impl<'a, DB: Backend> Source<'a, DB> {
     /// (feature `redis`). See [`cache`](crate::cache).
     #[cfg(feature = "redis")]
     pub fn cache(mut self, cache: &crate::cache::RedisCache) -> Self {
-        self.cache = Some(cache.clone());
+        self.cache = super::front::FrontCache::of(cache);
         self
     }
 }
@@ -102,8 +98,7 @@ impl<'a, DB: Backend> From<&'a Pool<DB>> for Source<'a, DB> {
         Source {
             conn: Conn::Pool(pool),
             outbox: None,
-            #[cfg(feature = "redis")]
-            cache: None,
+            cache: Default::default(),
         }
     }
 }

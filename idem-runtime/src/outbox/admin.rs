@@ -124,11 +124,11 @@ fn assemble(counts: Vec<(String, String, i64)>, ages: Vec<(String, Option<f64>)>
             topic: t,
             ..TopicStats::default()
         });
-        match status.as_str() {
-            "pending" => e.pending += n,
-            "success" => e.success += n,
-            "failed" => e.failed += n,
-            _ => {}
+        match Status::parse(&status) {
+            Some(Status::Pending) => e.pending += n,
+            Some(Status::Success) => e.success += n,
+            Some(Status::Failed) => e.failed += n,
+            None => {}
         }
         e.total += n;
     }

@@ -272,8 +272,7 @@ impl<DB: Backend> Relay<DB> {
                     // savepoint). Savepoints stay on.
                     i.adaptive.distrust();
                 }
-                #[cfg(feature = "redis")]
-                write_markers(&shared).await;
+                shared.markers.write().await;
                 for r in ran {
                     self.settle(&r.lease, &owner, r.marked, r.result, &r.span)
                         .await;
@@ -520,16 +519,4 @@ async fn commit<DB: Backend>(tx: CallerTx<DB>) -> Result<(), Error> {
         other => other,
     };
     committed
-}
-
-/// Writes the cache markers of a committed batch's calls.
-#[cfg(feature = "redis")]
-async fn write_markers<DB: Backend>(shared: &SharedTx<DB>) {
-    let markers = match shared.markers.lock() {
-        Ok(mut markers) => std::mem::take(&mut *markers),
-        Err(_) => return,
-    };
-    for m in markers {
-        m.cache.put(m.scope, &m.key, &m.marker).await;
-    }
 }
