@@ -49,12 +49,10 @@ impl<DB: Backend, G> Call<'_, DB, G> {
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
         let at = trace_now!();
         let committed = tx.commit().await;
-        #[cfg(feature = "testing")]
-        let committed = match committed {
-            Ok(()) if !nested && crate::testing::lose_ack() => {
-                Err(crate::testing::lost_ack_error())
-            }
-            other => other,
+        // Releasing a savepoint commits nothing: no acknowledgement to lose.
+        let committed = match nested {
+            true => committed,
+            false => after_commit!(Call, committed),
         };
         #[cfg(feature = "testing")]
         if let (Some(lease), false) = (&traced, nested) {

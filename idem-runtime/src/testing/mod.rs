@@ -104,12 +104,6 @@ pub fn lost_acks_on(kind: Kind) -> u64 {
     INJECTED[kind.index()].load(Ordering::SeqCst)
 }
 
-/// Decides, after an idempotent call's successful commit, whether to
-/// report it as unknown.
-pub(crate) fn lose_ack() -> bool {
-    lose_ack_on(Kind::Call)
-}
-
 /// Decides, after a successful commit of `kind`, whether to report it as
 /// unknown.
 pub(crate) fn lose_ack_on(kind: Kind) -> bool {
@@ -251,14 +245,31 @@ pub(crate) fn lost_ack_error() -> sqlx::Error {
     ))
 }
 
+/// The error a commit reports when its acknowledgement is lost, in the
+/// error type its caller speaks.
+pub(crate) trait LostAck {
+    /// The lost acknowledgement.
+    fn lost_ack() -> Self;
+}
+
+impl LostAck for sqlx::Error {
+    fn lost_ack() -> Self {
+        lost_ack_error()
+    }
+}
+
+impl LostAck for crate::Error {
+    fn lost_ack() -> Self {
+        crate::Error::CommitUnknown(lost_ack_error())
+    }
+}
+
 /// `result`, or the lost acknowledgement's error if the injection picks
-/// this successful commit of `kind`.
-pub(crate) fn after_commit<T>(
-    kind: Kind,
-    result: Result<T, sqlx::Error>,
-) -> Result<T, sqlx::Error> {
+/// this successful commit of `kind`: the one hook every commit idem issues
+/// goes through (by `after_commit!`).
+pub(crate) fn after_commit<T, E: LostAck>(kind: Kind, result: Result<T, E>) -> Result<T, E> {
     match result {
-        Ok(_) if lose_ack_on(kind) => Err(lost_ack_error()),
+        Ok(_) if lose_ack_on(kind) => Err(E::lost_ack()),
         other => other,
     }
 }
@@ -268,9 +279,5 @@ pub(crate) fn after_commit<T>(
 /// hand-written handlers (such as the article's fault version) in tests
 /// and demonstrations.
 pub async fn commit<DB: sqlx::Database>(tx: sqlx::Transaction<'_, DB>) -> Result<(), sqlx::Error> {
-    tx.commit().await?;
-    if lose_ack() {
-        return Err(lost_ack_error());
-    }
-    Ok(())
+    after_commit(Kind::Call, tx.commit().await)
 }

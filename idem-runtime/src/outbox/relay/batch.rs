@@ -510,13 +510,5 @@ async fn commit<DB: Backend>(tx: CallerTx<DB>) -> Result<(), Error> {
             reason: INJECTED_CONFLICT.to_owned(),
         });
     }
-    let committed = tx.commit().await;
-    #[cfg(feature = "testing")]
-    let committed = match committed {
-        Ok(()) if crate::testing::lose_ack_on(crate::testing::Kind::Batch) => {
-            Err(Error::CommitUnknown(crate::testing::lost_ack_error()))
-        }
-        other => other,
-    };
-    committed
+    after_commit!(Batch, tx.commit().await)
 }
