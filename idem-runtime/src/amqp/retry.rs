@@ -14,12 +14,12 @@ use std::time::Duration;
 impl Shared {
     /// Republishes the delivery to the retry queue with a per-message TTL,
     /// then acks the original. The TTL dead-letters it back to the queue.
-    pub(super) async fn retry(&self, d: AmqpDelivery, attempt: u32, reason: &str) {
+    pub(super) async fn retry(&self, d: &AmqpDelivery, attempt: u32, reason: &str) {
         // No jitter: the retry queue expires messages in order (a classic
         // queue only expires its head), so equal delays keep it first-in
         // first-out.
         let delay = self.backoff.delay(attempt);
-        let properties = retry_properties(&d, attempt, delay);
+        let properties = retry_properties(d, attempt, delay);
         let published = self
             .retry
             .publish("", &self.retry_queue, true, &d.data, properties)

@@ -8,7 +8,7 @@ use super::message::Message;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consume::{self, ConsumerStats, Failure, Next, Running, Verdict};
+use crate::consume::{self, ConsumerStats, Failure, Running, Settle, Verdict};
 use futures_util::StreamExt;
 use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
@@ -109,7 +109,12 @@ impl Shared {
                 None => Err(Failure::unkeyed("message_id property")),
                 Some(message_id) => self.handle(&d, message_id, attempt).await,
             };
-            self.settle(d, verdict, attempt).await;
+            let settling = Settling {
+                shared: self,
+                d: &d,
+                attempt,
+            };
+            consume::settle(&settling, verdict, attempt, self.max_attempts, "attempts").await;
         }
         .instrument(span)
         .await
@@ -131,30 +136,6 @@ impl Shared {
         consume::run(&self.handler, message).await
     }
 
-    async fn settle(&self, d: AmqpDelivery, verdict: Verdict, attempt: u32) {
-        match verdict {
-            Ok(executed) => match d.acker.ack(BasicAckOptions::default()).await {
-                Ok(true) => self.stats.acked(executed),
-                other => self.settle_failed("ack", other),
-            },
-            Err(f) => match f.next(attempt, self.max_attempts, "attempts") {
-                Next::Retry(reason) => self.retry(d, attempt, &reason).await,
-                Next::Dead(reason) => self.dead_letter(&d, &reason).await,
-            },
-        }
-    }
-
-    async fn dead_letter(&self, d: &AmqpDelivery, reason: &str) {
-        match d.acker.reject(BasicRejectOptions { requeue: false }).await {
-            Ok(true) => {
-                ConsumerStats::bump(&self.stats.dead_lettered);
-                crate::metrics::mq_dead_letter();
-                tracing::warn!(%reason, "AMQP delivery dead-lettered");
-            }
-            other => self.settle_failed("reject", other),
-        }
-    }
-
     pub(super) fn settle_failed(&self, op: &str, result: lapin::Result<bool>) {
         ConsumerStats::bump(&self.stats.settle_failed);
         match result {
@@ -167,6 +148,43 @@ impl Shared {
                     "channel closed before settling; the broker will redeliver it"
                 )
             }
+        }
+    }
+}
+
+/// One delivery being settled: ack, the retry queue, or reject (to the
+/// queue's dead-letter exchange).
+struct Settling<'a> {
+    shared: &'a Shared,
+    d: &'a AmqpDelivery,
+    attempt: u32,
+}
+
+impl Settle for Settling<'_> {
+    async fn ack(&self, executed: bool) {
+        match self.d.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => self.shared.stats.acked(executed),
+            other => self.shared.settle_failed("ack", other),
+        }
+    }
+
+    async fn retry(&self, reason: &str) {
+        self.shared.retry(self.d, self.attempt, reason).await;
+    }
+
+    async fn dead_letter(&self, reason: &str) {
+        match self
+            .d
+            .acker
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+        {
+            Ok(true) => {
+                ConsumerStats::bump(&self.shared.stats.dead_lettered);
+                crate::metrics::mq_dead_letter();
+                tracing::warn!(%reason, "AMQP delivery dead-lettered");
+            }
+            other => self.shared.settle_failed("reject", other),
         }
     }
 }

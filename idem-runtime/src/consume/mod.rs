@@ -29,6 +29,8 @@ mod fan_out;
 mod handle;
 mod run;
 #[cfg(any(feature = "amqp", feature = "nats"))]
+mod settle;
+#[cfg(any(feature = "amqp", feature = "nats"))]
 mod stats;
 
 pub(crate) use failure::{Failure, Next, Verdict};
@@ -42,5 +44,7 @@ pub(crate) use handle::Running;
 pub(crate) use run::{Handler, Incoming, handler, inline, run};
 #[cfg(feature = "nats")]
 pub(crate) use run::{start, verdict};
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) use settle::{Settle, settle};
 #[cfg(any(feature = "amqp", feature = "nats"))]
 pub use stats::ConsumerStats;

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consume::{self, ConsumerStats, Failure, Next, Running, Verdict};
+use crate::consume::{self, ConsumerStats, Failure, Running, Settle, Verdict};
 use async_nats::header;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
@@ -182,7 +182,19 @@ impl Shared {
                 None => Err(Failure::unkeyed("Nats-Msg-Id header")),
                 Some(message_id) => self.handle(&m, message_id, &meta).await,
             };
-            self.settle(&m, verdict, &meta).await;
+            let settling = Settling {
+                shared: self,
+                m: &m,
+                meta: &meta,
+            };
+            consume::settle(
+                &settling,
+                verdict,
+                meta.delivered,
+                self.max_deliver,
+                "deliveries",
+            )
+            .await;
         }
         .instrument(span)
         .await
@@ -220,24 +232,6 @@ impl Shared {
             }
         };
         consume::verdict(joined)
-    }
-
-    async fn settle(&self, m: &JsMessage, verdict: Verdict, meta: &Meta) {
-        match verdict {
-            // Confirmed by the server: an ack lost on the way is an error
-            // here, and the server delivers the message again.
-            Ok(executed) => match m.double_ack().await {
-                Ok(()) => self.stats.acked(executed),
-                Err(e) => self.settle_failed("ack", &e),
-            },
-            Err(f) => match f.next(meta.delivered, self.max_deliver, "deliveries") {
-                Next::Retry(reason) => {
-                    let delay = self.backoff.delay(meta.delivered);
-                    self.nak(m, delay, &reason).await;
-                }
-                Next::Dead(reason) => self.dead_letter(m, &reason, meta).await,
-            },
-        }
     }
 
     async fn nak(&self, m: &JsMessage, delay: Duration, reason: &str) {
@@ -307,5 +301,33 @@ impl Shared {
     fn settle_failed(&self, op: &str, e: &dyn std::fmt::Display) {
         ConsumerStats::bump(&self.stats.settle_failed);
         tracing::warn!(op, error = %e, "could not settle the delivery; the server will deliver it again");
+    }
+}
+
+/// One delivery being settled: a double ack, a nak with its back-off, or
+/// a term (after the copy to the dead-letter subject, when set).
+struct Settling<'a> {
+    shared: &'a Shared,
+    m: &'a JsMessage,
+    meta: &'a Meta,
+}
+
+impl Settle for Settling<'_> {
+    async fn ack(&self, executed: bool) {
+        // Confirmed by the server: an ack lost on the way is an error
+        // here, and the server delivers the message again.
+        match self.m.double_ack().await {
+            Ok(()) => self.shared.stats.acked(executed),
+            Err(e) => self.shared.settle_failed("ack", &e),
+        }
+    }
+
+    async fn retry(&self, reason: &str) {
+        let delay = self.shared.backoff.delay(self.meta.delivered);
+        self.shared.nak(self.m, delay, reason).await;
+    }
+
+    async fn dead_letter(&self, reason: &str) {
+        self.shared.dead_letter(self.m, reason, self.meta).await;
     }
 }
