@@ -58,14 +58,17 @@ impl<DB: Backend> Relay<DB> {
         let i = &self.inner;
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
-        let Some(route) = i.routes.get(&row.topic).cloned() else {
+        let Some(route) = i.routing.routes.get(&row.topic).cloned() else {
             // Not claimable: claims filter on the routed topics.
             return;
         };
         let takes = Arc::new(AtomicU32::new(0));
-        let delay = i.backoff.jittered(u32::try_from(attempts).unwrap_or(0), id);
+        let delay = i
+            .policy
+            .backoff
+            .jittered(u32::try_from(attempts).unwrap_or(0), id);
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts)
-            .with_book(i.max_attempts, delay.as_secs_f64());
+            .with_book(i.policy.max_attempts, delay.as_secs_f64());
         let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), takes.clone());
         let result = match consume::inline(&route, delivery) {
             Err(failure) => Err(failure),
@@ -201,12 +204,12 @@ impl<DB: Backend> Relay<DB> {
                 #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
                 let retryable = failure.retryable;
                 let attempt = u32::try_from(attempts).unwrap_or(0);
-                let max = u32::try_from(i.max_attempts).unwrap_or(u32::MAX);
+                let max = u32::try_from(i.policy.max_attempts).unwrap_or(u32::MAX);
                 let (dead, reason) = match failure.next(attempt, max, "attempts") {
                     Next::Dead(reason) => (true, reason),
                     Next::Retry(reason) => (false, reason),
                 };
-                let delay = i.backoff.jittered(attempt, id);
+                let delay = i.policy.backoff.jittered(attempt, id);
                 let reason: String = reason.chars().take(2000).collect();
                 let status = if dead {
                     Status::Failed
@@ -352,7 +355,7 @@ impl<DB: Backend> Relay<DB> {
     {
         let mut unknown = false;
         let mut last: Option<sqlx::Error> = None;
-        let outage_ends = tokio::time::Instant::now() + self.inner.lease / 2;
+        let outage_ends = tokio::time::Instant::now() + self.inner.policy.lease / 2;
         for tries in 0.. {
             let wait = match BOOKKEEPING_WAITS.get(tries) {
                 Some(wait) => *wait,
@@ -407,7 +410,7 @@ impl<DB: Backend> Relay<DB> {
         span: &tracing::Span,
     ) -> F::Output {
         let i = &self.inner;
-        let every = (i.lease / 3).max(Duration::from_millis(10));
+        let every = (i.policy.lease / 3).max(Duration::from_millis(10));
         let ids = [lease.id()];
         let tick = tokio::time::sleep(every);
         tokio::pin!(tick);
@@ -416,7 +419,8 @@ impl<DB: Backend> Relay<DB> {
                 done = &mut handler => return done,
                 _ = &mut tick => {}
             }
-            let renew = DB::renew_leases(&i.pool, lease.owner(), &ids, i.lease.as_secs_f64());
+            let renew =
+                DB::renew_leases(&i.pool, lease.owner(), &ids, i.policy.lease.as_secs_f64());
             tokio::pin!(renew);
             let renewed = tokio::select! {
                 done = &mut handler => return done,

@@ -166,7 +166,11 @@ impl<DB: Backend> Relay<DB> {
     /// Delivers one claim's `rows` in batches of
     /// [`commit_batch`](Relay::commit_batch) messages, the batches at once.
     pub(super) async fn deliver_batches(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let n = self.inner.adaptive.limit(self.inner.commit_batch);
+        let n = self
+            .inner
+            .batching
+            .adaptive
+            .limit(self.inner.batching.commit_batch);
         let mut rows = rows.into_iter().peekable();
         let mut batches = JoinSet::new();
         while rows.peek().is_some() {
@@ -196,7 +200,7 @@ impl<DB: Backend> Relay<DB> {
                     );
                 }
                 if contended(&e) {
-                    i.adaptive.shrink(i.commit_batch);
+                    i.batching.adaptive.shrink(i.batching.commit_batch);
                 }
                 tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
                 return self.deliver_each(rows, owner).await;
@@ -266,11 +270,11 @@ impl<DB: Backend> Relay<DB> {
         match committed {
             Ok(()) => {
                 i.stats.batches.fetch_add(1, Ordering::Relaxed);
-                i.adaptive.grow(i.commit_batch);
+                i.batching.adaptive.grow(i.batching.commit_batch);
                 if ran.iter().any(|r| r.result.is_err()) {
                     // Committed, but not clean: a call failed (under its
                     // savepoint). Savepoints stay on.
-                    i.adaptive.distrust();
+                    i.batching.adaptive.distrust();
                 }
                 shared.markers.write().await;
                 for r in ran {
@@ -302,8 +306,8 @@ impl<DB: Backend> Relay<DB> {
                 // Its messages one by one at once, under the same lease,
                 // and smaller batches from now on.
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
-                i.adaptive.shrink(i.commit_batch);
-                tracing::debug!(error = %e, messages = ran.len(), commit_batch_now = i.adaptive.limit(i.commit_batch), "an outbox batch lost a conflict; delivering its messages one by one and halving the batch size");
+                i.batching.adaptive.shrink(i.batching.commit_batch);
+                tracing::debug!(error = %e, messages = ran.len(), commit_batch_now = i.batching.adaptive.limit(i.batching.commit_batch), "an outbox batch lost a conflict; delivering its messages one by one and halving the batch size");
                 let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
                 self.deliver_each(again, owner.clone()).await;
             }
@@ -312,7 +316,7 @@ impl<DB: Backend> Relay<DB> {
                 // it committed. Every message again, one by one at once,
                 // under the same lease; savepoints again from now on.
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
-                i.adaptive.distrust();
+                i.batching.adaptive.distrust();
                 tracing::debug!(
                     messages = ran.len(),
                     "a call failed in an outbox batch without savepoints; delivering its messages one by one"
@@ -324,7 +328,7 @@ impl<DB: Backend> Relay<DB> {
                 // Nothing of the batch committed: every message again,
                 // one by one, under the same lease.
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
-                i.adaptive.distrust();
+                i.batching.adaptive.distrust();
                 tracing::warn!(error = %e, "an outbox batch did not commit; delivering its messages one by one");
                 let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
                 self.deliver_each(again, owner.clone()).await;
@@ -409,11 +413,15 @@ impl<DB: Backend> Relay<DB> {
         if crate::testing::broken_batch_leases() {
             // The control: every message taken as held, nothing locked.
             let held = rows.iter().map(|r| (r.id, r.attempts)).collect();
-            return Ok((SharedTx::new(tx, !self.inner.adaptive.trusted()), held));
+            return Ok((
+                SharedTx::new(tx, !self.inner.batching.adaptive.trusted()),
+                held,
+            ));
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let renewed =
-            DB::renew_leases_in(tx.transaction()?, owner, &ids, i.lease.as_secs_f64()).await?;
+            DB::renew_leases_in(tx.transaction()?, owner, &ids, i.policy.lease.as_secs_f64())
+                .await?;
         #[cfg(feature = "testing")]
         if let Some(first) = rows.first() {
             let ids: Vec<i64> = renewed.iter().map(|(id, _)| *id).collect();
@@ -427,7 +435,10 @@ impl<DB: Backend> Relay<DB> {
             );
         }
         crate::metrics::lease_renewals(renewed.len() as u64);
-        Ok((SharedTx::new(tx, !self.inner.adaptive.trusted()), renewed))
+        Ok((
+            SharedTx::new(tx, !self.inner.batching.adaptive.trusted()),
+            renewed,
+        ))
     }
 
     /// Delivers `rows` one by one, on the per-message path, each after its
@@ -437,7 +448,7 @@ impl<DB: Backend> Relay<DB> {
     /// relay, or settled) is left to its holder; one whose renewal failed
     /// waits out its lease.
     async fn deliver_each(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let lease = self.inner.lease.as_secs_f64();
+        let lease = self.inner.policy.lease.as_secs_f64();
         for row in rows {
             let renewed = DB::renew_held(&self.inner.pool, &owner, row.id, lease).await;
             trace_event!(emit(
@@ -477,11 +488,14 @@ impl<DB: Backend> Relay<DB> {
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts, batch = true);
         // Not claimable otherwise: claims filter on the routed topics.
-        let route = i.routes.get(&row.topic).cloned()?;
+        let route = i.routing.routes.get(&row.topic).cloned()?;
         let takes = Arc::new(AtomicU32::new(0));
-        let delay = i.backoff.jittered(u32::try_from(attempts).unwrap_or(0), id);
+        let delay = i
+            .policy
+            .backoff
+            .jittered(u32::try_from(attempts).unwrap_or(0), id);
         let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts)
-            .with_book(i.max_attempts, delay.as_secs_f64());
+            .with_book(i.policy.max_attempts, delay.as_secs_f64());
         let mut delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
         delivery.batch = Some(shared.clone());
         // A panicking handler is a failed attempt: its task unwinds,

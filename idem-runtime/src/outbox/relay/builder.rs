@@ -1,7 +1,10 @@
 //! The [`Relay`] builder: its routes and subscriptions, its settings and
 //! what they come to.
 
-use super::{Delivery, Inner, Relay, RelayStats, Settled, batch, progress};
+use super::{
+    Batching, Claiming, Delivery, Inner, Policy, Relay, RelayStats, Routing, Settled, Waking,
+    batch, progress,
+};
 use crate::archive::RetentionPolicy;
 use crate::backend::Backend;
 use crate::backoff::Backoff;
@@ -61,28 +64,38 @@ impl<DB: Backend> Relay<DB> {
         let owner = format!("relay-{}-{:08x}", std::process::id(), seed as u32);
         Relay {
             inner: Arc::new(Inner {
-                claim: DB::pool_dialect(&pool).claim_sql(0),
+                claiming: Claiming {
+                    claim: DB::pool_dialect(&pool).claim_sql(0),
+                    owner,
+                    // Random: a restarted relay of the same name never
+                    // writes a lease owner its previous run wrote.
+                    claims: AtomicU64::new(seed.rotate_left(32)),
+                    recover_claims: true,
+                    claim_spread: DEFAULT_SPREAD,
+                    backlog: AtomicBool::new(true),
+                    batch_size: 64,
+                },
                 pool,
-                routes: HashMap::new(),
-                subscribers: HashMap::new(),
-                topics: Vec::new(),
-                owner,
-                // Random: a restarted relay of the same name never writes
-                // a lease owner its previous run wrote.
-                claims: AtomicU64::new(seed.rotate_left(32)),
-                recover_claims: true,
-                claim_spread: DEFAULT_SPREAD,
-                backlog: AtomicBool::new(true),
-                batch_size: 64,
-                commit_batch: 1,
-                adaptive: batch::Adaptive::default(),
-                concurrency: 16,
-                lease: Duration::from_secs(30),
-                poll_interval: Duration::from_millis(100),
-                max_attempts: 10,
-                backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
-                push_wakeup: None,
-                listener_catch_up: true,
+                routing: Routing {
+                    routes: HashMap::new(),
+                    subscribers: HashMap::new(),
+                    topics: Vec::new(),
+                },
+                policy: Policy {
+                    concurrency: 16,
+                    lease: Duration::from_secs(30),
+                    poll_interval: Duration::from_millis(100),
+                    max_attempts: 10,
+                    backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
+                },
+                batching: Batching {
+                    commit_batch: 1,
+                    adaptive: batch::Adaptive::default(),
+                },
+                waking: Waking {
+                    push_wakeup: None,
+                    listener_catch_up: true,
+                },
                 on_settled: None,
                 stats: RelayStats::default(),
             }),
@@ -128,12 +141,12 @@ impl<DB: Backend> Relay<DB> {
         let route = consume::handler(handler);
         self.edit(|i| {
             assert!(
-                !i.routes.contains_key(&topic),
+                !i.routing.routes.contains_key(&topic),
                 "outbox topic `{topic}` is routed twice on one relay: the second route would \
                  replace the first. To run several handlers for one message, give each its own \
                  subscription with Relay::subscribe(topic, name, handler)"
             );
-            i.routes.insert(topic, route);
+            i.routing.routes.insert(topic, route);
             i.routed();
         })
     }
@@ -194,15 +207,15 @@ impl<DB: Backend> Relay<DB> {
         let (topic, name) = (topic.into(), name.into());
         let route = consume::handler(handler);
         self.edit(|i| {
-            let subs = i.subscribers.entry(topic.clone()).or_default();
+            let subs = i.routing.subscribers.entry(topic.clone()).or_default();
             assert!(
-                !subs.is_empty() || !i.routes.contains_key(&topic),
+                !subs.is_empty() || !i.routing.routes.contains_key(&topic),
                 "outbox topic `{topic}` has a route already: subscribe every handler of a \
                  fanned-out topic with Relay::subscribe, none with Relay::route"
             );
             consume::add(subs, &format!("outbox topic `{topic}`"), name, route);
             let fanned = consume::fan_out(subs.clone(), hand);
-            i.routes.insert(topic, fanned);
+            i.routing.routes.insert(topic, fanned);
             i.routed();
         })
     }
@@ -216,7 +229,7 @@ impl<DB: Backend> Relay<DB> {
     /// renewed every third of a lease: no claimed message waits out its
     /// lease in the queue.
     pub fn batch_size(self, n: u32) -> Self {
-        self.edit(|i| i.batch_size = i64::from(n.max(1)))
+        self.edit(|i| i.claiming.batch_size = i64::from(n.max(1)))
     }
 
     /// Batched commits (default 1: off): with `n ≥ 2`, the messages of a
@@ -268,19 +281,22 @@ impl<DB: Backend> Relay<DB> {
     /// **last**, after the rows of their own message, and several shared
     /// rows always in one order (by key).
     pub fn commit_batch(self, n: usize) -> Self {
-        self.edit(|i| i.commit_batch = n.max(1))
+        self.edit(|i| i.batching.commit_batch = n.max(1))
     }
 
     /// The batch size in force now: [`commit_batch`](Relay::commit_batch)'s
     /// `n`, less while batches meet contention (see there).
     pub fn commit_batch_now(&self) -> usize {
-        self.inner.adaptive.limit(self.inner.commit_batch)
+        self.inner
+            .batching
+            .adaptive
+            .limit(self.inner.batching.commit_batch)
     }
 
     /// How many times contention halved the batch size (see
     /// [`commit_batch`](Relay::commit_batch)).
     pub fn commit_batch_shrinks(&self) -> u64 {
-        self.inner.adaptive.shrinks()
+        self.inner.batching.adaptive.shrinks()
     }
 
     /// Calls `hook` after each attempt of a message is settled, with what
@@ -315,7 +331,7 @@ impl<DB: Backend> Relay<DB> {
 
     /// Handlers running at once (default 16).
     pub fn concurrency(self, n: usize) -> Self {
-        self.edit(|i| i.concurrency = n.max(1))
+        self.edit(|i| i.policy.concurrency = n.max(1))
     }
 
     /// How long a claim holds a message (default 30 s). A relay that dies
@@ -325,22 +341,22 @@ impl<DB: Backend> Relay<DB> {
     /// handler given [`Delivery::source`] also holds its message's row
     /// locked from its first statement, which claims skip.
     pub fn lease(self, d: Duration) -> Self {
-        self.edit(|i| i.lease = d)
+        self.edit(|i| i.policy.lease = d)
     }
 
     /// How long to wait when nothing is due (default 100 ms).
     pub fn poll_interval(self, d: Duration) -> Self {
-        self.edit(|i| i.poll_interval = d)
+        self.edit(|i| i.policy.poll_interval = d)
     }
 
     /// Attempts before a message is dead-lettered (default 10).
     pub fn max_attempts(self, n: u32) -> Self {
-        self.edit(|i| i.max_attempts = i32::try_from(n.max(1)).unwrap_or(i32::MAX))
+        self.edit(|i| i.policy.max_attempts = i32::try_from(n.max(1)).unwrap_or(i32::MAX))
     }
 
     /// Back-off after the first failed attempt, doubling up to `max`.
     pub fn backoff(self, base: Duration, max: Duration) -> Self {
-        self.edit(|i| i.backoff = Backoff::new(base, max))
+        self.edit(|i| i.policy.backoff = Backoff::new(base, max))
     }
 
     /// The lease owner name (default `relay-<pid>-<random>`); unique per
@@ -354,7 +370,7 @@ impl<DB: Backend> Relay<DB> {
     /// a prefix stay two owners.
     pub fn owner(self, owner: impl Into<String>) -> Self {
         let owner = fit_owner(owner.into());
-        self.edit(|i| i.owner = owner)
+        self.edit(|i| i.claiming.owner = owner)
     }
 
     /// How many slices of the due set a claim may start at while there is
@@ -371,7 +387,7 @@ impl<DB: Backend> Relay<DB> {
     /// oldest-first order to within `n` claims. See the module
     /// documentation.
     pub fn claim_spread(self, n: u32) -> Self {
-        self.edit(|i| i.claim_spread = n.max(1))
+        self.edit(|i| i.claiming.claim_spread = n.max(1))
     }
 
     /// Whether a claim whose commit outcome is unknown is read back and
@@ -380,7 +396,7 @@ impl<DB: Backend> Relay<DB> {
     /// difference.
     #[doc(hidden)]
     pub fn claim_recovery(self, on: bool) -> Self {
-        self.edit(|i| i.recover_claims = on)
+        self.edit(|i| i.claiming.recover_claims = on)
     }
 
     /// Whether the spawned relay listens for
@@ -403,7 +419,7 @@ impl<DB: Backend> Relay<DB> {
     /// ([`RelayStats::listener_failures`]). Only a spawned relay listens:
     /// [`run_once`](Relay::run_once) claims once and returns.
     pub fn push_wakeup(self, on: bool) -> Self {
-        self.edit(|i| i.push_wakeup = Some(on))
+        self.edit(|i| i.waking.push_wakeup = Some(on))
     }
 
     /// Whether the relay claims once each time its listener (re)connects,
@@ -412,7 +428,7 @@ impl<DB: Backend> Relay<DB> {
     /// difference.
     #[doc(hidden)]
     pub fn listener_catch_up(self, on: bool) -> Self {
-        self.edit(|i| i.listener_catch_up = on)
+        self.edit(|i| i.waking.listener_catch_up = on)
     }
 
     /// Whether a spawned relay will listen (see [`push_wakeup`](Relay::push_wakeup)):
@@ -438,7 +454,8 @@ impl<DB: Backend> Relay<DB> {
     pub fn pushes(&self) -> bool {
         let i = &self.inner;
         crate::backend::Dialect::Postgres == DB::pool_dialect(&i.pool)
-            && i.push_wakeup
+            && i.waking
+                .push_wakeup
                 .unwrap_or_else(|| !crate::pooler::transaction_mode_enabled())
     }
 
@@ -451,15 +468,15 @@ impl<DB: Backend> Relay<DB> {
     pub fn settings(&self) -> RelaySettings {
         let i = &self.inner;
         RelaySettings {
-            batch_size: u32::try_from(i.batch_size).unwrap_or(u32::MAX),
-            concurrency: i.concurrency,
-            lease: i.lease,
-            poll_interval: i.poll_interval,
-            max_attempts: u32::try_from(i.max_attempts).unwrap_or(1),
-            backoff_base: i.backoff.base,
-            backoff_max: i.backoff.max,
-            claim_spread: i.claim_spread,
-            commit_batch: i.commit_batch,
+            batch_size: u32::try_from(i.claiming.batch_size).unwrap_or(u32::MAX),
+            concurrency: i.policy.concurrency,
+            lease: i.policy.lease,
+            poll_interval: i.policy.poll_interval,
+            max_attempts: u32::try_from(i.policy.max_attempts).unwrap_or(1),
+            backoff_base: i.policy.backoff.base,
+            backoff_max: i.policy.backoff.max,
+            claim_spread: i.claiming.claim_spread,
+            commit_batch: i.batching.commit_batch,
             push_wakeup: self.pushes(),
         }
     }
@@ -502,9 +519,9 @@ impl<DB: Backend> Relay<DB> {
 impl<DB: Backend> Inner<DB> {
     /// After a route was added: the topics claimed, and the claim for them.
     fn routed(&mut self) {
-        self.topics = self.routes.keys().cloned().collect();
-        self.topics.sort();
-        self.claim = DB::pool_dialect(&self.pool).claim_sql(self.topics.len());
+        self.routing.topics = self.routing.routes.keys().cloned().collect();
+        self.routing.topics.sort();
+        self.claiming.claim = DB::pool_dialect(&self.pool).claim_sql(self.routing.topics.len());
     }
 }
 

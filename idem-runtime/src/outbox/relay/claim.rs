@@ -62,11 +62,11 @@ impl<DB: Backend> Relay<DB> {
     /// the claim lost a conflict, at most `CONFLICT_RETRIES` times.
     pub(super) async fn claim_round(&self, n: i64) -> Result<Round, Error> {
         let i = &self.inner;
-        let limit = n.min(i.batch_size);
+        let limit = n.min(i.claiming.batch_size);
         let mut conflicts = 0;
         loop {
             let owner: Arc<str> = i.claim_owner().into();
-            if i.topics.is_empty() {
+            if i.routing.topics.is_empty() {
                 return Ok(Round::Claimed(Batch {
                     owner,
                     rows: Vec::new(),
@@ -86,7 +86,8 @@ impl<DB: Backend> Relay<DB> {
             match claimed {
                 Ok(claimed) => {
                     trace_claim(&claimed.rows, &owner, "ok", None, at);
-                    i.backlog
+                    i.claiming
+                        .backlog
                         .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
                     return Ok(Round::Claimed(self.counted(owner, claimed)));
                 }
@@ -110,7 +111,7 @@ impl<DB: Backend> Relay<DB> {
                 Err(ClaimError::CommitUnknown { error, chosen }) => {
                     trace_claim(&chosen.rows, &owner, "lost_ack", None, at);
                     i.stats.lost_claims.fetch_add(1, Ordering::Relaxed);
-                    if !i.recover_claims {
+                    if !i.claiming.recover_claims {
                         return Err(Error::CommitUnknown(error));
                     }
                     return Ok(Round::Lost {
@@ -129,12 +130,12 @@ impl<DB: Backend> Relay<DB> {
         let i = &self.inner;
         DB::claim_outbox(
             &i.pool,
-            &i.claim,
+            &i.claiming.claim,
             owner,
-            &i.topics,
+            &i.routing.topics,
             limit,
             offset,
-            i.lease.as_secs_f64(),
+            i.policy.lease.as_secs_f64(),
         )
         .await
     }
@@ -197,10 +198,10 @@ impl<DB: Backend> Inner<DB> {
     /// no backlog or no spread, else `k·limit` for a random `k` in
     /// `0..claim_spread`.
     fn spread_offset(&self, limit: i64) -> i64 {
-        if self.claim_spread <= 1 || !self.backlog.load(Ordering::Relaxed) {
+        if self.claiming.claim_spread <= 1 || !self.claiming.backlog.load(Ordering::Relaxed) {
             return 0;
         }
-        let k = random() % u64::from(self.claim_spread);
+        let k = random() % u64::from(self.claiming.claim_spread);
         i64::try_from(k).unwrap_or(0).saturating_mul(limit)
     }
 
@@ -209,8 +210,8 @@ impl<DB: Backend> Inner<DB> {
     fn claim_owner(&self) -> String {
         format!(
             "{}#{:x}",
-            self.owner,
-            self.claims.fetch_add(1, Ordering::Relaxed)
+            self.claiming.owner,
+            self.claiming.claims.fetch_add(1, Ordering::Relaxed)
         )
     }
 }

@@ -100,13 +100,31 @@ impl<DB: Backend> Clone for Relay<DB> {
     }
 }
 
+/// A relay's state, by concern: what it routes, how it claims, how it runs
+/// an attempt, how it batches commits and how it wakes up.
 struct Inner<DB: Backend> {
     pool: Pool<DB>,
+    routing: Routing<DB>,
+    claiming: Claiming,
+    policy: Policy,
+    batching: Batching,
+    waking: Waking,
+    /// See [`Relay::on_settled`].
+    on_settled: Option<progress::Hook>,
+    stats: RelayStats,
+}
+
+/// The topics and their handlers.
+struct Routing<DB: Backend> {
     routes: HashMap<String, Route<DB>>,
     /// The subscribers of each fanned-out topic, in the order subscribed
     /// (see [`Relay::subscribe`]); its route in `routes` runs them all.
     subscribers: HashMap<String, Vec<Subscriber<DB>>>,
     topics: Vec<String>,
+}
+
+/// How the relay claims due messages, and under which name.
+struct Claiming {
     claim: ClaimSql,
     owner: String,
     /// The next claim's sequence number (see [`Inner::claim_owner`]).
@@ -119,31 +137,40 @@ struct Inner<DB: Backend> {
     /// next one).
     backlog: AtomicBool,
     batch_size: i64,
-    /// See [`Relay::commit_batch`] (1: off).
-    commit_batch: usize,
-    /// The batch size in force now, shrunk under contention (see
-    /// [`Relay::commit_batch`]).
-    adaptive: batch::Adaptive,
+}
+
+/// How a claimed message's attempts run.
+struct Policy {
     concurrency: usize,
     lease: Duration,
     poll_interval: Duration,
     max_attempts: i32,
     backoff: Backoff,
+}
+
+/// Commits shared by several messages' handlers.
+struct Batching {
+    /// See [`Relay::commit_batch`] (1: off).
+    commit_batch: usize,
+    /// The batch size in force now, shrunk under contention (see
+    /// [`Relay::commit_batch`]).
+    adaptive: batch::Adaptive,
+}
+
+/// How a spawned relay learns of new messages besides polling.
+struct Waking {
     /// See [`Relay::push_wakeup`]: `None` for the default.
     push_wakeup: Option<bool>,
     /// See [`Relay::listener_catch_up`].
     listener_catch_up: bool,
-    /// See [`Relay::on_settled`].
-    on_settled: Option<progress::Hook>,
-    stats: RelayStats,
 }
 
 impl<DB: Backend> fmt::Debug for Relay<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Relay")
             .field("backend", &<DB as Backend>::NAME)
-            .field("owner", &self.inner.owner)
-            .field("topics", &self.inner.topics)
+            .field("owner", &self.inner.claiming.owner)
+            .field("topics", &self.inner.routing.topics)
             .field("settings", &self.settings())
             .field("stats", &self.inner.stats)
             .finish()

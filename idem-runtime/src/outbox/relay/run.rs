@@ -34,13 +34,15 @@ impl<DB: Backend> Relay<DB> {
     /// start at once) and runs it to the end. Returns how many messages it
     /// claimed (0: nothing was due).
     pub async fn run_once(&self) -> Result<usize, Error> {
-        let batch = self.claim_up_to(self.inner.concurrency as i64).await?;
+        let batch = self
+            .claim_up_to(self.inner.policy.concurrency as i64)
+            .await?;
         let n = batch.rows.len();
         if self.inner.batched() {
             self.deliver_batches(batch.rows, batch.owner).await;
             return Ok(n);
         }
-        let permits = Arc::new(Semaphore::new(self.inner.concurrency));
+        let permits = Arc::new(Semaphore::new(self.inner.policy.concurrency));
         let mut tasks = JoinSet::new();
         for row in batch.rows {
             let permit = permits.clone().acquire_owned().await.expect("never closed");
@@ -104,21 +106,21 @@ impl<DB: Backend> Relay<DB> {
         // Woken by the listener (push wake-up); a wake-up while the relay
         // is busy is kept as Notify's one permit.
         let wake = Arc::new(Notify::new());
-        let listener = match self.pushes() && !self.inner.topics.is_empty() {
+        let listener = match self.pushes() && !self.inner.routing.topics.is_empty() {
             true => wake::spawn_listener(
                 &self.inner.pool,
                 wake::Listen {
-                    owner: &self.inner.owner,
-                    catch_up: self.inner.listener_catch_up,
+                    owner: &self.inner.claiming.owner,
+                    catch_up: self.inner.waking.listener_catch_up,
                 },
-                &self.inner.topics,
+                &self.inner.routing.topics,
                 wake.clone(),
                 stop.clone(),
                 self.inner.stats_owner(),
             ),
             false => None,
         };
-        let permits = Arc::new(Semaphore::new(self.inner.concurrency));
+        let permits = Arc::new(Semaphore::new(self.inner.policy.concurrency));
         let mut tasks = JoinSet::new();
         // While there is a backlog, a claim waits for this many free slots
         // rather than taking one message each time a handler ends: a claim
@@ -127,8 +129,9 @@ impl<DB: Backend> Relay<DB> {
         // is free at once: a lone message does not wait.)
         let refill = (self
             .inner
+            .policy
             .concurrency
-            .min(self.inner.batch_size.max(1) as usize)
+            .min(self.inner.claiming.batch_size.max(1) as usize)
             / 2)
         .max(1);
         // And, while there is a backlog, it claims up to as many messages
@@ -142,12 +145,12 @@ impl<DB: Backend> Relay<DB> {
         let waiting = Arc::new(AtomicUsize::new(0));
         while !*stop.borrow() {
             while tasks.try_join_next().is_some() {}
-            let backlog = self.inner.backlog.load(Ordering::Relaxed);
+            let backlog = self.inner.claiming.backlog.load(Ordering::Relaxed);
             // Not with leases under a second: between two renewals of a
             // queued message, another relay would take it over (and a
             // short-leased relay claiming ahead mostly feeds the others).
-            let ahead = match backlog && self.inner.lease >= AHEAD_MIN_LEASE {
-                true => self.inner.concurrency,
+            let ahead = match backlog && self.inner.policy.lease >= AHEAD_MIN_LEASE {
+                true => self.inner.policy.concurrency,
                 false => 0,
             };
             let room = (permits.available_permits() + ahead)
@@ -163,7 +166,7 @@ impl<DB: Backend> Relay<DB> {
             // A batched claim takes all its slots at once: never more
             // than there are.
             let room = match self.inner.batched() {
-                true => room.min(self.inner.concurrency),
+                true => room.min(self.inner.policy.concurrency),
                 false => room,
             };
             let batch: Vec<_> = match self.claim_round(room as i64).await {
@@ -204,7 +207,7 @@ impl<DB: Backend> Relay<DB> {
             };
             if batch.is_empty() {
                 tokio::select! {
-                    _ = tokio::time::sleep(self.inner.poll_interval) => {}
+                    _ = tokio::time::sleep(self.inner.policy.poll_interval) => {}
                     _ = wake.notified() => {}
                     // A dropped handle stops the relay like a shutdown.
                     changed = stop.changed() => if changed.is_err() { break },
@@ -318,7 +321,7 @@ impl<DB: Backend> Relay<DB> {
         ids: &[i64],
     ) -> P {
         let i = &self.inner;
-        let every = (i.lease / 3).max(Duration::from_millis(10));
+        let every = (i.policy.lease / 3).max(Duration::from_millis(10));
         tokio::pin!(slot);
         loop {
             tokio::select! {
@@ -328,7 +331,7 @@ impl<DB: Backend> Relay<DB> {
                     if crate::testing::broken_queued_renewal() {
                         continue;
                     }
-                    match DB::renew_leases(&i.pool, owner, ids, i.lease.as_secs_f64()).await {
+                    match DB::renew_leases(&i.pool, owner, ids, i.policy.lease.as_secs_f64()).await {
                         Ok(n) => crate::metrics::lease_renewals(n),
                         Err(e) => tracing::warn!(error = %e, messages = ids.len(), "could not renew the leases of messages waiting for a handler slot"),
                     }
@@ -343,6 +346,6 @@ impl<DB: Backend> super::Inner<DB> {
     /// ([`Relay::commit_batch`] of 2 or more): decided here, for every
     /// path that delivers claimed messages.
     fn batched(&self) -> bool {
-        self.commit_batch >= 2
+        self.batching.commit_batch >= 2
     }
 }
