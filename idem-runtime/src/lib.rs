@@ -93,6 +93,7 @@
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// Records a protocol event in the conformance trace (feature `testing`,
 /// see [`testing::trace`]); compiles to nothing without the feature.
