@@ -149,6 +149,7 @@ mod consume;
 pub mod duration;
 mod error;
 mod fingerprint;
+pub mod guide;
 #[cfg(feature = "axum")]
 pub mod http;
 mod key;
