@@ -47,8 +47,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See the README for every strategy, every attribute option and the same
-//! code written by hand.
+//! The [`guide`] explains every strategy, every attribute option and the
+//! same code written by hand, one chapter per module.
 //!
 //! ## What the crate root holds
 //! - The attribute and what handlers name: [`idempotent`](macro@idempotent),
