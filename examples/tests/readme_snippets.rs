@@ -1,20 +1,23 @@
-//! The README's code, compiled and run.
+//! The README's and the guide's code, compiled and run.
 //!
-//! - Every ```rust block of `README.md` must be, byte for byte, a marked
-//!   region of `src/readme/` (`// README: <name>` … `// README: end`,
-//!   without the region's common indentation): a README edit that drifts
-//!   from the compiled code fails here, listing the blocks.
+//! - Every ```rust block of `README.md` and of the guide's chapters
+//!   (`idem-runtime/src/guide/*.md`, but the `*.doctest.md` files, which
+//!   rustdoc runs as doctests) must be, byte for byte, a marked region of
+//!   `src/readme/` (`// README: <name>` … `// README: end`, without the
+//!   region's common indentation), and every region must be shown by one
+//!   of them: an edit that drifts from the compiled code fails here,
+//!   listing the blocks.
 //! - The flows those regions show run against the real servers:
 //!   PostgreSQL (the handlers, the producer and relay, the archiver),
 //!   Redis (the front cache), RabbitMQ and NATS JetStream (consumer and
-//!   publisher). A
+//!   publisher); the README's quick start on SQLite in memory. A
 //!   server that is down skips its test (SKIPPED), or fails it when
 //!   `CI=true`. Effects are counted in the database.
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, console, http, nats, outbox, rabbitmq, record, shards, transaction,
-    unique_insert, using,
+    archive, by_hand, cache, console, http, nats, outbox, quick_start, rabbitmq, record, shards,
+    transaction, unique_insert, using,
 };
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Error, Outcome};
@@ -33,7 +36,7 @@ fn rust_blocks(markdown: &str) -> Vec<(usize, String)> {
     let mut open: Option<(usize, Vec<&str>)> = None;
     for (n, line) in markdown.lines().enumerate() {
         match open.as_mut() {
-            None if line.trim_start() == "```rust" => open = Some((n + 1, Vec::new())),
+            None if line.trim_start().starts_with("```rust") => open = Some((n + 1, Vec::new())),
             None => {}
             Some(_) if line.trim_start().starts_with("```") => {
                 let (at, lines) = open.take().expect("open block");
@@ -42,7 +45,7 @@ fn rust_blocks(markdown: &str) -> Vec<(usize, String)> {
             Some((_, lines)) => lines.push(line),
         }
     }
-    assert!(open.is_none(), "README.md: a ```rust block is never closed");
+    assert!(open.is_none(), "a ```rust block is never closed");
     blocks
 }
 
@@ -100,10 +103,45 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
+/// The guide's chapters whose ```rust blocks are regions: every `.md` of
+/// `idem-runtime/src/guide/` but the `*.doctest.md` ones (doctests).
+fn guide_chapters() -> Vec<PathBuf> {
+    let dir = root().join("../idem-runtime/src/guide");
+    let mut chapters: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("idem-runtime/src/guide")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.ends_with(".md") && !name.ends_with(".doctest.md")
+        })
+        .collect();
+    chapters.sort();
+    chapters
+}
+
+/// The ```rust blocks a reader sees, by file: the README's and the
+/// guide chapters'.
+fn shown_blocks() -> Vec<(String, usize, String)> {
+    let mut files = vec![root().join("../README.md")];
+    files.extend(guide_chapters());
+    let mut blocks = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a shown file");
+        let name = file
+            .strip_prefix(root().join(".."))
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        for (line, block) in rust_blocks(&text) {
+            blocks.push((name.clone(), line, block));
+        }
+    }
+    blocks
+}
+
 #[test]
-fn every_readme_rust_block_is_a_compiled_region() {
-    let readme = std::fs::read_to_string(root().join("../README.md")).expect("README.md");
-    let blocks = rust_blocks(&readme);
+fn every_readme_and_guide_rust_block_is_a_compiled_region() {
+    let blocks = shown_blocks();
     let mut marked = BTreeMap::new();
     let dir = root().join("src/readme");
     for entry in std::fs::read_dir(&dir).expect("src/readme") {
@@ -115,11 +153,11 @@ fn every_readme_rust_block_is_a_compiled_region() {
     }
     let mut drifted = Vec::new();
     let mut shown = Vec::new();
-    for (line, block) in &blocks {
+    for (file, line, block) in &blocks {
         match marked.iter().find(|(_, region)| *region == block) {
             Some((name, _)) => shown.push(name.clone()),
             None => drifted.push(format!(
-                "  README.md:{line}: `{}`",
+                "  {file}:{line}: `{}`",
                 block.lines().next().unwrap_or("")
             )),
         }
@@ -127,16 +165,30 @@ fn every_readme_rust_block_is_a_compiled_region() {
     let unshown: Vec<_> = marked.keys().filter(|n| !shown.contains(n)).collect();
     assert!(
         drifted.is_empty() && unshown.is_empty(),
-        "README.md and examples/src/readme/ disagree.\n\
-         README ```rust blocks that are no marked region (edit the region, then copy it):\n{}\n\
-         regions that no README block shows: {unshown:?}",
+        "README.md, the guide and examples/src/readme/ disagree.\n\
+         ```rust blocks that are no marked region (edit the region, then copy it):\n{}\n\
+         regions that no README or guide block shows: {unshown:?}",
         drifted.join("\n")
     );
+    let in_readme = blocks.iter().filter(|(f, ..)| f == "README.md").count();
+    assert!(in_readme >= 1, "no rust block in README.md");
     assert!(
-        blocks.len() >= 13,
+        guide_chapters().len() >= 10,
+        "guide chapters: {:?}",
+        guide_chapters()
+    );
+    assert!(
+        blocks.len() >= 25,
         "only {} rust blocks found",
         blocks.len()
     );
+}
+
+/// The README's quick start, a whole program on SQLite: its asserts (the
+/// call executed, its retry a duplicate) hold.
+#[test]
+fn the_quick_start_runs() {
+    quick_start::run().expect("the quick start");
 }
 
 #[test]
@@ -1019,11 +1071,10 @@ async fn the_retention_check_and_its_message() {
         .expect_err("1 h is not");
     println!("{err}");
     assert!(matches!(err, Error::Config { .. }), "{err:?}");
-    // The README block's comment, quotes and comment markers removed.
-    let readme = std::fs::read_to_string(root().join("../README.md")).expect("README.md");
-    let (_, block) = rust_blocks(&readme)
+    // The guide block's comment, quotes and comment markers removed.
+    let (_, _, block) = shown_blocks()
         .into_iter()
-        .find(|(_, b)| b.contains(".retention_policy("))
+        .find(|(_, _, b)| b.contains(".retention_policy("))
         .expect("the retention block");
     let comment: Vec<&str> = block
         .lines()

@@ -7,6 +7,9 @@
 //!
 //! Exit codes: 0 success, 1 not found (`record show`), 2 usage or
 //! configuration error, 3 database error.
+// The doc comments of opt.rs are also the `--help` text, where a URL is
+// written bare.
+#![allow(rustdoc::bare_urls)]
 
 use clap::Parser;
 use opt::{Cli, Command, OutboxCommand, RecordCommand};

@@ -49,6 +49,7 @@
 //! go through [`idem_runtime::outbox::admin::requeue`], the guarded function the CLI
 //! uses: only failed messages change, never successful or pending ones.
 //! Nothing from a request reaches SQL except as a bound value.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use axum::Router;
 use axum::http::{HeaderValue, header};

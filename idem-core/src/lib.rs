@@ -6,6 +6,7 @@
 //! runtime in.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The longest identifier PostgreSQL keeps without truncating it.
 pub const MAX_IDENTIFIER_LEN: usize = 63;

@@ -1,5 +1,6 @@
 //! Procedural macros of idem. Use them through `idem-runtime`, which
 //! re-exports them and documents them.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod args;
 mod expand;

@@ -47,8 +47,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See the README for every strategy, every attribute option and the same
-//! code written by hand.
+//! The [`guide`] explains every strategy, every attribute option and the
+//! same code written by hand, one chapter per module.
 //!
 //! ## What the crate root holds
 //! - The attribute and what handlers name: [`idempotent`](macro@idempotent),
@@ -95,6 +95,7 @@
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// Records a protocol event in the conformance trace (feature `testing`,
 /// see [`testing::trace`]); compiles to nothing without the feature.
@@ -150,6 +151,7 @@ mod consume;
 pub mod duration;
 mod error;
 mod fingerprint;
+pub mod guide;
 #[cfg(feature = "axum")]
 pub mod http;
 mod key;

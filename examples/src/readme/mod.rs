@@ -1,18 +1,22 @@
-//! The code of the README, compiled: each ```rust block of `README.md` is
-//! the region of one of these files between a `// README: <name>` line and
-//! the next `// README: end` line (without the region's common
-//! indentation). Imports, tables and wrapper functions the README does not
-//! show sit outside the markers.
+//! The code of the README and of the guide (`idem_runtime::guide`),
+//! compiled: each ```rust block of `README.md` and of the guide's chapters
+//! (`idem-runtime/src/guide/*.md`, the `*.doctest.md` files aside) is the
+//! region of one of these files between a `// README: <name>` line and the
+//! next `// README: end` line (without the region's common indentation).
+//! Imports, tables and wrapper functions the blocks do not show sit
+//! outside the markers.
 //!
-//! `tests/readme_snippets.rs` fails when a README block is not such a
-//! region, and runs the flows against the real servers (PostgreSQL, Redis,
-//! RabbitMQ, NATS), asserting their effects in the database.
+//! `tests/readme_snippets.rs` fails when a block is not such a region, or
+//! a region is shown nowhere, and runs the flows against the real servers
+//! (PostgreSQL, Redis, RabbitMQ, NATS; the quick start on SQLite),
+//! asserting their effects in the database.
 //!
 //! The files are not formatted by rustfmt (`#[rustfmt::skip]` on each
-//! `mod`): the regions are laid out as the README shows them.
+//! `mod`): the regions are laid out as the blocks show them.
 //!
 //! Tables, topics and queues are prefixed `readme_` / `readme.` so that
-//! these flows never meet another test's on a shared server.
+//! these flows never meet another test's on a shared server (the quick
+//! start's in-memory SQLite database is its own).
 
 use sqlx::PgPool;
 
@@ -32,6 +36,8 @@ pub mod http;
 pub mod nats;
 #[rustfmt::skip]
 pub mod outbox;
+#[rustfmt::skip]
+pub mod quick_start;
 #[rustfmt::skip]
 pub mod rabbitmq;
 #[rustfmt::skip]

@@ -86,7 +86,7 @@ pub enum Rows {
     /// one row.
     Own,
     /// Also one shared row, a stock counter every handler decrements
-    /// ([`deduct_hot`]): the hot-row workload.
+    /// (`deduct_hot`): the hot-row workload.
     Hot,
 }
 // ---- the idem side -------------------------------------------------------------------
