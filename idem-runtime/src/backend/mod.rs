@@ -83,13 +83,17 @@ pub(crate) mod sealed {
 /// `sqlx::Any`, one of them chosen at run time).
 ///
 /// Sealed; enabled by the cargo features `postgres`, `mysql`, `sqlite` and
-/// `any`. The union of the concept traits ([`CallStore`], [`OutboxStore`],
-/// [`ArchiveStore`], [`AdminStore`], [`Migrate`]), whose code is written
-/// once in `store.rs`; what is left here is what each database does its
-/// own way (how to begin, which dialect it speaks). `claim_record` is here
-/// rather than in [`CallStore`] because callers name it
-/// `<DB as Backend>::claim_record` (a qualified path does not look into
-/// supertraits); its code too is the shared one.
+/// `any`. Name it to write handlers or services generic over the database
+/// (`DB: Backend`); its own methods say which [`Dialect`] a pool speaks and
+/// begin a call's transaction the cancellation-safe way.
+///
+/// Inside the crate it is the union of the stores, one sealed trait per
+/// concept (`CallStore`, `OutboxStore`, `ArchiveStore`, `AdminStore`,
+/// `RequestStore`, `Migrate`), whose code is written once in `store/`;
+/// they are not reachable from outside. `claim_record` is here rather than
+/// in `CallStore` because callers name it `<DB as Backend>::claim_record`
+/// (a qualified path does not look into supertraits); its code too is the
+/// shared one.
 pub trait Backend:
     Database
     + sealed::Sealed
