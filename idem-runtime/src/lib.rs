@@ -164,7 +164,7 @@ mod schema;
 pub mod shard;
 mod state;
 mod strategy;
-pub mod task;
+mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tx;

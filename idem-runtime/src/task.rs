@@ -19,7 +19,7 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// A background task with its stop signal. Dropping the handle stops the
 /// task as [`shutdown`](Self::shutdown) does, without waiting for it.
 #[must_use = "dropping the handle stops the task"]
-pub struct TaskHandle<T> {
+pub(crate) struct TaskHandle<T> {
     stop: watch::Sender<bool>,
     task: JoinHandle<T>,
 }
@@ -42,13 +42,13 @@ impl<T: Send + 'static> TaskHandle<T> {
 impl<T> TaskHandle<T> {
     /// Signals the task to stop and waits for it: its result, or the
     /// reason it did not finish (it panicked).
-    pub async fn shutdown(self) -> Result<T, JoinError> {
+    pub(crate) async fn shutdown(self) -> Result<T, JoinError> {
         let _ = self.stop.send(true);
         self.task.await
     }
 
     /// Whether the task has stopped.
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.task.is_finished()
     }
 }

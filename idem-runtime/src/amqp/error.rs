@@ -30,7 +30,7 @@ impl std::error::Error for AmqpError {
 /// create), permanent when retrying cannot help (access refused,
 /// `PRECONDITION_FAILED` — a declaration with other arguments —, message
 /// too large, protocol or authentication errors).
-pub fn from_lapin(op: &'static str, e: lapin::Error) -> Error {
+pub(crate) fn from_lapin(op: &'static str, e: lapin::Error) -> Error {
     let permanent = match e.kind() {
         ErrorKind::ProtocolError(p) => match p.kind() {
             AMQPErrorKind::Soft(s) => matches!(

@@ -120,7 +120,7 @@ mod worker;
 
 pub use crate::consume::ConsumerStats;
 pub use consumer::Consumer;
-pub use error::from_lapin;
+pub(crate) use error::from_lapin;
 pub use message::Message;
 pub use publisher::Publisher;
 pub use topology::Topology;
