@@ -326,7 +326,22 @@ async fn run(cluster: &RabbitCluster, pool: &PgPool, kind: Kind) -> Figures {
     c2.shutdown().await.expect("consumer 2 shutdown");
     relay.shutdown().await;
     assert_eq!(ready(&on_a, &queue).await, 0, "messages left in {queue}");
-    drop(c1);
+    // Neither end reconnects: consumer 1 stopped with its connection, and
+    // a publisher on that connection fails (retryably) until the
+    // application connects again.
+    wait_until!(
+        cluster,
+        "consumer 1 to stop with its node",
+        c1.is_finished()
+    );
+    let _ = c1.shutdown().await;
+    let dead = Publisher::new(on_leader.clone(), &exchange)
+        .publish(&topic, &format!("{queue}-dead"), b"{}")
+        .await;
+    assert!(
+        dead.as_ref().is_err_and(Error::is_retryable),
+        "a publish on the dead node's connection: {dead:?}"
+    );
 
     let double: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT COALESCE(SUM(n - 1), 0)::BIGINT FROM (SELECT COUNT(*) AS n FROM {table} GROUP BY message_id) c"
