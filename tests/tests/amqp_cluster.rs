@@ -18,6 +18,8 @@
 //! The control runs the same scenario with a plain insert (no
 //! `#[idempotent]`): the forced redeliveries must show as doubles.
 
+// Not every helper of the shared file is used here.
+#[allow(unused_imports)]
 #[path = "common/amqp.rs"]
 mod common;
 use common::*;
