@@ -368,6 +368,11 @@ async fn run(cluster: &RabbitCluster, pool: &PgPool, kind: Kind) -> Figures {
     .await
     .expect("outbox");
     assert_eq!((outbox, success), (M, M), "outbox messages success");
+    // Counted: the run's table goes (kept when an assertion above failed).
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(pool)
+        .await
+        .expect("drop table");
 
     let _ = on_a.close(200, "OK".into()).await;
     let _ = on_b.close(200, "OK".into()).await;
