@@ -8,7 +8,8 @@
 //! not installed (skipped locally, a failure when `CI=true`).
 //!
 //! Harnesses: [`galera::Galera`], a MariaDB Galera cluster; with the
-//! `nats` feature, [`nats::NatsCluster`], a NATS JetStream cluster.
+//! `nats` feature, [`nats::NatsCluster`], a NATS JetStream cluster;
+//! [`rabbitmq::RabbitCluster`], a RabbitMQ cluster (quorum queues).
 
 pub mod galera;
 #[cfg(feature = "nats")]
@@ -16,6 +17,7 @@ pub mod nats;
 
 pub mod pg_standby;
 pub mod pgbouncer;
+pub mod rabbitmq;
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
