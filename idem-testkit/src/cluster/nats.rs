@@ -95,6 +95,7 @@ impl NatsCluster {
         for i in 0..cluster.nodes.len() {
             cluster.wait_ready(i).await;
         }
+        cluster.wait_placement().await;
         cluster.started_in = begun.elapsed();
         eprintln!(
             "nats cluster: {} nodes up in {:.1} s (ports {:?})",
@@ -272,6 +273,42 @@ impl NatsCluster {
         let log = self.dir.join(&format!("n{i}-run{run}.log"));
         let proc = Proc::spawn(&format!("nats node {i}"), cmd, log);
         self.procs.lock().expect("procs")[i] = Some(proc);
+    }
+
+    /// Waits until the cluster places a stream on every node: a node that
+    /// answers the JetStream API may still not count its peers as current,
+    /// and a replicated stream declared then fails with "no suitable peers
+    /// for placement" (seen in CI). So a throwaway in-memory stream with
+    /// one replica per node is created (retried until it is) and deleted:
+    /// what the tests declare next is then placed.
+    async fn wait_placement(&self) {
+        use idem_runtime::nats::async_nats::jetstream::stream::{Config, StorageType};
+        let deadline = Instant::now() + READY_WITHIN;
+        let name = format!("IDEM_READY_{}", std::process::id());
+        let js = self.connect().await;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            let config = Config {
+                name: name.clone(),
+                subjects: vec![format!("idem.ready.{}", std::process::id())],
+                num_replicas: self.nodes.len(),
+                storage: StorageType::Memory,
+                ..Default::default()
+            };
+            match js.create_stream(config).await {
+                Ok(_) => {
+                    let _ = js.delete_stream(&name).await;
+                    return;
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "the nats cluster placed no {}-replica stream within {READY_WITHIN:?}: {last}\n{}",
+            self.nodes.len(),
+            self.log_tails(40)
+        );
     }
 
     /// Waits until node `i` accepts clients and answers a JetStream
