@@ -212,6 +212,9 @@ pub async fn enqueue_with_relay(
         .spawn();
     // Let the relay start (and its listener listen).
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let xacts =
+        "SELECT xact_commit FROM pg_catalog.pg_stat_database WHERE datname = current_database()";
+    let before: i64 = sqlx::query_scalar(xacts).fetch_one(&pool).await?;
     let (_, rate) = enqueue_times(&pool, topic, n, producers)
         .await
         .map_err(|e| e as Box<dyn std::error::Error>)?;
@@ -222,6 +225,19 @@ pub async fn enqueue_with_relay(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    if std::env::var_os("IDEM_BENCH_VERBOSE").is_some() {
+        // The statistics collector flushes within a second.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let after: i64 = sqlx::query_scalar(xacts).fetch_one(&pool).await?;
+        let s = relay.stats().snapshot();
+        println!(
+            "    {wakeup:?}: relay done {:?} after the producers, {} push wake-ups, {} claims, {:.2} transactions per message",
+            start.elapsed().saturating_sub(Duration::from_millis(1100)),
+            s.push_wakeups,
+            s.claims,
+            (after - before) as f64 / n as f64
+        );
+    }
     relay.shutdown().await;
     idem_runtime::outbox::notify_on_enqueue(true);
     sqlx::query("DELETE FROM idem_outbox WHERE topic = $1")
@@ -231,4 +247,74 @@ pub async fn enqueue_with_relay(
     relay_pool.close().await;
     pool.close().await;
     Ok(rate)
+}
+
+/// The best enqueue rates of one producer count, by mode.
+#[derive(Debug, Clone, Copy)]
+pub struct EnqueueRates {
+    /// Producers (a connection each).
+    pub producers: usize,
+    /// Push wake-up on (the relay's notifier notifies after the commits).
+    pub push_on: f64,
+    /// Nobody notifies; the relay polls.
+    pub off: f64,
+    /// Each producer's own statement notifies.
+    pub in_tx: f64,
+}
+
+impl EnqueueRates {
+    /// The line the issue asks for, with the in-transaction comparison.
+    pub fn line(&self) -> String {
+        format!(
+            "enqueue {} producers: push on {:.0} msg/s, off {:.0} msg/s, on/off {:.2} (in-transaction NOTIFY {:.0} msg/s, {:.2} of off)",
+            self.producers,
+            self.push_on,
+            self.off,
+            self.push_on / self.off,
+            self.in_tx,
+            self.in_tx / self.off
+        )
+    }
+}
+
+/// Enqueue throughput with push on, off and in-transaction, for each of
+/// `producers`: `rounds` rounds of `messages` messages per mode, the
+/// modes' order reversed every other round (so that a drift of the
+/// machine during a round weighs on both sides); the best rate of each.
+/// Topics start with `prefix`.
+pub async fn enqueue_compare(
+    url: &str,
+    prefix: &str,
+    producers: &[usize],
+    messages: usize,
+    rounds: usize,
+) -> Result<Vec<EnqueueRates>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for &p in producers {
+        let mut best = [0.0f64; 3];
+        for round in 0..rounds.max(1) {
+            let order = match round % 2 {
+                0 => [0, 1, 2],
+                _ => [1, 0, 2],
+            };
+            for m in order {
+                let (name, wakeup) = [
+                    ("push on", Wakeup::Push),
+                    ("off", Wakeup::Off),
+                    ("in-tx", Wakeup::InTransaction),
+                ][m];
+                let topic = format!("{prefix}.{p}.{round}.{m}");
+                let rate = enqueue_with_relay(url, &topic, p, messages, wakeup).await?;
+                println!("  {p} producers, round {round}, {name}: {rate:.0} msg/s");
+                best[m] = best[m].max(rate);
+            }
+        }
+        out.push(EnqueueRates {
+            producers: p,
+            push_on: best[0],
+            off: best[1],
+            in_tx: best[2],
+        });
+    }
+    Ok(out)
 }

@@ -10,14 +10,16 @@
 //! - **in-tx** (for comparison): each producer's insert notifies in its
 //!   own transaction, as a producer-only process does.
 //!
-//! Modes alternate within each round; the rates are the best of the
-//! rounds. Prints `enqueue N producers: push on X msg/s, off Y msg/s,
-//! on/off R` per producer count.
+//! Modes alternate within each round, push on and off in the reverse
+//! order every other round; the rates are the best of the rounds. Prints
+//! `enqueue N producers: push on X msg/s, off Y msg/s, on/off R` per
+//! producer count (`IDEM_BENCH_VERBOSE=1` adds each run's claims and
+//! transactions per message).
 //!
 //! `cargo run --release -p idem-examples --bin bench_enqueue [-- --messages 4000 --rounds 3 --producers 1,8,32 --url URL]`
 
 use clap::Parser;
-use idem_examples::bench::latency::{Wakeup, enqueue_with_relay};
+use idem_examples::bench::latency::enqueue_compare;
 use sqlx::postgres::PgPoolOptions;
 
 /// Enqueue throughput with push wake-up on and off.
@@ -59,33 +61,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "bench_enqueue: {} messages per mode, {} rounds (best of), producers {:?}, {}",
         args.messages, args.rounds, args.producers, args.url
     );
-    let modes = [
-        ("push on", Wakeup::Push),
-        ("off", Wakeup::Off),
-        ("in-tx", Wakeup::InTransaction),
-    ];
-    let mut lines = Vec::new();
-    for &p in &args.producers {
-        let mut best = [0.0f64; 3];
-        for round in 0..args.rounds.max(1) {
-            for (m, (name, wakeup)) in modes.iter().enumerate() {
-                let topic = format!("bench_enqueue.{stamp}.{p}.{round}.{m}");
-                let rate = enqueue_with_relay(&args.url, &topic, p, args.messages, *wakeup).await?;
-                println!("  {p} producers, round {round}, {name}: {rate:.0} msg/s");
-                best[m] = best[m].max(rate);
-            }
-        }
-        lines.push(format!(
-            "enqueue {p} producers: push on {:.0} msg/s, off {:.0} msg/s, on/off {:.2} (in-transaction NOTIFY {:.0} msg/s, {:.2} of off)",
-            best[0],
-            best[1],
-            best[0] / best[1],
-            best[2],
-            best[2] / best[1]
-        ));
-    }
-    for l in lines {
-        println!("{l}");
+    let rates = enqueue_compare(
+        &args.url,
+        &format!("bench_enqueue.{stamp}"),
+        &args.producers,
+        args.messages,
+        args.rounds,
+    )
+    .await?;
+    for r in rates {
+        println!("{}", r.line());
     }
     Ok(())
 }

@@ -79,6 +79,18 @@ pub(crate) struct Args {
     /// Messages per second of that steady load.
     #[arg(long, value_name = "R", default_value_t = 200)]
     pub(crate) latency_rate: u32,
+    /// Messages per mode and round of the enqueue throughput with push
+    /// wake-up on and off (`bench_enqueue`'s comparison; 0: skip it).
+    #[arg(long, value_name = "N", default_value_t = 4000)]
+    pub(crate) enqueue_messages: usize,
+    /// The producer counts of that comparison, comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "8,32"
+    )]
+    pub(crate) enqueue_producers: Vec<usize>,
     /// With `--scale`: records of the large table for the duplicate check
     /// (against `--scale-small`; 0: skip it).
     #[arg(long, value_name = "N", default_value_t = 10_000_000)]

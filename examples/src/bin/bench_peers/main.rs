@@ -29,7 +29,9 @@
 //! row). Printed: msg/s, and the ratios to pgbench and to sqlxmq; written:
 //! the chart `docs/bench.svg`. Then the enqueue→effect latency at a light
 //! steady load (`--latency-rate`, 200 msg/s, for `--latency-seconds`),
-//! push wake-up on and off (`bench_latency` measures it at length).
+//! push wake-up on and off (`bench_latency` measures it at length), and
+//! the enqueue throughput of 8 and 32 producers with push on and off
+//! (`bench_enqueue` at length).
 //!
 //! `--scale` adds the cost as the queue grows: the p50 of the relay's
 //! claim statement and the drain rate with 1M pending messages against 10k
@@ -214,6 +216,9 @@ async fn run() -> Result<ExitCode, BoxError> {
         if opts.latency_seconds > 0 {
             latency(&opts, &url).await?;
         }
+        if opts.enqueue_messages > 0 {
+            enqueue(&opts, &url).await?;
+        }
     }
     if opts.scale {
         let c = opts.concurrency;
@@ -335,6 +340,32 @@ async fn latency(opts: &Args, url: &str) -> Result<(), BoxError> {
         println!("  {}", line(mode, &l));
     }
     println!("  (target: p50 ≤ 10 ms with push wake-up)");
+    Ok(())
+}
+
+/// Enqueue throughput with push wake-up on and off, and each producer's
+/// statement notifying, best of `--rounds` (`bench_enqueue` at length).
+async fn enqueue(opts: &Args, url: &str) -> Result<(), BoxError> {
+    use idem_examples::bench::latency::enqueue_compare;
+    println!();
+    println!(
+        "enqueue throughput: {} messages per mode and round, a transaction each, a relay draining",
+        opts.enqueue_messages
+    );
+    let prefix = format!("peers.enqueue.{}", std::process::id());
+    let rates = enqueue_compare(
+        url,
+        &prefix,
+        &opts.enqueue_producers,
+        opts.enqueue_messages,
+        opts.rounds,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    for r in &rates {
+        println!("{}", r.line());
+    }
+    println!("  (target: on/off ≥ 0.95 at 8 and 32 producers)");
     Ok(())
 }
 

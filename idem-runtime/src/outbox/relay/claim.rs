@@ -128,6 +128,7 @@ impl<DB: Backend> Relay<DB> {
     /// rows.
     async fn claim_at(&self, owner: &str, limit: i64, offset: i64) -> Result<Claimed, ClaimError> {
         let i = &self.inner;
+        i.stats.claims.fetch_add(1, Ordering::Relaxed);
         DB::claim_outbox(
             &i.pool,
             &i.claiming.claim,

@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Counters of one relay, since it started.
 #[derive(Debug, Default)]
 pub struct RelayStats {
+    /// Claim transactions run, empty ones included: with
+    /// [`claimed`](Self::claimed), what claiming costs per message.
+    pub claims: AtomicU64,
     /// Messages claimed (each claim is one attempt), recovered ones
     /// included.
     pub claimed: AtomicU64,
@@ -70,6 +73,8 @@ pub struct RelayStats {
 /// (to log, to serialize for a dashboard, to compare two moments).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RelayStatsSnapshot {
+    /// See [`RelayStats::claims`].
+    pub claims: u64,
     /// See [`RelayStats::claimed`].
     pub claimed: u64,
     /// See [`RelayStats::reclaimed`].
@@ -107,6 +112,7 @@ impl RelayStats {
     /// meanwhile may be a few counts apart).
     pub fn snapshot(&self) -> RelayStatsSnapshot {
         RelayStatsSnapshot {
+            claims: self.claims.load(Ordering::Relaxed),
             claimed: self.claimed.load(Ordering::Relaxed),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             lost_claims: self.lost_claims.load(Ordering::Relaxed),
@@ -130,6 +136,7 @@ impl RelayStatsSnapshot {
     /// What was counted between `earlier` and this snapshot.
     pub fn since(&self, earlier: &RelayStatsSnapshot) -> RelayStatsSnapshot {
         RelayStatsSnapshot {
+            claims: self.claims.saturating_sub(earlier.claims),
             claimed: self.claimed.saturating_sub(earlier.claimed),
             reclaimed: self.reclaimed.saturating_sub(earlier.reclaimed),
             lost_claims: self.lost_claims.saturating_sub(earlier.lost_claims),

@@ -215,6 +215,20 @@ impl<DB: Backend> Relay<DB> {
                 continue;
             }
             self.dispatch(&mut tasks, batch, &permits, &waiting);
+            // Pushed to, a claim that did not fill its limit took every
+            // due message: the next ones announce themselves (the
+            // notifier's wake-up, or the poll), so claiming again at once
+            // would only add an empty claim transaction per wake-up,
+            // competing with the producers. A notification that arrived
+            // during the claim is Notify's stored permit: it wakes this
+            // wait at once.
+            if listener.is_some() && !self.inner.claiming.backlog.load(Ordering::Relaxed) {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.inner.policy.poll_interval) => {}
+                    _ = wake.notified() => {}
+                    changed = stop.changed() => if changed.is_err() { break },
+                }
+            }
         }
         // Graceful shutdown: claim nothing more, finish what is in flight.
         while tasks.join_next().await.is_some() {}
