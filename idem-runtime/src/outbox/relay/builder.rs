@@ -73,6 +73,7 @@ impl<DB: Backend> Relay<DB> {
                     recover_claims: true,
                     claim_spread: DEFAULT_SPREAD,
                     backlog: AtomicBool::new(true),
+                    emptied: AtomicBool::new(false),
                     batch_size: 64,
                 },
                 pool,

@@ -72,10 +72,11 @@ impl<DB: Backend> Relay<DB> {
                     rows: Vec::new(),
                 }));
             }
-            let offset = i.spread_offset(limit);
+            let mut offset = i.spread_offset(limit);
             let mut claimed = self.claim_at(&owner, limit, offset).await;
             if offset > 0 && matches!(&claimed, Ok(c) if c.rows.is_empty()) {
                 // The due set ends before the offset: from the oldest.
+                offset = 0;
                 claimed = self.claim_at(&owner, limit, 0).await;
             }
             // A claim's `at` is taken after it: a claim can take a message
@@ -86,9 +87,11 @@ impl<DB: Backend> Relay<DB> {
             match claimed {
                 Ok(claimed) => {
                     trace_claim(&claimed.rows, &owner, "ok", None, at);
+                    let n = claimed.rows.len() as i64;
+                    i.claiming.backlog.store(n >= limit, Ordering::Relaxed);
                     i.claiming
-                        .backlog
-                        .store(claimed.rows.len() as i64 >= limit, Ordering::Relaxed);
+                        .emptied
+                        .store(n < limit && offset == 0, Ordering::Relaxed);
                     return Ok(Round::Claimed(self.counted(owner, claimed)));
                 }
                 Err(ClaimError::Failed(e)) if crate::backend::classify::is_conflict(&e) => {

@@ -136,6 +136,11 @@ struct Claiming {
     /// Whether the last claim filled its limit (a backlog: spread the
     /// next one).
     backlog: AtomicBool,
+    /// Whether the last claim took every due message it could see: it
+    /// read from the oldest (no spread offset) and took fewer than its
+    /// limit. A claim at an offset that took fewer saw only the end of the
+    /// due set.
+    emptied: AtomicBool,
     batch_size: i64,
 }
 

@@ -215,14 +215,15 @@ impl<DB: Backend> Relay<DB> {
                 continue;
             }
             self.dispatch(&mut tasks, batch, &permits, &waiting);
-            // Pushed to, a claim that did not fill its limit took every
-            // due message: the next ones announce themselves (the
-            // notifier's wake-up, or the poll), so claiming again at once
-            // would only add an empty claim transaction per wake-up,
-            // competing with the producers. A notification that arrived
-            // during the claim is Notify's stored permit: it wakes this
-            // wait at once.
-            if listener.is_some() && !self.inner.claiming.backlog.load(Ordering::Relaxed) {
+            // Pushed to, a claim from the oldest that did not fill its
+            // limit took every due message it could see: the next ones
+            // announce themselves (the notifier's wake-up, or the poll),
+            // so claiming again at once would only add an empty claim
+            // transaction per wake-up, competing with the producers. A
+            // notification that arrived during the claim is Notify's
+            // stored permit: it wakes this wait at once. (A claim at a
+            // spread offset that took fewer saw only the due set's end.)
+            if listener.is_some() && self.inner.claiming.emptied.load(Ordering::Relaxed) {
                 tokio::select! {
                     _ = tokio::time::sleep(self.inner.policy.poll_interval) => {}
                     _ = wake.notified() => {}
