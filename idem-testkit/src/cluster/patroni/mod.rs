@@ -431,6 +431,46 @@ impl Patroni {
         start.elapsed()
     }
 
+    /// Waits (at most 30 s) until every standby has replayed everything the
+    /// leader has written so far: for a test that sets up rows before it
+    /// kills the leader of an asynchronous cluster.
+    ///
+    /// # Panics
+    ///
+    /// When there is no leader or the standbys do not catch up.
+    pub async fn caught_up(&self) {
+        let leader = self.leader_or_panic(self.leader().await);
+        let opts = PgConnectOptions::from_str(&self.nodes[leader].url()).expect("a valid URL");
+        let mut conn = PgConnection::connect_with(&opts)
+            .await
+            .unwrap_or_else(|e| panic!("the leader: {e}\n{}", self.log_tails()));
+        let lsn: String = sqlx::query_scalar("SELECT pg_catalog.pg_current_wal_lsn()::text")
+            .fetch_one(&mut conn)
+            .await
+            .expect("the leader's WAL position");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_catalog.pg_stat_replication \
+                 WHERE replay_lsn >= $1::text::pg_lsn",
+            )
+            .bind(&lsn)
+            .fetch_one(&mut conn)
+            .await
+            .expect("the standbys' replay positions");
+            if done >= (MEMBERS - 1) as i64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standbys did not replay up to {lsn}\n{}",
+                self.log_tails()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = conn.close().await;
+    }
+
     fn leader_or_panic(&self, leader: Option<usize>) -> usize {
         leader.unwrap_or_else(|| panic!("no leader\n{}", self.log_tails()))
     }
