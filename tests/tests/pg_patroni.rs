@@ -445,7 +445,17 @@ async fn wake_and_fence(
     // Demoted, rewound and streaming from the new leader (a replica may
     // answer for a moment before its rewind restarts it).
     cluster.wait_healthy().await;
-    assert!(cluster.is_replica(old).await, "{}", cluster.log_tails());
+    if !cluster.is_replica(old).await {
+        let leader = cluster
+            .leader()
+            .await
+            .map(|i| cluster.node_name(i).to_owned());
+        panic!(
+            "the woken old leader {} is not a replica (the leader: {leader:?})\n{}",
+            cluster.node_name(old),
+            cluster.log_tails()
+        );
+    }
     let rejoined = woken.elapsed();
     let mut conn = PgConnection::connect(&cluster.node_url(old))
         .await

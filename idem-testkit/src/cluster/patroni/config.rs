@@ -20,7 +20,8 @@ pub(super) struct Member<'a> {
     pub(super) mode: Mode,
 }
 
-/// The YAML of `m` (Patroni 3.0): etcd v3 (`etcd3:`), `bootstrap.dcs`
+/// The YAML of `m` (Patroni 3.0): etcd's v2 API (`etcd:`, see the
+/// [module](super) for why not `etcd3:`), `bootstrap.dcs`
 /// with the short timings and the replication mode, `pg_rewind` to
 /// rejoin a demoted or crashed primary, trust authentication on
 /// 127.0.0.1. PostgreSQL's own settings: `fsync=off` (a SIGKILL loses
@@ -53,7 +54,7 @@ log:
 restapi:
   listen: 127.0.0.1:{rest_port}
   connect_address: 127.0.0.1:{rest_port}
-etcd3:
+etcd:
   hosts: 127.0.0.1:{etcd_port}
 bootstrap:
   dcs:
