@@ -55,8 +55,8 @@
 //! direct write waited for its synchronous standby until the demotion
 //! closed its session; the asynchronous run lost no acknowledged call (0
 //! in 3); the control lost 15–22 per run; the whole test 82–88 s. With
-//! etcd's v3 API (`etcd3:`), Patroni 3.0.2 once let the woken leader
-//! overwrite its successor's leader key (two primaries, 1 run of 5; fixed
+//! etcd's v3 API (`etcd3:`), Patroni 3.0.2 twice let the woken leader
+//! overwrite its successor's leader key (two primaries, 2 runs of 4; fixed
 //! in Patroni 3.0.3, patroni/patroni#2689): the harness uses the v2 API.
 
 use idem_runtime::outbox::{Delivery, Relay};

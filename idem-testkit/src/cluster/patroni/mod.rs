@@ -13,7 +13,7 @@
 //!   key over etcd v3 with an unconditional put once its lease has expired
 //!   (fixed in Patroni 3.0.3, patroni/patroni#2689), so a leader woken from
 //!   a freeze longer than `ttl` overwrote the new leader's key here and two
-//!   members ran as primaries (seen in 1 of 5 runs of `pg_patroni`). The v2
+//!   members ran as primaries (in 2 of 4 runs of `pg_patroni`). The v2
 //!   API renews with a compare-and-swap on the key's value, which fails, and
 //!   the woken leader demotes itself.
 //! - Each member: `patroni {name}.yml` as the `postgres` system user, its
