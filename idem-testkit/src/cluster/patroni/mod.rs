@@ -545,9 +545,9 @@ impl Patroni {
         self.nodes[i].signal("CONT", Part::Both);
     }
 
-    /// Starts member `i`'s Patroni again after [`kill9_leader`]
-    /// (Patroni::kill9_leader): it rejoins as a standby of the new leader
-    /// (`pg_rewind`, or a new base backup if that fails).
+    /// Starts member `i`'s Patroni again after
+    /// [`kill9_leader`](Patroni::kill9_leader): it rejoins as a standby of
+    /// the new leader (`pg_rewind`, or a new base backup if that fails).
     ///
     /// # Panics
     ///

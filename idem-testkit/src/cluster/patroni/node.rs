@@ -84,10 +84,10 @@ impl Node {
         let mut cmd = as_user("postgres", PATRONI);
         cmd.arg(&self.config);
         let proc = Proc::spawn(&self.name, cmd, log);
-        if let Ok(mut slot) = self.proc.lock() {
-            if let Some(mut old) = slot.replace(proc) {
-                old.kill9();
-            }
+        if let Ok(mut slot) = self.proc.lock()
+            && let Some(mut old) = slot.replace(proc)
+        {
+            old.kill9();
         }
     }
 
@@ -102,15 +102,15 @@ impl Node {
     pub(super) fn signal(&self, signal: &str, part: Part) {
         let postmaster = self.postmaster();
         let mut pids = Vec::new();
-        if part != Part::Patroni {
-            if let Some(pm) = postmaster {
-                // Stopped first, it forks no child after the listing.
-                if signal != "CONT" {
-                    send("STOP", &[pm]);
-                }
-                pids.push(pm);
-                pids.extend(descendants(pm));
+        if part != Part::Patroni
+            && let Some(pm) = postmaster
+        {
+            // Stopped first, it forks no child after the listing.
+            if signal != "CONT" {
+                send("STOP", &[pm]);
             }
+            pids.push(pm);
+            pids.extend(descendants(pm));
         }
         if part != Part::Postgres {
             let root = self
@@ -131,10 +131,10 @@ impl Node {
     /// [`spawn`](Node::spawn)ed again.
     pub(super) fn kill9(&self) {
         self.signal("KILL", Part::Both);
-        if let Ok(mut slot) = self.proc.lock() {
-            if let Some(mut p) = slot.take() {
-                p.kill9();
-            }
+        if let Ok(mut slot) = self.proc.lock()
+            && let Some(mut p) = slot.take()
+        {
+            p.kill9();
         }
     }
 
