@@ -9,12 +9,16 @@
 //!
 //! Harnesses: [`galera::Galera`], a MariaDB Galera cluster; with the
 //! `nats` feature, [`nats::NatsCluster`], a NATS JetStream cluster;
-//! [`rabbitmq::RabbitCluster`], a RabbitMQ cluster (quorum queues).
+//! [`rabbitmq::RabbitCluster`], a RabbitMQ cluster (quorum queues);
+//! [`pg_standby::PgStandby`], a PostgreSQL primary and a standby promoted
+//! by hand; [`patroni::Patroni`], three PostgreSQL members managed by
+//! Patroni over etcd; both behind haproxy.
 
 pub mod galera;
 #[cfg(feature = "nats")]
 pub mod nats;
 
+pub mod patroni;
 pub mod pg_standby;
 pub mod pgbouncer;
 pub mod rabbitmq;
