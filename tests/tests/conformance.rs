@@ -48,11 +48,14 @@ impl Drop for Hooks {
     }
 }
 
-/// `topic`'s events, in the database's order, as the model reads them.
-fn events_of(topic: &str) -> Vec<Event> {
+/// `topic`'s events, in the database's order, as the model reads them,
+/// and as recorded (with their times), to print when the model refuses
+/// them.
+fn events_of(topic: &str) -> (Vec<Event>, Vec<serde_json::Value>) {
     let mut raw = idem_runtime::testing::trace::take_topic(topic);
     idem_runtime::testing::trace::sort(&mut raw);
-    Event::from_values(&raw).unwrap_or_else(|e| panic!("{e}"))
+    let events = Event::from_values(&raw).unwrap_or_else(|e| panic!("{e}"));
+    (events, raw)
 }
 
 /// Checks `topic`'s trace against the model; the report, or the violation.
@@ -65,7 +68,7 @@ fn check(
     ids: Vec<i64>,
     complete: bool,
 ) -> Result<idem_model::trace::CheckReport, String> {
-    let events = events_of(topic);
+    let (events, raw) = events_of(topic);
     assert!(!events.is_empty(), "no events recorded for {topic}");
     if std::env::var_os("IDEM_DUMP_TRACE").is_some() {
         for (k, e) in events.iter().enumerate() {
@@ -81,6 +84,12 @@ fn check(
     };
     let report = idem_model::trace::check(&events, &config).map_err(|v| v.to_string())?;
     if report.stalls > 0 {
+        // A stall is rare and seen only in full runs under load: the
+        // recorded trace, times included, is what tells a real lease run
+        // out from an order the client-side times got wrong.
+        for (k, e) in raw.iter().enumerate() {
+            eprintln!("trace {k}: {e}");
+        }
         return Err(format!(
             "{} leases ran out under a running handler: {report:?}",
             report.stalls
