@@ -122,6 +122,20 @@ async fn chunked_status(base: &str, path: &str, body: &str) -> u16 {
         .unwrap_or_else(|| panic!("no status line: {line}"))
 }
 
+/// The record key of `header` (an `Idempotency-Key` header value, a quoted
+/// string) for `caller`, as the layer derives it; the fixture checks it
+/// against a stored record, so a change of the derivation fails loudly.
+fn record_key(caller: &str, header: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let key = header.trim_matches('"');
+    let mut h = Sha256::new();
+    h.update((caller.len() as u64).to_be_bytes());
+    h.update(caller.as_bytes());
+    h.update(key.as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("http:{hex}")
+}
+
 macro_rules! backend_tests {
     ($module:ident, $db:ty, $dialect:expr, |$max:ident| $pool:expr) => {
         mod $module {
@@ -230,6 +244,36 @@ macro_rules! backend_tests {
                 async fn effects(&self) -> i64 {
                     let q = sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {}", self.table));
                     sqlx::query_scalar(q).fetch_one(&self.pool).await.expect("count")
+                }
+
+                /// A fresh key (for caller-1) whose record sorts between
+                /// the record just before `held`'s and `held`'s, in the
+                /// records' unique index (which leads with the key).
+                async fn key_sorting_right_before(&self, held: &str) -> String {
+                    let held_record = record_key("caller-1", held);
+                    let stored: String = sqlx::query_scalar(sql($dialect, "SELECT idempotency_key FROM idem_record WHERE biz_type = ?"))
+                        .bind(self.scope)
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("the held key's record");
+                    assert_eq!(stored, held_record, "the records' key derivation changed: update record_key here");
+                    let before: Option<String> = sqlx::query_scalar(sql(
+                        $dialect,
+                        "SELECT MAX(idempotency_key) FROM idem_record WHERE idempotency_key < ?",
+                    ))
+                    .bind(&held_record)
+                    .fetch_one(&self.pool)
+                    .await
+                    .expect("the record before");
+                    let before = before.unwrap_or_default();
+                    let base = key("fresh");
+                    (0u64..)
+                        .map(|i| format!("{}-{i}\"", base.trim_end_matches('"')))
+                        .find(|k| {
+                            let r = record_key("caller-1", k);
+                            r.as_str() > before.as_str() && r < held_record
+                        })
+                        .expect("a key in the gap")
                 }
 
                 async fn records(&self) -> i64 {
@@ -481,9 +525,15 @@ macro_rules! backend_tests {
                     }
                 };
                 let retries: Vec<_> = (0..20).map(|_| tokio::spawn(send(f.clone(), k.clone(), "{}"))).collect();
-                // An unrelated request meanwhile, once the retries are in.
+                // An unrelated request meanwhile, once the retries are in,
+                // with a key whose record sorts right before the slow one's:
+                // on MariaDB a fence that locked the gap before its row (a
+                // next-key lock) would hold this insert until the slow
+                // handler commits (1 run in 15 when the keys fell so by
+                // chance).
+                let fresh_key = f.key_sorting_right_before(&k).await;
                 let fresh = tokio::spawn({
-                    let send = send(f.clone(), key("fresh"), "{\"fresh\":1}");
+                    let send = send(f.clone(), fresh_key, "{\"fresh\":1}");
                     async move {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         send.await

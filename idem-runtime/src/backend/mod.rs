@@ -46,7 +46,9 @@ pub use dialect::Dialect;
 pub(crate) use operate::{AdminStore, ArchiveStore, Migrate};
 pub(crate) use sql::{ClaimSql, StateSql};
 pub use types::{ArchiveTable, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget};
-pub(crate) use types::{ClaimError, Claimed, NewRecord, OutboxInsert, OutboxState, StoredRecord};
+pub(crate) use types::{
+    ClaimError, Claimed, ClaimedRow, NewRecord, OutboxInsert, OutboxState, StoredRecord,
+};
 
 pub(crate) mod sealed {
     /// Implemented by the four backends only; also holds the one thing
@@ -237,15 +239,15 @@ pub trait RequestStore: Database {
         biz_type: &'a str,
     ) -> impl Future<Output = Result<Option<(String, Option<String>, bool)>, sqlx::Error>> + Send + 'a;
 
-    /// Inserts the in-flight row unless the pair exists; true if inserted.
+    /// Inserts the in-flight row unless the pair exists; `Some` if inserted.
     fn request_insert<'a>(
         pool: &'a Pool<Self>,
         row: &'a NewRecord<'a>,
         lease: &'a str,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<ClaimedRow>, sqlx::Error>> + Send + 'a;
 
-    /// Replaces the expired lease `old` by `lease`; true if it did. Never
-    /// waits on a row lock (where there are row locks): false when another
+    /// Replaces the expired lease `old` by `lease`; `Some` if it did. Never
+    /// waits on a row lock (where there are row locks): `None` when another
     /// transaction holds the row.
     fn request_take_over<'a>(
         pool: &'a Pool<Self>,
@@ -254,12 +256,13 @@ pub trait RequestStore: Database {
         old: &'a str,
         lease: &'a str,
         lease_secs: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<ClaimedRow>, sqlx::Error>> + Send + 'a;
 
     /// In the handler's transaction: the row, still held by `lease`,
     /// locked until the commit; true if it is.
     fn request_fence<'a>(
         tx: &'a mut Transaction<'_, Self>,
+        row: ClaimedRow,
         key: &'a str,
         biz_type: &'a str,
         lease: &'a str,
@@ -270,6 +273,7 @@ pub trait RequestStore: Database {
     /// lease, expiring in `ttl_secs`; true if the lease still held.
     fn request_complete<'a>(
         tx: &'a mut Transaction<'_, Self>,
+        row: ClaimedRow,
         key: &'a str,
         biz_type: &'a str,
         lease: &'a str,

@@ -414,7 +414,7 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         WHERE idempotency_key = ? AND biz_type = ? AND result = ? \
         AND expire_time < UTC_TIMESTAMP(6)",
     lock: Some(
-        "SELECT 1 FROM idem_record WHERE idempotency_key = ? AND biz_type = ? \
+        "SELECT id FROM idem_record WHERE idempotency_key = ? AND biz_type = ? \
         FOR UPDATE SKIP LOCKED",
     ),
     fence: "UPDATE idem_record SET expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
@@ -422,6 +422,13 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
     complete: "UPDATE idem_record SET result = ?, \
         expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+    by_id: Some((
+        "UPDATE idem_record SET expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
+        WHERE id = ? AND result = ?",
+        "UPDATE idem_record SET result = ?, \
+        expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
+        WHERE id = ? AND result = ?",
+    )),
     release: "DELETE FROM idem_record WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
 };
 

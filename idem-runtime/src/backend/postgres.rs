@@ -350,7 +350,7 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         expire_time = now() + make_interval(secs => $2::float8) \
         WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5 AND expire_time < now()",
     lock: Some(
-        "SELECT 1 FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2 \
+        "SELECT id FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2 \
         FOR UPDATE SKIP LOCKED",
     ),
     fence: "UPDATE idem_record SET expire_time = now() + make_interval(secs => $1::float8) \
@@ -358,6 +358,8 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
     complete: "UPDATE idem_record SET result = $1, \
         expire_time = now() + make_interval(secs => $2::float8) \
         WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5",
+    // No gap locks: a row lock by the unique key locks that row alone.
+    by_id: None,
     release: "DELETE FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2 AND result = $3",
 };
 

@@ -411,8 +411,8 @@ pub(crate) struct RequestSql {
     /// in-flight row whose lease ran out, in a transaction of its own after
     /// [`lock`](Self::lock).
     pub take_over: &'static str,
-    /// `key, biz_type`: before the take-over, in its transaction, the row
-    /// locked, or no row when another transaction holds it (`FOR UPDATE
+    /// `key, biz_type` → `id`: before the take-over, in its transaction, the
+    /// row locked, or no row when another transaction holds it (`FOR UPDATE
     /// SKIP LOCKED`: a request whose handler is still running, only slower
     /// than its lease), never a wait on that lock. `None` where there are no
     /// row locks (SQLite: a writer waits for the database's write lock).
@@ -423,6 +423,15 @@ pub(crate) struct RequestSql {
     /// `answer, ttl_secs, key, biz_type, lease`: the stored answer, in the
     /// handler's transaction.
     pub complete: &'static str,
+    /// `lease_secs, id, lease` and `answer, ttl_secs, id, lease`: the fence
+    /// and the answer by the row's primary key, where a locking statement
+    /// by the unique key would lock the gap before the row too (InnoDB's
+    /// next-key lock, taken by an `UPDATE` or `SELECT … FOR UPDATE` on
+    /// `uk_idem_record_key_type` alike): held for the whole handler, that
+    /// lock made every new key whose record sorts just before this one
+    /// wait for the handler to commit. The id comes from the claim (the
+    /// insert's `LAST_INSERT_ID`, the take-over's lock). `None`: by key.
+    pub by_id: Option<(&'static str, &'static str)>,
     /// `key, biz_type, lease`: the in-flight row of a request that ended
     /// without an answer to keep.
     pub release: &'static str,

@@ -285,6 +285,7 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
     complete: "UPDATE idem_record SET result = ?, \
         expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
+    by_id: None,
     release: "DELETE FROM idem_record WHERE idempotency_key = ? AND biz_type = ? AND result = ?",
 };
 

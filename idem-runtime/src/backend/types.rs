@@ -38,6 +38,15 @@ pub enum OutboxInsert {
     Missing,
 }
 
+/// An `Idempotency-Key` request's in-flight row, once its claim (insert
+/// or take-over) holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimedRow {
+    /// Its primary key, where the dialect fences by it (MariaDB/MySQL);
+    /// `None` elsewhere: the row is found by its unique key.
+    pub id: Option<i64>,
+}
+
 /// A new idempotency record.
 #[derive(Debug)]
 pub struct NewRecord<'a> {

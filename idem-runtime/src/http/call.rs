@@ -8,7 +8,7 @@ use super::key::{IdempotencyKey, KeyError, record_key};
 use super::policy::Idempotency;
 use super::request::IdempotentRequest;
 use super::stored::{Held, Stored, lease_text};
-use crate::backend::{Backend, NewRecord};
+use crate::backend::{Backend, ClaimedRow, NewRecord};
 use crate::call::CallerTx;
 use crate::error::Error;
 use axum::http::StatusCode;
@@ -64,12 +64,13 @@ impl Idempotency {
                 "an Idempotency-Key belongs to a caller; this request names none".into(),
             ));
         };
-        let held = HeldKey {
+        let mut held = HeldKey {
             key: record_key(&identity, key),
             lease: new_lease(),
+            row: ClaimedRow { id: None },
         };
         let fp = req.fingerprint();
-        self.claim(pool, &held, key, &fp).await?;
+        held.row = self.claim(pool, &held, key, &fp).await?;
         // From here the key is this request's: a failure, or the request
         // cancelled, frees it (the call's drop).
         let mut call = RequestCall {
@@ -81,7 +82,16 @@ impl Idempotency {
         let held = call.held.as_ref().expect("just set");
         let mut tx = DB::begin(pool).await.map_err(|e| self.unavailable(&e))?;
         let lease = lease_text(&held.lease);
-        match DB::request_fence(&mut tx, &held.key, self.scope, &lease, self.lease_secs()).await {
+        match DB::request_fence(
+            &mut tx,
+            held.row,
+            &held.key,
+            self.scope,
+            &lease,
+            self.lease_secs(),
+        )
+        .await
+        {
             Ok(true) => {
                 call.tx = Some(CallerTx::new(tx));
                 Ok(call)
@@ -97,14 +107,14 @@ impl Idempotency {
     }
 
     /// Step 2 of [`begin`](Self::begin): `Ok` when this request holds the
-    /// key (its in-flight row committed).
+    /// key (its in-flight row committed), with the row it holds.
     async fn claim<DB: Backend>(
         &self,
         pool: &Pool<DB>,
         held: &HeldKey,
         key: &IdempotencyKey,
         fp: &str,
-    ) -> Result<(), Response> {
+    ) -> Result<ClaimedRow, Response> {
         let lease = lease_text(&held.lease);
         // Two rounds: a concurrent insert or take-over can win the first.
         for _ in 0..3 {
@@ -119,11 +129,11 @@ impl Idempotency {
                     fingerprint: fp,
                     ttl_secs: self.lease_secs(),
                 };
-                if DB::request_insert(pool, &row, &lease)
+                if let Some(claimed) = DB::request_insert(pool, &row, &lease)
                     .await
                     .map_err(|e| self.unavailable(&e))?
                 {
-                    return Ok(());
+                    return Ok(claimed);
                 }
                 continue;
             };
@@ -154,7 +164,7 @@ impl Idempotency {
                     // slower than its lease) is not waited for: false, and
                     // after the rounds 409 (on SQLite the take-over waits
                     // for the write lock, as every writer does).
-                    if DB::request_take_over(
+                    if let Some(claimed) = DB::request_take_over(
                         pool,
                         &held.key,
                         self.scope,
@@ -165,7 +175,7 @@ impl Idempotency {
                     .await
                     .map_err(|e| self.unavailable(&e))?
                     {
-                        return Ok(());
+                        return Ok(claimed);
                     }
                 }
                 Held::Foreign => {
@@ -210,6 +220,8 @@ fn new_lease() -> String {
 struct HeldKey {
     key: String,
     lease: String,
+    /// The claimed row, once claimed.
+    row: ClaimedRow,
 }
 
 /// A request that holds its key: the handler's transaction is open, the
@@ -306,7 +318,8 @@ impl<DB: Backend> RequestCall<DB> {
             let ttl = policy.ttl.as_secs() as i64;
             let done = match tx.transaction() {
                 Ok(t) => {
-                    DB::request_complete(t, &h.key, policy.scope, &lease_text(&h.lease), &text, ttl)
+                    let lease = lease_text(&h.lease);
+                    DB::request_complete(t, h.row, &h.key, policy.scope, &lease, &text, ttl)
                         .await
                         .map_err(Error::database)
                 }

@@ -90,7 +90,10 @@
 //! checked out. So 20 concurrent retries of a handler slower than its lease,
 //! on a pool of 5, leave the pool free for other requests
 //! (`retries_past_a_slow_handlers_lease_answer_409_and_leave_the_pool_free`
-//! in the repository's tests). Keep the lease above the handlers' longest
+//! in the repository's tests). On MariaDB/MySQL the handler's transaction
+//! locks its row by primary key: a lock by the unique key would be a
+//! next-key lock, whose gap made every new key sorting just before this
+//! one wait for the handler. Keep the lease above the handlers' longest
 //! run all the same: the lease is what frees the key of a process that
 //! died.
 //!

@@ -1,6 +1,6 @@
 //! [`RequestStore`] for every backend.
 
-use super::super::types::NewRecord;
+use super::super::types::{ClaimedRow, NewRecord};
 use super::super::{RequestStore, sealed::Sealed};
 use super::{begin, persist, stmt};
 use sqlx::{Database, Pool, Transaction};
@@ -26,8 +26,9 @@ impl RequestStore for DB {
         pool: &'a Pool<Self>,
         row: &'a NewRecord<'a>,
         lease: &'a str,
-    ) -> Result<bool, sqlx::Error> {
-        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).requests().insert))
+    ) -> Result<Option<ClaimedRow>, sqlx::Error> {
+        let sql = DB::dialect_of_pool(pool).requests();
+        let q = sqlx::query(stmt(sql.insert))
             .persistent(persist())
             .bind(row.key)
             .bind(row.biz_type)
@@ -36,7 +37,14 @@ impl RequestStore for DB {
             .bind(lease)
             .bind(row.ttl_secs);
         let done = on_pool!(pool, |conn| q.execute(conn))?;
-        Ok(DB::rows_affected(&done) == 1)
+        if DB::rows_affected(&done) != 1 {
+            return Ok(None);
+        }
+        let id = match sql.by_id {
+            Some(_) => Some(DB::last_insert_id(&done)?),
+            None => None,
+        };
+        Ok(Some(ClaimedRow { id }))
     }
 
     async fn request_take_over<'a>(
@@ -46,24 +54,26 @@ impl RequestStore for DB {
         old: &'a str,
         lease: &'a str,
         lease_secs: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Option<ClaimedRow>, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).requests();
         // The row locked first, in a transaction of its own: a row that a
         // running handler's transaction holds is skipped (false: the caller
         // answers 409), where the UPDATE alone would wait for that
         // transaction with a connection of the pool.
         let mut tx = begin(pool).await?;
+        let mut id = None;
         if let Some(lock) = sql.lock {
-            let row = sqlx::query(stmt(lock))
+            let row: Option<i64> = sqlx::query_scalar(stmt(lock))
                 .persistent(persist())
                 .bind(key)
                 .bind(biz_type)
                 .fetch_optional(&mut *tx)
                 .await?;
-            if row.is_none() {
+            let Some(locked) = row else {
                 tx.rollback().await?;
-                return Ok(false);
-            }
+                return Ok(None);
+            };
+            id = sql.by_id.map(|_| locked);
         }
         let done = sqlx::query(stmt(sql.take_over))
             .persistent(persist())
@@ -75,44 +85,43 @@ impl RequestStore for DB {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(DB::rows_affected(&done) == 1)
+        Ok((DB::rows_affected(&done) == 1).then_some(ClaimedRow { id }))
     }
 
     async fn request_fence<'a>(
         tx: &'a mut Transaction<'_, Self>,
+        row: ClaimedRow,
         key: &'a str,
         biz_type: &'a str,
         lease: &'a str,
         lease_secs: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(stmt(DB::dialect_of_tx(tx).requests().fence))
-            .persistent(persist())
-            .bind(lease_secs)
-            .bind(key)
-            .bind(biz_type)
-            .bind(lease)
-            .execute(&mut **tx)
-            .await?;
+        let sql = DB::dialect_of_tx(tx).requests();
+        let q = match (sql.by_id, row.id) {
+            (Some((fence, _)), Some(id)) => sqlx::query(stmt(fence)).bind(lease_secs).bind(id),
+            _ => sqlx::query(stmt(sql.fence)).bind(lease_secs).bind(key).bind(biz_type),
+        };
+        let done = q.persistent(persist()).bind(lease).execute(&mut **tx).await?;
         Ok(DB::rows_affected(&done) == 1)
     }
 
     async fn request_complete<'a>(
         tx: &'a mut Transaction<'_, Self>,
+        row: ClaimedRow,
         key: &'a str,
         biz_type: &'a str,
         lease: &'a str,
         answer: &'a str,
         ttl_secs: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(stmt(DB::dialect_of_tx(tx).requests().complete))
-            .persistent(persist())
-            .bind(answer)
-            .bind(ttl_secs)
-            .bind(key)
-            .bind(biz_type)
-            .bind(lease)
-            .execute(&mut **tx)
-            .await?;
+        let sql = DB::dialect_of_tx(tx).requests();
+        let q = match (sql.by_id, row.id) {
+            (Some((_, complete)), Some(id)) => {
+                sqlx::query(stmt(complete)).bind(answer).bind(ttl_secs).bind(id)
+            }
+            _ => sqlx::query(stmt(sql.complete)).bind(answer).bind(ttl_secs).bind(key).bind(biz_type),
+        };
+        let done = q.persistent(persist()).bind(lease).execute(&mut **tx).await?;
         Ok(DB::rows_affected(&done) == 1)
     }
 
