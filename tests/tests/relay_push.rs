@@ -177,6 +177,50 @@ mod postgres {
         );
     }
 
+    /// Four producers enqueue 200 messages as fast as they commit: the
+    /// notifier's rounds that notify are at least `NOTIFIER_MIN_GAP` apart,
+    /// so the relay is woken at most once per gap, whatever the rate (the
+    /// control, without the gap: rounds every 2 to 3 ms, about three times
+    /// the bound). Every message delivered once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_steady_stream_wakes_the_relay_at_most_once_per_gap() {
+        use idem_runtime::outbox::NOTIFIER_MIN_GAP;
+        let Some(pool) = pool().await else { return };
+        let topic = topic("gap");
+        let owner = format!("push-g-{}", ids(1));
+        let handle = asleep(
+            &pool,
+            &topic,
+            relay(&pool, &topic, &owner).push_wakeup(true),
+        )
+        .await;
+        listening(&pool, &owner).await;
+        let before = handle.stats().push_wakeups.load(Ordering::Relaxed);
+        let start = Instant::now();
+        let producers = (0..4).map(|_| one_by_one(&pool, &topic, 50));
+        let coupons: Vec<i64> = futures::future::join_all(producers)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        delivered(&pool, &topic, 201).await;
+        // A round still under way notifies inside the window too.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let window = start.elapsed();
+        let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed) - before;
+        handle.shutdown().await;
+        let bound = (window.as_micros() / NOTIFIER_MIN_GAP.as_micros()) as u64 + 1;
+        eprintln!(
+            "relay_push: 200 messages from 4 producers in {window:?}: {wakeups} wake-ups (bound {bound})"
+        );
+        assert_eq!(double_lost(&pool, &coupons).await, (0, 0));
+        assert!(wakeups >= 1, "no wake-up");
+        assert!(
+            wakeups <= bound,
+            "{wakeups} wake-ups in {window:?}: rounds closer than {NOTIFIER_MIN_GAP:?}"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn push_wakeup_delivers_each_message_long_before_the_poll() {
         let Some(pool) = pool().await else { return };
