@@ -61,14 +61,17 @@
 //! overwrite its successor's leader key (two primaries, 2 runs of 4; fixed
 //! in Patroni 3.0.3, patroni/patroni#2689): the harness uses the v2 API.
 
+#[path = "common/failover.rs"]
+mod common;
+use common::{CallFn, Calls, Workers, count, detail};
+
 use idem_runtime::outbox::{Delivery, Relay};
-use idem_runtime::{Error, Outcome, State, idempotent};
+use idem_runtime::{State, idempotent};
 use idem_testkit::cluster::patroni::{Mode, Patroni};
 use serde::{Deserialize, Serialize};
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Coupons deducted by the retrying callers, per run.
@@ -133,154 +136,11 @@ async fn ship(tx: &mut PgConnection, d: &Delivery<Postgres>, s: &Ship) -> Result
     Ok(s.parcel)
 }
 
-/// What the callers saw.
-#[derive(Debug, Default)]
-struct Calls {
-    /// Attempts, first tries included.
-    attempts: AtomicU64,
-    /// Retried errors by kind (and SQLSTATE or connection error): how
-    /// many, the first and the last seen.
-    retried: Mutex<BTreeMap<String, (u64, Instant, Instant)>>,
-    /// Non-retryable errors (a misclassification: none expected).
-    fatal: Mutex<Vec<String>>,
-    /// Coupons whose call was acknowledged (`Executed` or `Duplicate`).
-    acked: Mutex<Vec<i64>>,
-    /// When the leader was killed or frozen (set by the test).
-    fault: std::sync::OnceLock<Instant>,
-    /// The first acknowledgement of an attempt begun after the fault: the
-    /// callers' time to recover.
-    recovered: Mutex<Option<Instant>>,
-    /// The control callers' coupons given up after an error.
-    given_up: AtomicU64,
-    /// Calls done (acknowledged or given up), for the fault's moment.
-    done: AtomicU64,
-}
-
-/// The driver's error in `e`'s chain, if any (a handler body's error
-/// wraps it).
-fn sqlx_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a sqlx::Error> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cur {
-        if let Some(s) = c.downcast_ref::<sqlx::Error>() {
-            return Some(s);
-        }
-        cur = c.source();
-    }
-    None
-}
-
-/// What the server or the driver said: `25006`, `io UnexpectedEof`, …
-fn detail(e: &(dyn std::error::Error + 'static)) -> String {
-    match sqlx_error(e) {
-        Some(sqlx::Error::Database(db)) => db.code().map(|c| c.into_owned()).unwrap_or_default(),
-        Some(sqlx::Error::Io(io)) => format!("io {:?}", io.kind()),
-        Some(sqlx::Error::Protocol(_)) => "protocol".into(),
-        Some(sqlx::Error::PoolTimedOut) => "pool_timed_out".into(),
-        Some(other) => format!("{other}").chars().take(40).collect(),
-        None => format!("{e}").chars().take(60).collect(),
-    }
-}
-
-/// An error's kind with what the server or the driver said: `database:
-/// 25006`, `commit_unknown: io UnexpectedEof`, …
-fn describe(e: &Error) -> String {
-    format!("{}: {}", e.kind(), detail(e))
-}
-
-impl Calls {
-    fn retried_once(&self, kind: String) {
-        let now = Instant::now();
-        let mut retried = self.retried.lock().expect("retried");
-        let seen = retried.entry(kind).or_insert((0, now, now));
-        seen.0 += 1;
-        seen.2 = now;
-    }
-
-    /// Deducts `coupon`, retrying every retryable error until the call is
-    /// acknowledged; with `give_up`, one try only.
-    async fn run(&self, pool: &PgPool, coupon: i64, give_up: bool) {
-        let msg = Deduct { coupon_id: coupon };
-        let start = Instant::now();
-        let mut wait = Duration::from_millis(20);
-        loop {
-            self.attempts.fetch_add(1, Ordering::Relaxed);
-            let begun = Instant::now();
-            match deduct(pool, &msg).await {
-                Ok(Outcome::Executed(()) | Outcome::Duplicate(_)) => {
-                    self.acked.lock().expect("acked").push(coupon);
-                    if self.fault.get().is_some_and(|k| begun > *k) {
-                        let now = Instant::now();
-                        let mut first = self.recovered.lock().expect("recovered");
-                        if first.is_none_or(|t| now < t) {
-                            *first = Some(now);
-                        }
-                    }
-                    break;
-                }
-                Err(_) if give_up => {
-                    self.given_up.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                Err(e) if e.is_retryable() => {
-                    self.retried_once(describe(&e));
-                    assert!(
-                        start.elapsed() < Duration::from_secs(90),
-                        "coupon {coupon} still failing after 90 s: {e}"
-                    );
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_millis(200));
-                }
-                Err(e) => {
-                    self.fatal
-                        .lock()
-                        .expect("fatal")
-                        .push(format!("coupon {coupon}: {e:?}"));
-                    break;
-                }
-            }
-        }
-        self.done.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Runs `n` tasks taking coupons from `queue`. The last quarter waits for
-/// the fault (`faulted`): callers are still at work when the leader goes,
-/// however fast they are next to the relay.
-fn workers(
-    n: usize,
-    pool: &PgPool,
-    calls: &Arc<Calls>,
-    queue: Vec<i64>,
-    give_up: bool,
-    faulted: &tokio::sync::watch::Receiver<bool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let gate = queue.len() * 3 / 4;
-    let queue = Arc::new(Mutex::new(VecDeque::from_iter(
-        queue.into_iter().enumerate(),
-    )));
-    (0..n)
-        .map(|_| {
-            let (pool, calls, queue) = (pool.clone(), calls.clone(), queue.clone());
-            let mut faulted = faulted.clone();
-            tokio::spawn(async move {
-                loop {
-                    let next = queue.lock().expect("queue").pop_front();
-                    let Some((n, coupon)) = next else { break };
-                    if n >= gate {
-                        faulted.wait_for(|k| *k).await.expect("the test runs");
-                    }
-                    calls.run(&pool, coupon, give_up).await;
-                }
-            })
-        })
-        .collect()
-}
-
-async fn count(pool: &PgPool, query: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_owned()))
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{query}: {e}"))
+/// The call the workers make: a coupon deducted.
+fn deduct_call() -> CallFn {
+    Arc::new(|pool, coupon| {
+        Box::pin(async move { deduct(&pool, &Deduct { coupon_id: coupon }).await })
+    })
 }
 
 /// idem's tables and the test's, once per cluster.
@@ -514,7 +374,6 @@ async fn failover(cluster: &Patroni, run: Run) -> Figures {
 
     let call_pool = cluster.pool((CALL_WORKERS + GIVE_UP_WORKERS) as u32);
     let relay_pool = cluster.pool(10);
-    let calls = Arc::new(Calls::default());
     let relay = Relay::new(relay_pool.clone())
         .route(run.topic(), |d, s: Ship| async move {
             ship(d.source(), &d, &s).await
@@ -526,20 +385,23 @@ async fn failover(cluster: &Patroni, run: Run) -> Figures {
         .backoff(Duration::from_millis(50), Duration::from_millis(500))
         .owner(format!("pat-{}", run.n))
         .spawn();
+    let calls = Arc::new(Calls::default());
+    let callers = Workers {
+        call: deduct_call(),
+        pool: call_pool.clone(),
+        calls: calls.clone(),
+        limit: Duration::from_secs(90),
+    };
     let (fault, faulted) = tokio::sync::watch::channel(false);
     let first = run.first_coupon();
-    let mut tasks = workers(
+    let mut tasks = callers.spawn(
         CALL_WORKERS,
-        &call_pool,
-        &calls,
         (first..first + CALLS).collect(),
         false,
         &faulted,
     );
-    tasks.extend(workers(
+    tasks.extend(callers.spawn(
         GIVE_UP_WORKERS,
-        &call_pool,
-        &calls,
         (first + CALLS..first + CALLS + GIVE_UP_CALLS).collect(),
         true,
         &faulted,

@@ -23,6 +23,7 @@ pub mod pg_standby;
 pub mod pgbouncer;
 pub mod rabbitmq;
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -235,4 +236,39 @@ pub fn as_user(user: &str, program: &str) -> Command {
     } else {
         Command::new(program)
     }
+}
+
+/// Every descendant of `root` (children, their children, …), from `/proc`.
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // `pid (comm) state ppid …`; the name may hold spaces.
+            let ppid = std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(')')?.1.to_owned();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                });
+            if let Some(ppid) = ppid {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            found.push(c);
+            todo.push(c);
+        }
+    }
+    found
 }

@@ -9,8 +9,7 @@
 //! process of this data directory) with its children.
 
 use super::{BIN, PATRONI};
-use crate::cluster::{Proc, as_user};
-use std::collections::HashMap;
+use crate::cluster::{Proc, as_user, descendants};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -174,39 +173,4 @@ fn send(signal: &str, pids: &[u32]) {
         .args(pids.iter().map(u32::to_string))
         .stderr(Stdio::null())
         .status();
-}
-
-/// Every descendant of `root` (children, their children, …), from `/proc`.
-fn descendants(root: u32) -> Vec<u32> {
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            // `pid (comm) state ppid …`; the name may hold spaces.
-            let ppid = std::fs::read_to_string(entry.path().join("stat"))
-                .ok()
-                .and_then(|s| {
-                    let rest = s.rsplit_once(')')?.1.to_owned();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                });
-            if let Some(ppid) = ppid {
-                children.entry(ppid).or_default().push(pid);
-            }
-        }
-    }
-    let mut found = Vec::new();
-    let mut todo = vec![root];
-    while let Some(p) = todo.pop() {
-        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
-            found.push(c);
-            todo.push(c);
-        }
-    }
-    found
 }

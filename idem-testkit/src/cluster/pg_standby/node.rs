@@ -2,7 +2,7 @@
 //! programs (`pg_isready`, `psql`) the harness asks it through.
 
 use super::BIN;
-use crate::cluster::{Proc, as_user};
+use crate::cluster::{Proc, as_user, descendants};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -63,28 +63,9 @@ fn instance_pids(data: &Path) -> Vec<u32> {
     else {
         return Vec::new();
     };
+    // The backends and auxiliary processes (and whatever they started).
     let mut pids = vec![postmaster];
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            // `pid (comm) state ppid …`; the name may hold spaces.
-            let ppid = std::fs::read_to_string(entry.path().join("stat"))
-                .ok()
-                .and_then(|s| {
-                    let rest = s.rsplit_once(')')?.1.to_owned();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                });
-            if ppid == Some(postmaster) {
-                pids.push(pid);
-            }
-        }
-    }
+    pids.extend(descendants(postmaster));
     pids
 }
 
