@@ -524,14 +524,17 @@ macro_rules! backend_tests {
                         Err(e) => Err(format!("{e} (timed out: {})", e.is_timeout())),
                     }
                 };
+                // Picked before the retries take the pool's connections (on
+                // SQLite they wait for the write lock holding them).
+                let fresh_key = f.key_sorting_right_before(&k).await;
                 let retries: Vec<_> = (0..20).map(|_| tokio::spawn(send(f.clone(), k.clone(), "{}"))).collect();
                 // An unrelated request meanwhile, once the retries are in,
-                // with a key whose record sorts right before the slow one's:
+                // with a key whose record sorts right before the slow one's
+                // (`fresh_key`):
                 // on MariaDB a fence that locked the gap before its row (a
                 // next-key lock) would hold this insert until the slow
                 // handler commits (1 run in 15 when the keys fell so by
                 // chance).
-                let fresh_key = f.key_sorting_right_before(&k).await;
                 let fresh = tokio::spawn({
                     let send = send(f.clone(), fresh_key, "{\"fresh\":1}");
                     async move {
