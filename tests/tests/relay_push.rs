@@ -177,14 +177,19 @@ mod postgres {
         );
     }
 
-    /// Four producers enqueue 200 messages as fast as they commit: the
-    /// notifier's rounds that notify are at least `NOTIFIER_MIN_GAP` apart,
-    /// so the relay is woken at most once per gap, whatever the rate (the
-    /// control, without the gap: rounds every 2 to 3 ms, about three times
-    /// the bound). Every message delivered once.
+    /// Four producers commit 48 transactions of `NOTIFIER_DENSE` messages
+    /// each as fast as they can: every round that notifies sees a whole
+    /// transaction (its messages become visible together), so it notified
+    /// a dense stream and the next round waits out `NOTIFIER_MIN_GAP`; the
+    /// relay is woken at most once per gap until the last delivery, and
+    /// once more after it, whatever the rate. Two rounds of slack: a round may take its ids from the channel while a
+    /// transaction is still handing its own over. The control, without
+    /// the gap, woke the relay 23 to 30 times against bounds of 18 to 22
+    /// (3 runs of 3 failed; with it 11 to 14). Every message delivered,
+    /// every coupon once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_steady_stream_wakes_the_relay_at_most_once_per_gap() {
-        use idem_runtime::outbox::NOTIFIER_MIN_GAP;
+    async fn a_dense_stream_wakes_the_relay_at_most_once_per_gap() {
+        use idem_runtime::outbox::{NOTIFIER_DENSE, NOTIFIER_MIN_GAP};
         let Some(pool) = pool().await else { return };
         let topic = topic("gap");
         let owner = format!("push-g-{}", ids(1));
@@ -197,21 +202,31 @@ mod postgres {
         listening(&pool, &owner).await;
         let before = handle.stats().push_wakeups.load(Ordering::Relaxed);
         let start = Instant::now();
-        let producers = (0..4).map(|_| one_by_one(&pool, &topic, 50));
+        let producers = (0..4).map(|_| {
+            let (pool, topic) = (pool.clone(), topic.clone());
+            async move {
+                let mut coupons = Vec::new();
+                for _ in 0..12 {
+                    coupons.push(produce(&pool, &topic, NOTIFIER_DENSE).await);
+                }
+                coupons
+            }
+        });
         let coupons: Vec<i64> = futures::future::join_all(producers)
             .await
             .into_iter()
             .flatten()
             .collect();
-        delivered(&pool, &topic, 201).await;
-        // A round still under way notifies inside the window too.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        delivered(&pool, &topic, 1 + 48 * NOTIFIER_DENSE as i64).await;
         let window = start.elapsed();
+        // One more round may come after the last delivery (ids it had not
+        // notified yet), and notifies in the next 200 ms.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed) - before;
         handle.shutdown().await;
-        let bound = (window.as_micros() / NOTIFIER_MIN_GAP.as_micros()) as u64 + 1;
+        let bound = (window.as_micros() / NOTIFIER_MIN_GAP.as_micros()) as u64 + 1 + 1 + 2;
         eprintln!(
-            "relay_push: 200 messages from 4 producers in {window:?}: {wakeups} wake-ups (bound {bound})"
+            "relay_push: 48 transactions of {NOTIFIER_DENSE} from 4 producers in {window:?}: {wakeups} wake-ups (bound {bound})"
         );
         assert_eq!(double_lost(&pool, &coupons).await, (0, 0));
         assert!(wakeups >= 1, "no wake-up");

@@ -57,7 +57,9 @@ pub use enqueue::{
     notify_on_enqueue_enabled,
 };
 pub use lease::OutboxLease;
-pub use notifier::{GIVE_UP as NOTIFIER_GIVE_UP, MIN_GAP as NOTIFIER_MIN_GAP, NOTIFIER_APP};
+pub use notifier::{
+    DENSE as NOTIFIER_DENSE, GIVE_UP as NOTIFIER_GIVE_UP, MIN_GAP as NOTIFIER_MIN_GAP, NOTIFIER_APP,
+};
 #[cfg(any(feature = "amqp", feature = "nats"))]
 pub(crate) use relay::forward;
 pub use relay::{

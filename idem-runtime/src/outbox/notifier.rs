@@ -15,10 +15,11 @@
 //! [`GIVE_UP`]): a rolled-back enqueue never becomes visible and notifies
 //! nobody. Every id handed over while a round runs waits for the next one,
 //! so one notifying statement at a time covers any number of producers.
-//! Rounds that notify are at least 8 ms apart: under a steady stream each
-//! wakes the relays for one claim of what gathered, rather than a claim
-//! per handful of messages; a message that comes after a quiet spell is
-//! notified 2 ms after its hand-over, as before.
+//! A round that notified a dense stream (4 messages or more) is followed by
+//! the next one no sooner than 16 ms later ([`MIN_GAP`]): under a heavy
+//! stream each round wakes the relays for one claim of what gathered,
+//! rather than a claim per handful of messages; a sparse stream is notified
+//! 2 ms after each hand-over, as before.
 //!
 //! A topic pushed by relays of several databases in one process (shards)
 //! keeps notifying in the producers' statements: an enqueue cannot tell
@@ -46,13 +47,17 @@ pub const NOTIFIER_APP: &str = "idem-notifier";
 /// commit before leaving the message to the relays' polling.
 pub const GIVE_UP: Duration = Duration::from_secs(2);
 
-/// The least time between two of a notifier's rounds that notified: under
-/// a steady stream every round wakes each pushed relay for one claim, so
-/// rounds as fast as the statement allows (one every 2 to 3 ms) cost the
-/// relays a claim per handful of messages, on the CPU the producers share.
-/// A message enqueued longer than this after the last round is not delayed
-/// by it.
-pub const MIN_GAP: Duration = Duration::from_millis(8);
+/// The least time between a notifier's round that notified a dense stream
+/// (at least [`DENSE`] messages) and its next round: under such a stream
+/// every round wakes each pushed relay for one claim, so rounds as fast as
+/// the statement allows (one every 2 to 3 ms) cost the relays a claim per
+/// handful of messages, on the CPU the producers share. A sparser stream
+/// is not paced: its messages are notified 2 ms after their hand-over.
+pub const MIN_GAP: Duration = Duration::from_millis(16);
+
+/// How many messages a round must have notified for [`MIN_GAP`] to pace
+/// the next one.
+pub const DENSE: usize = 4;
 
 /// A running notifier: where its ids go.
 // Built by the PostgreSQL notifier only.
@@ -137,7 +142,7 @@ pub(crate) use pg::start;
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use super::{GIVE_UP, MIN_GAP, NOTIFIER_APP, Notifier, Registration, registry};
+    use super::{DENSE, GIVE_UP, MIN_GAP, NOTIFIER_APP, Notifier, Registration, registry};
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use std::collections::HashSet;
     use std::sync::Arc;
@@ -235,8 +240,10 @@ mod pg {
                 Ok(visible) => {
                     let visible: HashSet<i64> = visible.into_iter().collect();
                     waiting.retain(|(id, _)| !visible.contains(id));
-                    if !visible.is_empty() {
+                    if visible.len() >= DENSE {
                         last_notified = Some(Instant::now());
+                    } else if !visible.is_empty() {
+                        last_notified = None;
                     }
                     wait = if visible.is_empty() {
                         (wait * 2).min(MAX_WAIT)
