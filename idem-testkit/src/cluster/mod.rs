@@ -83,15 +83,50 @@ impl Drop for Scratch {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+/// ephemeral range.
+///
+/// Below it, because a port handed out by the kernel (`bind` to port 0)
+/// stays in the range the kernel also takes the local ports of outgoing
+/// connections from: between this call and the server's own `bind`, a
+/// connection (a cluster's nodes dialing each other, a test's clients)
+/// could take it, and the server then exits with "address already in use"
+/// (seen once in a loaded suite run, a NATS node). The search starts at a
+/// place that differs per process and call, so that harnesses of
+/// concurrent test processes seldom try the same ports.
 ///
 /// # Panics
 ///
 /// When no port can be bound.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    // 10,000 ports below the range, not below 1024.
+    let low = ephemeral_low.saturating_sub(10_000).max(1024);
+    let span = ephemeral_low.saturating_sub(low).max(1);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seed = std::process::id()
+        .wrapping_mul(7919)
+        .wrapping_add(nanos)
+        .wrapping_add(CALLS.fetch_add(1, Ordering::Relaxed).wrapping_mul(104_729));
+    for i in 0..span {
+        let port = low + (seed.wrapping_add(i) % span);
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
+        .expect("bind a port")
         .port()
 }
 

@@ -336,10 +336,15 @@ impl NatsCluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!(
-            "nats node {i} was not ready within {READY_WITHIN:?}\n{}",
-            self.log_tails(40)
-        );
+        let exited = !self.procs.lock().expect("procs")[i]
+            .as_mut()
+            .is_some_and(Proc::running);
+        let what = if exited {
+            "exited before it was ready".to_string()
+        } else {
+            format!("was not ready within {READY_WITHIN:?}")
+        };
+        panic!("nats node {i} {what}\n{}", self.log_tails(40));
     }
 }
 
