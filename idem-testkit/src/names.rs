@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 
-/// A name no other test (or earlier run) uses: `prefix_<pid>_<n>`.
+/// A name no other test (or earlier run) uses: `prefix_<pid>_<start second>_<n>`.
 ///
 /// ```
 /// let a = idem_testkit::unique("coupon");
@@ -13,8 +13,18 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 /// ```
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
+    // The process id alone repeats across runs (`pid_max` is 32768 here):
+    // a test that found an earlier run's rows under its topic took them
+    // for its own (seen once in seven suite runs). The start's second
+    // (modulo 10^6, about eleven days) tells the runs apart.
+    static STAMP: OnceLock<u64> = OnceLock::new();
+    let stamp = *STAMP.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() % 1_000_000)
+    });
     format!(
-        "{prefix}_{}_{}",
+        "{prefix}_{}_{stamp}_{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
