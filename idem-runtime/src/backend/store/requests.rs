@@ -57,7 +57,7 @@ impl RequestStore for DB {
     ) -> Result<Option<ClaimedRow>, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).requests();
         // The row locked first, in a transaction of its own: a row that a
-        // running handler's transaction holds is skipped (false: the caller
+        // running handler's transaction holds is skipped (`None`: the caller
         // answers 409), where the UPDATE alone would wait for that
         // transaction with a connection of the pool.
         let mut tx = begin(pool).await?;
