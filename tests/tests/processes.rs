@@ -218,17 +218,66 @@ async fn three_relay_processes_never_run_a_message_twice_at_once() {
     assert_eq!(owners, 3, "all three processes took a share of the work");
 }
 
-/// Control: with leases far shorter than the handler, claims expire while
-/// the handler still runs, so another process runs the same message at the
-/// same time — and the execution-log check sees it. (The deductions stay
-/// single: the handlers are idempotent.)
+/// Control: with a lease far shorter than the handler, the lease runs out
+/// while the handler still runs, so another process runs the same message
+/// at the same time — and the execution-log check sees it. (The
+/// deductions stay single: the handlers are idempotent.)
+///
+/// The overlap is forced, not left to a race: the first process holds
+/// each message's first run until another process has settled the message
+/// (`RELAY_HOLD_FIRST_RUN`), and the two others start only once it has
+/// claimed. They never hold a run, so the drain always ends. (Three
+/// processes whose runs all outlive a 1 ms lease can take each message
+/// from one another forever: one such CI run was still draining after
+/// 120 s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_expired_leases_let_processes_overlap_and_the_log_shows_it() {
-    let Some((overlaps, double, lost, _)) =
-        three_relays(&idem_testkit::postgres_url(), 1, 40).await
-    else {
+    let url = idem_testkit::postgres_url();
+    let Some(pool) = idem_testkit::any(&url, 4).await else {
         return;
     };
+    let d = setup(&pool).await;
+    let topic = format!("proc.overlap.{}", ids(1));
+    let n = 60;
+    let coupons = produce(&pool, d, &topic, n).await;
+    let mut slow = Command::new(WORKER);
+    slow.env("RELAY_HOLD_FIRST_RUN", "1").args([
+        url.as_str(),
+        &topic,
+        &format!("slow-{}", ids(1)),
+        "1",
+        "0",
+        "800",
+    ]);
+    let mut workers = vec![slow.spawn().expect("start relay_worker")];
+    let claimed = "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND attempts > 0";
+    let start = Instant::now();
+    while count(&pool, d, claimed, &topic).await == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the holding process claimed nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its held runs wait for the others however long they take to start:
+    // a margin for its handlers to begin first costs nothing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..2 {
+        workers.push(spawn_worker(
+            &url,
+            &topic,
+            &format!("fast{i}-{}", ids(1)),
+            1,
+            0,
+            800,
+        ));
+    }
+    wait_exit(workers, Duration::from_secs(120)).await;
+    let overlaps = overlapping_runs(&pool, d, &topic).await;
+    let (double, lost) = double_and_lost(&pool, d, &coupons).await;
+    let success = "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status = 'success'";
+    assert_eq!(count(&pool, d, success, &topic).await, n as i64);
+    eprintln!("expired leases: {overlaps} overlapping runs of {n} messages");
     assert!(
         overlaps > 0,
         "the overlap check must catch concurrent runs of one message"

@@ -4,6 +4,12 @@
 //! that no message ever runs twice at the same time, across processes.
 //!
 //! Usage: relay_worker URL TOPIC OWNER LEASE_MS HANDLER_SLEEP_MS IDLE_EXIT_MS
+//!
+//! `RELAY_HOLD_FIRST_RUN=1` makes a message's first run (attempt 1) wait,
+//! before its call, until the message is no longer pending: another
+//! process must take it over (its lease runs out meanwhile) and settle it
+//! while this run still goes on, so the two runs overlap by construction
+//! rather than by the odds of a race. The wait gives up after 30 s.
 
 use idem_runtime::Dialect;
 use idem_runtime::outbox::Relay;
@@ -59,6 +65,24 @@ fn micros() -> i64 {
         .as_micros() as i64
 }
 
+/// Waits until message `id` is no longer pending (another process settled
+/// it), at most 30 s.
+async fn wait_until_settled(pool: &AnyPool, id: i64) -> Result<(), idem_runtime::Error> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let status: String =
+            sqlx::query_scalar(sql(d(), "SELECT status FROM idem_outbox WHERE id = ?"))
+                .bind(id)
+                .fetch_one(pool)
+                .await?;
+        if status != "pending" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -82,6 +106,7 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1);
+    let hold_first_run = std::env::var("RELAY_HOLD_FIRST_RUN").is_ok_and(|v| v == "1");
     let relay = Relay::new(pool.clone())
         .route(topic.clone(), move |delivery, msg: Deduct| {
             let (log_pool, me) = (log_pool.clone(), me.clone());
@@ -89,6 +114,9 @@ async fn main() {
                 let start = micros();
                 // The handler's own time: makes overlapping runs visible.
                 tokio::time::sleep(Duration::from_millis(pause)).await;
+                if hold_first_run && delivery.message().attempts == 1 {
+                    wait_until_settled(&log_pool, delivery.message().id).await?;
+                }
                 let outcome = deduct(delivery.source(), &msg).await;
                 let end = micros();
                 if commit_batch >= 2 {
