@@ -29,6 +29,10 @@ const BOOKKEEPING_WAITS: [Duration; 4] = [
 /// `200 ms × 2ⁿ`, at most every [`OUTAGE_WAIT_MAX`], for as long as half
 /// the lease lasts: a failover of a few seconds must not leave the
 /// attempt to wait out its lease.
+/// The shortest wait between two renewals of a running handler's lease
+/// (the heartbeat renews every third of a lease, but no more often).
+pub(super) const HEARTBEAT_MIN: Duration = Duration::from_millis(10);
+
 const OUTAGE_WAIT_FIRST: Duration = Duration::from_millis(200);
 const OUTAGE_WAIT_MAX: Duration = Duration::from_secs(1);
 
@@ -410,7 +414,7 @@ impl<DB: Backend> Relay<DB> {
         span: &tracing::Span,
     ) -> F::Output {
         let i = &self.inner;
-        let every = (i.policy.lease / 3).max(Duration::from_millis(10));
+        let every = (i.policy.lease / 3).max(HEARTBEAT_MIN);
         let ids = [lease.id()];
         let tick = tokio::time::sleep(every);
         tokio::pin!(tick);

@@ -340,7 +340,9 @@ impl<DB: Backend> Relay<DB> {
     /// runs, the relay renews its message's lease every third of it (the
     /// heartbeat), so a handler slower than its lease is not run twice; a
     /// handler given [`Delivery::source`] also holds its message's row
-    /// locked from its first statement, which claims skip.
+    /// locked from its first statement, which claims skip. The heartbeat
+    /// renews no more often than every 10 ms, so a lease under 30 ms runs
+    /// out between renewals: the relay logs a warning when it starts.
     pub fn lease(self, d: Duration) -> Self {
         self.edit(|i| i.policy.lease = d)
     }

@@ -103,6 +103,14 @@ impl<DB: Backend> Relay<DB> {
     }
 
     async fn run(self, mut stop: watch::Receiver<bool>) {
+        let lease = self.inner.policy.lease;
+        if lease < 3 * super::attempt::HEARTBEAT_MIN {
+            tracing::warn!(
+                ?lease,
+                "the outbox lease is shorter than three heartbeats ({:?} each): a running handler's lease runs out between its renewals, and relays take its message from one another while it runs",
+                super::attempt::HEARTBEAT_MIN
+            );
+        }
         // Woken by the listener (push wake-up); a wake-up while the relay
         // is busy is kept as Notify's one permit.
         let wake = Arc::new(Notify::new());
