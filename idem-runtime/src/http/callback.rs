@@ -512,6 +512,35 @@ mod tests {
         );
     }
 
+    /// A byte of the signature written with a sign (`+f` for `0f`, which
+    /// `u8::from_str_radix` reads alike) is malformed: the one signature
+    /// a body has is accepted in one spelling only, lower or upper case.
+    /// (payments_fuzz's tampered signatures drew it.)
+    #[test]
+    fn a_signature_byte_with_a_sign_is_malformed() {
+        let v = CallbackVerifier::new(b"s3cret".to_vec()).without_timestamp();
+        // A body whose signature has a byte below 0x10 (a `0` to replace).
+        let (body, good, at) = (0u32..)
+            .find_map(|n| {
+                let body = format!(r#"{{"n":{n}}}"#).into_bytes();
+                let good = v.sign(0, &body);
+                let at = (0..good.len()).step_by(2).find(|&i| &good[i..=i] == "0")?;
+                Some((body, good, at))
+            })
+            .expect("some body");
+        let header = |sig: &str| headers(&[(HeaderName::from_static("x-signature"), sig.into())]);
+        assert_eq!(v.verify(&header(&good), &body), Ok(None));
+        assert_eq!(v.verify(&header(&good.to_uppercase()), &body), Ok(None));
+        for sign in ["+", "-"] {
+            let tampered = format!("{}{sign}{}", &good[..at], &good[at + 1..]);
+            assert_eq!(
+                v.verify(&header(&tampered), &body),
+                Err(CallbackError::MalformedSignature),
+                "{tampered}"
+            );
+        }
+    }
+
     #[test]
     fn serials() {
         fn evt(s: &str) -> Result<(), String> {

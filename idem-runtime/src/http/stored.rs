@@ -34,8 +34,10 @@ impl Octets {
     }
 }
 
+/// Hex digits, two a byte, either case; `None` for anything else.
+/// (`u8::from_str_radix` alone would also read a sign: `+f` as `0f`.)
 pub(super) fn unhex(h: &str) -> Option<Vec<u8>> {
-    if !h.len().is_multiple_of(2) {
+    if !h.len().is_multiple_of(2) || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..h.len())
