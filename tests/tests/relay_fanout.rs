@@ -342,6 +342,17 @@ macro_rules! fanout_tests {
                     }
                 });
                 let running = relay.clone().spawn();
+                // The first run's call commits its `success` before the
+                // step after it fails and the relay sets the message
+                // pending again: a drain seen in between would stop the
+                // relay before the second run (1 loaded suite run in 3).
+                // The second run's step counts only after its call
+                // committed.
+                let start = Instant::now();
+                while after.load(Ordering::SeqCst) < 2 {
+                    assert!(start.elapsed() < Duration::from_secs(60), "the step after the call never ran again");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 drained(&pool, &topic).await;
                 running.shutdown().await;
                 assert_eq!(deductions(&pool, coupon).await, 1);
