@@ -68,10 +68,13 @@ impl Role {
     }
 
     /// Between the check and the write, whatever the check saw (a pair
-    /// member that stopped there would leave the other waiting).
+    /// member that stopped there would leave the other waiting). A pair
+    /// member whose check failed never comes: after 30 s the other goes
+    /// on alone (the round then likely catches nothing, and says so)
+    /// rather than hang the suite.
     async fn after_check(&self) {
         if let Role::Pair(pair, met) = self {
-            pair.wait().await;
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), pair.wait()).await;
             met.send_replace(true);
         }
     }
