@@ -1,7 +1,8 @@
 //! `idem migrate`.
 
+use crate::Fail;
 use crate::output::Out;
-use crate::{Fail, redact};
+use crate::redact::redact;
 use serde::Serialize;
 use sqlx::AnyPool;
 
