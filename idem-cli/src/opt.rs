@@ -122,7 +122,8 @@ pub(crate) struct ServeArgs {
 pub(crate) enum OutboxCommand {
     /// Messages per topic and status, and the age of each topic's oldest pending message.
     Stats {
-        /// Only this topic.
+        /// Only this topic, exactly as stored: spaces are part of a topic ("pay " is not
+        /// "pay"; the tables quote such a topic). Empty: every topic.
         #[arg(long)]
         topic: Option<String>,
     },
@@ -131,7 +132,8 @@ pub(crate) enum OutboxCommand {
         /// Which messages.
         #[arg(long, value_enum, default_value_t = StatusArg::Failed)]
         status: StatusArg,
-        /// Only this topic.
+        /// Only this topic, exactly as stored: spaces are part of a topic ("pay " is not
+        /// "pay"; the tables quote such a topic). Empty: every topic.
         #[arg(long)]
         topic: Option<String>,
         /// At most this many messages.
@@ -164,7 +166,8 @@ pub(crate) struct RequeueTarget {
     /// The failed message with this id.
     #[arg(long)]
     pub(crate) id: Option<i64>,
-    /// Every failed message of this topic.
+    /// Every failed message of this topic, exactly as stored: spaces are part of a topic
+    /// ("pay " is not "pay").
     #[arg(long)]
     pub(crate) topic: Option<String>,
     /// Every failed message.

@@ -3,6 +3,7 @@
 use crate::Fail;
 use idem_runtime::outbox::admin::OutboxMessage;
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// How results are printed.
 #[derive(Clone, Copy)]
@@ -34,7 +35,7 @@ pub(crate) fn messages_table(messages: &[OutboxMessage]) -> String {
         .map(|m| {
             vec![
                 m.id.to_string(),
-                m.topic.clone(),
+                name(&m.topic).into_owned(),
                 m.msg_id.clone(),
                 m.status.clone(),
                 m.attempts.to_string(),
@@ -55,6 +56,25 @@ pub(crate) fn messages_table(messages: &[OutboxMessage]) -> String {
         ],
         &rows,
     )
+}
+
+/// A stored name (a topic) as a cell that shows it exactly: as is, unless
+/// its spaces would hide in a column (at its ends, several in a row,
+/// another kind of space, or it is empty or starts with a quote); then
+/// quoted and escaped (`"pay "`, `" pay"`): topics are compared byte for
+/// byte, so these are not `pay`.
+pub(crate) fn name(v: &str) -> Cow<'_, str> {
+    let hides = v.is_empty()
+        || v.starts_with(char::is_whitespace)
+        || v.ends_with(char::is_whitespace)
+        || v.starts_with('"')
+        || v.contains("  ")
+        || v.chars().any(|c| c.is_whitespace() && c != ' ');
+    if hides {
+        Cow::Owned(format!("{v:?}"))
+    } else {
+        Cow::Borrowed(v)
+    }
 }
 
 /// Columns padded to their widest cell, two spaces apart.

@@ -2,6 +2,12 @@
 //! A selection repeats its field (`id=1&id=2`), which is why this is not
 //! serde: every value stays a string until a page parses it, with a clear
 //! error naming the field.
+//!
+//! Values are taken exactly as sent, spaces included: topics, keys and
+//! types are compared byte for byte where they are stored (`"pay "` and
+//! `"pay"` are two topics), so a filter or a requeue must name the one the
+//! form showed, not a trimmed neighbour. Only an empty value means "none"
+//! (no filter); numbers alone are read with their spaces trimmed.
 
 use crate::error::PageError;
 
@@ -17,17 +23,18 @@ impl Params {
         Params(form_urlencoded::parse(b).into_owned().collect())
     }
 
-    /// The first value of `key`, trimmed; none when absent or blank.
+    /// The first value of `key`, exactly as sent; none when absent or
+    /// empty.
     pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == key)
-            .map(|(_, v)| v.trim())
+            .map(|(_, v)| v.as_str())
             .filter(|v| !v.is_empty())
     }
 
-    /// Every non-blank value of `key`.
-    pub(crate) fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    /// Every non-blank value of `key`, trimmed (for numbers).
+    fn all_trimmed<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.0
             .iter()
             .filter(move |(k, _)| k == key)
@@ -57,14 +64,20 @@ impl Params {
         Ok(Some(v))
     }
 
-    /// `key` as an integer, if given.
+    /// `key` as an integer, if given (spaces around it allowed).
     pub(crate) fn int(&self, key: &str) -> Result<Option<i64>, PageError> {
-        self.get(key).map(|v| parse_int(key, v)).transpose()
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+            .map(|v| parse_int(key, v))
+            .transpose()
     }
 
-    /// Every `key` as an integer.
+    /// Every `key` as an integer (spaces around each allowed).
     pub(crate) fn ints(&self, key: &str) -> Result<Vec<i64>, PageError> {
-        self.all(key).map(|v| parse_int(key, v)).collect()
+        self.all_trimmed(key).map(|v| parse_int(key, v)).collect()
     }
 }
 
@@ -90,9 +103,17 @@ mod tests {
 
     #[test]
     fn repeated_fields_and_blanks() {
-        let p = Params::query(Some("id=1&id=+2+&id=&topic=a%20b&x=%E2%9C%93"));
+        let p = Params::query(Some(
+            "id=1&id=+2+&id=&topic=a%20b&x=%E2%9C%93&t1=pay+&t2=+pay&t3=+&t4=&n=+7",
+        ));
         assert_eq!(p.ints("id").unwrap(), vec![1, 2]);
         assert_eq!(p.get("topic"), Some("a b"));
+        // Exactly as sent: a topic with spaces is its own topic.
+        assert_eq!(p.get("t1"), Some("pay "));
+        assert_eq!(p.get("t2"), Some(" pay"));
+        assert_eq!(p.get("t3"), Some(" "));
+        assert_eq!(p.get("t4"), None, "empty: no filter");
+        assert_eq!(p.int("n").unwrap(), Some(7));
         assert_eq!(p.get("x"), Some("✓"));
         assert_eq!(p.get("missing"), None);
         assert!(Params::query(Some("id=1;DROP")).ints("id").is_err());
@@ -101,12 +122,13 @@ mod tests {
 
     #[test]
     fn filters_hold_no_control_characters_and_have_a_length() {
-        let p = Params::query(Some("a=x%00y&b=x%0Ay&c=%E2%9C%93&d=abcd&e=+"));
+        let p = Params::query(Some("a=x%00y&b=x%0Ay&c=%E2%9C%93&d=abcd&e=+&f="));
         assert!(p.filter("a", 10).is_err());
         assert!(p.filter("b", 10).is_err());
         assert_eq!(p.filter("c", 3).unwrap(), Some("✓"));
         assert!(p.filter("d", 3).is_err());
-        assert_eq!(p.filter("e", 3).unwrap(), None);
+        assert_eq!(p.filter("e", 3).unwrap(), Some(" "));
+        assert_eq!(p.filter("f", 3).unwrap(), None);
         assert_eq!(p.filter("missing", 3).unwrap(), None);
     }
 }

@@ -3,12 +3,19 @@
 
 use crate::Fail;
 use crate::opt::{RequeueArgs, StatusArg};
-use crate::output::{Out, human, messages_table, table};
+use crate::output::{Out, human, messages_table, name, table};
 use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget, TopicStats};
 use sqlx::AnyPool;
 use std::time::Duration;
 
+/// A `--topic` filter: the topic exactly as given (spaces are part of a
+/// topic: `"pay "` is not `pay`); an empty one filters nothing.
+fn filter(topic: Option<&str>) -> Option<&str> {
+    topic.filter(|t| !t.is_empty())
+}
+
 pub(crate) async fn stats(pool: &AnyPool, topic: Option<&str>, out: Out) -> Result<(), Fail> {
+    let topic = filter(topic);
     let report = admin::stats(pool, topic).await?;
     out.emit(&report, || {
         if report.topics.is_empty() {
@@ -16,7 +23,7 @@ pub(crate) async fn stats(pool: &AnyPool, topic: Option<&str>, out: Out) -> Resu
         }
         let row = |t: &TopicStats| {
             vec![
-                t.topic.clone(),
+                name(&t.topic).into_owned(),
                 t.pending.to_string(),
                 t.success.to_string(),
                 t.failed.to_string(),
@@ -53,6 +60,7 @@ pub(crate) async fn list(
         return Err(Fail::usage("--limit must be at least 1"));
     }
     let status = status.status();
+    let topic = filter(topic);
     let messages = admin::list(pool, status, topic, limit).await?;
     out.emit(&messages, || {
         if messages.is_empty() {
@@ -72,6 +80,12 @@ pub(crate) async fn requeue(pool: &AnyPool, args: RequeueArgs, out: Out) -> Resu
     let target = if let Some(id) = t.id {
         RequeueTarget::Id(id)
     } else if let Some(topic) = &t.topic {
+        if topic.is_empty() {
+            return Err(Fail::usage(
+                "--topic is empty: give the topic exactly as stored (spaces included), or \
+                 --all-failed",
+            ));
+        }
         RequeueTarget::Topic(topic.clone())
     } else if t.all_failed {
         RequeueTarget::AllFailed

@@ -96,7 +96,9 @@ pub(crate) async fn login<DB: Backend>(
     same_origin(&headers, &c.site)?;
     let p = Params::body(&body);
     let next = safe_next(p.get("next"));
-    match c.auth.check_token(p.get("token").unwrap_or(""), client) {
+    // The token holds no spaces: ones pasted around it are dropped.
+    let token = p.get("token").map_or("", str::trim);
+    match c.auth.check_token(token, client) {
         Ok(true) => {}
         Ok(false) => {
             metrics::counter!("idem_console_refused_writes_total").increment(1);

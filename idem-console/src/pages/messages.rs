@@ -2,6 +2,7 @@
 //! reasons, to select for a requeue): oldest first, a page at a time.
 
 use crate::error::PageError;
+use crate::fmt;
 use crate::mount::Mount;
 use crate::params::{Params, query_string};
 use crate::read::{READ_TIMEOUT, bounded};
@@ -147,7 +148,7 @@ async fn render<DB: Backend>(
                 select name="topic" #topic-filter {
                     option value="" selected[l.topic.is_none()] { "(all topics)" }
                     @for t in &topics {
-                        option value=(t) selected[l.topic.as_deref() == Some(*t)] { (t) }
+                        option value=(t) selected[l.topic.as_deref() == Some(*t)] { (fmt::label(t)) }
                     }
                 }
             }
@@ -159,7 +160,7 @@ async fn render<DB: Backend>(
         h1 { (title) }
         (filter)
         p.note #count { (total) " " (l.status.as_str()) " message(s)"
-            @if let Some(t) = &l.topic { " in topic " code { (t) } }
+            @if let Some(t) = &l.topic { " in topic " code { (fmt::name(t)) } }
             @if l.after.is_some() { "; this page starts after id " (l.after.unwrap_or(0)) }
         }
         @if page.messages.is_empty() {
@@ -170,7 +171,7 @@ async fn render<DB: Backend>(
                 p.actions {
                     button type="submit" #preview-selected { "Preview requeue of the selected" }
                     @if let Some(t) = &l.topic {
-                        " " a.button #preview-topic href=(format!("{}?{}", c.mount.url("/requeue"), query_string([("topic", t.clone())]))) { "Preview requeue of all of " (t) }
+                        " " a.button #preview-topic href=(format!("{}?{}", c.mount.url("/requeue"), query_string([("topic", t.clone())]))) { "Preview requeue of all of " (fmt::name(t)) }
                     } @else {
                         " " a.button #preview-all href=(c.mount.url("/requeue?all=1")) { "Preview requeue of all dead letters" }
                     }
@@ -202,7 +203,7 @@ pub(crate) fn message_table(mount: &Mount, messages: &[OutboxMessage], select: b
                     tr data-id=(m.id) {
                         @if select { td { input type="checkbox" name="id" value=(m.id) aria-label=(format!("select message {}", m.id)); } }
                         td.num { (m.id) }
-                        td { (m.topic) }
+                        td.topic { (fmt::name(&m.topic)) }
                         td { code { (m.msg_id) } }
                         td { span class=(format!("status {}", m.status)) { (m.status) } }
                         td.num { (m.attempts) }

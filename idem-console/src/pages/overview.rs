@@ -63,7 +63,7 @@ async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
             tr data-topic=[(!totals).then_some(&s.topic)] {
                 td.topic {
                     @if totals { "(all topics)" }
-                    @else { a href=(topic_link(c.mount.url("/messages"), vec![("status", "pending".into()), ("topic", s.topic.clone())])) { (s.topic) } }
+                    @else { a href=(topic_link(c.mount.url("/messages"), vec![("status", "pending".into()), ("topic", s.topic.clone())])) { (fmt::name(&s.topic)) } }
                 }
                 td.num.pending { (s.pending) }
                 td.num.success { (s.success) }

@@ -1,6 +1,7 @@
 //! `/records`: an idempotency record by key, online or archived.
 
 use crate::error::PageError;
+use crate::fmt;
 use crate::params::Params;
 use crate::read::{READ_TIMEOUT, bounded};
 use crate::{Shared, layout};
@@ -37,12 +38,12 @@ pub(crate) async fn page<DB: Backend>(
         (form)
         @match &found {
             None => p.note { "Look up a record by its key (and, when several business types share it, its biz_type); archived records are found too." },
-            Some(rs) if rs.is_empty() => p.note #not-found { "No record with this key" @if let Some(t) = biz_type { " and biz_type " code { (t) } } ", neither online nor archived." },
+            Some(rs) if rs.is_empty() => p.note #not-found { "No record with this key" @if let Some(t) = biz_type { " and biz_type " code { (fmt::name(t)) } } ", neither online nor archived." },
             Some(rs) => {
                 @for r in rs {
                     table.record data-biz-type=(r.biz_type) {
-                        tr { th { "Key" } td.key { code { (r.key) } } }
-                        tr { th { "biz_type" } td.biz-type { (r.biz_type) } }
+                        tr { th { "Key" } td.key { code { (fmt::name(&r.key)) } } }
+                        tr { th { "biz_type" } td.biz-type { (fmt::name(&r.biz_type)) } }
                         tr { th { "biz_no" } td { (r.biz_no) } }
                         tr { th { "Fingerprint" } td.fingerprint { code { (r.fingerprint) } } }
                         tr { th { "Stored result" } td.result { @if let Some(res) = &r.result { pre { (res) } } @else { "-" } } }

@@ -5,6 +5,7 @@
 
 use super::messages::message_table;
 use crate::error::PageError;
+use crate::fmt;
 use crate::params::{Params, query_string};
 use crate::throttle::Client;
 use crate::{Shared, layout};
@@ -14,7 +15,7 @@ use axum::http::HeaderMap;
 use axum::response::Html;
 use idem_runtime::Backend;
 use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
-use maud::html;
+use maud::{Markup, html};
 
 /// Messages a preview lists (it counts them all).
 const SHOWN: usize = 100;
@@ -58,12 +59,15 @@ fn fields(t: &RequeueTarget) -> Vec<(&'static str, String)> {
     }
 }
 
-fn describe(t: &RequeueTarget) -> String {
+/// What `t` takes, in words (a topic [shown exactly](fmt::name)).
+fn describe(t: &RequeueTarget) -> Markup {
     match t {
-        RequeueTarget::Id(id) => format!("message {id}"),
-        RequeueTarget::Ids(ids) => format!("the {} selected message(s)", ids.len()),
-        RequeueTarget::Topic(t) => format!("every dead letter of topic {t}"),
-        RequeueTarget::AllFailed => "every dead letter".into(),
+        RequeueTarget::Id(id) => html! { "message " (id) },
+        RequeueTarget::Ids(ids) => html! { "the " (ids.len()) " selected message(s)" },
+        RequeueTarget::Topic(t) => {
+            html! { "every dead letter of topic " code #target-topic { (fmt::name(t)) } }
+        }
+        RequeueTarget::AllFailed => html! { "every dead letter" },
     }
 }
 
