@@ -14,6 +14,8 @@ use std::time::Duration;
         tables, and look up an idempotency record by key, online or archived.\n\n\
         One binary serves PostgreSQL (postgres://…), MariaDB / MySQL (mysql://…) and SQLite \
         (sqlite://path?mode=rwc).\n\n\
+        Durations are numbers each with a unit (ms, s, m, h, d): 500ms, 30s, 7d, 1d12h or \
+        \"1d 12h\"; a bare number is refused.\n\n\
         Exit codes: 0 success, 1 not found (record show), 2 usage or configuration error, \
         3 database error.",
     propagate_version = true
@@ -226,42 +228,11 @@ impl StatusArg {
     }
 }
 
-/// `7d`, `12h`, `30m`, `45s`, `500ms`, combinations like `1d12h`, or a plain
-/// number of seconds.
+/// A flag's duration, in idem's one grammar (`idem_runtime::duration`):
+/// `7d`, `12h`, `30m`, `45s`, `500ms`, combinations like `1d12h` or
+/// `1d 12h`; a bare number is refused, saying which unit to add.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(n) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(n));
-    }
-    let bad = || format!("invalid duration {s:?}: use e.g. 7d, 12h, 30m, 45s, 500ms or 1d12h");
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3_600)),
-            "d" => Duration::from_secs(n.saturating_mul(86_400)),
-            _ => return Err(bad()),
-        };
-        total = total.saturating_add(part);
-    }
-    Ok(total)
+    idem_runtime::duration::parse(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
 #[cfg(test)]
@@ -272,9 +243,15 @@ mod tests {
     fn durations_parse() {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert_eq!(parse_duration("1d12h"), Ok(Duration::from_secs(36 * 3_600)));
+        assert_eq!(
+            parse_duration("1d 12h"),
+            Ok(Duration::from_secs(36 * 3_600))
+        );
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        // A bare number: which unit was meant is a guess, so it says which to add.
+        let e = parse_duration("90").unwrap_err();
+        assert!(e.contains("`90s`") && e.contains("`90ms`"), "{e}");
         assert!(parse_duration("7x").is_err());
         assert!(parse_duration("d").is_err());
         assert!(parse_duration("").is_err());

@@ -1,12 +1,15 @@
 //! Pieces shared by `idem-macros` (at compile time) and `idem-runtime` (at
 //! run time), so that both apply exactly the same rule: what a plain SQL
-//! identifier is, and how `?` placeholders become PostgreSQL's `$n`.
+//! identifier is, how `?` placeholders become PostgreSQL's `$n`, and the
+//! one grammar of durations ([`duration`]).
 //!
 //! No dependencies: a proc-macro crate can use it without pulling the
 //! runtime in.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod duration;
 
 /// The longest identifier PostgreSQL keeps without truncating it.
 pub const MAX_IDENTIFIER_LEN: usize = 63;

@@ -226,7 +226,7 @@ pub use strategy::MAX_TTL_SECS;
 /// | `from`, `to` | state_machine (required) | variants of one [`State`] enum | — |
 /// | `biz_type` | record (required) | 1 to 64 bytes of `[A-Za-z0-9_.-]`: the scope of deduplication (the record table is unique on (biz_type, key)); no default, since a renamed function would silently change it | — |
 /// | `biz_no` | record | a parameter or one of its fields ([`KeyPart`]) | the key |
-/// | `ttl` | record | `30s`, `15m`, `24h`, `7d`, `1d12h`; from 1 second to `3650d` (ten years) | `7d` |
+/// | `ttl` | record | a duration in idem's [one grammar](crate::guide::attributes#durations) (`30s`, `15m`, `24h`, `7d`, `1d 12h`; never a bare number), whole seconds from 1 second to `3650d` (ten years) | `7d` |
 /// | `fingerprint` | record | `[param, param.field]`, each `serde::Serialize` | every parameter |
 /// | `constraint` | unique_insert (required) | the unique constraint or index whose violation means Duplicate: a SQL identifier, or on SQLite (whose inline constraints have no name) `table.column`; a violation of any other unique constraint is an error | — |
 ///

@@ -1,4 +1,8 @@
-//! `ttl = "7d"`: record lifetimes, from one second to ten years.
+//! `ttl = "7d"`: record lifetimes, from one second to ten years, in
+//! idem's one duration grammar.
+
+use idem_core::duration::{self, DurationError};
+use std::time::Duration;
 
 /// Default record time-to-live: seven days.
 pub(super) const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
@@ -7,53 +11,36 @@ pub(super) const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// database's date arithmetic handles everywhere.
 pub(super) const MAX_TTL_SECS: u64 = 3650 * 24 * 3600;
 
-/// `30s`, `15m`, `24h`, `7d`, `1d12h` → seconds, between 1 second and
-/// [`MAX_TTL_SECS`]; the error says what is wrong.
+/// A ttl in idem's one duration grammar ([`idem_core::duration`]: `30s`,
+/// `15m`, `24h`, `7d`, `1d 12h`…) → seconds: whole seconds, between 1
+/// second and [`MAX_TTL_SECS`]; the error says what is wrong.
 pub(super) fn parse_ttl(s: &str) -> Result<u64, String> {
-    let syntax = || {
-        format!(
-            "invalid ttl `{s}`: expected a positive duration such as `30s`, `15m`, `24h`, `7d` \
-             or `1d12h`"
-        )
-    };
     let too_long = || {
         format!(
             "ttl `{s}` is too long: at most 3650 days (`3650d`, ten years); records are kept \
              for as long as a duplicate can still arrive"
         )
     };
-    let mut total: u64 = 0;
-    let mut num: Option<u64> = None;
-    for c in s.chars() {
-        if let Some(d) = c.to_digit(10) {
-            num = Some(
-                num.unwrap_or(0)
-                    .checked_mul(10)
-                    .and_then(|n| n.checked_add(u64::from(d)))
-                    .ok_or_else(too_long)?,
-            );
-        } else {
-            let unit = match c {
-                's' => 1,
-                'm' => 60,
-                'h' => 3600,
-                'd' => 86400,
-                _ => return Err(syntax()),
-            };
-            let n = num.take().ok_or_else(syntax)?;
-            total = n
-                .checked_mul(unit)
-                .and_then(|n| total.checked_add(n))
-                .ok_or_else(too_long)?;
-        }
+    let d = match duration::parse(s) {
+        Ok(d) => d,
+        Err(DurationError::TooLong) => return Err(too_long()),
+        Err(e) => return Err(format!("invalid ttl `{s}`: {e}")),
+    };
+    if d < Duration::from_secs(1) {
+        return Err(format!(
+            "ttl `{s}` is too short: at least `1s`; records are kept for as long as a \
+             duplicate can still arrive"
+        ));
     }
-    if num.is_some() || total == 0 {
-        return Err(syntax());
+    if d.subsec_nanos() != 0 {
+        return Err(format!(
+            "invalid ttl `{s}`: a ttl is whole seconds (records expire to the second)"
+        ));
     }
-    if total > MAX_TTL_SECS {
+    if d.as_secs() > MAX_TTL_SECS {
         return Err(too_long());
     }
-    Ok(total)
+    Ok(d.as_secs())
 }
 
 #[cfg(test)]
@@ -66,8 +53,22 @@ mod tests {
         assert_eq!(parse_ttl("1d12h"), Ok(129600));
         assert_eq!(parse_ttl("1s"), Ok(1));
         assert_eq!(parse_ttl("3650d"), Ok(MAX_TTL_SECS));
-        for bad in ["7", "0s", "3w", "", "d", "7 days"] {
+        assert_eq!(parse_ttl("1d 12h"), Ok(129600));
+        assert_eq!(parse_ttl("1500s 2000ms"), Ok(1502));
+        for bad in ["3w", "", "d", "7 days", "1.5h", "1500ms"] {
             assert!(parse_ttl(bad).unwrap_err().contains("invalid ttl"), "{bad}");
+        }
+        // A bare number: the unit to add.
+        let e = parse_ttl("3600").unwrap_err();
+        assert!(
+            e.contains("invalid ttl `3600`") && e.contains("`3600s`"),
+            "{e}"
+        );
+        for short in ["0s", "0d", "999ms"] {
+            assert!(
+                parse_ttl(short).unwrap_err().contains("too short"),
+                "{short}"
+            );
         }
         for long in [
             "3651d",
@@ -118,7 +119,7 @@ mod tests {
                 match parse_ttl(&text) {
                     Ok(v) => prop_assert_eq!(v, secs),
                     Err(msg) => prop_assert!(
-                        (secs == 0 && msg.contains("invalid")) || (secs > MAX_TTL_SECS && msg.contains("too long")),
+                        (secs == 0 && msg.contains("too short")) || (secs > MAX_TTL_SECS && msg.contains("too long")),
                         "{} ({} s): {}", text, secs, msg
                     ),
                 }
