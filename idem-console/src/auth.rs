@@ -1,13 +1,15 @@
 //! Who may change what: the write token, the signed session cookie that
 //! stands for it in a browser, and the CSRF token every form carries.
 //!
-//! Nothing is stored on the server: a session cookie is
-//! `<issued>.<nonce>.<mac>`, its MAC keyed by a secret drawn at start-up
-//! (so a restart signs everyone out), and a session's CSRF token is a MAC
-//! of its nonce under the same key. Comparisons of tokens and MACs run in
-//! constant time (`Mac::verify_slice`). Token checks are throttled per
-//! client ([`crate::throttle`]), and a token easy to guess is refused at
-//! start-up.
+//! A session cookie is `<issued>.<nonce>.<mac>`, its MAC keyed by a
+//! secret drawn at start-up, and a session's CSRF token is a MAC of its
+//! nonce under the same key; a session is valid only while the server
+//! holds its nonce ([`Sessions`]), so that signing out ends it there, not
+//! only in the browser, and a restart or another write token (a new
+//! [`Auth`], a new key, no sessions) ends every one. Comparisons of tokens
+//! and MACs run in constant time (`Mac::verify_slice`). Token checks are
+//! throttled per client ([`crate::throttle`]), and a token easy to guess
+//! is refused at start-up.
 
 use crate::error::PageError;
 use crate::host::Site;
@@ -15,6 +17,8 @@ use crate::throttle::{self, Client, Throttle};
 use crate::viewer::Viewer;
 use axum::http::{HeaderMap, header};
 use hmac::{KeyInit, Mac};
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -23,6 +27,8 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 pub(crate) const COOKIE: &str = "idem_session";
 /// How long a session lasts.
 const SESSION_SECS: u64 = 12 * 3600;
+/// The most sessions held at once (see [`Sessions`]).
+const MAX_SESSIONS: usize = 1024;
 /// The shortest write token accepted.
 const MIN_TOKEN: usize = 16;
 /// The fewest bits of guessing a write token must take ([`strength_bits`]).
@@ -50,6 +56,73 @@ pub(crate) struct Auth {
     token_tag: Option<Vec<u8>>,
     /// The back-offs of clients that sent wrong tokens.
     throttle: Throttle,
+    /// The sessions signed in and not yet ended.
+    sessions: Sessions,
+}
+
+/// The sessions the console holds: nonce → when it was issued. A cookie
+/// whose MAC is right is still refused unless its nonce is here, so that
+/// `/logout` ends a session for whoever holds a copy of its cookie (OWASP
+/// ASVS 3.3.1), not only in the browser that signed out.
+///
+/// A table of live sessions rather than a signed cookie plus a set of
+/// revoked ones: it fails closed. Memory stays bounded by dropping
+/// sessions (expired ones first, then the oldest), and a dropped session
+/// is one signed out, whereas a revocation set kept bounded would have to
+/// forget a revocation and so bring a signed-out cookie back to life. The
+/// cookie keeps its MAC: a forged or foreign cookie is refused, in
+/// constant time, before the table is looked at, so the lookups only
+/// ever see nonces the console drew. Only the write token's holders
+/// create sessions, so the bound is for a script signing in again and
+/// again: past [`MAX_SESSIONS`], its oldest sessions end.
+#[derive(Debug, Default)]
+struct Sessions(Mutex<Held>);
+
+/// Nonce → (issued, in Unix seconds; the how-manyth session it is).
+#[derive(Debug, Default)]
+struct Held {
+    sessions: HashMap<String, (u64, u64)>,
+    issued: u64,
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, nonce: String, issued: u64) {
+        let mut held = self.lock();
+        if held.sessions.len() >= MAX_SESSIONS {
+            held.sessions.retain(|_, (at, _)| !expired(*at, issued));
+        }
+        while held.sessions.len() >= MAX_SESSIONS {
+            let Some(oldest) = held
+                .sessions
+                .iter()
+                .min_by_key(|(_, (_, nth))| *nth)
+                .map(|(n, _)| n.clone())
+            else {
+                break;
+            };
+            held.sessions.remove(&oldest);
+        }
+        held.issued += 1;
+        let nth = held.issued;
+        held.sessions.insert(nonce, (issued, nth));
+    }
+
+    fn holds(&self, nonce: &str) -> bool {
+        self.lock().sessions.contains_key(nonce)
+    }
+
+    fn end(&self, nonce: &str) {
+        self.lock().sessions.remove(nonce);
+    }
+}
+
+/// Whether a session issued `at` is over `now` (or issued in the future).
+fn expired(at: u64, now: u64) -> bool {
+    at > now + 60 || now - at.min(now) > SESSION_SECS
 }
 
 /// A valid session cookie.
@@ -140,6 +213,7 @@ impl Auth {
             key: random_key(),
             token_tag: None,
             throttle: Throttle::default(),
+            sessions: Sessions::default(),
         }
     }
 
@@ -213,13 +287,22 @@ impl Auth {
         Ok(ok)
     }
 
-    /// A fresh session cookie's value.
+    /// A fresh session (held until it ends): its cookie's value.
     pub(crate) fn new_session(&self) -> String {
         let mut nonce = [0u8; 16];
         getrandom::getrandom(&mut nonce).expect("the operating system's random source");
-        let (issued, nonce) = (now_secs().to_string(), hex(&nonce));
+        let now = now_secs();
+        let (issued, nonce) = (now.to_string(), hex(&nonce));
         let mac = hex(&self.mac(&[b"session", issued.as_bytes(), nonce.as_bytes()]));
-        format!("{issued}.{nonce}.{mac}")
+        let value = format!("{issued}.{nonce}.{mac}");
+        self.sessions.insert(nonce, now);
+        value
+    }
+
+    /// Ends `s` on the server: its cookie, wherever copied, is refused
+    /// from now on.
+    pub(crate) fn end_session(&self, s: &Session) {
+        self.sessions.end(&s.nonce);
     }
 
     /// The `Set-Cookie` value of a session.
@@ -233,8 +316,9 @@ impl Auth {
         format!("{COOKIE}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0")
     }
 
-    /// The request's session, when its cookie is valid and not expired
-    /// (and the console is writable: a read-only console has no sessions).
+    /// The request's session, when its cookie is valid, not expired and
+    /// not ended (and the console is writable: a read-only console has no
+    /// sessions).
     pub(crate) fn session(&self, headers: &HeaderMap) -> Option<Session> {
         if !self.writable() {
             return None;
@@ -257,8 +341,7 @@ impl Auth {
             return None;
         }
         let at: u64 = issued.parse().ok()?;
-        let now = now_secs();
-        if at > now + 60 || now - at.min(now) > SESSION_SECS {
+        if expired(at, now_secs()) || !self.sessions.holds(nonce) {
             return None;
         }
         Some(Session {
@@ -440,6 +523,27 @@ mod tests {
         forged.replace_range(0..1, "9");
         assert!(a.session(&cookie(&forged)).is_none());
         assert!(a.session(&cookie("1.2")).is_none());
+    }
+
+    #[test]
+    fn a_session_ended_is_refused_and_the_oldest_go_past_the_bound() {
+        let a = Auth::with_token(TOKEN).unwrap();
+        let v = a.new_session();
+        let other = a.new_session();
+        let s = a.session(&cookie(&v)).expect("signed in");
+        let csrf = a.csrf(&s);
+        a.end_session(&s);
+        assert!(a.session(&cookie(&v)).is_none(), "a copy of the cookie");
+        let (c, site) = (Client::unknown(), Site::default());
+        assert!(a.authorize(&cookie(&v), Some(&csrf), c, &site).is_err());
+        assert!(a.session(&cookie(&other)).is_some(), "another session");
+        // Bounded: past MAX_SESSIONS, the oldest end.
+        let all: Vec<String> = (0..MAX_SESSIONS).map(|_| a.new_session()).collect();
+        assert_eq!(a.sessions.lock().sessions.len(), MAX_SESSIONS);
+        assert!(a.session(&cookie(&all[MAX_SESSIONS - 1])).is_some());
+        let held = all.iter().filter(|v| a.session(&cookie(v)).is_some());
+        assert_eq!(held.count(), MAX_SESSIONS);
+        assert!(a.session(&cookie(&other)).is_none(), "the oldest ended");
     }
 
     #[test]

@@ -32,7 +32,7 @@
 //! | `/requeue` | POST | the confirmation: requeues what the preview showed (write token, CSRF) |
 //! | `/records?key=&biz_type=` | GET | an idempotency record, online or archived |
 //! | `/archive` | GET | rows eligible for archiving, the last pass, the history tables' sizes |
-//! | `/login`, `/logout` | GET, POST | sign in with the write token (a signed session cookie) |
+//! | `/login`, `/logout` | GET, POST | sign in with the write token (a signed session cookie); sign out, which ends the session on the server |
 //! | `/metrics` | GET | Prometheus text format: idem's counters and the outbox gauges read from the database |
 //! | `/health` | GET | 200 when the database answers, 503 when not |
 //!

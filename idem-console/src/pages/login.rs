@@ -1,6 +1,8 @@
 //! `/login` and `/logout`: a browser signs in with the write token once and
-//! then holds a signed session cookie (`HttpOnly`, `SameSite=Strict`).
-//! Wrong tokens put their client in a back-off ([`crate::throttle`]).
+//! then holds a signed session cookie (`HttpOnly`, `SameSite=Strict`);
+//! signing out ends the session on the server, so a copy of the cookie is
+//! refused too. Wrong tokens put their client in a back-off
+//! ([`crate::throttle`]).
 
 use crate::auth::{Auth, same_origin};
 use crate::error::PageError;
@@ -61,7 +63,7 @@ fn form<DB: Backend>(
                 label { "Write token " input type="password" name="token" #token autocomplete="off" required; }
                 " " button type="submit" #sign-in-submit { "Sign in" }
             }
-            p.note { "The token is the one the console was started with (idem serve --write-token, or IDEM_WRITE_TOKEN). It is kept in no cookie: the session cookie is signed by the console and ends when it restarts." }
+            p.note { "The token is the one the console was started with (idem serve --write-token, or IDEM_WRITE_TOKEN). It is kept in no cookie: the session cookie is signed by the console and ends when you sign out or the console restarts." }
         }
     };
     (status, layout::page(&c.mount, "Sign in", "", &viewer, body)).into_response()
@@ -136,6 +138,11 @@ pub(crate) async fn logout<DB: Backend>(
 ) -> Result<Response, PageError> {
     let p = Params::body(&body);
     c.auth.authorize(&headers, p.get("csrf"), client, &c.site)?;
+    // Ended here, not only in this browser: a copy of its cookie is
+    // refused from now on.
+    if let Some(session) = c.auth.session(&headers) {
+        c.auth.end_session(&session);
+    }
     Ok((
         StatusCode::SEE_OTHER,
         [
