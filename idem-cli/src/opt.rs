@@ -91,8 +91,13 @@ pub(crate) struct ServeArgs {
     pub(crate) listen: std::net::SocketAddr,
     /// Allow requeues to whoever signs in with this token (at least 16 characters, not easy to
     /// guess: make one with `openssl rand -hex 16`). Without it the console is read-only.
-    /// After 5 wrong tokens in a row from one address, its attempts are refused (429) for a
-    /// back-off that doubles with each further wrong one.
+    /// After 5 wrong tokens in a row from one address (an IPv6 client's /64), its attempts are
+    /// refused (429) for a back-off that doubles with each further wrong one, up to 5 minutes.
+    /// A flood of addresses locks no one else out: at most 4,096 clients are remembered, and
+    /// when they are all taken the network holding the most of them (an IPv4 /24, then /16,
+    /// /8; an IPv6 /56, then /48, /40, /32) becomes one client, whose back-off covers every
+    /// address of it, so that a client of another network keeps its own, and its right token
+    /// is checked; an address that signed in with the right token is never merged.
     #[arg(long, env = "IDEM_WRITE_TOKEN", hide_env_values = true)]
     pub(crate) write_token: Option<String>,
     /// The outbox retention the archiving page measures eligibility with (as `idem archive

@@ -590,4 +590,32 @@ mod tests {
         );
         assert!(same_origin(&h, &site).is_ok(), "its own host still");
     }
+
+    /// Issue 36's flood through the token checks: after 4,100 addresses
+    /// sent 5 wrong tokens each, the right token from a fresh address
+    /// signs in, and a bearer from another is let through.
+    #[test]
+    fn after_a_flood_of_wrong_tokens_a_fresh_address_signs_in_and_a_bearer_passes() {
+        let a = Auth::with_token(TOKEN).unwrap();
+        let ip = |n: u32| Client::at(std::net::IpAddr::V4(n.into()));
+        for i in 0..4100u32 {
+            for _ in 0..crate::throttle::FREE {
+                let _ = a.check_token("wrong-token-0123456789", ip(0x7f00_0001 + i));
+            }
+        }
+        assert!(
+            a.check_token("wrong-token-0123456789", ip(0x7f00_0001))
+                .is_err(),
+            "the flood is slowed"
+        );
+        let fresh = ip(0x7f01_0001);
+        assert!(matches!(a.check_token(TOKEN, fresh), Ok(true)));
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap(),
+        );
+        let other = ip(0x7f02_0001);
+        assert!(a.authorize(&h, None, other, &Site::default()).is_ok());
+    }
 }

@@ -135,9 +135,15 @@ impl<DB: Backend> Console<DB> {
     /// `Authorization: Bearer <token>`. After 5 wrong tokens in a row, a
     /// client's attempts are refused unchecked (429, `Retry-After`) for
     /// 1 s, doubling with each further wrong token up to 5 minutes; a
-    /// client is its IP address when the router is served with
-    /// `into_make_service_with_connect_info::<SocketAddr>()` (as `idem
-    /// serve` does), else all clients share one back-off.
+    /// client is its IP address (an IPv6 client its /64) when the router is
+    /// served with `into_make_service_with_connect_info::<SocketAddr>()`
+    /// (as `idem serve` does), else all clients share one back-off. A
+    /// flood of addresses locks no one else out: at most 4,096 clients are
+    /// remembered, and when they are all taken the network holding the
+    /// most of them (IPv4 /24, /16, /8; IPv6 /56, /48, /40, /32) becomes
+    /// one client, whose back-off covers all its addresses, while the
+    /// clients of other networks keep their own; an address that gave the
+    /// right token is never merged.
     pub fn write_token(mut self, token: impl Into<String>) -> Result<Self, TokenError> {
         self.inner.auth = auth::Auth::with_token(&token.into())?;
         Ok(self)
