@@ -2,6 +2,7 @@
 
 use crate::layout;
 use crate::mount::Mount;
+use crate::read::RETRY_AFTER_SECS;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::html;
@@ -25,7 +26,12 @@ pub(crate) enum PageError {
         /// Seconds until it may try again.
         retry_after: u64,
     },
-    /// 500: the database failed (the message says how).
+    /// 503 with `Retry-After`: the database does not answer, or failed in
+    /// a way a retry can heal (a lost connection, a time-out, a deadlock:
+    /// [`is_retryable`](idem_runtime::Error::is_retryable)); the message
+    /// says how, for the log.
+    Unavailable(String),
+    /// 500: the database failed otherwise (the message says how).
     Database(String),
 }
 
@@ -33,6 +39,7 @@ impl From<idem_runtime::Error> for PageError {
     fn from(e: idem_runtime::Error) -> Self {
         match e {
             idem_runtime::Error::Config { reason } => PageError::BadRequest(reason),
+            other if other.is_retryable() => PageError::Unavailable(other.to_string()),
             other => PageError::Database(other.to_string()),
         }
     }
@@ -75,6 +82,20 @@ impl IntoResponse for PageError {
             } => {
                 retry = Some(retry_after);
                 (StatusCode::TOO_MANY_REQUESTS, "Too many attempts", message)
+            }
+            PageError::Unavailable(m) => {
+                // As a database error: its text to the log only.
+                tracing::warn!(error = %m, "idem console: the database is unavailable");
+                retry = Some(RETRY_AFTER_SECS);
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Database unavailable",
+                    format!(
+                        "the database did not answer this page (it is down, unreachable or \
+                         overloaded); the console's log has the details. Retry in \
+                         {RETRY_AFTER_SECS} seconds."
+                    ),
+                )
             }
             PageError::Database(m) => {
                 // The database's own text goes to the log only: it can

@@ -32,13 +32,13 @@
 //! `idem_console_database_up 0` in time.
 
 use crate::Shared;
+use crate::read::{RETRY_AFTER_SECS, answering};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_runtime::Backend;
 use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use sqlx::Connection;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -158,17 +158,10 @@ pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Respons
     ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response()
 }
 
-/// Whether the database answers a ping within 3 s (why not, if not).
+/// Whether the database answers a ping within 3 s (why not, if not): the
+/// pages' [`answering`].
 async fn ping<DB: Backend>(c: &Shared<DB>) -> Result<(), String> {
-    let ping = async {
-        let mut conn = c.pool.acquire().await?;
-        conn.ping().await
-    };
-    match tokio::time::timeout(Duration::from_secs(3), ping).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("no answer within 3s".into()),
-    }
+    answering(&c.pool).await.map_err(|e| e.to_string())
 }
 
 pub(crate) async fn health<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
@@ -180,5 +173,10 @@ pub(crate) async fn health<DB: Backend>(State(c): State<Shared<DB>>) -> Response
         "status": if status == StatusCode::OK { "ok" } else { "unavailable" },
         "database": db,
     });
-    (status, axum::Json(body)).into_response()
+    let mut r = (status, axum::Json(body)).into_response();
+    if status != StatusCode::OK {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+    }
+    r
 }

@@ -1,8 +1,14 @@
-//! How long a read of the console waits for the database at most:
-//! [`READ_TIMEOUT`] for the reads of a page or a scrape, [`SCAN_TIMEOUT`]
-//! for those that scan a table, each enforced by [`bounded`].
+//! How long the console waits for the database at most: every page first
+//! asks whether it answers ([`answering`]: a connection acquired and
+//! pinged within [`READ_TIMEOUT`], the same bound on every page, whatever
+//! the pool's own acquire timeout), so a database that is down or
+//! black-holed answers 503 with `Retry-After` within it; then
+//! [`READ_TIMEOUT`] for each read of a page or a scrape, [`SCAN_TIMEOUT`]
+//! for those that scan a table or requeue many messages (on a database
+//! that just answered), each enforced by [`bounded`].
 
-use idem_runtime::Error;
+use idem_runtime::{Backend, Error};
+use sqlx::{Connection, Pool};
 use std::future::Future;
 use std::time::Duration;
 
@@ -13,8 +19,9 @@ use std::time::Duration;
 pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The same for the reads that scan the outbox or the history tables
-/// (the delivered counts, the archive page), which the sampler or a
-/// single operator runs, not every scrape.
+/// (the delivered counts, the archive page) and for a requeue, which the
+/// sampler or a single operator runs, not every scrape: a database that
+/// does not answer is caught before them, by [`answering`].
 pub(crate) const SCAN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `read`, failed when it takes longer than `limit`.
@@ -29,4 +36,22 @@ pub(crate) async fn bounded<T>(
             format!("the database did not answer within {limit:?}"),
         )))),
     }
+}
+
+/// Seconds a page answered while the database does not answer tells the
+/// client to wait (`Retry-After`).
+pub(crate) const RETRY_AFTER_SECS: u64 = 5;
+
+/// Whether the database answers: a connection acquired from `pool` and
+/// pinged within [`READ_TIMEOUT`]. Every page that reads the database asks
+/// first, so that an outage is seen within the same bound on every page
+/// (a transient error: 503), not after the pool's acquire timeout or a
+/// scan's bound.
+pub(crate) async fn answering<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
+    bounded(READ_TIMEOUT, async {
+        let mut conn = pool.acquire().await?;
+        conn.ping().await?;
+        Ok(())
+    })
+    .await
 }

@@ -2,7 +2,7 @@
 //! how large the history tables are.
 
 use crate::error::PageError;
-use crate::read::{SCAN_TIMEOUT, bounded};
+use crate::read::{SCAN_TIMEOUT, answering, bounded};
 use crate::{Shared, fmt, layout};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -15,6 +15,7 @@ pub(crate) async fn page<DB: Backend>(
     headers: HeaderMap,
 ) -> Result<Html<String>, PageError> {
     let viewer = c.auth.viewer(&headers);
+    answering(&c.pool).await?;
     let s = bounded(
         SCAN_TIMEOUT,
         idem_runtime::archive::status(&c.pool, c.outbox_retention),

@@ -5,7 +5,7 @@ use crate::error::PageError;
 use crate::fmt;
 use crate::mount::Mount;
 use crate::params::{Params, query_string};
-use crate::read::{READ_TIMEOUT, bounded};
+use crate::read::{READ_TIMEOUT, answering, bounded};
 use crate::{Shared, layout};
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
@@ -86,6 +86,7 @@ async fn render<DB: Backend>(
 ) -> Result<Html<String>, PageError> {
     let viewer = c.auth.viewer(headers);
     let dead = path == "/dead-letters";
+    answering(&c.pool).await?;
     let page = bounded(
         READ_TIMEOUT,
         admin::page(&c.pool, l.status, l.topic.as_deref(), l.after, l.limit),

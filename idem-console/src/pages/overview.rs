@@ -3,6 +3,7 @@
 use crate::chart;
 use crate::error::PageError;
 use crate::params::query_string;
+use crate::read::answering;
 use crate::{Shared, fmt, layout};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -45,6 +46,7 @@ fn topic_link(url: String, pairs: Vec<(&str, String)>) -> String {
 }
 
 async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
+    answering(&c.pool).await?;
     let stats = c.stats().await?;
     let deliveries = c.deliveries().await?;
     let leases = c.leases().await?;

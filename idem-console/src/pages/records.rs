@@ -3,7 +3,7 @@
 use crate::error::PageError;
 use crate::fmt;
 use crate::params::Params;
-use crate::read::{READ_TIMEOUT, bounded};
+use crate::read::{READ_TIMEOUT, answering, bounded};
 use crate::{Shared, layout};
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -23,7 +23,10 @@ pub(crate) async fn page<DB: Backend>(
     // The column's width.
     let biz_type = p.filter("biz_type", 64)?;
     let found = match key {
-        Some(k) => Some(bounded(READ_TIMEOUT, find_record(&c.pool, k, biz_type)).await?),
+        Some(k) => {
+            answering(&c.pool).await?;
+            Some(bounded(READ_TIMEOUT, find_record(&c.pool, k, biz_type)).await?)
+        }
         None => None,
     };
     let form = html! {

@@ -7,6 +7,7 @@ use super::messages::message_table;
 use crate::error::PageError;
 use crate::fmt;
 use crate::params::{Params, query_string};
+use crate::read::{SCAN_TIMEOUT, answering, bounded};
 use crate::throttle::Client;
 use crate::{Shared, layout};
 use axum::body::Bytes;
@@ -79,7 +80,8 @@ pub(crate) async fn preview<DB: Backend>(
     let viewer = c.auth.viewer(&headers);
     let p = Params::query(q.as_deref());
     let target = target(&p)?;
-    let plan = admin::preview(&c.pool, &target, SHOWN as i64).await?;
+    answering(&c.pool).await?;
+    let plan = bounded(SCAN_TIMEOUT, admin::preview(&c.pool, &target, SHOWN as i64)).await?;
     let max_id = plan.max_id;
     let here = format!("/requeue?{}", query_string(fields(&target)));
     let login = format!(
@@ -147,15 +149,16 @@ pub(crate) async fn confirm<DB: Backend>(
         ));
     };
     let previewed = p.int("previewed")?;
-    let done = admin::requeue(
-        &c.pool,
-        &Requeue {
-            target: target.clone(),
-            dry_run: false,
-            max_id: Some(max_id),
-        },
-    )
-    .await?;
+    answering(&c.pool).await?;
+    // Cut short, the requeue rolls back or went through: either way
+    // confirming again is safe (only failed messages change, up to the
+    // preview's highest id).
+    let what = Requeue {
+        target: target.clone(),
+        dry_run: false,
+        max_id: Some(max_id),
+    };
+    let done = bounded(SCAN_TIMEOUT, admin::requeue(&c.pool, &what)).await?;
     c.figures.backlog.clear().await;
     metrics::counter!("idem_console_requeued_total").increment(done.requeued);
     tracing::info!(requeued = done.requeued, target = ?target, max_id, "idem console: requeue");

@@ -51,7 +51,16 @@ impl Arm {
     }
 }
 
+/// Returns once the path is not black-holed
+/// ([`set_black_hole`](super::FaultProxy::set_black_hole)).
+async fn through_the_hole(shared: &Shared) {
+    while shared.black_hole.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn proxy_connection(mut client: TcpStream, shared: Arc<Shared>) {
+    through_the_hole(&shared).await;
     let mut server = match TcpStream::connect(&shared.upstream).await {
         Ok(s) => s,
         Err(e) => {
@@ -142,6 +151,7 @@ async fn run_connection(
                     arm.arm();
                 }
             }
+            through_the_hole(shared).await;
             server_write.write_all(chunk).await?;
             pending.clear();
         }
@@ -216,6 +226,7 @@ async fn run_connection(
                 }
                 continue;
             }
+            through_the_hole(shared).await;
             client_write.write_all(chunk).await?;
         }
     };

@@ -7,6 +7,9 @@
 //! `COMMIT`, lets the server commit and reply, then throws the reply away and
 //! closes both connections. The client sees an I/O error on commit while the
 //! server has in fact committed.
+//! It can also black-hole the path to the server
+//! ([`FaultProxy::set_black_hole`]): nothing delivered either way, nothing
+//! closed, until the hole is lifted.
 //!
 //! Only the framing of the two wire protocols is parsed, never their
 //! contents beyond what finding a `COMMIT` needs, and bytes are forwarded as
@@ -32,7 +35,7 @@ use std::hash::BuildHasher;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -120,6 +123,9 @@ struct Shared {
     savepoint_hold_ms: AtomicU64,
     begins_seen: AtomicU64,
     begins_held: AtomicU64,
+    /// Whether the path to the server is black-holed: nothing is
+    /// delivered either way until it is lifted.
+    black_hole: AtomicBool,
 }
 
 impl Shared {
@@ -179,6 +185,7 @@ impl FaultProxy {
             savepoint_hold_ms: AtomicU64::new(0),
             begins_seen: AtomicU64::new(0),
             begins_held: AtomicU64::new(0),
+            black_hole: AtomicBool::new(false),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(FaultProxy {
@@ -246,6 +253,17 @@ impl FaultProxy {
     pub fn set_savepoint_hold(&self, hold: Duration) {
         let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
         self.shared.savepoint_hold_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Black-holes the path to the server (`true`) or lifts the hole
+    /// (`false`): while it lasts, connections are accepted but nothing is
+    /// delivered either way, on open connections and new ones (which reach
+    /// the server only once it is lifted), and nothing is closed: a server
+    /// that went silent, a network that drops every packet. Bytes are held,
+    /// not lost (as TCP retransmits them across a partition): once it is
+    /// lifted, the connections go on where they were.
+    pub fn set_black_hole(&self, on: bool) {
+        self.shared.black_hole.store(on, Ordering::SeqCst);
     }
 
     /// How many `BEGIN`s (and `START TRANSACTION`s) were forwarded.
