@@ -33,6 +33,7 @@
 #[allow(unused_imports, unused_macros)]
 mod common;
 use common::*;
+use std::sync::Arc;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -47,6 +48,84 @@ impl Drop for Hooks {
         idem_runtime::testing::set_broken_batch_leases(false);
         idem_runtime::testing::set_batch_conflicts(0);
         idem_runtime::testing::set_broken_adaptive_batching(false);
+    }
+}
+
+/// The trap of the deadlock test: the first call seen on each of two
+/// connections (the first call of each of two batches) takes stock row A or
+/// B and waits for the other; the second call on each connection takes the
+/// other one's row. Sprung once both batches made their second call; every
+/// later call takes the row it is given.
+struct Trap {
+    rows: [i64; 2],
+    on: bool,
+    met: tokio::sync::Barrier,
+    /// (connection, calls) of the two batches, in order of arrival.
+    batches: std::sync::Mutex<Vec<(i64, u32)>>,
+    /// The first calls did not meet (they were not in two batches at once).
+    missed: std::sync::atomic::AtomicBool,
+}
+
+impl Trap {
+    fn new(rows: [i64; 2]) -> Self {
+        Trap {
+            rows,
+            on: true,
+            met: tokio::sync::Barrier::new(2),
+            batches: Default::default(),
+            missed: Default::default(),
+        }
+    }
+
+    fn off() -> Self {
+        Trap {
+            on: false,
+            ..Trap::new([0, 0])
+        }
+    }
+
+    fn sprung(&self) -> bool {
+        let b = self.batches.lock().expect("trap");
+        b.len() == 2
+            && b.iter().all(|(_, calls)| *calls >= 2)
+            && !self.missed.load(Ordering::Relaxed)
+    }
+
+    fn state(&self) -> (Vec<(i64, u32)>, bool) {
+        (
+            self.batches.lock().expect("trap").clone(),
+            self.missed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The row a call on connection `conn` takes (`given` once sprung),
+    /// and whether it then waits for the other batch.
+    fn row(&self, conn: i64, given: i64) -> (i64, bool) {
+        let mut b = self.batches.lock().expect("trap");
+        if !self.on || (b.len() == 2 && b.iter().all(|(_, calls)| *calls >= 2)) {
+            return (given, false);
+        }
+        match b.iter().position(|(c, _)| *c == conn) {
+            None if b.len() < 2 => {
+                b.push((conn, 1));
+                (self.rows[b.len() - 1], true)
+            }
+            Some(i) if b[i].1 == 1 => {
+                b[i].1 = 2;
+                (self.rows[1 - i], false)
+            }
+            _ => (given, false),
+        }
+    }
+
+    /// Waits (at most 20 s) for the other batch's first call.
+    async fn meet(&self) {
+        if tokio::time::timeout(Duration::from_secs(20), self.met.wait())
+            .await
+            .is_err()
+        {
+            self.missed.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -693,6 +772,9 @@ macro_rules! batch_tests {
                     .lease(Duration::from_secs(60))
                     .poll_interval(Duration::from_millis(10))
                     .backoff(Duration::from_millis(500), Duration::from_secs(1))
+                    // Batches wait for the one row as long as they must:
+                    // only the injected conflicts halve the size.
+                    .batch_lock_wait(Duration::from_secs(30))
                     .route(topic.clone(), move |d, m: Deduct| async move { deduct_hot(d.source(), &m, hot).await });
                 let before = lost_acks_on(Kind::Batch);
                 idem_runtime::testing::set_batch_conflicts(conflicts);
@@ -760,6 +842,262 @@ macro_rules! batch_tests {
                 assert_eq!(run.counter, 64);
                 assert_ne!(run.shrinks, 3, "the broken build was not caught");
                 assert_eq!(run.now, 16, "the batch size never shrank");
+            }
+
+            /// The deduction, then one unit off the stock row the trap
+            /// picks (`row` once the trap is sprung or off).
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_stock(tx: &mut Transaction<'_, Db>, msg: &Deduct, trap: &Trap, row: i64) -> Result<(), sqlx::Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                let (row, meet) = match D {
+                    Dialect::Sqlite => (row, false),
+                    _ => {
+                        let conn: i64 = sqlx::query_scalar(match D {
+                            Dialect::Postgres => "SELECT CAST(pg_backend_pid() AS BIGINT)",
+                            _ => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+                        })
+                        .fetch_one(&mut **tx)
+                        .await?;
+                        trap.row(conn, row)
+                    }
+                };
+                sqlx::query(sql(D, "UPDATE idem_r_stock SET n = n - 1 WHERE id = ?"))
+                    .bind(row)
+                    .execute(&mut **tx)
+                    .await?;
+                if meet {
+                    trap.meet().await;
+                }
+                Ok(())
+            }
+
+            /// Stock rows `n` units each, the table made first.
+            async fn stock_rows(pool: &Pool<Db>, count: usize, n: i64) -> Vec<i64> {
+                sqlx::query("CREATE TABLE IF NOT EXISTS idem_r_stock (id BIGINT PRIMARY KEY, n BIGINT NOT NULL)")
+                    .execute(pool)
+                    .await
+                    .expect("create table");
+                let mut rows = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let id = ids(1);
+                    sqlx::query(sql(D, "INSERT INTO idem_r_stock (id, n) VALUES (?, ?)"))
+                        .bind(id)
+                        .bind(n)
+                        .execute(pool)
+                        .await
+                        .expect("insert a stock row");
+                    rows.push(id);
+                }
+                rows
+            }
+
+            /// Units left on `rows`, in all.
+            async fn stock_left(pool: &Pool<Db>, rows: &[i64]) -> i64 {
+                let mut left = 0;
+                for r in rows {
+                    let n: i64 = sqlx::query_scalar(sql(D, "SELECT n FROM idem_r_stock WHERE id = ?"))
+                        .bind(*r)
+                        .fetch_one(pool)
+                        .await
+                        .expect("a stock row");
+                    left += n;
+                }
+                left
+            }
+
+            /// Two batches of two, each message taking one unit off a stock
+            /// row, deadlock for sure: the first call of each batch takes
+            /// a row (A, B) and waits for the other batch's first call, the
+            /// second of each takes the other batch's row. The deadlock is
+            /// raised inside a handler's savepoint (the loser's statement),
+            /// not at the batch's commit: it is the batch's conflict all the
+            /// same, so no attempt is burnt and the batch size halves.
+            /// SQLite cannot deadlock (a batch holds the write lock from its
+            /// `BEGIN IMMEDIATE`): the same drain, without the trap.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_deadlock_inside_a_handler_is_the_batch_conflict_and_burns_no_attempt() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let rows = stock_rows(&pool, 2, 10).await;
+                let topic = topic("deadlock");
+                let coupons = produce_n(&pool, &topic, 4, false).await;
+                let trap = Arc::new(Trap::new([rows[0], rows[1]]));
+                let t = trap.clone();
+                let relay = Relay::new(pool.clone())
+                    .commit_batch(2)
+                    .batch_size(4)
+                    .concurrency(4)
+                    .lease(Duration::from_secs(60))
+                    .poll_interval(Duration::from_millis(10))
+                    .backoff(Duration::from_secs(30), Duration::from_secs(60))
+                    .route(topic.clone(), move |d, m: Deduct| {
+                        let t = t.clone();
+                        async move { deduct_stock(d.source(), &m, &t, t.rows[0]).await }
+                    });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let attempts = attempts_of(&pool, &topic).await;
+                eprintln!(
+                    "{}: deadlock in a batch: trap={:?} attempts={attempts:?} shrinks={} commit_batch_now={}",
+                    stringify!($module),
+                    trap.state(),
+                    relay.commit_batch_shrinks(),
+                    relay.commit_batch_now()
+                );
+                assert_eq!(by_status(&pool, &topic, "success").await, 4);
+                assert_eq!(double_and_lost(&pool, &coupons).await, (0, 0), "double and lost deductions");
+                assert_eq!(stock_left(&pool, &rows).await, 20 - 4, "each message took one unit, once");
+                assert_eq!(attempts, vec![1; 4], "a conflict burnt an attempt");
+                if D == Dialect::Sqlite {
+                    assert_eq!(relay.commit_batch_shrinks(), 0);
+                    return;
+                }
+                assert!(trap.sprung(), "the trap did not close: {:?}", trap.state());
+                assert!(relay.commit_batch_shrinks() >= 1, "the deadlock did not halve the batch size");
+            }
+
+            /// The deduction, then one unit off each of two stock rows, in
+            /// the order the trap gives (its first row, then the other).
+            #[idempotent(
+                key = "coupon-deduct:{msg.coupon_id}:{msg.order_id}",
+                strategy = state_machine,
+                table = "idem_r_coupon",
+                id = msg.coupon_id,
+                from = CouponState::Unused,
+                to = CouponState::Used,
+            )]
+            async fn deduct_two_rows(tx: &mut Transaction<'_, Db>, msg: &Deduct, trap: &Trap) -> Result<(), sqlx::Error> {
+                sqlx::query(sql(D, "INSERT INTO idem_r_deduction (coupon_id, order_id) VALUES (?, ?)"))
+                    .bind(msg.coupon_id)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                let conn: i64 = sqlx::query_scalar(match D {
+                    Dialect::Postgres => "SELECT CAST(pg_backend_pid() AS BIGINT)",
+                    _ => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+                })
+                .fetch_one(&mut **tx)
+                .await?;
+                for given in trap.rows {
+                    let (row, meet) = trap.row(conn, given);
+                    sqlx::query(sql(D, "UPDATE idem_r_stock SET n = n - 1 WHERE id = ?"))
+                        .bind(row)
+                        .execute(&mut **tx)
+                        .await?;
+                    if meet {
+                        trap.meet().await;
+                    }
+                }
+                Ok(())
+            }
+
+            /// Without batches: two handlers each take two stock rows, in
+            /// opposite orders, and meet in between: a deadlock for sure.
+            /// The loser's transaction is rolled back by the database; it
+            /// runs again at once under the same attempt (no attempt
+            /// burnt, no back-off: the back-off here is 30 s). SQLite
+            /// serializes its transactions: nothing to test there.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_deadlock_in_a_lone_handler_runs_it_again_under_the_same_attempt() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                if D == Dialect::Sqlite {
+                    return;
+                }
+                let Some(pool) = pool().await else { return };
+                let rows = stock_rows(&pool, 2, 10).await;
+                let topic = topic("lonedeadlock");
+                let coupons = produce_n(&pool, &topic, 2, false).await;
+                let trap = Arc::new(Trap::new([rows[0], rows[1]]));
+                let t = trap.clone();
+                let relay = Relay::new(pool.clone())
+                    .batch_size(2)
+                    .concurrency(2)
+                    .lease(Duration::from_secs(60))
+                    .poll_interval(Duration::from_millis(10))
+                    .backoff(Duration::from_secs(30), Duration::from_secs(60))
+                    .route(topic.clone(), move |d, m: Deduct| {
+                        let t = t.clone();
+                        async move { deduct_two_rows(d.source(), &m, &t).await }
+                    });
+                let running = relay.clone().spawn();
+                drained(&pool, &topic).await;
+                running.shutdown().await;
+                let attempts = attempts_of(&pool, &topic).await;
+                let reruns = relay.stats().conflict_reruns.load(Ordering::Relaxed);
+                eprintln!(
+                    "{}: deadlock of two lone handlers: trap={:?} attempts={attempts:?} reruns={reruns}",
+                    stringify!($module),
+                    trap.state(),
+                );
+                assert!(trap.sprung(), "the trap did not close: {:?}", trap.state());
+                assert_eq!(by_status(&pool, &topic, "success").await, 2);
+                assert_eq!(double_and_lost(&pool, &coupons).await, (0, 0), "double and lost deductions");
+                assert_eq!(stock_left(&pool, &rows).await, 20 - 4, "each message took two units, once");
+                assert_eq!(attempts, vec![1; 2], "the deadlock burnt an attempt");
+                assert!(reruns >= 1, "the loser ran again at once");
+            }
+
+            /// The shape of an order service: each message takes one unit off
+            /// one of 10 stock rows, so concurrent batches lock them in
+            /// varying order (and deadlock). Per message, then batched 16,
+            /// one after the other; counted in the database, no attempt
+            /// burnt; the rates are printed (`bench_peers` compares them).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hot_rows_in_varying_order_drain_per_message_and_batched() {
+                let _one = ONE_AT_A_TIME.lock().await;
+                let Some(pool) = pool().await else { return };
+                let mut rates = Vec::new();
+                for n in [1usize, 16] {
+                    let rows = stock_rows(&pool, 10, 1_000).await;
+                    let topic = topic(&format!("hotrows{n}"));
+                    let coupons = produce_n(&pool, &topic, 320, false).await;
+                    let (trap, picks) = (Arc::new(Trap::off()), rows.clone());
+                    let relay = Relay::new(pool.clone())
+                        .commit_batch(n)
+                        .batch_size(if n > 1 { 128 } else { 64 })
+                        .concurrency(if n > 1 { 128 } else { 16 })
+                        .lease(Duration::from_secs(60))
+                        .poll_interval(Duration::from_millis(5))
+                        .backoff(Duration::from_secs(30), Duration::from_secs(60))
+                        .route(topic.clone(), move |d, m: Deduct| {
+                            let (t, row) = (trap.clone(), picks[(m.coupon_id.unsigned_abs() % 10) as usize]);
+                            async move { deduct_stock(d.source(), &m, &t, row).await }
+                        });
+                    let start = Instant::now();
+                    let running = relay.clone().spawn();
+                    drained(&pool, &topic).await;
+                    let rate = 320.0 / start.elapsed().as_secs_f64();
+                    running.shutdown().await;
+                    assert_eq!(by_status(&pool, &topic, "success").await, 320);
+                    assert_eq!(double_and_lost(&pool, &coupons).await, (0, 0), "double and lost deductions");
+                    assert_eq!(stock_left(&pool, &rows).await, 10_000 - 320, "each message took one unit, once");
+                    let burnt = attempts_of(&pool, &topic).await.into_iter().filter(|a| *a != 1).count();
+                    eprintln!(
+                        "{}: 10 hot rows, commit_batch({n}): {rate:.0} msg/s, shrinks={} commit_batch_now={} attempts burnt={burnt}",
+                        stringify!($module),
+                        relay.commit_batch_shrinks(),
+                        relay.commit_batch_now()
+                    );
+                    assert_eq!(burnt, 0, "a conflict burnt an attempt");
+                    rates.push(rate);
+                }
+                eprintln!(
+                    "{}: 10 hot rows: batched 16 / per-message {:.2}",
+                    stringify!($module),
+                    rates[1] / rates[0]
+                );
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,8 +173,16 @@ pub(crate) fn is_lock_wait(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `e` (anywhere in its chain of sources) is a conflict with a
+/// concurrent transaction: [`is_conflict`] or [`is_lock_wait`]. A relay
+/// batch takes it for its own contention (see `Relay::commit_batch`), not
+/// for a failure of the message's handler.
+pub(crate) fn is_contention(e: &(dyn StdError + 'static)) -> bool {
+    find_sqlx(e).is_some_and(|s| is_conflict(s) || is_lock_wait(s))
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{BoxError, Error};
     use std::fmt;
@@ -221,7 +229,8 @@ mod tests {
         }
     }
 
-    fn db(code: &'static str, message: &'static str) -> sqlx::Error {
+    /// A database error with this SQLSTATE (read with PostgreSQL's rules).
+    pub(crate) fn db(code: &'static str, message: &'static str) -> sqlx::Error {
         sqlx::Error::Database(Box::new(Coded(code, message)))
     }
 

@@ -45,7 +45,11 @@ impl<DB: Backend, G> Call<'_, DB, G> {
             ..
         } = self.state;
         match (tx, lease) {
-            (CallTx::Own(tx), Some(lease)) if booking => {
+            // A conflict is not booked: the relay runs the handler again
+            // at once under the same attempt (see `CONFLICT_RERUNS`).
+            (CallTx::Own(tx), Some(lease))
+                if booking && !crate::backend::classify::is_contention(&err) =>
+            {
                 book_failure(tx, &lease, &err, &span).await
             }
             (tx, _) => tx.rollback().await,

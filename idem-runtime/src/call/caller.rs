@@ -245,10 +245,15 @@ impl<DB: Backend> SharedTx<DB> {
         }
     }
 
-    /// Why the transaction is gone, if it is.
+    /// Why the transaction is gone, if it is: the reason as given (such as
+    /// [`BARE_BATCH_UNDONE`]), not wrapped in an error's message.
     pub(crate) async fn lost(&self) -> Option<String> {
         let mut tx = self.tx.lock().await;
-        tx.transaction().err().map(|e| e.to_string())
+        match tx.transaction() {
+            Ok(_) => None,
+            Err(Error::TransactionLost { reason }) => Some(reason),
+            Err(e) => Some(e.to_string()),
+        }
     }
 
     /// The messages whose calls ended well, taken out.

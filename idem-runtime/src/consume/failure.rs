@@ -12,6 +12,11 @@ pub(crate) struct Failure {
     /// Whether the handler's commit may have landed (its outcome is
     /// unknown: [`Error::CommitUnknown`]).
     pub(crate) commit_unknown: bool,
+    /// Whether the handler lost a conflict with a concurrent transaction
+    /// (a deadlock, a serialization failure, a lock wait that timed out):
+    /// in a relay batch, the batch's contention rather than the message's
+    /// failure.
+    pub(crate) conflict: bool,
 }
 
 impl Failure {
@@ -21,6 +26,7 @@ impl Failure {
             retryable: false,
             reason: reason.into(),
             commit_unknown: false,
+            conflict: false,
         }
     }
 
@@ -38,6 +44,7 @@ impl Failure {
             retryable: e.is_retryable(),
             reason: format!("{}: {e}", e.kind()),
             commit_unknown: matches!(e, Error::CommitUnknown(_)),
+            conflict: crate::backend::classify::is_contention(e),
         }
     }
 }

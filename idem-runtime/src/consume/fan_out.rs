@@ -83,8 +83,10 @@ pub(crate) fn fan_out<M: Send + 'static>(
                                 e @ Error::CommitUnknown(_) if k == last => e,
                                 e => Error::Handler {
                                     retryable: e.is_retryable(),
-                                    source: format!("subscriber `{}`: {}: {e}", s.name, e.kind())
-                                        .into(),
+                                    source: Box::new(SubscriberFailed {
+                                        name: s.name.clone(),
+                                        error: e,
+                                    }),
                                 },
                             });
                         }
@@ -97,6 +99,33 @@ pub(crate) fn fan_out<M: Send + 'static>(
             }
         }) as BoxFuture<_>)
     })
+}
+
+/// A subscriber's failure, naming it; its source is the subscriber's own
+/// error, so that what caused it (a deadlock a relay batch takes for its
+/// contention, say) is still found in the chain.
+#[derive(Debug)]
+struct SubscriberFailed {
+    name: Arc<str>,
+    error: Error,
+}
+
+impl std::fmt::Display for SubscriberFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "subscriber `{}`: {}: {}",
+            self.name,
+            self.error.kind(),
+            self.error
+        )
+    }
+}
+
+impl std::error::Error for SubscriberFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }
 
 /// What a consumer of a queue runs for each message: one handler, or the
@@ -145,6 +174,52 @@ impl<M: Clone + Send + 'static> Handling<M> {
         match self {
             Handling::One(_) => Vec::new(),
             Handling::Fanned(subs) => subs.iter().map(|s| s.name.clone()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::classify::tests::db;
+    use crate::consume::Failure;
+
+    fn failing(e: fn() -> Error) -> Handler<()> {
+        Arc::new(move |_: ()| Ok(Box::pin(async move { Err(e()) }) as BoxFuture<_>))
+    }
+
+    fn succeeding() -> Handler<()> {
+        Arc::new(|_: ()| Ok(Box::pin(async { Ok(true) }) as BoxFuture<_>))
+    }
+
+    fn subscribers(handlers: Vec<Handler<()>>) -> Vec<Subscriber<()>> {
+        let mut subs = Vec::new();
+        for (k, h) in handlers.into_iter().enumerate() {
+            add(&mut subs, "topic `t`", format!("s{k}"), h);
+        }
+        subs
+    }
+
+    /// A subscriber that lost a deadlock fails the fanned-out message with
+    /// an error that still says so (a relay batch takes it for its own
+    /// contention, not for the message's failure), and names the
+    /// subscriber; any other error does not read as a conflict.
+    #[tokio::test]
+    async fn a_subscribers_conflict_stays_a_conflict() {
+        let deadlock = || Error::from_handler(Box::new(db("40P01", "deadlock detected")));
+        let duplicate = || Error::from_handler(Box::new(db("23505", "duplicate key")));
+        for (first, conflict) in [(failing(deadlock), true), (failing(duplicate), false)] {
+            let fanned = fan_out(subscribers(vec![first, succeeding()]), |_, _| ());
+            let Err(e) = fanned(()).expect("no payload to parse").await else {
+                panic!("the failing subscriber fails the message");
+            };
+            let failure = Failure::of(&e);
+            assert_eq!(failure.conflict, conflict, "{e}");
+            assert!(
+                failure.reason.contains("subscriber `s0`"),
+                "{}",
+                failure.reason
+            );
         }
     }
 }

@@ -36,6 +36,13 @@ pub(super) const HEARTBEAT_MIN: Duration = Duration::from_millis(10);
 const OUTAGE_WAIT_FIRST: Duration = Duration::from_millis(200);
 const OUTAGE_WAIT_MAX: Duration = Duration::from_secs(1);
 
+/// How many times in a row the per-message path runs a handler again at
+/// once, under the same lease and attempt, after it lost a conflict with a
+/// concurrent transaction (a deadlock, a serialization failure, a lock
+/// wait that timed out: the database rolled it back, and the retry is what
+/// the database asks for). After that the failure is booked as any other.
+pub(super) const CONFLICT_RERUNS: u32 = 8;
+
 /// A handler that took its delivery's source `takes` times: twice or more
 /// is a misuse (see [`Delivery::source`]), a failure that is not retried,
 /// whatever the handler answered.
@@ -66,21 +73,52 @@ impl<DB: Backend> Relay<DB> {
             // Not claimable: claims filter on the routed topics.
             return;
         };
-        let takes = Arc::new(AtomicU32::new(0));
         let delay = i
             .policy
             .backoff
             .jittered(u32::try_from(attempts).unwrap_or(0), id);
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts)
             .with_book(i.policy.max_attempts, delay.as_secs_f64());
-        let delivery = Delivery::new(i.pool.clone(), row, lease.clone(), takes.clone());
-        let result = match consume::inline(&route, delivery) {
-            Err(failure) => Err(failure),
-            Ok(handler) => self.heartbeat(&lease, handler, &span).await,
+        let mut reruns = 0;
+        let (takes, result) = loop {
+            let takes = Arc::new(AtomicU32::new(0));
+            let delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
+            let result = match consume::inline(&route, delivery) {
+                Err(failure) => Err(failure),
+                Ok(handler) => self.heartbeat(&lease, handler, &span).await,
+            };
+            let takes = takes.load(Ordering::Relaxed);
+            if result.as_ref().is_err_and(|f| f.conflict)
+                && takes < 2
+                && reruns < CONFLICT_RERUNS
+                && self.still_held(&lease).await
+            {
+                // Lost a deadlock (or a lock wait) to a concurrent
+                // transaction, which rolled the call back whole: run
+                // again at once under the same lease, no attempt burnt.
+                reruns += 1;
+                i.stats.conflict_reruns.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(parent: &span, reruns, "outbox handler lost a conflict; running it again at once");
+                continue;
+            }
+            break (takes, result);
         };
-        let takes = takes.load(Ordering::Relaxed);
         let result = one_call_per_delivery(takes, result);
         self.settle(&lease, &owner, takes > 0, result, &span).await;
+    }
+
+    /// Whether the message `lease` holds is still pending under it: the
+    /// failed call left nothing (a call that committed marked it `success`;
+    /// one that booked its failure released the lease).
+    async fn still_held(&self, lease: &OutboxLease) -> bool {
+        match DB::outbox_state_pool(&self.inner.pool, lease.id()).await {
+            Ok(Some(s)) => {
+                s.status == Status::Pending
+                    && s.attempts == lease.attempt()
+                    && s.lease_owner.as_deref() == Some(lease.owner())
+            }
+            _ => false,
+        }
     }
 
     /// The bookkeeping of one attempt of the message `lease` holds, whose

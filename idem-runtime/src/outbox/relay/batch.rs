@@ -34,12 +34,26 @@
 //!   back to): nothing committed, and every message
 //!   of the batch is delivered again on the per-message path, under the
 //!   same leases.
-//! - **Contention.** A batch that did not commit because of a conflict
-//!   with a concurrent transaction (a deadlock, a serialization failure,
-//!   a lock-wait time-out: [`contended`]) is the refused case above: its
-//!   messages go one by one at once, under the same leases (no back-off,
-//!   no attempt burnt), and the relay halves its batch size ([`Adaptive`]);
-//!   each clean commit adds one back, up to `commit_batch`.
+//! - **Contention.** A conflict with a concurrent transaction (a
+//!   deadlock, a serialization failure, a lock-wait time-out:
+//!   [`contended`]) is the batch's, never a message's failure. Raised by a
+//!   handler's own statement (`Failure::conflict`), the batch stops at
+//!   that handler, whose savepoint undid its call: the handlers before it
+//!   commit (releasing the rows the other transaction waits for), and that
+//!   message and those after it go on the per-message path at once. A
+//!   batch that did not commit because of one (or whose transaction the
+//!   database rolled back whole, as MariaDB does on a deadlock) is the
+//!   refused case above. Either way under the same leases, no back-off,
+//!   no attempt burnt, and the relay halves its batch size ([`Adaptive`]);
+//!   each clean commit adds one back, up to `commit_batch`. On PostgreSQL
+//!   a batch waits for a row lock at most `Relay::batch_lock_wait` (10 ms
+//!   by default, `SET LOCAL lock_timeout`): a waiting batch holds the rows
+//!   of all its earlier handlers, so waits between batches grow convoys,
+//!   and PostgreSQL finds a deadlock among them only after its
+//!   `deadlock_timeout` (1 s). On the per-message path a handler that lost
+//!   a conflict runs again at once under the same attempt
+//!   (`CONFLICT_RERUNS`); the batches' short waits make them, not the
+//!   lone message, the usual loser of a deadlock between the two.
 
 use super::Relay;
 use super::attempt::one_call_per_delivery;
@@ -54,7 +68,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use tokio::task::JoinSet;
 
 /// The batch size in force (AIMD): halved when a batch meets contention,
-/// one more after each clean commit, up to `commit_batch`.
+/// one more after each claim whose batches all committed cleanly, up to
+/// `commit_batch`. At one, the messages go on the per-message path, and
+/// batches of two are tried again only after `probe` clean claims in a
+/// row, a wait that doubles each time the try meets contention again (up
+/// to [`PROBE_MAX`]) and starts over once batches commit cleanly.
 #[derive(Debug, Default)]
 pub(super) struct Adaptive {
     /// The size in force; 0: `commit_batch` itself (never shrunk yet).
@@ -62,7 +80,17 @@ pub(super) struct Adaptive {
     shrinks: AtomicU64,
     /// Batches committed cleanly in a row (see [`TRUST_AFTER`]).
     clean: AtomicU32,
+    /// Clean claims at size one before batches are tried again (0: 1).
+    probe: AtomicU32,
+    /// Clean claims at size one so far.
+    waited: AtomicU32,
 }
+
+/// The most clean claims at size one before batches are tried again.
+const PROBE_MAX: u32 = 64;
+
+/// See [`Relay::batch_lock_wait`].
+pub(super) const DEFAULT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// After this many batches in a row commit cleanly, the relay runs its
 /// batches without a savepoint per call (one round trip less per message,
@@ -88,18 +116,41 @@ impl Adaptive {
         if crate::testing::broken_adaptive_batching() {
             return;
         }
-        let _ = self
+        let was = self
             .limit
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 let now = if n == 0 { max.max(1) } else { n };
                 Some((now / 2).max(1))
-            });
+            })
+            .unwrap_or(0);
+        if was == 2 || was == 3 {
+            // Batches of two met contention again: wait twice as long at
+            // one before the next try.
+            let _ = self
+                .probe
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                    Some(p.max(1).saturating_mul(2).min(PROBE_MAX))
+                });
+            self.waited.store(0, Ordering::Relaxed);
+        }
         self.shrinks.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether batches run without savepoints now.
+    /// A claim at size one whose messages lost no conflict: after enough
+    /// of them ([`Adaptive`]), batches of two again.
+    fn clean_alone(&self, max: usize) {
+        let waited = self.waited.fetch_add(1, Ordering::Relaxed) + 1;
+        if waited >= self.probe.load(Ordering::Relaxed).max(1) {
+            self.waited.store(0, Ordering::Relaxed);
+            self.grow(max);
+        }
+    }
+
+    /// Whether batches run without savepoints now: only at the full size
+    /// (while contention keeps it smaller, a conflict would undo a whole
+    /// batch without them, instead of stopping it at the loser).
     pub(super) fn trusted(&self) -> bool {
-        self.clean.load(Ordering::Relaxed) >= TRUST_AFTER
+        self.clean.load(Ordering::Relaxed) >= TRUST_AFTER && self.limit.load(Ordering::Relaxed) == 0
     }
 
     /// A batch that did not commit cleanly: savepoints again.
@@ -107,13 +158,23 @@ impl Adaptive {
         self.clean.store(0, Ordering::Relaxed);
     }
 
-    /// A clean commit: one more, up to `max`.
-    fn grow(&self, max: usize) {
+    /// A clean commit: one more towards trust (see [`TRUST_AFTER`]).
+    fn count_clean(&self) {
         let _ = self
             .clean
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_add(1))
             });
+    }
+
+    /// A claim's batches all clean: one more, up to `max`. Once per claim,
+    /// not per batch: a claim runs many batches at once, and growing by
+    /// each would undo a halving within the claim after it.
+    fn grow(&self, max: usize) {
+        if self.limit(max) >= 2 {
+            // Batches commit cleanly: contention has passed.
+            self.probe.store(0, Ordering::Relaxed);
+        }
         let _ = self
             .limit
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
@@ -163,28 +224,75 @@ struct Ran {
 }
 
 impl<DB: Backend> Relay<DB> {
+    /// A permit to open one transaction: a batch's, or a message's
+    /// delivered alone. A batched relay keeps at most `concurrency /
+    /// commit_batch` open at once (at least one), as many as batches of the
+    /// full size take: when contention shrinks the batches, or sends their
+    /// messages one by one, more of them do not mean more transactions
+    /// queueing on the same hot rows and pool connections.
+    async fn open_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let i = &self.inner;
+        let open = i.batching.open.get_or_init(|| {
+            let n = (i.policy.concurrency / i.batching.commit_batch.max(1)).max(1);
+            Arc::new(tokio::sync::Semaphore::new(n))
+        });
+        open.clone().acquire_owned().await.ok()
+    }
+
     /// Delivers one claim's `rows` in batches of
     /// [`commit_batch`](Relay::commit_batch) messages, the batches at once.
     pub(super) async fn deliver_batches(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let n = self
-            .inner
-            .batching
-            .adaptive
-            .limit(self.inner.batching.commit_batch);
+        let i = &self.inner;
+        let max = i.batching.commit_batch;
+        let n = i.batching.adaptive.limit(max);
+        let shrinks = i.batching.adaptive.shrinks();
+        let claimed = tokio::time::Instant::now();
+        let mut runs = JoinSet::new();
+        if n <= 1 {
+            // Contention shrank the batches to one message: a batch of one
+            // is a message alone, and the per-message path is cheaper.
+            let reruns = i.stats.conflict_reruns.load(Ordering::Relaxed);
+            for row in rows {
+                let (me, owner) = (self.clone(), owner.clone());
+                runs.spawn(async move { me.deliver_alone(row, owner, claimed).await });
+            }
+            while runs.join_next().await.is_some() {}
+            if i.stats.conflict_reruns.load(Ordering::Relaxed) == reruns {
+                i.batching.adaptive.clean_alone(max);
+            }
+            return;
+        }
         let mut rows = rows.into_iter().peekable();
-        let mut batches = JoinSet::new();
         while rows.peek().is_some() {
             let chunk: Vec<_> = rows.by_ref().take(n).collect();
             let (me, owner) = (self.clone(), owner.clone());
-            batches.spawn(async move { me.deliver_batch(chunk, owner).await });
+            runs.spawn(async move { me.deliver_batch(chunk, owner).await });
         }
-        while batches.join_next().await.is_some() {}
+        while runs.join_next().await.is_some() {}
+        if i.batching.adaptive.shrinks() == shrinks {
+            i.batching.adaptive.grow(max);
+        }
+    }
+
+    /// Delivers a message of a claim alone, once a transaction may open
+    /// (see [`open_permit`](Self::open_permit)); its lease renewed first if
+    /// that took a third of a lease since the claim.
+    async fn deliver_alone(&self, row: OutboxRow, owner: Arc<str>, claimed: tokio::time::Instant) {
+        let open = self.open_permit().await;
+        if claimed.elapsed() < self.inner.policy.lease / 3 {
+            let _open = open;
+            self.deliver(row, owner).await;
+        } else {
+            drop(open);
+            self.deliver_renewed(row, owner).await;
+        }
     }
 
     /// One batch: its handlers in one transaction, committed once, then
     /// the bookkeeping of each message.
     async fn deliver_batch(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
         let i = &self.inner;
+        let open = self.open_permit().await;
         let (shared, held) = match self.open_batch(&owner, &rows).await {
             Ok(opened) => opened,
             Err(e) => {
@@ -203,6 +311,7 @@ impl<DB: Backend> Relay<DB> {
                     i.batching.adaptive.shrink(i.batching.commit_batch);
                 }
                 tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
+                drop(open);
                 return self.deliver_each(rows, owner).await;
             }
         };
@@ -216,16 +325,37 @@ impl<DB: Backend> Relay<DB> {
             .partition(|r| held.contains(&(r.id, r.attempts)));
         let mut ran = Vec::with_capacity(rows.len());
         let mut rows = rows.into_iter();
-        let mut lost = None;
+        let (mut lost, mut conflicted) = (None, None);
         for row in rows.by_ref() {
             if let Some(r) = self.run_in_batch(row, &owner, &shared).await {
-                ran.push(r);
+                if r.result.as_ref().is_err_and(|f| f.conflict) {
+                    // A deadlock or a lock wait met by the handler's own
+                    // statement, under its savepoint: the batch's
+                    // contention, not the message's failure. The batch
+                    // stops here; what ran before commits (releasing its
+                    // locks), the rest goes one by one at once.
+                    tracing::debug!(parent: &r.span, error = ?r.result, "a handler in an outbox batch lost a conflict");
+                    conflicted = Some(r.row);
+                } else {
+                    ran.push(r);
+                }
             }
             if let Some(reason) = shared.lost().await {
                 lost = Some(reason);
                 break;
             }
+            if conflicted.is_some() {
+                break;
+            }
         }
+        let conflict = conflicted.is_some();
+        if conflict {
+            i.batching.adaptive.shrink(i.batching.commit_batch);
+        }
+        // What goes one by one after the batch (once its commit released
+        // their rows, which its lease renewal locked): the message whose
+        // handler lost a conflict, and those not run yet.
+        let rest: Vec<OutboxRow> = conflicted.into_iter().chain(rows).collect();
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
         let at = trace_now!();
         let committed = match lost {
@@ -267,10 +397,14 @@ impl<DB: Backend> Relay<DB> {
                 || serde_json::json!({ "outcome": outcome, "at": at }),
             );
         }
+        // The batch's transaction has ended.
+        drop(open);
         match committed {
             Ok(()) => {
                 i.stats.batches.fetch_add(1, Ordering::Relaxed);
-                i.batching.adaptive.grow(i.batching.commit_batch);
+                if !conflict {
+                    i.batching.adaptive.count_clean();
+                }
                 if ran.iter().any(|r| r.result.is_err()) {
                     // Committed, but not clean: a call failed (under its
                     // savepoint). Savepoints stay on.
@@ -281,6 +415,7 @@ impl<DB: Backend> Relay<DB> {
                     self.settle(&r.lease, &owner, r.marked, r.result, &r.span)
                         .await;
                 }
+                self.deliver_each(rest, owner.clone()).await;
             }
             Err(Error::CommitUnknown(error)) => {
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
@@ -300,15 +435,19 @@ impl<DB: Backend> Relay<DB> {
                     self.settle(&r.lease, &owner, r.marked, result, &r.span)
                         .await;
                 }
+                self.deliver_each(rest, owner.clone()).await;
             }
             Err(e) if contended(&e) => {
                 // A conflict (a hot row): nothing of the batch committed.
                 // Its messages one by one at once, under the same lease,
                 // and smaller batches from now on.
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
-                i.batching.adaptive.shrink(i.batching.commit_batch);
+                if !conflict {
+                    // (A handler's conflict halved it already.)
+                    i.batching.adaptive.shrink(i.batching.commit_batch);
+                }
                 tracing::debug!(error = %e, messages = ran.len(), commit_batch_now = i.batching.adaptive.limit(i.batching.commit_batch), "an outbox batch lost a conflict; delivering its messages one by one and halving the batch size");
-                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
+                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rest).collect();
                 self.deliver_each(again, owner.clone()).await;
             }
             Err(Error::TransactionLost { reason }) if reason == BARE_BATCH_UNDONE => {
@@ -321,7 +460,7 @@ impl<DB: Backend> Relay<DB> {
                     messages = ran.len(),
                     "a call failed in an outbox batch without savepoints; delivering its messages one by one"
                 );
-                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
+                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rest).collect();
                 self.deliver_each(again, owner.clone()).await;
             }
             Err(e) => {
@@ -330,7 +469,7 @@ impl<DB: Backend> Relay<DB> {
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
                 i.batching.adaptive.distrust();
                 tracing::warn!(error = %e, "an outbox batch did not commit; delivering its messages one by one");
-                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rows).collect();
+                let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rest).collect();
                 self.deliver_each(again, owner.clone()).await;
             }
         }
@@ -418,6 +557,13 @@ impl<DB: Backend> Relay<DB> {
                 held,
             ));
         }
+        if DB::dialect(tx.transaction()?) == crate::Dialect::Postgres {
+            // A batch that waits holds its earlier handlers' rows: a short
+            // wait is a conflict (see `Relay::batch_lock_wait`).
+            let ms = i.batching.lock_wait.as_millis().max(1);
+            let bound = format!("SET LOCAL lock_timeout = '{ms}ms'");
+            DB::execute_on(&mut **tx.transaction()?, &bound).await?;
+        }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let renewed =
             DB::renew_leases_in(tx.transaction()?, owner, &ids, i.policy.lease.as_secs_f64())
@@ -441,38 +587,50 @@ impl<DB: Backend> Relay<DB> {
         ))
     }
 
-    /// Delivers `rows` one by one, on the per-message path, each after its
-    /// lease is renewed: the batch before them may have outlived their
+    /// Delivers `rows` each on its own, on the per-message path (side by
+    /// side), each after its lease is renewed: the batch before them may have outlived their
     /// leases, and a message another relay claimed meanwhile must not run
     /// here too. A message whose lease is not renewed (claimed by another
     /// relay, or settled) is left to its holder; one whose renewal failed
     /// waits out its lease.
     async fn deliver_each(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let lease = self.inner.policy.lease.as_secs_f64();
+        // Side by side: the batch held one handler slot per message, which
+        // would sit idle while the messages ran in turn.
+        let mut each = JoinSet::new();
         for row in rows {
-            let renewed = DB::renew_held(&self.inner.pool, &owner, row.id, lease).await;
-            trace_event!(emit(
-                "renew",
-                row.id,
-                &row.topic,
-                row.attempts,
-                &owner,
-                || {
-                    serde_json::json!({ "renewed": matches!(renewed, Ok(true)), "error": renewed.is_err() })
-                }
-            ));
-            match renewed {
-                Ok(true) => self.deliver(row, owner.clone()).await,
-                Ok(false) => {
-                    self.inner.stats.stale.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        id = row.id,
-                        "outbox message no longer held by this claim; left to its holder"
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(id = row.id, error = %e, "could not renew an outbox message's lease; it is retried once the lease runs out");
-                }
+            let (me, owner) = (self.clone(), owner.clone());
+            each.spawn(async move { me.deliver_renewed(row, owner).await });
+        }
+        while each.join_next().await.is_some() {}
+    }
+
+    /// Delivers `row` on the per-message path once its lease is renewed
+    /// (see [`deliver_each`](Self::deliver_each)).
+    async fn deliver_renewed(&self, row: OutboxRow, owner: Arc<str>) {
+        let _open = self.open_permit().await;
+        let lease = self.inner.policy.lease.as_secs_f64();
+        let renewed = DB::renew_held(&self.inner.pool, &owner, row.id, lease).await;
+        trace_event!(emit(
+            "renew",
+            row.id,
+            &row.topic,
+            row.attempts,
+            &owner,
+            || {
+                serde_json::json!({ "renewed": matches!(renewed, Ok(true)), "error": renewed.is_err() })
+            }
+        ));
+        match renewed {
+            Ok(true) => self.deliver(row, owner).await,
+            Ok(false) => {
+                self.inner.stats.stale.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    id = row.id,
+                    "outbox message no longer held by this claim; left to its holder"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(id = row.id, error = %e, "could not renew an outbox message's lease; it is retried once the lease runs out");
             }
         }
     }

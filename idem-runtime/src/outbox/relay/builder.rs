@@ -44,6 +44,9 @@ pub struct RelaySettings {
     /// Messages whose handlers share one commit (1: one commit each; see
     /// [`Relay::commit_batch`]).
     pub commit_batch: usize,
+    /// How long a batch waits for a row lock on PostgreSQL (see
+    /// [`Relay::batch_lock_wait`]).
+    pub batch_lock_wait: Duration,
     /// Whether a spawned relay listens for enqueues (see
     /// [`Relay::pushes`]).
     pub push_wakeup: bool,
@@ -92,6 +95,8 @@ impl<DB: Backend> Relay<DB> {
                 batching: Batching {
                     commit_batch: 1,
                     adaptive: batch::Adaptive::default(),
+                    lock_wait: batch::DEFAULT_LOCK_WAIT,
+                    open: Default::default(),
                 },
                 waking: Waking {
                     push_wakeup: None,
@@ -265,15 +270,27 @@ impl<DB: Backend> Relay<DB> {
     /// **Contention (hot rows).** A batch holds every row its handlers
     /// wrote until it commits, so batches whose handlers all update one
     /// shared row (a stock counter) wait for each other, and two batches
-    /// that take shared rows in different orders deadlock. When a batch's
-    /// transaction fails with a conflict (a deadlock, a serialization
-    /// failure, a lock-wait time-out: PostgreSQL `40P01`, `40001`, `55P03`;
-    /// MariaDB/MySQL `1213`, `1205`, `1020`, `1614`), nothing of it
-    /// committed: its messages are delivered again one by one **at once**
-    /// (no back-off, no attempt burnt), and the batch size is halved; each
-    /// batch that commits cleanly grows it by one again, up to `n`
-    /// (additive increase, multiplicative decrease).
+    /// that take shared rows in different orders deadlock. A conflict (a
+    /// deadlock, a serialization failure, a lock-wait time-out: PostgreSQL
+    /// `40P01`, `40001`, `55P03`; MariaDB/MySQL `1213`, `1205`, `1020`,
+    /// `1614`) is the batch's, never a message's failure:
+    /// - raised by a handler's own statement (under its savepoint; on
+    ///   PostgreSQL a lock wait longer than
+    ///   [`batch_lock_wait`](Relay::batch_lock_wait) is one), the batch
+    ///   stops there, the handlers before it commit, and that message and
+    ///   the ones after it are delivered one by one **at once**;
+    /// - raised by the batch's commit (or where the database rolled the
+    ///   whole transaction back, as MariaDB does on a deadlock), nothing
+    ///   of it committed: all its messages are delivered one by one at
+    ///   once.
+    ///
+    /// Either way no attempt is burnt and there is no back-off, and the
+    /// batch size is halved; each batch that commits cleanly grows it by
+    /// one again, up to `n` (additive increase, multiplicative decrease).
     /// [`commit_batch_now`](Relay::commit_batch_now) is the size in force.
+    /// One by one, a handler that loses a conflict again runs again at once
+    /// under the same attempt, up to 8 times in a row (the database rolled
+    /// its transaction back); only then is its failure booked.
     ///
     /// **Lock order.** A batch first locks its messages' outbox rows in
     /// message-id order (its lease renewal), then runs its handlers in
@@ -283,6 +300,23 @@ impl<DB: Backend> Relay<DB> {
     /// rows always in one order (by key).
     pub fn commit_batch(self, n: usize) -> Self {
         self.edit(|i| i.batching.commit_batch = n.max(1))
+    }
+
+    /// How long a statement in a batch's transaction waits for a row lock
+    /// on PostgreSQL before the wait counts as the batch's conflict
+    /// (default 10 ms, at least 1 ms; `SET LOCAL lock_timeout` in the
+    /// batch's transaction only). A waiting batch holds the rows of every
+    /// handler before the waiting one, so batches that wait on one another
+    /// form convoys, and PostgreSQL finds a deadlock among them only after
+    /// its `deadlock_timeout` (1 s by default): a short wait turns both
+    /// into a quick conflict. The handlers that ran before it commit, and
+    /// the waiting message and those after it are delivered one by one at
+    /// once, where they wait as long as they must (see
+    /// [`commit_batch`](Relay::commit_batch), "Contention"). MariaDB/MySQL
+    /// report deadlocks at once and SQLite's batches hold the write lock:
+    /// the setting does nothing there.
+    pub fn batch_lock_wait(self, wait: Duration) -> Self {
+        self.edit(|i| i.batching.lock_wait = wait.max(Duration::from_millis(1)))
     }
 
     /// The batch size in force now: [`commit_batch`](Relay::commit_batch)'s
@@ -480,6 +514,7 @@ impl<DB: Backend> Relay<DB> {
             backoff_max: i.policy.backoff.max,
             claim_spread: i.claiming.claim_spread,
             commit_batch: i.batching.commit_batch,
+            batch_lock_wait: i.batching.lock_wait,
             push_wakeup: self.pushes(),
         }
     }

@@ -60,6 +60,11 @@ pub struct RelayStats {
     /// Batches whose commit failed: outcome unknown (each message read
     /// back), or refused or lost (each message delivered again, alone).
     pub lost_batches: AtomicU64,
+    /// Handlers run again at once, under the same attempt, after losing a
+    /// conflict with a concurrent transaction (a deadlock, a lock wait that
+    /// timed out): per message, or for the message of a batch whose
+    /// handler lost it (see [`Relay::commit_batch`](super::Relay::commit_batch)).
+    pub conflict_reruns: AtomicU64,
     /// Notifications for one of the relay's topics its listener received
     /// (see [`Relay::push_wakeup`](super::Relay::push_wakeup)); each woke
     /// the relay, or found it already awake.
@@ -101,6 +106,8 @@ pub struct RelayStatsSnapshot {
     pub batches: u64,
     /// See [`RelayStats::lost_batches`].
     pub lost_batches: u64,
+    /// See [`RelayStats::conflict_reruns`].
+    pub conflict_reruns: u64,
     /// See [`RelayStats::push_wakeups`].
     pub push_wakeups: u64,
     /// See [`RelayStats::listener_failures`].
@@ -126,6 +133,7 @@ impl RelayStats {
             landed: self.landed.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
             lost_batches: self.lost_batches.load(Ordering::Relaxed),
+            conflict_reruns: self.conflict_reruns.load(Ordering::Relaxed),
             push_wakeups: self.push_wakeups.load(Ordering::Relaxed),
             listener_failures: self.listener_failures.load(Ordering::Relaxed),
         }
@@ -150,6 +158,7 @@ impl RelayStatsSnapshot {
             landed: self.landed.saturating_sub(earlier.landed),
             batches: self.batches.saturating_sub(earlier.batches),
             lost_batches: self.lost_batches.saturating_sub(earlier.lost_batches),
+            conflict_reruns: self.conflict_reruns.saturating_sub(earlier.conflict_reruns),
             push_wakeups: self.push_wakeups.saturating_sub(earlier.push_wakeups),
             listener_failures: self
                 .listener_failures

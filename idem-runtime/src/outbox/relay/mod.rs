@@ -160,6 +160,12 @@ struct Batching {
     /// The batch size in force now, shrunk under contention (see
     /// [`Relay::commit_batch`]).
     adaptive: batch::Adaptive,
+    /// See [`Relay::batch_lock_wait`].
+    lock_wait: Duration,
+    /// The transactions a batched relay keeps open at once (batches, and
+    /// messages delivered alone): as many as batches of the full size
+    /// would take, made at the first delivery (see `batch::Transactions`).
+    open: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
 }
 
 /// How a spawned relay learns of new messages besides polling.
