@@ -79,6 +79,41 @@ async fn deduct_hot(
     Ok(())
 }
 
+/// [`deduct`] in an order service with `rows` stock rows: each message
+/// takes one unit off the row its coupon falls on (scattered), so the
+/// handlers of one batch take several hot rows, in an order no two batches
+/// share: concurrent batches wait on one another and deadlock.
+#[idempotent(
+    key = "bench-outbox:{msg.msg_id}",
+    strategy = state_machine,
+    table = "bench_outbox_coupon", id = msg.coupon_id,
+    from = CouponState::Unused, to = CouponState::Used,
+)]
+async fn deduct_hot_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    msg: &DeductCoupon,
+    rows: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO bench_outbox_ledger (coupon_id, order_id, msg_id) VALUES ($1, $2, $3)",
+    )
+    .bind(msg.coupon_id)
+    .bind(msg.order_id)
+    .bind(msg.msg_id.as_str())
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE bench_outbox_stock SET units = units - 1 WHERE id = $1")
+        .bind(stock_row(msg.coupon_id, rows))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The stock row (1 to `rows`) coupon `coupon` takes a unit off.
+fn stock_row(coupon: i64, rows: i64) -> i64 {
+    1 + coupon.wrapping_mul(7919).rem_euclid(rows.max(1))
+}
+
 /// Which rows the handlers write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rows {
@@ -88,6 +123,19 @@ pub enum Rows {
     /// Also one shared row, a stock counter every handler decrements
     /// (`deduct_hot`): the hot-row workload.
     Hot,
+    /// Also one of this many stock rows, scattered by coupon
+    /// (`deduct_hot_rows`): batches take several hot rows in varying order.
+    HotRows(i64),
+}
+
+impl Rows {
+    /// The stock rows.
+    fn stock_rows(self) -> i64 {
+        match self {
+            Rows::HotRows(k) => k.max(1),
+            _ => 1,
+        }
+    }
 }
 // ---- the idem side -------------------------------------------------------------------
 
@@ -171,7 +219,9 @@ pub async fn idem_run(
 ) -> Result<IdemRun, BoxError> {
     let c = opts.concurrency;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "TRUNCATE {LEDGER}, {COUPON}, {STOCK}; INSERT INTO {STOCK} (id, units) VALUES (1, {n})"
+        "TRUNCATE {LEDGER}, {COUPON}, {STOCK}; \
+         INSERT INTO {STOCK} (id, units) SELECT g, {n} FROM generate_series(1, {}) g",
+        rows.stock_rows()
     )))
     .execute(admin)
     .await?;
@@ -240,7 +290,7 @@ pub async fn idem_run(
            (SELECT COUNT(*) FROM bench_outbox_coupon c WHERE c.status <> 'USED' \
               OR (SELECT COUNT(*) FROM bench_outbox_ledger d WHERE d.coupon_id = c.id) <> 1), \
            (SELECT COUNT(*) FROM bench_outbox_ledger), \
-           (SELECT units FROM bench_outbox_stock WHERE id = 1)",
+           (SELECT SUM(units)::BIGINT FROM bench_outbox_stock)",
     )
     .bind(&topic)
     .fetch_one(admin)
@@ -253,8 +303,11 @@ pub async fn idem_run(
         claimed,
         ..
     } = d;
-    // The hot row lost one unit per message, the others none.
-    let units_left = if rows == Rows::Hot { 0 } else { n };
+    // The hot rows lost one unit per message in all, the others none.
+    let units_left = match rows {
+        Rows::Own => n,
+        Rows::Hot | Rows::HotRows(_) => rows.stock_rows() * n - n,
+    };
     if success != n
         || other != 0
         || wrong != 0
@@ -367,6 +420,7 @@ pub async fn drain(
                 let r = match rows {
                     Rows::Own => deduct(d.source(), &m).await,
                     Rows::Hot => deduct_hot(d.source(), &m).await,
+                    Rows::HotRows(k) => deduct_hot_rows(d.source(), &m, k).await,
                 };
                 hn.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 r

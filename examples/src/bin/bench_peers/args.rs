@@ -53,6 +53,11 @@ pub(crate) struct Args {
     /// Do not write the chart.
     #[arg(long)]
     pub(crate) no_chart: bool,
+    /// Only the hot-row variants (one shared row, then ten in varying
+    /// order; per message and batched), on PostgreSQL: no peers, no
+    /// SQLite, no latency or enqueue runs, no chart.
+    #[arg(long)]
+    pub(crate) hot_only: bool,
     /// Only the queue-growth runs (`--scale`), not the peers.
     #[arg(long)]
     pub(crate) scale_only: bool,
@@ -128,6 +133,11 @@ impl Args {
         }
         if self.scale_only {
             self.scale = true;
+        }
+        if self.hot_only {
+            self.no_chart = true;
+            self.latency_seconds = 0;
+            self.enqueue_messages = 0;
         }
         Ok(self)
     }

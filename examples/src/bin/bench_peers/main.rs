@@ -19,6 +19,12 @@
 //!   every message also takes one unit off one shared stock counter (one
 //!   row every handler updates, last in its body): batches meet each other
 //!   on that row, and `commit_batch` must not fall behind per-message;
+//! - **idem 10 hot rows per-message / batched 16**: an order service whose
+//!   messages each take one unit off one of 10 stock rows (scattered by
+//!   coupon), so every batch takes several hot rows in an order no other
+//!   batch shares: batches wait on one another and deadlock, and each such
+//!   conflict must cost no attempt and little time (`--hot-only` runs just
+//!   the hot-row variants);
 //! - **sqlxmq**: the job queue a peer would pick, sqlxmq 0.6 from
 //!   crates.io, running the same work in its own harness (`benches/peers`,
 //!   built here on first use: it is its own workspace, since its sqlx 0.8
@@ -93,12 +99,24 @@ const VARIANTS: &[(&str, Variant)] = &[
         Variant::Idem(Commits::PerMessage, Rows::Hot),
     ),
     (HOT_BATCHED, Variant::Idem(Commits::Batched(16), Rows::Hot)),
+    (
+        HOT_ROWS_PER_MESSAGE,
+        Variant::Idem(Commits::PerMessage, Rows::HotRows(10)),
+    ),
+    (
+        HOT_ROWS_BATCHED,
+        Variant::Idem(Commits::Batched(16), Rows::HotRows(10)),
+    ),
 ];
 
 /// The hot-row variants: every handler also decrements one shared stock
 /// counter.
 const HOT_PER_MESSAGE: &str = "idem hot row per-message";
 const HOT_BATCHED: &str = "idem hot row batched 16";
+/// The order service: each message takes one unit off one of 10 stock
+/// rows, so concurrent batches take them in varying order (and deadlock).
+const HOT_ROWS_PER_MESSAGE: &str = "idem 10 hot rows per-message";
+const HOT_ROWS_BATCHED: &str = "idem 10 hot rows batched 16";
 
 /// The SQLite variants.
 const SQLITE_VARIANTS: &[(&str, Commits)] = &[
@@ -418,6 +436,9 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
     let mut runs: Vec<(&str, Vec<f64>)> = Vec::new();
     for round in 1..=opts.rounds {
         for &(name, v) in VARIANTS {
+            if opts.hot_only && !matches!(v, Variant::Idem(_, Rows::Hot | Rows::HotRows(_))) {
+                continue;
+            }
             // msg/s, and CPU µs per message: the client's, the rest's.
             let (rate, cpu) = match v {
                 Variant::Idem(commits, rows) => {
@@ -459,6 +480,9 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
 
     let mut sqlite_rows = Vec::new();
     for &(name, commits) in SQLITE_VARIANTS {
+        if opts.hot_only {
+            break;
+        }
         let rate =
             sqlite::sqlite_run(opts.sqlite_messages, opts.sqlite_concurrency, commits).await?;
         println!("  SQLite {name:<15}{rate:>8.0} msg/s");
@@ -505,11 +529,13 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
         }
     }
 
-    if let (Some(b), Some(p)) = (of(HOT_BATCHED), of(HOT_PER_MESSAGE)) {
-        println!(
-            "{HOT_BATCHED} / {HOT_PER_MESSAGE}: {:.2} (target ≥ 0.9)",
-            b / p
-        );
+    for (batched, per) in [
+        (HOT_BATCHED, HOT_PER_MESSAGE),
+        (HOT_ROWS_BATCHED, HOT_ROWS_PER_MESSAGE),
+    ] {
+        if let (Some(b), Some(p)) = (of(batched), of(per)) {
+            println!("{batched} / {per}: {:.2} (target ≥ 0.9)", b / p);
+        }
     }
 
     if !opts.no_chart {
