@@ -862,16 +862,24 @@ macro_rules! batch_tests {
                     .await?;
                 let (row, meet) = match D {
                     Dialect::Sqlite => (row, false),
-                    _ => {
-                        let conn: i64 = sqlx::query_scalar(match D {
-                            Dialect::Postgres => "SELECT CAST(pg_backend_pid() AS BIGINT)",
-                            _ => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
-                        })
-                        .fetch_one(&mut **tx)
-                        .await?;
-                        trap.row(conn, row)
-                    }
+                    _ => trap.row(connection_id(tx).await?, row),
                 };
+                take_unit(tx, row, trap, meet).await
+            }
+
+            /// The server's id of the transaction's connection.
+            async fn connection_id(tx: &mut Transaction<'_, Db>) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar(match D {
+                    Dialect::Postgres => "SELECT CAST(pg_backend_pid() AS BIGINT)",
+                    _ => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+                })
+                .fetch_one(&mut **tx)
+                .await
+            }
+
+            /// One unit off stock row `row`; then, with `meet`, waits for the
+            /// trap's other call.
+            async fn take_unit(tx: &mut Transaction<'_, Db>, row: i64, trap: &Trap, meet: bool) -> Result<(), sqlx::Error> {
                 sqlx::query(sql(D, "UPDATE idem_r_stock SET n = n - 1 WHERE id = ?"))
                     .bind(row)
                     .execute(&mut **tx)
@@ -984,21 +992,10 @@ macro_rules! batch_tests {
                     .bind(msg.order_id)
                     .execute(&mut **tx)
                     .await?;
-                let conn: i64 = sqlx::query_scalar(match D {
-                    Dialect::Postgres => "SELECT CAST(pg_backend_pid() AS BIGINT)",
-                    _ => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
-                })
-                .fetch_one(&mut **tx)
-                .await?;
+                let conn = connection_id(tx).await?;
                 for given in trap.rows {
                     let (row, meet) = trap.row(conn, given);
-                    sqlx::query(sql(D, "UPDATE idem_r_stock SET n = n - 1 WHERE id = ?"))
-                        .bind(row)
-                        .execute(&mut **tx)
-                        .await?;
-                    if meet {
-                        trap.meet().await;
-                    }
+                    take_unit(tx, row, trap, meet).await?;
                 }
                 Ok(())
             }

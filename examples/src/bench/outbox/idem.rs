@@ -51,38 +51,12 @@ async fn deduct(tx: &mut Transaction<'_, Postgres>, msg: &DeductCoupon) -> Resul
     Ok(())
 }
 
-/// [`deduct`] in a service where every message also takes one unit off a
-/// shared stock counter (one hot row every handler updates), taken last in
-/// the body, after the message's own rows (the lock order
-/// `Relay::commit_batch` documents).
-#[idempotent(
-    key = "bench-outbox:{msg.msg_id}",
-    strategy = state_machine,
-    table = "bench_outbox_coupon", id = msg.coupon_id,
-    from = CouponState::Unused, to = CouponState::Used,
-)]
-async fn deduct_hot(
-    tx: &mut Transaction<'_, Postgres>,
-    msg: &DeductCoupon,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO bench_outbox_ledger (coupon_id, order_id, msg_id) VALUES ($1, $2, $3)",
-    )
-    .bind(msg.coupon_id)
-    .bind(msg.order_id)
-    .bind(msg.msg_id.as_str())
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query("UPDATE bench_outbox_stock SET units = units - 1 WHERE id = 1")
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
-/// [`deduct`] in an order service with `rows` stock rows: each message
-/// takes one unit off the row its coupon falls on (scattered), so the
-/// handlers of one batch take several hot rows, in an order no two batches
-/// share: concurrent batches wait on one another and deadlock.
+/// [`deduct`] in a service with `rows` stock rows: each message also takes
+/// one unit off the row its coupon falls on (scattered), last in the body,
+/// after the message's own rows (the lock order `Relay::commit_batch`
+/// documents). With one row every handler updates it; with several, the
+/// handlers of one batch take several, in an order no two batches share:
+/// concurrent batches wait on one another and deadlock.
 #[idempotent(
     key = "bench-outbox:{msg.msg_id}",
     strategy = state_machine,
@@ -121,7 +95,7 @@ pub enum Rows {
     /// one row.
     Own,
     /// Also one shared row, a stock counter every handler decrements
-    /// (`deduct_hot`): the hot-row workload.
+    /// (`deduct_hot_rows` on one row): the hot-row workload.
     Hot,
     /// Also one of this many stock rows, scattered by coupon
     /// (`deduct_hot_rows`): batches take several hot rows in varying order.
@@ -419,8 +393,9 @@ pub async fn drain(
                 let t = Instant::now();
                 let r = match rows {
                     Rows::Own => deduct(d.source(), &m).await,
-                    Rows::Hot => deduct_hot(d.source(), &m).await,
-                    Rows::HotRows(k) => deduct_hot_rows(d.source(), &m, k).await,
+                    Rows::Hot | Rows::HotRows(_) => {
+                        deduct_hot_rows(d.source(), &m, rows.stock_rows()).await
+                    }
                 };
                 hn.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 r

@@ -46,7 +46,7 @@
 //!   refused case above. Either way under the same leases, no back-off,
 //!   no attempt burnt, and the relay halves its batch size ([`Adaptive`]);
 //!   each clean commit adds one back, up to `commit_batch`. On PostgreSQL
-//!   a batch waits for a row lock at most `Relay::batch_lock_wait` (10 ms
+//!   a batch waits for a row lock at most `Relay::batch_lock_wait` (20 ms
 //!   by default, `SET LOCAL lock_timeout`): a waiting batch holds the rows
 //!   of all its earlier handlers, so waits between batches grow convoys,
 //!   and PostgreSQL finds a deadlock among them only after its
@@ -90,7 +90,7 @@ pub(super) struct Adaptive {
 const PROBE_MAX: u32 = 64;
 
 /// See [`Relay::batch_lock_wait`].
-pub(super) const DEFAULT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+pub(super) const DEFAULT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// After this many batches in a row commit cleanly, the relay runs its
 /// batches without a savepoint per call (one round trip less per message,
