@@ -10,13 +10,6 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, LOCATION, ORIGIN, SET
 
 const TOKEN: &str = "test-write-token-0123456789";
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
 async fn get(url: &str) -> (StatusCode, String) {
     let r = client().get(url).send().await.expect("GET");
     let status = r.status();
@@ -45,14 +38,6 @@ async fn post(url: &str, cookie: Option<&str>, body: String) -> (StatusCode, Str
     let r = req.send().await.expect("POST");
     let status = r.status();
     (status, r.text().await.unwrap())
-}
-
-fn form(pairs: &[(&str, String)]) -> String {
-    let mut s = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in pairs {
-        s.append_pair(k, v);
-    }
-    s.finish()
 }
 
 /// Signs in: the session cookie (`name=value`).

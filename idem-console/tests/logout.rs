@@ -12,21 +12,6 @@ use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 
 const TOKEN: &str = "logout-write-token-9e4b17c03a58";
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-fn form(pairs: &[(&str, String)]) -> String {
-    let mut s = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in pairs {
-        s.append_pair(k, v);
-    }
-    s.finish()
-}
-
 async fn post(url: &str, cookie: &str, body: String) -> reqwest::Response {
     client()
         .post(url)
@@ -39,16 +24,7 @@ async fn post(url: &str, cookie: &str, body: String) -> reqwest::Response {
 }
 
 async fn sign_in(base: &str) -> String {
-    let r = client()
-        .post(format!("{base}/login"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(form(&[("token", TOKEN.into())]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let set = r.headers()[SET_COOKIE].to_str().unwrap();
-    set.split(';').next().unwrap().to_string()
+    sign_in_with(base, TOKEN).await
 }
 
 /// The preview of a requeue of message `id` under `cookie`: the

@@ -9,16 +9,9 @@
 mod common;
 use common::*;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
+use reqwest::header::{CONTENT_TYPE, COOKIE};
 
 const TOKEN: &str = "spaced-topics-token-4c81e0b95d27";
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
 
 async fn get(url: &str, cookie: &str) -> (StatusCode, String) {
     let r = client()
@@ -31,14 +24,6 @@ async fn get(url: &str, cookie: &str) -> (StatusCode, String) {
     (status, r.text().await.unwrap())
 }
 
-fn form(pairs: &[(&str, String)]) -> String {
-    let mut s = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in pairs {
-        s.append_pair(k, v);
-    }
-    s.finish()
-}
-
 fn query(pairs: &[(&str, &str)]) -> String {
     form(
         &pairs
@@ -49,16 +34,7 @@ fn query(pairs: &[(&str, &str)]) -> String {
 }
 
 async fn sign_in(base: &str) -> String {
-    let r = client()
-        .post(format!("{base}/login"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(form(&[("token", TOKEN.into())]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let set = r.headers()[SET_COOKIE].to_str().unwrap();
-    set.split(';').next().unwrap().to_string()
+    sign_in_with(base, TOKEN).await
 }
 
 /// The ids of the rows of the page's message table.

@@ -924,6 +924,19 @@ macro_rules! batch_tests {
                 left
             }
 
+            /// A relay for the trap tests: `n` messages claimed and run at
+            /// once, a lease no run outlives, and a back-off of 30 s (a
+            /// burnt attempt shows in `attempts`, and no quick retry hides
+            /// it).
+            fn trap_relay(pool: &Pool<Db>, n: u32) -> Relay<Db> {
+                Relay::new(pool.clone())
+                    .batch_size(n)
+                    .concurrency(n as usize)
+                    .lease(Duration::from_secs(60))
+                    .poll_interval(Duration::from_millis(10))
+                    .backoff(Duration::from_secs(30), Duration::from_secs(60))
+            }
+
             /// Two batches of two, each message taking one unit off a stock
             /// row, deadlock for sure: the first call of each batch takes
             /// a row (A, B) and waits for the other batch's first call, the
@@ -942,13 +955,8 @@ macro_rules! batch_tests {
                 let coupons = produce_n(&pool, &topic, 4, false).await;
                 let trap = Arc::new(Trap::new([rows[0], rows[1]]));
                 let t = trap.clone();
-                let relay = Relay::new(pool.clone())
+                let relay = trap_relay(&pool, 4)
                     .commit_batch(2)
-                    .batch_size(4)
-                    .concurrency(4)
-                    .lease(Duration::from_secs(60))
-                    .poll_interval(Duration::from_millis(10))
-                    .backoff(Duration::from_secs(30), Duration::from_secs(60))
                     .route(topic.clone(), move |d, m: Deduct| {
                         let t = t.clone();
                         async move { deduct_stock(d.source(), &m, &t, t.rows[0]).await }
@@ -1018,12 +1026,7 @@ macro_rules! batch_tests {
                 let coupons = produce_n(&pool, &topic, 2, false).await;
                 let trap = Arc::new(Trap::new([rows[0], rows[1]]));
                 let t = trap.clone();
-                let relay = Relay::new(pool.clone())
-                    .batch_size(2)
-                    .concurrency(2)
-                    .lease(Duration::from_secs(60))
-                    .poll_interval(Duration::from_millis(10))
-                    .backoff(Duration::from_secs(30), Duration::from_secs(60))
+                let relay = trap_relay(&pool, 2)
                     .route(topic.clone(), move |d, m: Deduct| {
                         let t = t.clone();
                         async move { deduct_two_rows(d.source(), &m, &t).await }

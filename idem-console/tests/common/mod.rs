@@ -1,8 +1,8 @@
-//! What the console's test targets share (`http.rs`, `browser.rs`): a
+//! What the console's test targets share (`http.rs`, `browser.rs`, …): a
 //! database of the test's own on each backend (SQLite always, PostgreSQL
 //! and MariaDB when reachable: skipped locally when down, a failure when
-//! `CI=true`), outbox rows, a console served on a free port, and reading
-//! values out of its pages.
+//! `CI=true`), outbox rows, a console served on a free port, reading
+//! values out of its pages, and an HTTP client that signs in.
 #![allow(dead_code)]
 
 pub(crate) use idem_console::Console;
@@ -191,4 +191,39 @@ pub(crate) fn input_value(html: &str, name: &str) -> Option<String> {
     let at = html.find(&format!("name=\"{name}\" value=\""))?;
     let rest = &html[at + name.len() + 15..];
     Some(rest[..rest.find('"')?].to_string())
+}
+
+/// An HTTP client that does not follow redirects (a test reads them).
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// `pairs` as an `application/x-www-form-urlencoded` body.
+pub(crate) fn form(pairs: &[(&str, String)]) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, v);
+    }
+    s.finish()
+}
+
+/// Signs in to the console at `base` with `token`: the session cookie
+/// (`name=value`).
+pub(crate) async fn sign_in_with(base: &str, token: &str) -> String {
+    let r = client()
+        .post(format!("{base}/login"))
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .body(form(&[("token", token.into())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::SEE_OTHER);
+    let set = r.headers()[reqwest::header::SET_COOKIE].to_str().unwrap();
+    set.split(';').next().unwrap().to_string()
 }
