@@ -1,113 +1,170 @@
-//! Pieces shared by `idem-macros` (at compile time) and `idem-runtime` (at
-//! run time), so that both apply exactly the same rule: what a plain SQL
-//! identifier is, how `?` placeholders become PostgreSQL's `$n`, and the
-//! one grammar of durations ([`duration`]).
+//! The core of [idem](https://docs.rs/idem-runtime): the call protocol
+//! behind `#[idempotent]`, the three strategies, the outbox and its relay,
+//! record expiry and archiving, on sqlx and tokio.
 //!
-//! No dependencies: a proc-macro crate can use it without pulling the
-//! runtime in.
+//! **Applications depend on `idem-runtime`**, the facade that re-exports
+//! this crate with the entry points as features; the examples here are
+//! written against it. This crate is what entry-point crates are built
+//! on, through public seams only:
+//!
+//! - [`consume`]: the consumer core every broker entry point shares (a
+//!   handler of a message type, its run in a task of its own, the give-up
+//!   rule, fan-out to several subscribers, [`consume::Settle`] for how a
+//!   broker acknowledges, retries and dead-letters, the handle and the
+//!   counters), with a complete example of an entry point written on it;
+//! - [`outbox::forward`]: a relay route that publishes each outbox message
+//!   to a broker, for a publisher that supplies only how it publishes one;
+//! - [`requests`]: the ledger of `Idempotency-Key` requests, for an HTTP
+//!   layer;
+//! - [`front`]: the front-cache trait, for a cache before the database;
+//! - [`task`]: the background task handle the runtime's tasks share.
+//!
+//! The crates `idem-amqp` (RabbitMQ), `idem-nats` (NATS JetStream),
+//! `idem-axum` (HTTP) and `idem-redis` (the Redis front cache) are written
+//! on these seams and nothing else.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod duration;
+/// Records a protocol event in the conformance trace (feature `testing`,
+/// see [`testing::trace`]); compiles to nothing without the feature.
+/// The time an event of the conformance trace is ordered by, taken before
+/// the statement it reports (feature `testing`, trace on; else 0).
+macro_rules! trace_now {
+    () => {{
+        #[cfg(feature = "testing")]
+        let at = match crate::testing::trace::is_on() {
+            true => crate::testing::trace::now(),
+            false => 0u64,
+        };
+        #[cfg(not(feature = "testing"))]
+        let at = 0u64;
+        at
+    }};
+}
 
-/// The longest identifier PostgreSQL keeps without truncating it.
-pub const MAX_IDENTIFIER_LEN: usize = 63;
+/// `$result`, or, with the feature `testing` and its lost acknowledgements
+/// on, the injected one of a commit of kind `$kind` (see
+/// [`testing::set_lost_ack_rate`]); `$result` itself without the feature.
+macro_rules! after_commit {
+    ($kind:ident, $result:expr) => {{
+        #[cfg(feature = "testing")]
+        let result = crate::testing::after_commit(crate::testing::Kind::$kind, $result);
+        #[cfg(not(feature = "testing"))]
+        let result = $result;
+        result
+    }};
+}
 
-/// Whether `s` is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most
-/// [`MAX_IDENTIFIER_LEN`] bytes), optionally qualified once
-/// (`schema.table`).
-///
-/// ```
-/// use idem_core::is_identifier;
-/// assert!(is_identifier("coupon"));
-/// assert!(is_identifier("shop.coupon"));
-/// assert!(!is_identifier("coupon; DROP TABLE x"));
-/// assert!(!is_identifier("a.b.c"));
-/// ```
-pub fn is_identifier(s: &str) -> bool {
-    let plain = |p: &str| {
-        let mut b = p.bytes();
-        matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-            && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
-            && p.len() <= MAX_IDENTIFIER_LEN
+macro_rules! trace_event {
+    ($f:ident ( $($arg:tt)* )) => {
+        #[cfg(feature = "testing")]
+        {
+            crate::testing::trace::$f($($arg)*);
+        }
     };
-    match s.split_once('.') {
-        Some((a, b)) => plain(a) && plain(b),
-        None => plain(s),
-    }
 }
 
-/// Rewrites the `?` placeholders of `sql` as PostgreSQL's `$1`, `$2`, …,
-/// skipping `?` inside single-quoted string literals and double-quoted
-/// identifiers.
-///
-/// ```
-/// use idem_core::numbered_placeholders;
-/// assert_eq!(
-///     numbered_placeholders("SELECT a FROM t WHERE b = ? AND c = '?' AND d = ?"),
-///     "SELECT a FROM t WHERE b = $1 AND c = '?' AND d = $2"
-/// );
-/// ```
-pub fn numbered_placeholders(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let (mut n, mut quote) = (0, None::<char>);
-    for c in sql.chars() {
-        match (quote, c) {
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                out.push(c);
-            }
-            (Some(q), _) if c == q => {
-                quote = None;
-                out.push(c);
-            }
-            (None, '?') => {
-                n += 1;
-                out.push('$');
-                out.push_str(&n.to_string());
-            }
-            _ => out.push(c),
-        }
+pub mod archive;
+mod backend;
+pub mod backoff;
+mod call;
+pub mod consume;
+pub mod duration;
+mod error;
+mod fingerprint;
+pub mod front;
+mod key;
+mod metrics;
+pub mod outbox;
+pub mod pooler;
+pub mod requests;
+mod schema;
+mod state;
+mod strategy;
+pub mod task;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod tx;
+mod unique;
+
+/// The sqlx idem is built on, for code that names its types without a
+/// `sqlx` dependency of its own (or checks that its own is the same).
+pub use sqlx;
+
+pub use backend::classify::is_transient;
+pub use backend::{Backend, Dialect};
+pub use call::{CallerTx, Outcome, Source};
+pub use error::{BoxError, Error};
+pub use fingerprint::fingerprint;
+pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
+pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
+pub use state::{EntityId, EntityIdValue, State};
+pub use strategy::MAX_TTL_SECS;
+
+/// A `Result` whose error is idem's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What `#[idempotent]`'s expansion names, and nothing else: the call
+/// protocol, the strategy specs and the key builder. Not public API: it
+/// changes with the macro, in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::call::{Call, Open, Outcome, Source, Strategy};
+    pub use crate::key::KeyBuilder;
+    pub use crate::strategy::{Record, StateMachine, UniqueInsert};
+    use crate::{EntityId, KeyPart, State};
+    pub use crate::{Error, fingerprint};
+    pub use ::tracing::Instrument;
+
+    /// The database of a connection type, for handlers whose first
+    /// parameter is `tx: &mut PgConnection` (or another connection).
+    pub type DatabaseOf<C> = <C as ::sqlx::Connection>::Database;
+
+    /// The span of one call; `key` and `outcome` are recorded as it goes.
+    pub fn span(handler: &'static str, strategy: &'static str) -> ::tracing::Span {
+        ::tracing::info_span!(
+            "idempotent",
+            handler,
+            strategy,
+            key = ::tracing::field::Empty,
+            outcome = ::tracing::field::Empty,
+        )
     }
-    out
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn identifiers() {
-        for ok in ["a", "_a1", "idem_outbox", "s.t", &"x".repeat(63)] {
-            assert!(is_identifier(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "1a",
-            "a-b",
-            "a b",
-            "a.",
-            ".a",
-            "a.b.c",
-            "\"a\"",
-            "a;",
-            "é",
-            &"x".repeat(64),
-        ] {
-            assert!(!is_identifier(bad), "{bad}");
-        }
+    /// Type-checks that `from` and `to` are states of the same enum.
+    pub fn states<S: State>(from: S, to: S) -> (&'static str, &'static str) {
+        (from.as_str(), to.as_str())
     }
 
-    #[test]
-    fn placeholders() {
-        assert_eq!(numbered_placeholders("?, ?, ?"), "$1, $2, $3");
-        assert_eq!(numbered_placeholders("no binds"), "no binds");
-        // Escaped quotes ('') close and reopen: still inside the literal.
-        assert_eq!(
-            numbered_placeholders("x = 'it''s ?' AND y = ?"),
-            "x = 'it''s ?' AND y = $1"
-        );
-        assert_eq!(numbered_placeholders(r#""a?b" = ?"#), r#""a?b" = $1"#);
+    /// The entity id's bind value.
+    pub fn entity_id<T: EntityId + ?Sized>(id: &T) -> crate::EntityIdValue {
+        id.entity_id()
+    }
+
+    /// Adapts a user validator `fn(&str) -> Result<(), E: Display>`.
+    pub fn validate<E: ::std::fmt::Display>(
+        f: fn(&str) -> Result<(), E>,
+        key: &str,
+    ) -> Result<(), String> {
+        f(key).map_err(|e| e.to_string())
+    }
+
+    /// Records an invalid key on the call's span and passes the result on.
+    pub fn reject_invalid(
+        span: &::tracing::Span,
+        key: Result<String, Error>,
+    ) -> Result<String, Error> {
+        key.inspect_err(|e| {
+            span.record("outcome", e.kind());
+            ::tracing::debug!(parent: span, error = %e, "idempotent call rejected");
+        })
+    }
+
+    /// Encodes a key part on its own (for `biz_no`).
+    pub fn key_part<T: KeyPart + ?Sized>(v: &T) -> String {
+        let mut s = String::new();
+        v.write_key_part(&mut s);
+        s
     }
 }

@@ -68,7 +68,7 @@
 //!   [`outbox`], [`archive`], [`shard`] (several databases, the record
 //!   always beside the entity's data), [`pooler`] (behind pgbouncer in
 //!   transaction mode: unnamed statements, autocommit statements in
-//!   transactions), `cache` (feature `redis`), `amqp` (feature `amqp`),
+//!   transactions), [`cache`] (feature `redis`), [`amqp`] (feature `amqp`),
 //!   `nats` (feature `nats`), `consume` (the consumer handle and counters
 //!   both brokers share; features `amqp`, `nats`), `http` (feature
 //!   `axum`), `testing` (feature `testing`).
@@ -93,92 +93,38 @@
 //!   outbox messages in the request's transaction, and signed third-party
 //!   callbacks, for axum 0.8.
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
+//!
+//! ## Crates
+//! This crate is a facade: the core (`idem-core`: the call protocol, the
+//! outbox, the relay and the seams) and one crate per entry point
+//! (`idem-amqp`, `idem-nats`, `idem-axum`, `idem-redis`), each built only
+//! on the core's public seams ([`consume`], [`outbox::forward`],
+//! [`requests`], [`front`]) and re-exported here under its feature. A new
+//! entry point is a crate of the same shape: see [`consume`] for one
+//! written from scratch.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// Records a protocol event in the conformance trace (feature `testing`,
-/// see [`testing::trace`]); compiles to nothing without the feature.
-/// The time an event of the conformance trace is ordered by, taken before
-/// the statement it reports (feature `testing`, trace on; else 0).
-macro_rules! trace_now {
-    () => {{
-        #[cfg(feature = "testing")]
-        let at = match crate::testing::trace::is_on() {
-            true => crate::testing::trace::now(),
-            false => 0u64,
-        };
-        #[cfg(not(feature = "testing"))]
-        let at = 0u64;
-        at
-    }};
-}
-
-/// `$result`, or, with the feature `testing` and its lost acknowledgements
-/// on, the injected one of a commit of kind `$kind` (see
-/// [`testing::set_lost_ack_rate`]); `$result` itself without the feature.
-macro_rules! after_commit {
-    ($kind:ident, $result:expr) => {{
-        #[cfg(feature = "testing")]
-        let result = crate::testing::after_commit(crate::testing::Kind::$kind, $result);
-        #[cfg(not(feature = "testing"))]
-        let result = $result;
-        result
-    }};
-}
-
-macro_rules! trace_event {
-    ($f:ident ( $($arg:tt)* )) => {
-        #[cfg(feature = "testing")]
-        {
-            crate::testing::trace::$f($($arg)*);
-        }
-    };
-}
+#[doc(inline)]
+pub use idem_core::*;
 
 #[cfg(feature = "amqp")]
-pub mod amqp;
-pub mod archive;
-mod backend;
-pub mod backoff;
-#[cfg(feature = "redis")]
-pub mod cache;
-mod call;
-#[cfg(any(feature = "amqp", feature = "nats"))]
-pub mod consume;
-#[cfg(not(any(feature = "amqp", feature = "nats")))]
-mod consume;
-pub mod duration;
-mod error;
-mod fingerprint;
-pub mod guide;
+#[doc(inline)]
+pub use idem_amqp as amqp;
 #[cfg(feature = "axum")]
-pub mod http;
-mod key;
-mod metrics;
+#[doc(inline)]
+pub use idem_axum as http;
 #[cfg(feature = "nats")]
-pub mod nats;
-pub mod outbox;
-pub mod pooler;
-mod schema;
-pub mod shard;
-mod state;
-mod strategy;
-mod task;
-#[cfg(feature = "testing")]
-pub mod testing;
-mod tx;
-mod unique;
+#[doc(inline)]
+pub use idem_nats as nats;
+#[cfg(feature = "redis")]
+#[doc(inline)]
+pub use idem_redis as cache;
+#[doc(inline)]
+pub use idem_shard as shard;
 
-pub use backend::classify::is_transient;
-pub use backend::{Backend, Dialect};
-pub use call::{CallerTx, Outcome, Source};
-pub use error::{BoxError, Error};
-pub use fingerprint::fingerprint;
-pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
-pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
-pub use state::{EntityId, EntityIdValue, State};
-pub use strategy::MAX_TTL_SECS;
+pub mod guide;
 
 /// Makes an async handler idempotent.
 ///
@@ -363,70 +309,3 @@ pub use idem_macros::idempotent;
 /// Derives [`State`] for a field-less enum (`#[state(rename = "...")]` on a
 /// variant overrides its stored name).
 pub use idem_macros::State;
-
-/// A `Result` whose error is idem's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// What `#[idempotent]`'s expansion names, and nothing else: the call
-/// protocol, the strategy specs and the key builder. Not public API: it
-/// changes with the macro, in any release.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::call::{Call, Open, Outcome, Source, Strategy};
-    pub use crate::key::KeyBuilder;
-    pub use crate::strategy::{Record, StateMachine, UniqueInsert};
-    use crate::{EntityId, KeyPart, State};
-    pub use crate::{Error, fingerprint};
-    pub use ::tracing::Instrument;
-
-    /// The database of a connection type, for handlers whose first
-    /// parameter is `tx: &mut PgConnection` (or another connection).
-    pub type DatabaseOf<C> = <C as ::sqlx::Connection>::Database;
-
-    /// The span of one call; `key` and `outcome` are recorded as it goes.
-    pub fn span(handler: &'static str, strategy: &'static str) -> ::tracing::Span {
-        ::tracing::info_span!(
-            "idempotent",
-            handler,
-            strategy,
-            key = ::tracing::field::Empty,
-            outcome = ::tracing::field::Empty,
-        )
-    }
-
-    /// Type-checks that `from` and `to` are states of the same enum.
-    pub fn states<S: State>(from: S, to: S) -> (&'static str, &'static str) {
-        (from.as_str(), to.as_str())
-    }
-
-    /// The entity id's bind value.
-    pub fn entity_id<T: EntityId + ?Sized>(id: &T) -> crate::EntityIdValue {
-        id.entity_id()
-    }
-
-    /// Adapts a user validator `fn(&str) -> Result<(), E: Display>`.
-    pub fn validate<E: ::std::fmt::Display>(
-        f: fn(&str) -> Result<(), E>,
-        key: &str,
-    ) -> Result<(), String> {
-        f(key).map_err(|e| e.to_string())
-    }
-
-    /// Records an invalid key on the call's span and passes the result on.
-    pub fn reject_invalid(
-        span: &::tracing::Span,
-        key: Result<String, Error>,
-    ) -> Result<String, Error> {
-        key.inspect_err(|e| {
-            span.record("outcome", e.kind());
-            ::tracing::debug!(parent: span, error = %e, "idempotent call rejected");
-        })
-    }
-
-    /// Encodes a key part on its own (for `biz_no`).
-    pub fn key_part<T: KeyPart + ?Sized>(v: &T) -> String {
-        let mut s = String::new();
-        v.write_key_part(&mut s);
-        s
-    }
-}

@@ -3,7 +3,7 @@
 use idem_runtime::Dialect;
 
 /// A statement written with `?` placeholders, in the given dialect
-/// (PostgreSQL gets `$1, $2, …`, through [`idem_core::numbered_placeholders`],
+/// (PostgreSQL gets `$1, $2, …`, through [`idem_syntax::numbered_placeholders`],
 /// the rule idem itself uses).
 ///
 /// ```
@@ -17,7 +17,7 @@ pub fn sql(dialect: Dialect, text: &'static str) -> sqlx::AssertSqlSafe<String> 
     if dialect != Dialect::Postgres {
         return sqlx::AssertSqlSafe(text.to_string());
     }
-    sqlx::AssertSqlSafe(idem_core::numbered_placeholders(text))
+    sqlx::AssertSqlSafe(idem_syntax::numbered_placeholders(text))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ pub fn table_sql(dialect: Dialect, h: Handler, text: &'static str) -> AssertSqlS
 /// PostgreSQL, unchanged for the others.
 pub fn placeholders(dialect: Dialect, text: &str) -> String {
     if dialect == Dialect::Postgres {
-        idem_core::numbered_placeholders(text)
+        idem_syntax::numbered_placeholders(text)
     } else {
         text.to_owned()
     }

@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn checks_identifiers() {
-        use idem_core::is_identifier;
+        use idem_syntax::is_identifier;
         assert!(is_identifier("coupon"));
         assert!(is_identifier("shop.coupon"));
         assert!(!is_identifier("coupon; DROP TABLE x"));

@@ -1,7 +1,7 @@
 //! `ttl = "7d"`: record lifetimes, from one second to ten years, in
 //! idem's one duration grammar.
 
-use idem_core::duration::{self, DurationError};
+use idem_syntax::duration::{self, DurationError};
 use std::time::Duration;
 
 /// Default record time-to-live: seven days.
@@ -11,7 +11,7 @@ pub(super) const DEFAULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// database's date arithmetic handles everywhere.
 pub(super) const MAX_TTL_SECS: u64 = 3650 * 24 * 3600;
 
-/// A ttl in idem's one duration grammar ([`idem_core::duration`]: `30s`,
+/// A ttl in idem's one duration grammar ([`idem_syntax::duration`]: `30s`,
 /// `15m`, `24h`, `7d`, `1d 12h`…) → seconds: whole seconds, between 1
 /// second and [`MAX_TTL_SECS`]; the error says what is wrong.
 pub(super) fn parse_ttl(s: &str) -> Result<u64, String> {

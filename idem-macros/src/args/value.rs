@@ -2,7 +2,7 @@
 //! variant, a parameter path; and the error collector.
 
 use super::FieldPath;
-use idem_core::is_identifier;
+use idem_syntax::is_identifier;
 use proc_macro2::Span;
 use syn::{Expr, Ident, LitStr, Path};
 

@@ -1,0 +1,145 @@
+//! Outbox messages forwarded to an exchange, publisher-confirmed.
+
+use super::TOPIC_HEADER;
+use super::channel::ConfirmChannel;
+use super::fields::{long, short};
+use idem_core::Backend;
+use idem_core::outbox::forward::{self, Forward};
+use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::task::BoxFuture;
+use idem_core::{Error, Outcome};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection};
+use serde::de::IgnoredAny;
+use std::fmt;
+use std::sync::Arc;
+
+/// Publishes outbox messages to an exchange: the relay as a forwarder.
+///
+/// Each message is published with routing key = its topic (or a fixed
+/// [`routing_key`](Publisher::routing_key)), AMQP `message_id` = the outbox
+/// `msg_id` (stable across every retry, so the consumer's key is stable),
+/// `content_type` `application/json`, the topic in the `type` property and
+/// the `x-idem-topic` header, persistent (`delivery_mode` 2), `mandatory`
+/// (an unroutable message is an error, not a silent drop). It returns only
+/// after the broker's publisher confirm.
+///
+/// As a [`Relay`](idem_core::outbox::Relay) route ([`Publisher::route`]) it
+/// answers `Ok(Outcome::Executed(()))` after the confirm, and the relay
+/// marks the outbox message `success` (its fallback update, outside any
+/// handler transaction: there is no database work to join). A failure is a
+/// retryable or permanent [`Error`] and the relay backs off or
+/// dead-letters the outbox message. A confirm lost after the broker took
+/// the message (connection drop) makes the relay publish it again: the
+/// copy has the same `message_id`, and the consumer's idempotent handler
+/// answers `Duplicate`.
+///
+/// ```no_run
+/// use idem_runtime::amqp::{self, Publisher};
+/// use idem_runtime::outbox::{enqueue, Relay};
+///
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// let conn = amqp::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// amqp::Topology::new("coupon.deduct").bind("orders", "coupon.deduct").declare(&conn).await?;
+///
+/// let mut tx = pool.begin().await?;
+/// // … the business change …
+/// let _msg = enqueue(&mut tx, "coupon.deduct", "order-7", &serde_json::json!({ "coupon_id": 7 })).await?;
+/// tx.commit().await?;
+///
+/// let publisher = Publisher::new(conn.clone(), "orders");
+/// let relay = Relay::new(pool).route("coupon.deduct", publisher.route()).spawn();
+/// // … or directly:
+/// publisher.publish("coupon.deduct", "order-8", br#"{"coupon_id":8}"#).await?;
+/// relay.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Arc<ConfirmChannel>,
+    exchange: String,
+    routing_key: Option<String>,
+    mandatory: bool,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher")
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("mandatory", &self.mandatory)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher to `exchange` (`""`: the default exchange, which routes
+    /// by queue name). Its channel opens at the first publish and reopens
+    /// after a failure.
+    pub fn new(connection: Arc<Connection>, exchange: impl Into<String>) -> Self {
+        Publisher {
+            channel: Arc::new(ConfirmChannel::new(connection)),
+            exchange: exchange.into(),
+            routing_key: None,
+            mandatory: true,
+        }
+    }
+
+    /// A fixed routing key instead of the topic.
+    pub fn routing_key(mut self, key: impl Into<String>) -> Self {
+        self.routing_key = Some(key.into());
+        self
+    }
+
+    /// Whether an unroutable message is an error (default `true`). With
+    /// `false`, the broker confirms and drops a message no queue takes.
+    pub fn mandatory(mut self, mandatory: bool) -> Self {
+        self.mandatory = mandatory;
+        self
+    }
+
+    /// Publishes one message and waits for the broker's confirm.
+    pub async fn publish(&self, topic: &str, msg_id: &str, payload: &[u8]) -> Result<(), Error> {
+        if msg_id.is_empty() {
+            return Err(Error::permanent(
+                "empty msg_id: the consumer could not key it",
+            ));
+        }
+        let mut headers = FieldTable::default();
+        headers.insert(TOPIC_HEADER.into(), long(topic));
+        let properties = BasicProperties::default()
+            .with_message_id(short("msg_id", msg_id)?)
+            .with_type(short("topic", topic)?)
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        let routing_key = self.routing_key.as_deref().unwrap_or(topic);
+        self.channel
+            .publish(
+                &self.exchange,
+                routing_key,
+                self.mandatory,
+                payload,
+                properties,
+            )
+            .await
+    }
+
+    /// This publisher as a [`Relay`](idem_core::outbox::Relay) route:
+    /// `relay.route(topic, publisher.route())`. The payload is forwarded as
+    /// stored (JSON text).
+    #[allow(clippy::type_complexity)]
+    pub fn route<DB: Backend>(
+        &self,
+    ) -> impl Fn(Delivery<DB>, IgnoredAny) -> BoxFuture<Result<Outcome<()>, Error>> + Send + Sync + 'static
+    {
+        forward::route(self)
+    }
+}
+
+impl Forward for Publisher {
+    async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
+        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
+            .await
+    }
+}

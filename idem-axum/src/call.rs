@@ -1,0 +1,396 @@
+//! A request's call, from the key claimed to the answer kept:
+//! [`Idempotency::begin`] claims the key (the record's in-flight row,
+//! committed) and opens the handler's transaction, fenced by the request's
+//! lease; [`RequestCall`] runs the effects in it and ends with the answer
+//! stored and committed with them, or with the key freed.
+
+use super::key::{IdempotencyKey, KeyError, record_key};
+use super::policy::Idempotency;
+use super::request::IdempotentRequest;
+use super::stored::{Held, Stored, lease_text};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use idem_core::Backend;
+use idem_core::CallerTx;
+use idem_core::Error;
+use idem_core::requests::{self, ClaimedRow, Found, NewRecord};
+use sqlx::Pool;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+impl Idempotency {
+    /// Everything before the handler's effects:
+    ///
+    /// 1. the key (malformed, repeated: 400; missing: 400 unless
+    ///    [`optional`](Self::optional)) and the caller (none: 401);
+    /// 2. the record of `(caller, key)` in this scope, read without
+    ///    waiting on locks: answered → the stored answer, replayed byte
+    ///    for byte (`Idempotent-Replayed: true`); another method, path or
+    ///    body → 422; in flight → 409; in flight past its lease → taken
+    ///    over; none → an in-flight row written and committed now, so that
+    ///    a concurrent duplicate sees it (409), never a second effect;
+    /// 3. the handler's transaction, begun with the record locked and
+    ///    fenced by this request's lease.
+    ///
+    /// `Err` is the answer to send as it is.
+    pub async fn begin<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        req: &IdempotentRequest,
+    ) -> Result<RequestCall<DB>, Response> {
+        let key = match &req.key {
+            Ok(Some(key)) => key,
+            Ok(None) if self.required => {
+                return Err(self.problem(
+                    StatusCode::BAD_REQUEST,
+                    "Idempotency-Key is missing",
+                    KeyError::Missing.to_string(),
+                ));
+            }
+            Ok(None) => {
+                let tx = DB::begin(pool).await.map_err(|e| self.unavailable(&e))?;
+                return Ok(RequestCall::new(pool, tx, None, self.clone()));
+            }
+            Err(e) => {
+                return Err(self.problem(
+                    StatusCode::BAD_REQUEST,
+                    "Idempotency-Key is malformed",
+                    e.to_string(),
+                ));
+            }
+        };
+        let Some(identity) = (self.identity)(&req.parts) else {
+            return Err(self.problem(
+                StatusCode::UNAUTHORIZED,
+                "Unknown caller",
+                "an Idempotency-Key belongs to a caller; this request names none".into(),
+            ));
+        };
+        let mut held = HeldKey {
+            key: record_key(&identity, key),
+            lease: new_lease(),
+            row: ClaimedRow { id: None },
+        };
+        let fp = req.fingerprint();
+        held.row = self.claim(pool, &held, key, &fp).await?;
+        // From here the key is this request's: a failure, or the request
+        // cancelled, frees it (the call's drop).
+        let mut call = RequestCall {
+            pool: pool.clone(),
+            tx: None,
+            held: Some(held),
+            policy: self.clone(),
+        };
+        let held = call.held.as_ref().expect("just set");
+        let mut tx = DB::begin(pool).await.map_err(|e| self.unavailable(&e))?;
+        let lease = lease_text(&held.lease);
+        match requests::fence(
+            &mut tx,
+            held.row,
+            &held.key,
+            self.scope,
+            &lease,
+            self.lease_secs(),
+        )
+        .await
+        {
+            Ok(true) => {
+                call.tx = Some(CallerTx::new(tx));
+                Ok(call)
+            }
+            // Taken over after this request's lease ran out (it stalled
+            // between the claim and here): the key is no longer ours.
+            Ok(false) => {
+                call.held = None;
+                Err(self.in_flight())
+            }
+            Err(e) => Err(self.unavailable(&e)),
+        }
+    }
+
+    /// Step 2 of [`begin`](Self::begin): `Ok` when this request holds the
+    /// key (its in-flight row committed), with the row it holds.
+    async fn claim<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        held: &HeldKey,
+        key: &IdempotencyKey,
+        fp: &str,
+    ) -> Result<ClaimedRow, Response> {
+        let lease = lease_text(&held.lease);
+        // Two rounds: a concurrent insert or take-over can win the first.
+        for _ in 0..3 {
+            let found = requests::find(pool, &held.key, self.scope)
+                .await
+                .map_err(|e| self.unavailable(&e))?;
+            let Some(Found {
+                fingerprint: stored_fp,
+                result,
+                expired,
+                ..
+            }) = found
+            else {
+                let row = NewRecord {
+                    key: &held.key,
+                    biz_type: self.scope,
+                    biz_no: key.as_str(),
+                    fingerprint: fp,
+                    ttl_secs: self.lease_secs(),
+                };
+                if let Some(claimed) = requests::insert(pool, &row, &lease)
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                {
+                    return Ok(claimed);
+                }
+                continue;
+            };
+            if stored_fp != fp {
+                return Err(self.problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Idempotency-Key is already used",
+                    "this key was used with another request (method, path or body); \
+                     use a new key for a new request"
+                        .into(),
+                ));
+            }
+            match Held::of(result.as_deref()) {
+                Held::Answer(stored) => {
+                    return Err(stored.replay().unwrap_or_else(|| {
+                        self.problem(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "Internal error",
+                            "the stored answer of this key cannot be read".into(),
+                        )
+                    }));
+                }
+                Held::Lease(_) if !expired => return Err(self.in_flight()),
+                Held::Lease(old) => {
+                    // The request that held it died (or stalls past its
+                    // lease before its transaction began): take it over.
+                    // A row its handler's transaction still holds (alive,
+                    // slower than its lease) is not waited for: false, and
+                    // after the rounds 409 (on SQLite the take-over waits
+                    // for the write lock, as every writer does).
+                    if let Some(claimed) = requests::take_over(
+                        pool,
+                        &held.key,
+                        self.scope,
+                        &lease_text(&old),
+                        &lease,
+                        self.lease_secs(),
+                    )
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                    {
+                        return Ok(claimed);
+                    }
+                }
+                Held::Foreign => {
+                    return Err(self.problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Internal error",
+                        format!(
+                            "scope `{}` holds records that are not HTTP answers",
+                            self.scope
+                        ),
+                    ));
+                }
+            }
+        }
+        Err(self.in_flight())
+    }
+
+    async fn release<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        held: &HeldKey,
+    ) -> Result<bool, sqlx::Error> {
+        requests::release(pool, &held.key, self.scope, &lease_text(&held.lease)).await
+    }
+}
+
+/// A lease token unique to this process and moment.
+fn new_lease() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}.{nanos}.{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The key a request holds: the record's key and this request's lease.
+#[derive(Debug)]
+struct HeldKey {
+    key: String,
+    lease: String,
+    /// The claimed row, once claimed.
+    row: ClaimedRow,
+}
+
+/// A request that holds its key: the handler's transaction is open, the
+/// record locked. Run the effects in [`tx`](Self::tx), then
+/// [`finish`](Self::finish) with the answer (stored and committed with
+/// them) or [`abandon`](Self::abandon) (rolled back, the key freed for a
+/// retry). Dropped unfinished, it rolls back and frees the key.
+///
+/// The transaction is a [`CallerTx`]: an
+/// [`#[idempotent]`](https://docs.rs/idem-runtime/latest/idem_runtime/attr.idempotent.html) handler runs inside it
+/// (`handler(call.tx(), &args)`, under a savepoint), the request's own
+/// statements on `call.tx().conn()?`, an outbox message with
+/// [`enqueue`](idem_core::outbox::enqueue)`(call.tx().transaction()?, …)`;
+/// all of them commit with the stored answer, or not at all.
+#[derive(Debug)]
+pub struct RequestCall<DB: Backend> {
+    pool: Pool<DB>,
+    tx: Option<CallerTx<DB>>,
+    held: Option<HeldKey>,
+    policy: Idempotency,
+}
+
+impl<DB: Backend> RequestCall<DB> {
+    fn new(
+        pool: &Pool<DB>,
+        tx: sqlx::Transaction<'static, DB>,
+        held: Option<HeldKey>,
+        policy: Idempotency,
+    ) -> Self {
+        RequestCall {
+            pool: pool.clone(),
+            tx: Some(CallerTx::new(tx)),
+            held,
+            policy,
+        }
+    }
+
+    /// The transaction the effects run in: pass it to `#[idempotent]`
+    /// handlers, or take its connection ([`CallerTx::conn`]) or the
+    /// transaction itself ([`CallerTx::transaction`]); do not commit it,
+    /// [`finish`](Self::finish) does.
+    pub fn tx(&mut self) -> &mut CallerTx<DB> {
+        self.tx.as_mut().expect("present until finished")
+    }
+
+    /// Whether the request came with a key (an [`optional`](Idempotency::optional)
+    /// route runs keyless requests without a record).
+    pub fn is_keyed(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The transaction, lent to a handler behind the layer.
+    pub(super) fn take_tx(&mut self) -> Option<CallerTx<DB>> {
+        self.tx.take()
+    }
+
+    /// The transaction, back from the handler.
+    pub(super) fn put_tx(&mut self, tx: CallerTx<DB>) {
+        self.tx = Some(tx);
+    }
+
+    /// The route's policy.
+    pub(super) fn policy(&self) -> &Idempotency {
+        &self.policy
+    }
+
+    /// Stores `answer` with the key and commits it with the effects; the
+    /// answer is then sent, and replayed byte for byte to every retry with
+    /// the key until the policy's ttl. Any status can be kept (a 201, a
+    /// 402 that a retry must not turn into a payment); what must not be
+    /// kept goes through [`abandon`](Self::abandon).
+    ///
+    /// A failure answers 503 with `Retry-After` (a transient database
+    /// error, or a lost commit acknowledgement: committed or not, a retry
+    /// with the key is safe) or 500 (the answer cannot be kept, the
+    /// transaction was lost by a call inside it
+    /// ([`Error::TransactionLost`]), another database error). When nothing
+    /// committed the key is freed; when the commit's outcome is unknown the
+    /// record settles it: the stored answer, or the lease running out.
+    pub async fn finish(mut self, answer: impl IntoResponse) -> Response {
+        let mut tx = self.tx.take().expect("present until finished");
+        let held = self.held.take();
+        let policy = self.policy.clone();
+        let (stored, now) = match Stored::capture(answer.into_response(), policy.max_answer).await {
+            Ok(pair) => pair,
+            Err(why) => {
+                drop(tx);
+                free(&self.pool, &self.policy, held).await;
+                return policy.problem(StatusCode::INTERNAL_SERVER_ERROR, "Internal error", why);
+            }
+        };
+        if let Some(h) = &held {
+            let text = serde_json::to_string(&stored).expect("an answer serializes");
+            let ttl = policy.ttl.as_secs() as i64;
+            let done = match tx.transaction() {
+                Ok(t) => {
+                    let lease = lease_text(&h.lease);
+                    requests::complete(t, h.row, &h.key, policy.scope, &lease, &text, ttl)
+                        .await
+                        .map_err(Error::from)
+                }
+                Err(e) => Err(e),
+            };
+            match done {
+                Ok(true) => {}
+                Ok(false) => return policy.in_flight(),
+                Err(e) => {
+                    drop(tx);
+                    free(&self.pool, &self.policy, held).await;
+                    return policy.failed(&e);
+                }
+            }
+        }
+        match tx.commit().await {
+            Ok(()) => now,
+            // Committed or not: the record settles it.
+            Err(e @ Error::CommitUnknown(_)) => policy.failed(&e),
+            // Nothing committed: the key is free for a retry.
+            Err(e) => {
+                free(&self.pool, &self.policy, held).await;
+                policy.failed(&e)
+            }
+        }
+    }
+
+    /// Rolls the effects back, frees the key (a retry with it runs again)
+    /// and sends `answer` without keeping it: for failures a retry may
+    /// heal, or requests refused before any effect.
+    pub async fn abandon(mut self, answer: impl IntoResponse) -> Response {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.rollback().await;
+        }
+        let held = self.held.take();
+        free(&self.pool, &self.policy, held).await;
+        answer.into_response()
+    }
+}
+
+/// Frees a key held by a request that committed nothing. (A function of
+/// its parts, not of the call: the call's future then needs no `Sync`.)
+async fn free<DB: Backend>(pool: &Pool<DB>, policy: &Idempotency, held: Option<HeldKey>) {
+    if let Some(h) = held
+        && let Err(e) = policy.release(pool, &h).await
+    {
+        tracing::warn!(scope = policy.scope, error = %e,
+            "idempotent request: the key stays held until its lease runs out");
+    }
+}
+
+impl<DB: Backend> Drop for RequestCall<DB> {
+    fn drop(&mut self) {
+        // Cancelled (the client hung up and the server dropped the
+        // handler): the transaction rolls back as it drops; free the key
+        // in the background, or its lease frees it.
+        drop(self.tx.take());
+        if let Some(held) = self.held.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (pool, policy) = (self.pool.clone(), self.policy.clone());
+            rt.spawn(async move {
+                let _ = policy.release(&pool, &held).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The shape of one dialect's statements ([`SqlSet`]: each database file
+//! fills one in), and the renderers every dialect shares.
+
+use super::dialect::Dialect;
+use idem_syntax::{is_identifier, numbered_placeholders};
+
+/// The statements of a state machine spec, rendered for one dialect.
+#[derive(Debug)]
+pub struct StateSql {
+    /// Reads the state and the key column (or NULL) under a row lock.
+    pub lock: String,
+    /// The guarded transition `from` → `to` (binds: to, the key when there is a key column, id, from).
+    pub transition: String,
+    /// Whether the transition writes the key column.
+    pub with_key: bool,
+    /// Where the dialect can (PostgreSQL): the fenced outbox update and
+    /// the locking read in one statement, one round trip (binds: the
+    /// outbox message's id, topic, lease owner and attempt, then the
+    /// entity id). It returns the rows the update changed, the state and
+    /// the key column (both NULL without the entity).
+    pub lock_marked: Option<String>,
+}
+
+/// The claim statements of a relay, rendered once for its topics.
+#[derive(Debug, Clone)]
+pub struct ClaimSql {
+    /// PostgreSQL: one `UPDATE … RETURNING`. SQLite: the locking
+    /// `SELECT`. MariaDB: the `SELECT id …` picking the due rows (then
+    /// locked by id).
+    pub claim: String,
+}
+
+/// A statement rendered for a number of ids or topics: given the list of
+/// `?` placeholders (`?, ?, ?`), the statement written with `?`.
+pub(crate) type Render = fn(&str) -> String;
+
+/// Every statement of one dialect, and the few ways it runs them
+/// differently. Statements are written with `?` placeholders unless their
+/// field says otherwise; [`SqlSet::render`] numbers them for PostgreSQL.
+#[derive(Debug)]
+pub(crate) struct SqlSet {
+    /// Which dialect this is.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub dialect: Dialect,
+    /// The identifier quote (`"` or `` ` ``).
+    pub quote: char,
+    /// PostgreSQL: placeholders are `$1, $2, …`.
+    pub numbered: bool,
+    /// An expression cast to text.
+    pub text: fn(&str) -> String,
+    /// The row lock a read of rows about to change takes (`" FOR
+    /// UPDATE"`, or empty where the transaction already holds the write
+    /// lock).
+    pub row_lock: &'static str,
+    /// The statement beginning a call's transaction (`None`: `BEGIN`).
+    pub begin: Option<&'static str>,
+    /// Where a data-modifying `WITH` exists (PostgreSQL): the fenced
+    /// outbox update ([`SqlSet::outbox_success`]) as the `WITH idem_mark
+    /// AS (… RETURNING 1)` that the state machine's locking read is
+    /// folded into ([`StateSql::lock_marked`]). `?` placeholders.
+    pub mark_with: Option<&'static str>,
+    /// Intervals are bound as whole microseconds (MariaDB's `INTERVAL ?
+    /// MICROSECOND`), not as fractional seconds.
+    pub micros: bool,
+
+    /// Binds: key, biz_type. Native placeholders.
+    pub fetch_record: &'static str,
+    /// Binds: result, key, biz_type. Native placeholders.
+    pub store_result: &'static str,
+    /// What is left of a record's ttl, in whole milliseconds by the
+    /// database's clock at this statement (the current time, not the
+    /// transaction's start), negative once expired. Binds: key, biz_type.
+    /// Native placeholders.
+    pub record_ttl_left: &'static str,
+    /// Binds: key, biz_type, biz_no, fingerprint, ttl seconds. Native.
+    pub claim_record: &'static str,
+    /// Inserts a pending message unless `(topic, msg_id)` exists; only the
+    /// duplicate is ignored. Binds: topic, msg_id, payload. Native
+    /// placeholders.
+    pub outbox_insert: &'static str,
+    /// The id and payload of the message `(topic, msg_id)`, read after an
+    /// ignored insert. Binds: topic, msg_id. Native placeholders.
+    pub outbox_find: &'static str,
+    /// `outbox_insert` that also sends `pg_notify('idem_outbox', topic)`
+    /// when it inserts (not for a duplicate), in the same statement, so
+    /// the notification is delivered on commit only: the push wake-up of
+    /// relays (see [`outbox::NOTIFY_CHANNEL`](crate::outbox::NOTIFY_CHANNEL)).
+    /// `None` where the dialect has no `NOTIFY`. Same binds and result as
+    /// `outbox_insert`.
+    pub outbox_insert_notify: Option<&'static str>,
+    /// How `outbox_insert` tells the new id (no row or no affected row:
+    /// the duplicate).
+    pub insert_id: InsertId,
+    /// Binds: id, topic, owner, attempt. Native placeholders.
+    pub outbox_success: &'static str,
+    /// A relay batch's success marks, in one statement at its end, for the
+    /// ids' list (binds: owner, ids…). The batch locked the rows when it
+    /// renewed their leases, and checked their attempts then.
+    pub outbox_success_batch: Render,
+    /// Binds: id. Native placeholders.
+    pub outbox_state: &'static str,
+    /// Binds: status, delay, error, id, owner, attempt. Native.
+    pub outbox_settle: &'static str,
+    /// The same failure written over a `success` that this attempt's own
+    /// handler marked before it failed (same binds; the owner matches the
+    /// cleared lease or none). Native.
+    pub outbox_revert: &'static str,
+    /// The relay's claim.
+    pub claim: Claim,
+    /// The rows a claim whose commit outcome is unknown leased, if it
+    /// landed: `id, topic, msg_id, payload, attempts` of the rows among
+    /// the ids still pending under the claim's owner with their lease
+    /// running (binds: owner, ids…).
+    pub claim_recover: Render,
+    /// The relay's lease renewal.
+    pub renew: Renew,
+    /// One message's lease renewed before a delivery on the per-message
+    /// path after a batch, waiting for a row lock rather than skipping it
+    /// (binds: lease, id, owner). Native placeholders.
+    pub renew_held: &'static str,
+
+    /// The archiver's statements for `idem_record`.
+    pub archive_record: ArchiveSql,
+    /// The archiver's statements for `idem_outbox`.
+    pub archive_outbox: ArchiveSql,
+    /// The statement beginning an archiving batch (`None`: `BEGIN`).
+    pub archive_begin: Option<&'static str>,
+    /// Run on the connection before the batch's `BEGIN`.
+    pub archive_prelude: Option<&'static str>,
+    /// The online records of a key: key, biz_type, biz_no, fingerprint,
+    /// result, create_time and expire_time as text. Ends with the key's
+    /// condition (`AND biz_type = …` may follow). Native placeholders.
+    pub find_online: &'static str,
+    /// The archived records of a key: the same, and archived_at; the same
+    /// ending (`ORDER BY` follows). Native placeholders.
+    pub find_history: &'static str,
+    /// SQLite: the columns of a named index (binds: name).
+    pub index_columns: Option<&'static str>,
+
+    /// The tables as the first release created them (schema version 1).
+    pub schema: &'static [&'static str],
+    /// How the migration locks and upgrades.
+    pub migrate: MigrateSql,
+    /// The operator's expressions.
+    pub admin: AdminSql,
+}
+
+/// How an insert tells the id it gave the new row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InsertId {
+    /// `INSERT … RETURNING id`.
+    Returning,
+    /// The driver's last insert id (MariaDB).
+    LastInsertId,
+}
+
+/// How the relay claims due messages.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// One `UPDATE … RETURNING` (binds: owner, lease seconds, topics…,
+    /// limit, offset), in a transaction opened by `begin`. It returns `id,
+    /// topic, msg_id, payload, attempts` (as leased) and the row's previous
+    /// `lease_owner`.
+    Returning {
+        /// The claim, for the topics' list.
+        render: Render,
+        /// The claim transaction's `BEGIN` (`None`: the dialect's), with
+        /// the settings that go first in it, sent as one simple query: one
+        /// round trip.
+        begin: Option<&'static str>,
+    },
+    /// Two statements in one transaction (MariaDB: no `UPDATE …
+    /// RETURNING`; SQLite: its `RETURNING` cannot tell the previous lease
+    /// owner): lock the due rows (binds: topics…, limit, offset; returns `id,
+    /// topic, msg_id, payload, attempts, lease_owner` before the claim),
+    /// then lease them (binds: owner, lease interval, ids…).
+    LockThenLease {
+        /// The `SELECT … FOR UPDATE SKIP LOCKED`, for the topics' list
+        /// (with `lock`: the plain `SELECT id …` picking them).
+        render: Render,
+        /// MariaDB: `render` picks the due ids without locking (a
+        /// consistent read, binds: topics…, limit, offset; returns `id`),
+        /// and this locks those still due by id (binds: ids…; returns what
+        /// `render` returns otherwise) with `FOR UPDATE SKIP LOCKED`. The
+        /// claim then locks its rows only: not the range it scanned, nor
+        /// the rows its offset skipped, nor the leased rows it passed over
+        /// (in REPEATABLE READ a locking scan keeps all of them locked),
+        /// which on Galera are rows that the other nodes' write sets
+        /// change (their claims, their handlers' success marks), and a
+        /// local transaction holding a lock a replicated write set needs
+        /// is aborted (1213).
+        lock: Option<Render>,
+        /// The `UPDATE`, for the ids' list.
+        lease: Render,
+    },
+}
+
+/// How the relay extends its leases.
+#[derive(Debug)]
+pub(crate) enum Renew {
+    /// One statement skipping rows a handler holds (binds: lease, owner,
+    /// ids…), returning the renewed rows' `id, attempts`.
+    Update(Render),
+    /// Lock the free rows (binds: owner, ids…), then extend those (binds:
+    /// lease microseconds, ids…).
+    LockThenUpdate {
+        /// The `SELECT id, attempts … FOR UPDATE SKIP LOCKED`.
+        lock: Render,
+        /// The `UPDATE`.
+        update: Render,
+    },
+}
+
+/// The statements of one archiving batch of one table (native
+/// placeholders).
+#[derive(Debug)]
+pub(crate) struct ArchiveSql {
+    /// Locks the candidates' ids: `[retention,] limit`.
+    pub select: &'static str,
+    /// Counts the rows `select` would find now, without locking (the
+    /// same condition, no limit): `[retention]`.
+    pub count: &'static str,
+    /// `INSERT INTO …_history … SELECT … WHERE <condition> AND id IN (`:
+    /// `[retention,] ids…`; the id list and `)` are appended.
+    pub copy: &'static str,
+    /// `DELETE … WHERE <condition> AND id IN (`: the same binds.
+    pub delete: &'static str,
+}
+
+/// How the migration serializes with itself, and upgrades.
+#[derive(Debug)]
+pub(crate) struct MigrateSql {
+    /// The lock concurrent migrations wait on.
+    pub lock: MigrateLock,
+    /// A query answering a number that tells server flavours apart
+    /// (MariaDB / MySQL 8), passed to `upgrades`.
+    pub flavor_probe: Option<&'static str>,
+    /// The statements of versions 2, 3, …: `upgrades(probe)[v - 2]`
+    /// brings version `v - 1` to `v`.
+    pub upgrades: fn(i64) -> Vec<Vec<String>>,
+}
+
+/// The migration's lock.
+#[derive(Debug)]
+pub(crate) enum MigrateLock {
+    /// One transaction, begun with `begin` (`None`: `BEGIN`), then `lock`.
+    Transaction {
+        /// The `BEGIN` statement.
+        begin: Option<&'static str>,
+        /// A lock taken first in the transaction.
+        lock: Option<&'static str>,
+    },
+    /// DDL is not transactional: a session lock on a dedicated
+    /// connection (`acquire` answers 1 when taken).
+    Session {
+        /// Answers 1 once the lock is held.
+        acquire: &'static str,
+        /// Releases it.
+        release: &'static str,
+        /// The error when `acquire` gave up.
+        busy: &'static str,
+    },
+}
+
+/// The dialect's pieces of the operator's queries.
+#[derive(Debug)]
+pub(crate) struct AdminSql {
+    /// A timestamp column as text, `YYYY-MM-DD HH:MM:SS.ffffff`.
+    pub ts_text: fn(&str) -> String,
+    /// "Now", in the format of the timestamp columns.
+    pub now: &'static str,
+    /// Seconds since `MIN(created_at)` (an aggregate), as a float.
+    pub pending_age: &'static str,
+    /// `last_error` prefixed with `requeued: `.
+    pub requeued_error: &'static str,
+    /// Seconds since a timestamp column (not an aggregate), as a float.
+    pub age_secs: fn(&str) -> String,
+    /// A float expression rounded down to a 64-bit integer (SQLite:
+    /// truncated toward zero, the same for the non-negative values it is
+    /// given).
+    pub floor_int: fn(&str) -> String,
+    /// "Now" minus an interval of one bind, bound as `bind_secs!` binds it
+    /// (fractional seconds, or whole microseconds where `micros`), in the
+    /// format of the timestamp columns: the archiver's way.
+    pub ago: &'static str,
+}
+
+impl SqlSet {
+    /// `sql`, written with `?`, in the dialect's placeholders.
+    pub(crate) fn render(&self, sql: &str) -> String {
+        if self.numbered {
+            numbered_placeholders(sql)
+        } else {
+            sql.to_string()
+        }
+    }
+
+    /// `n` placeholders, the first numbered `first` on PostgreSQL.
+    pub(crate) fn placeholders(&self, first: usize, n: usize) -> String {
+        (0..n)
+            .map(|i| {
+                if self.numbered {
+                    format!("${}", first + i)
+                } else {
+                    "?".to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The archiving statements of `table`.
+    pub(crate) fn archive(&self, table: super::ArchiveTable) -> &ArchiveSql {
+        match table {
+            super::ArchiveTable::Records => &self.archive_record,
+            super::ArchiveTable::Outbox => &self.archive_outbox,
+        }
+    }
+
+    /// See [`Dialect::state_sql`].
+    pub(crate) fn state_sql(
+        &self,
+        table: &str,
+        id_column: &str,
+        state_column: &str,
+        key_column: Option<&str>,
+    ) -> StateSql {
+        let q = self.quote;
+        let (t, i, s) = (quote(table, q), quote(id_column, q), quote(state_column, q));
+        let k = key_column.map(|k| quote(k, q));
+        let key_read = (self.text)(k.as_deref().unwrap_or("NULL"));
+        let lock = self.render(&format!(
+            "SELECT {}, {key_read} FROM {t} WHERE {i} = ?{}",
+            (self.text)(&s),
+            self.row_lock
+        ));
+        let lock_marked = self.mark_with.map(|with| {
+            self.render(&format!(
+                "{with} SELECT (SELECT COUNT(*) FROM idem_mark), e.s, e.k \
+                 FROM (SELECT 1) AS idem_one LEFT JOIN \
+                 (SELECT {} AS s, {key_read} AS k FROM {t} WHERE {i} = ?{}) AS e ON true",
+                (self.text)(&s),
+                self.row_lock
+            ))
+        });
+        let transition = self.render(&match &k {
+            Some(k) => format!("UPDATE {t} SET {s} = ?, {k} = ? WHERE {i} = ? AND {s} = ?"),
+            None => format!("UPDATE {t} SET {s} = ? WHERE {i} = ? AND {s} = ?"),
+        });
+        StateSql {
+            lock,
+            transition,
+            with_key: k.is_some(),
+            lock_marked,
+        }
+    }
+
+    /// See [`Dialect::claim_sql`].
+    pub(crate) fn claim_sql(&self, topics: usize) -> ClaimSql {
+        let list = vec!["?"; topics.max(1)].join(", ");
+        let render = match self.claim {
+            Claim::Returning { render, .. } | Claim::LockThenLease { render, .. } => render,
+        };
+        ClaimSql {
+            claim: self.render(&render(&list)),
+        }
+    }
+}
+
+/// `ident` quoted with `q`, each part of a qualified name on its own.
+///
+/// # Panics
+/// If `ident` is not a plain identifier (see [`is_identifier`]).
+pub(crate) fn quote(ident: &str, q: char) -> String {
+    assert!(
+        is_identifier(ident),
+        "idem: `{ident}` is not a valid SQL identifier"
+    );
+    ident
+        .split('.')
+        .map(|p| format!("{q}{p}{q}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// `?, ?, …`: `n` unnumbered placeholders.
+pub(crate) fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+#[cfg(test)]
+#[path = "sql_tests.rs"]
+mod tests;
+
+/// The statements of HTTP requests made idempotent by an
+/// `Idempotency-Key` (`idem_runtime::http`, feature `axum`): rows of
+/// `idem_record` whose `result` holds an in-flight lease (`{"lease": …}`)
+/// or the stored answer, and whose `expire_time` is the lease's end while
+/// in flight and the key's expiry once answered. Every statement names its
+/// row by `(idempotency_key, biz_type)`; the ones that change it are
+/// fenced by the lease (`result = ?`). Bind order is given per statement.
+#[derive(Debug)]
+pub(crate) struct RequestSql {
+    /// `key, biz_type` → `fingerprint, result, expired (0/1)`: a plain,
+    /// non-locking read (it never waits for the request in flight).
+    pub find: &'static str,
+    /// `key, biz_type, biz_no, fingerprint, lease, lease_secs`: the
+    /// in-flight row, unless the pair exists (0 rows, never an error).
+    pub insert: &'static str,
+    /// `lease, lease_secs, key, biz_type, old_lease`: takes over an
+    /// in-flight row whose lease ran out, in a transaction of its own after
+    /// [`lock`](Self::lock).
+    pub take_over: &'static str,
+    /// `key, biz_type` → `id`: before the take-over, in its transaction, the
+    /// row locked, or no row when another transaction holds it (`FOR UPDATE
+    /// SKIP LOCKED`: a request whose handler is still running, only slower
+    /// than its lease), never a wait on that lock. `None` where there are no
+    /// row locks (SQLite: a writer waits for the database's write lock).
+    pub lock: Option<&'static str>,
+    /// `lease_secs, key, biz_type, lease`: in the handler's transaction,
+    /// the row still held by this lease, locked until the commit.
+    pub fence: &'static str,
+    /// `answer, ttl_secs, key, biz_type, lease`: the stored answer, in the
+    /// handler's transaction.
+    pub complete: &'static str,
+    /// `lease_secs, id, lease` and `answer, ttl_secs, id, lease`: the fence
+    /// and the answer by the row's primary key, where a locking statement
+    /// by the unique key would lock the gap before the row too (InnoDB's
+    /// next-key lock, taken by an `UPDATE` or `SELECT … FOR UPDATE` on
+    /// `uk_idem_record_key_type` alike): held for the whole handler, that
+    /// lock made every new key whose record sorts just before this one
+    /// wait for the handler to commit. The id comes from the claim (the
+    /// insert's `LAST_INSERT_ID`, the take-over's lock). `None`: by key.
+    pub by_id: Option<(&'static str, &'static str)>,
+    /// `key, biz_type, lease`: the in-flight row of a request that ended
+    /// without an answer to keep.
+    pub release: &'static str,
+}

@@ -1,0 +1,88 @@
+//! The handle of a running broker consumer (AMQP, NATS), one for both.
+
+use super::ConsumerStats;
+use crate::Error;
+use crate::task::TaskHandle;
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// A running consumer of `M`s: `amqp::ConsumerHandle` is the handle of an
+/// AMQP consumer (of `amqp::Message`s), `nats::ConsumerHandle` of a NATS
+/// one. Dropping it stops the consumer as
+/// [`shutdown`](ConsumerHandle::shutdown) does, without waiting.
+#[must_use = "dropping the handle stops the consumer"]
+pub struct ConsumerHandle<M> {
+    task: TaskHandle<Result<(), Error>>,
+    running: Arc<dyn Running>,
+    message: PhantomData<fn() -> M>,
+}
+
+/// What a running consumer shares with its handle: its counters, what it
+/// consumes, and (for the entry point's own accessors, see
+/// [`ConsumerHandle::running`]) itself.
+pub trait Running: Any + Send + Sync {
+    /// Its counters.
+    fn stats(&self) -> &Arc<ConsumerStats>;
+
+    /// What it consumes, as fields of the handle's `Debug`.
+    fn describe(&self, f: &mut fmt::DebugStruct<'_, '_>);
+}
+
+impl<M> ConsumerHandle<M> {
+    /// The handle of `task`, the consumer that shares `running`.
+    pub fn new(task: TaskHandle<Result<(), Error>>, running: Arc<dyn Running>) -> Self {
+        ConsumerHandle {
+            task,
+            running,
+            message: PhantomData,
+        }
+    }
+
+    /// What the consumer shares, as the entry point that spawned it knows
+    /// it (`S`: its own type, which the handle of its `M`s always holds).
+    pub fn running<S: Running>(&self) -> &S {
+        let running: &dyn Any = &*self.running;
+        running
+            .downcast_ref()
+            .expect("a consumer's handle holds what its entry point spawned it with")
+    }
+
+    /// The consumer's counters (still readable after
+    /// [`shutdown`](ConsumerHandle::shutdown), where they are final).
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        self.running.stats().clone()
+    }
+
+    /// Whether the consumer stopped (shut down, or its channel or
+    /// connection failed).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Graceful shutdown: the consumer takes no new deliveries (AMQP: it
+    /// cancels its subscription; NATS: it stops pulling), waits for the
+    /// handlers in flight and their acknowledgements, and gives back what
+    /// it took but did not start (AMQP: closing its channels, the broker
+    /// requeues what was prefetched; NATS: nak'd, so the server hands them
+    /// out again at once). The connection stays open. An error if the
+    /// consumer had stopped because its channel or connection failed
+    /// (AMQP), or its task panicked.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        match self.task.shutdown().await {
+            Ok(r) => r,
+            Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
+        }
+    }
+}
+
+impl<M> fmt::Debug for ConsumerHandle<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("ConsumerHandle");
+        self.running.describe(&mut d);
+        d.field("task", &self.task)
+            .field("stats", self.running.stats())
+            .finish()
+    }
+}

@@ -1,0 +1,120 @@
+//! The seam of the HTTP `Idempotency-Key` entry point: the ledger of
+//! requests in `idem_record`, which `idem_runtime::http` (crate
+//! `idem-axum`) is written on, and another web framework's adapter can be.
+//!
+//! A request's row is the record `(key, scope)`; while the request runs its
+//! `result` column holds the in-flight lease that claimed it, and once it is
+//! answered, the stored answer. The protocol, per request:
+//!
+//! 1. [`find`] the row. None: [`insert`] it with a fresh lease (`None` back:
+//!    a concurrent request of the same key won; answer 409). Found with an
+//!    answer of the same fingerprint: replay it. Found with an expired
+//!    lease: [`take_over`] (`None` back: another transaction holds it).
+//! 2. In the handler's transaction ([`Backend::begin`]): [`fence`] the row
+//!    (still held by this lease, locked until the commit), run the handler,
+//!    [`complete`] the row with the answer, commit. A `false` from either:
+//!    the lease was taken over; roll back.
+//! 3. A request that ends without an answer to keep (a 5xx, a panic, a
+//!    dropped connection) [`release`]s its row, so that a retry runs.
+//!
+//! All functions are cancellation-safe in the sense of the store: a
+//! dropped future leaves at most a row whose lease expires.
+
+use crate::backend::Backend;
+pub use crate::backend::{ClaimedRow, NewRecord};
+use sqlx::{Pool, Transaction};
+
+/// A request's row as [`find`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Found {
+    /// Hex SHA-256 of the request that claimed the key.
+    pub fingerprint: String,
+    /// The in-flight lease, or the stored answer (`None`: neither).
+    pub result: Option<String>,
+    /// Whether the row's `expire_time` has passed.
+    pub expired: bool,
+}
+
+/// The row of `key` in `scope`. Never waits on row locks.
+pub async fn find<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &str,
+    scope: &str,
+) -> Result<Option<Found>, sqlx::Error> {
+    let row = DB::request_find(pool, key, scope).await?;
+    Ok(row.map(|(fingerprint, result, expired)| Found {
+        fingerprint,
+        result,
+        expired,
+    }))
+}
+
+/// Inserts the in-flight row of `row` held by `lease`, unless the pair
+/// exists: `Some` if this call inserted it.
+pub async fn insert<DB: Backend>(
+    pool: &Pool<DB>,
+    row: &NewRecord<'_>,
+    lease: &str,
+) -> Result<Option<ClaimedRow>, sqlx::Error> {
+    DB::request_insert(pool, row, lease).await
+}
+
+/// Replaces the expired lease `old` by `lease` for `lease_secs`: `Some` if
+/// it did; `None` when another transaction holds the row (never waits for
+/// it) or the lease changed.
+pub async fn take_over<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &str,
+    scope: &str,
+    old: &str,
+    lease: &str,
+    lease_secs: i64,
+) -> Result<Option<ClaimedRow>, sqlx::Error> {
+    DB::request_take_over(pool, key, scope, old, lease, lease_secs).await
+}
+
+/// In the handler's transaction: the row, still held by `lease`, locked
+/// until the commit and its lease extended to `lease_secs`; true if it is.
+pub async fn fence<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    row: ClaimedRow,
+    key: &str,
+    scope: &str,
+    lease: &str,
+    lease_secs: i64,
+) -> Result<bool, sqlx::Error> {
+    DB::request_fence(tx, row, key, scope, lease, lease_secs).await
+}
+
+/// In the handler's transaction: the stored `answer` in place of `lease`,
+/// kept `ttl_secs`; true if the lease still held.
+#[allow(clippy::too_many_arguments)]
+pub async fn complete<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    row: ClaimedRow,
+    key: &str,
+    scope: &str,
+    lease: &str,
+    answer: &str,
+    ttl_secs: i64,
+) -> Result<bool, sqlx::Error> {
+    DB::request_complete(tx, row, key, scope, lease, answer, ttl_secs).await
+}
+
+/// Deletes the in-flight row held by `lease` (a request that ended without
+/// an answer to keep); true if it did.
+pub async fn release<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &str,
+    scope: &str,
+    lease: &str,
+) -> Result<bool, sqlx::Error> {
+    DB::request_release(pool, key, scope, lease).await
+}
+
+/// Whether a failed `COMMIT` may have landed: the connection died while it
+/// ran. Such a request must not be released (its answer may be stored).
+pub fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
+    crate::backend::classify::commit_outcome_unknown(e)
+}

@@ -1,0 +1,152 @@
+//! Outbox messages published to a stream, each confirmed by the stream's
+//! ack.
+
+use super::TOPIC_HEADER;
+use super::error::from_publish;
+use async_nats::jetstream::Context;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
+use idem_core::Backend;
+use idem_core::outbox::forward::{self, Forward};
+use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::task::BoxFuture;
+use idem_core::{Error, Outcome};
+use serde::de::IgnoredAny;
+use std::fmt;
+
+/// Publishes outbox messages to JetStream: the relay as a forwarder.
+///
+/// Each message is published to the subject = its topic (or a fixed
+/// [`subject`](Publisher::subject)) with `Nats-Msg-Id` = the outbox
+/// `msg_id` (stable across every retry, so the stream's duplicate window
+/// drops a republish inside it, and the consumer's key is stable after
+/// it), `Content-Type: application/json` and the topic in the
+/// `Idem-Topic` header. It returns only after the stream's publish ack:
+/// the message is stored (on a quorum of the replicas).
+///
+/// As a [`Relay`](idem_core::outbox::Relay) route ([`Publisher::route`]) it
+/// answers `Ok(Outcome::Executed(()))` after the ack, and the relay marks
+/// the outbox message `success`. A failure is a retryable or permanent
+/// [`Error`] and the relay backs off or dead-letters the outbox message.
+/// An ack lost after the stream stored the message (a time-out, a
+/// connection or a stream leader gone) makes the relay publish it again,
+/// and so does a relay that dies before marking the row: inside the
+/// stream's duplicate window the server answers that ack with
+/// `duplicate: true` and stores nothing; after it, the stream holds a
+/// second copy with the same `Nats-Msg-Id`, and the consumer's idempotent
+/// handler answers `Duplicate` (see the
+/// [module documentation](super#the-duplicate-window-a-front-layer)).
+///
+/// ```no_run
+/// use idem_runtime::nats::{self, Publisher};
+/// use idem_runtime::outbox::{enqueue, Relay};
+///
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// let js = nats::connect("nats://127.0.0.1:4222").await?;
+/// nats::Topology::new("ORDERS", "orders.>", "deduct").declare(&js).await?;
+///
+/// let mut tx = pool.begin().await?;
+/// // … the business change …
+/// let _msg = enqueue(&mut tx, "orders.deduct", "order-7", &serde_json::json!({ "coupon_id": 7 })).await?;
+/// tx.commit().await?;
+///
+/// let publisher = Publisher::new(js.clone()).expected_stream("ORDERS");
+/// let relay = Relay::new(pool).route("orders.deduct", publisher.route()).spawn();
+/// // … or directly:
+/// let ack = publisher.publish("orders.deduct", "order-8", br#"{"coupon_id":8}"#).await?;
+/// assert_eq!(ack.stream, "ORDERS");
+/// relay.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Publisher {
+    js: Context,
+    subject: Option<String>,
+    expected_stream: Option<String>,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher")
+            .field("subject", &self.subject)
+            .field("expected_stream", &self.expected_stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher on `js`. The ack wait is the context's request time-out
+    /// (async-nats' default: 5 s); a time-out is a retryable error.
+    pub fn new(js: Context) -> Self {
+        Publisher {
+            js,
+            subject: None,
+            expected_stream: None,
+        }
+    }
+
+    /// A fixed subject instead of the topic.
+    pub fn subject(mut self, subject: impl Into<String>) -> Self {
+        self.subject = Some(subject.into());
+        self
+    }
+
+    /// The stream that must store the message (`Nats-Expected-Stream`):
+    /// another stream taking the subject makes the publish fail instead of
+    /// landing there.
+    pub fn expected_stream(mut self, stream: impl Into<String>) -> Self {
+        self.expected_stream = Some(stream.into());
+        self
+    }
+
+    /// Publishes one message and waits for the stream's ack. The ack says
+    /// where it was stored, and `duplicate: true` when the stream already
+    /// had a message with this `Nats-Msg-Id` inside its duplicate window
+    /// (nothing new stored).
+    pub async fn publish(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        payload: &[u8],
+    ) -> Result<PublishAck, Error> {
+        if msg_id.is_empty() {
+            return Err(Error::permanent(
+                "empty msg_id: the consumer could not key it",
+            ));
+        }
+        let mut publish = PublishMessage::build()
+            .payload(payload.to_vec().into())
+            .message_id(msg_id)
+            .header(TOPIC_HEADER, topic)
+            .header("Content-Type", "application/json");
+        if let Some(stream) = &self.expected_stream {
+            publish = publish.expected_stream(stream);
+        }
+        let subject = self.subject.as_deref().unwrap_or(topic).to_owned();
+        self.js
+            .send_publish(subject, publish)
+            .await
+            .map_err(from_publish)?
+            .await
+            .map_err(from_publish)
+    }
+
+    /// This publisher as a [`Relay`](idem_core::outbox::Relay) route:
+    /// `relay.route(topic, publisher.route())`. The payload is forwarded as
+    /// stored (JSON text).
+    #[allow(clippy::type_complexity)]
+    pub fn route<DB: Backend>(
+        &self,
+    ) -> impl Fn(Delivery<DB>, IgnoredAny) -> BoxFuture<Result<Outcome<()>, Error>> + Send + Sync + 'static
+    {
+        forward::route(self)
+    }
+}
+
+impl Forward for Publisher {
+    async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
+        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
+            .await
+            .map(|_ack| ())
+    }
+}
