@@ -18,7 +18,8 @@
 //! scratch directory (one that left the group: Chromium's crash handlers
 //! run in sessions of their own, their database in the directory), and
 //! removes the directory. Everything Chromium writes (profile, config,
-//! cache, crash database) is in that directory, not in the user's home.
+//! cache, crash database, its temporary directories) is in that
+//! directory, not in the user's home or the system's temporary folder.
 //! [`close`](Browser::close) ends the WebDriver session first (Chromium
 //! exits cleanly), then does the same.
 //!
@@ -104,6 +105,11 @@ impl Browser {
         need(test, &[&driver_path, &chromium])?;
 
         let scratch = Scratch::new("browser");
+        // Chromium's own temporary directories (`.org.chromium.Chromium.*`,
+        // its singleton socket and shared memory), which it never removes
+        // when killed, go in the scratch directory too.
+        let tmp = scratch.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("create the browser's temporary directory");
         let port = free_port();
         let mut cmd = Command::new(&driver_path);
         cmd.arg(format!("--port={port}"))
@@ -115,6 +121,7 @@ impl Browser {
             // in sessions of their own, name the directory as well.
             .env("XDG_CONFIG_HOME", scratch.join("config"))
             .env("XDG_CACHE_HOME", scratch.join("cache"))
+            .env("TMPDIR", &tmp)
             // Its own process group, inherited by Chromium: one kill ends
             // them all.
             .process_group(0);

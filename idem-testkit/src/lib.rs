@@ -5,7 +5,8 @@
 //!   of this machine ([`postgres`], [`mysql`], [`sqlite`], [`any`]), with
 //!   idem's tables migrated, and the **skip rule**: a server that is down
 //!   skips the test locally ([`unreachable()`] prints `SKIPPED: …` and the
-//!   helper returns `None`) but fails it when `CI=true`.
+//!   helper returns `None`) but fails it when `CI=true`. The SQLite files
+//!   are removed when the test ends ([`scratch_file`]).
 //! - [Names and ids](names): [`unique`] table names and [`ids`] ranges that
 //!   never collide with another test or an earlier run on a shared server.
 //! - [`for_each_backend!`]: a test file's suite, written once as a
@@ -69,7 +70,7 @@ pub use names::{id_base, ids, unique};
 pub use redis_server::{redis_get, redis_up, redis_url};
 pub use servers::{
     any, database_url, mysql, mysql_database, mysql_url, postgres, postgres_database, postgres_url,
-    sqlite, sqlite_url, unreachable,
+    scratch_file, sqlite, sqlite_url, unreachable,
 };
 pub use sql::sql;
 

@@ -8,6 +8,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
+use std::cell::RefCell;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -25,10 +27,49 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|| "mysql://root@127.0.0.1:3306/test".into())
 }
 
-/// A fresh SQLite file URL (WAL) for `sqlx::Any`.
+/// A fresh SQLite file URL (WAL) for `sqlx::Any`. The file is removed,
+/// with its `-wal` and `-shm`, when the test ends ([`scratch_file`]).
 pub fn sqlite_url() -> String {
-    let path = std::env::temp_dir().join(format!("idem-test-{}.db", unique("any")));
+    let path = scratch_file(&format!("idem-test-{}.db", unique("any")));
     format!("sqlite://{}?mode=rwc", path.display())
+}
+
+/// A path in the temporary directory for a SQLite database file named
+/// `name`, removed (with its `-wal`, `-shm` and `-journal`) when the
+/// calling thread ends: a test's, since libtest runs each test on a thread
+/// of its own, which ends once the test's runtime, and with it every pool
+/// and task of the test, is gone. A file made on a runtime's worker thread
+/// goes when that runtime shuts down.
+///
+/// [`sqlite`] and [`sqlite_url`] take their files here, so that a test run
+/// leaves no `idem-test-*.db` behind, also where a test failed or killed
+/// a process mid-write.
+pub fn scratch_file(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(name);
+    // During the thread's own teardown nothing is registered any more:
+    // the file is then left, as before.
+    let _ = SCRATCH_FILES.try_with(|files| files.0.borrow_mut().push(path.clone()));
+    path
+}
+
+/// The files [`scratch_file`] handed out on this thread.
+struct ScratchFiles(RefCell<Vec<PathBuf>>);
+
+impl Drop for ScratchFiles {
+    fn drop(&mut self) {
+        for path in self.0.get_mut().drain(..) {
+            let _ = std::fs::remove_file(&path);
+            for suffix in ["-wal", "-shm", "-journal"] {
+                let mut name = path.clone().into_os_string();
+                name.push(suffix);
+                let _ = std::fs::remove_file(name);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH_FILES: ScratchFiles = const { ScratchFiles(RefCell::new(Vec::new())) };
 }
 
 fn in_ci() -> bool {
@@ -104,9 +145,10 @@ pub async fn mysql(max: u32) -> Option<MySqlPool> {
 }
 
 /// A pool on a fresh SQLite file in the temporary directory (WAL), with
-/// idem's tables. SQLite needs no server, so this never skips.
+/// idem's tables, removed when the test ends ([`scratch_file`]). SQLite
+/// needs no server, so this never skips.
 pub async fn sqlite(max: u32) -> SqlitePool {
-    let path = std::env::temp_dir().join(format!("idem-test-{}.db", unique("f")));
+    let path = scratch_file(&format!("idem-test-{}.db", unique("f")));
     let opts = SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)

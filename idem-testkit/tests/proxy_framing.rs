@@ -2,7 +2,7 @@
 //! the framing (messages split byte by byte), PostgreSQL's extended
 //! protocol, MySQL's handshake packets, what is and is not a `COMMIT`,
 //! closing on drop, and URL rewriting. The same proxy against the real
-//! servers is tested in the integration tests (`tests/tests/proxy.rs`).
+//! servers is tested in the integration tests (`tests/tests/backend/proxy.rs`).
 
 use std::time::Duration;
 

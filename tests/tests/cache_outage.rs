@@ -2,19 +2,19 @@
 //! Cluster. Its own test binary: it stops and restarts the machine's Redis
 //! server, which no concurrently running test may depend on.
 
+#[path = "common"]
+mod common {
+    pub(crate) mod coupons;
+}
+
+use common::coupons::CouponState;
 use idem_runtime::cache::RedisCache;
-use idem_runtime::{Outcome, Source, State, idempotent};
+use idem_runtime::{Outcome, Source, idempotent};
 use idem_testkit::{concurrently, ids, redis_up};
 use sqlx::{Postgres, Sqlite, SqlitePool, Transaction};
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-enum CouponState {
-    Unused,
-    Used,
-}
 
 #[derive(Debug, Clone)]
 struct Deduct {

@@ -4,12 +4,17 @@
 //! duplicates, a relay drain, the archiver, the operator's queries and
 //! `migrate` twice give double 0, lost 0, no errors and no dead letters,
 //! counted in the database through a direct connection. The control, the
-//! same workloads without the mode, is `pgbouncer_control.rs` (a process
-//! of its own: the mode is process-wide).
+//! same workloads without the mode, is `clusters/pgbouncer_control.rs`.
+//!
+//! A test binary of its own: the mode is process-wide, turned on once for
+//! this process, and every other test binary runs without it.
 
-#[path = "common/pgbouncer.rs"]
-mod common;
-use common::*;
+#[path = "common"]
+mod common {
+    pub(crate) mod coupons;
+    pub(crate) mod pgbouncer;
+}
+use common::pgbouncer::*;
 
 /// The mode, on for this whole process before any test's first statement.
 fn mode_on() {

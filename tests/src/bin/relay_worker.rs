@@ -1,5 +1,5 @@
-//! A relay process for the process-level tests (`tests/processes.rs`): it
-//! drains one topic of the outbox into an `#[idempotent]` coupon handler
+//! A relay process for the process-level tests
+//! (`tests/clusters/processes.rs`): it drains one topic of the outbox into an `#[idempotent]` coupon handler
 //! and logs every handler run (owner, start, end) so the tests can prove
 //! that no message ever runs twice at the same time, across processes.
 //!
@@ -11,26 +11,19 @@
 //! while this run still goes on, so the two runs overlap by construction
 //! rather than by the odds of a race. The wait gives up after 30 s.
 
+// The tests' coupon and message (`tests/common/coupons.rs`), as the test
+// processes write them.
+#[path = "../../tests/common/coupons.rs"]
+mod coupons;
+
+use coupons::{CouponState, Deduct};
 use idem_runtime::Dialect;
 use idem_runtime::outbox::Relay;
-use idem_runtime::{Backend, State, idempotent};
+use idem_runtime::{Backend, idempotent};
 use idem_testkit::sql;
-use serde::Deserialize;
 use sqlx::{Any, AnyPool, Transaction};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-enum CouponState {
-    Unused,
-    Used,
-}
-
-#[derive(Debug, Deserialize)]
-struct Deduct {
-    coupon_id: i64,
-    order_id: i64,
-}
 
 static DIALECT: std::sync::OnceLock<Dialect> = std::sync::OnceLock::new();
 
@@ -99,7 +92,7 @@ async fn main() {
         .expect("once");
     let log_pool = pool.clone();
     let me = owner.clone();
-    // `RELAY_COMMIT_BATCH=n` (n ≥ 2): batched commits (tests/relay_batch.rs).
+    // `RELAY_COMMIT_BATCH=n` (n ≥ 2): batched commits (tests/outbox/batch.rs).
     // The execution log is then not written: the handler would write it on
     // its own connection while the batch holds SQLite's write lock.
     let commit_batch: usize = std::env::var("RELAY_COMMIT_BATCH")

@@ -1,19 +1,20 @@
-//! What the RabbitMQ test targets share (`amqp.rs`, `amqp_failures.rs`):
-//! the broker and database, the coupon handler, topologies and queue
-//! readers. Each target uses only part of it.
+//! What the RabbitMQ tests share (`amqp/`): the broker and database, the
+//! coupon handler, topologies and queue readers. Each module uses only part
+//! of it.
 #![allow(dead_code)]
 
+pub(crate) use super::brokers::{drained, load, until};
+pub(crate) use super::coupons::{CouponState, Deduct};
 pub(crate) use idem_runtime::amqp::{
     self, ATTEMPTS_HEADER, Consumer, ConsumerHandle, Message, Publisher, Topology, lapin,
 };
-pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
+pub(crate) use idem_runtime::{Error, Outcome, idempotent};
 pub(crate) use idem_testkit::{ids, unique};
 pub(crate) use lapin::Connection;
 pub(crate) use lapin::options::{
     BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 pub(crate) use lapin::types::{AMQPValue, FieldTable};
-pub(crate) use serde::{Deserialize, Serialize};
 pub(crate) use sqlx::{PgPool, Postgres, Transaction};
 pub(crate) use std::sync::atomic::{AtomicUsize, Ordering};
 pub(crate) use std::sync::{Arc, Mutex};
@@ -61,18 +62,6 @@ pub(crate) async fn servers() -> Option<(PgPool, Arc<Connection>)> {
     let conn = broker().await?;
     let pool = database().await?;
     Some((pool, conn))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub(crate) enum CouponState {
-    Unused,
-    Used,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Deduct {
-    pub coupon_id: i64,
-    pub order_id: i64,
 }
 
 #[idempotent(
@@ -253,19 +242,6 @@ pub(crate) async fn take(conn: &Connection, queue: &str, n: usize, within: Durat
     assert!(extra.is_none(), "more than {n} messages in {queue}");
     let _ = ch.close(200, "OK".into()).await;
     out
-}
-
-/// Waits for `cond` (at most `within`).
-pub(crate) async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-pub(crate) fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
 }
 
 /// `(executed, duplicates, retried, dead_lettered, settle_failed)`.

@@ -1,6 +1,6 @@
-//! What the HTTP test targets share (`http_idempotency.rs`,
-//! `http_callbacks.rs`): a server on an ephemeral loopback port, a client
-//! that never goes through a proxy, and a layer that loses answers.
+//! What the HTTP tests share (`http/`): a server on an ephemeral loopback
+//! port, a client that never goes through a proxy, and a layer that loses
+//! answers.
 
 use axum::Router;
 use axum::extract::Request;

@@ -1,9 +1,9 @@
-//! What the NATS JetStream test targets share (`nats.rs`,
-//! `nats_cluster.rs`): the server and database, a handler whose effects
-//! land in a table of each test's own, topologies and stream readers.
-//! Each target uses only part of it.
+//! What the NATS JetStream tests share (`nats/`): the server and database,
+//! a handler whose effects land in a table of each test's own, topologies
+//! and stream readers. Each module uses only part of it.
 #![allow(dead_code, unused_imports)]
 
+pub(crate) use super::brokers::{drained, load, until};
 pub(crate) use futures::StreamExt;
 pub(crate) use idem_runtime::nats::async_nats::jetstream::{self, Context};
 pub(crate) use idem_runtime::nats::{
@@ -276,19 +276,6 @@ pub(crate) async fn read_all(js: &Context, stream: &str) -> Vec<Stored> {
         });
     }
     out
-}
-
-/// Waits for `cond` (at most `within`).
-pub(crate) async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-pub(crate) fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
 }
 
 /// `(received, executed, duplicates, retried, dead_lettered, settle_failed)`.

@@ -1,16 +1,18 @@
-//! What the pgbouncer targets share (`pgbouncer.rs`: idem in
-//! transaction-pooling mode; `pgbouncer_control.rs`: the same workloads
-//! without it, the control): a pgbouncer in transaction mode in front of
-//! the local PostgreSQL with fewer server connections than the test's
-//! pool, the three strategies' handlers, and the workloads with their
+//! What the pgbouncer tests share (`pgbouncer.rs`: idem in
+//! transaction-pooling mode; `clusters/pgbouncer_control.rs`: the same
+//! workloads without it, the control): a pgbouncer in transaction mode in
+//! front of the local PostgreSQL with fewer server connections than the
+//! test's pool, the three strategies' handlers, and the workloads with their
 //! figures, counted in the database through a direct connection.
 //!
-//! The mode is process-wide, so each target is its own process (an
-//! integration test file is one binary) and sets it once.
+//! The mode is process-wide, so the two are test binaries of their own
+//! (`pgbouncer.rs` turns it on once for its process; nothing in `clusters/`
+//! turns it on).
 #![allow(dead_code)]
 
+pub(crate) use super::coupons::CouponState;
 pub(crate) use idem_runtime::outbox::Relay;
-pub(crate) use idem_runtime::{Error, State, idempotent, pooler};
+pub(crate) use idem_runtime::{Error, idempotent, pooler};
 pub(crate) use idem_testkit::cluster::pgbouncer::{PgBouncer, PoolMode};
 pub(crate) use idem_testkit::ids;
 pub(crate) use serde::{Deserialize, Serialize};
@@ -79,12 +81,6 @@ pub(crate) async fn bouncer_pool(bouncer: &PgBouncer) -> PgPool {
         .connect(&bouncer.url())
         .await
         .unwrap_or_else(|e| panic!("connect through pgbouncer: {e}\n{}", bouncer.log_tail(20)))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub(crate) enum CouponState {
-    Unused,
-    Used,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

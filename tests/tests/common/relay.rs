@@ -1,29 +1,16 @@
-//! What the relay test targets share (`relay.rs`, `relay_leases.rs`): the
-//! coupon message, and each backend's tables, handlers and counting
-//! helpers. The backends a suite runs on: `idem_testkit::for_each_backend!`.
-//!
-//! Each target includes this file with `#[path]` and uses only part of it.
+//! What the relay tests share (`outbox/`): the coupon message, and each
+//! backend's tables, handlers and counting helpers (`relay_fixtures!`). The
+//! backends a suite runs on: `idem_testkit::for_each_backend!`. Each module
+//! uses only part of it.
 
+pub(crate) use super::coupons::{CouponState, Deduct};
 pub(crate) use idem_runtime::Dialect;
 pub(crate) use idem_runtime::outbox::Relay;
-pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
+pub(crate) use idem_runtime::{Error, Outcome, idempotent};
 pub(crate) use idem_testkit::{ids, sql};
-pub(crate) use serde::{Deserialize, Serialize};
 
 pub(crate) use std::sync::atomic::Ordering;
 pub(crate) use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub(crate) enum CouponState {
-    Unused,
-    Used,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Deduct {
-    pub coupon_id: i64,
-    pub order_id: i64,
-}
 
 /// The tables, handlers and helpers of one backend's module: `$module` its
 /// name (in the topics), `$db` the database, `$dialect` its dialect, `$pool`

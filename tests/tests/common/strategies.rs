@@ -1,24 +1,18 @@
-//! What the three strategy test targets share (`strategies_state_machine.rs`,
-//! `strategies_record.rs`, `strategies_unique_insert.rs`): the messages, the
+//! What the three strategies' tests share (`strategies/state_machine.rs`,
+//! `strategies/record.rs`, `strategies/unique_insert.rs`): the messages, the
 //! handlers under test and the helpers that count effects in the database.
 //! Every suite runs on six backends (`idem_testkit::for_each_backend!`):
 //! PostgreSQL, MariaDB and SQLite natively, then the same three through
 //! `sqlx::Any` (one handler, the dialect chosen by URL).
 //!
-//! Each target includes this file with `#[path]` and uses only part of it.
+//! Each module uses only part of it (`strategy_fixtures!`).
 
+pub(crate) use super::coupons::CouponState;
 pub(crate) use idem_runtime::Dialect;
 pub(crate) use idem_runtime::outbox::OutboxLease;
-pub(crate) use idem_runtime::{Error, Outcome, State, idempotent};
+pub(crate) use idem_runtime::{Error, Outcome, idempotent};
 pub(crate) use idem_testkit::{concurrently, ids, sql};
 use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
-pub(crate) enum CouponState {
-    Unused,
-    Used,
-    Expired,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Deduct {

@@ -1,0 +1,920 @@
+//! `Idempotency-Key` requests over real HTTP (reqwest against an axum
+//! server on loopback), on PostgreSQL, SQLite and MariaDB: concurrent
+//! duplicates give one effect; a response lost after the commit and the
+//! client's retries give the first answer, byte for byte, and no second
+//! effect; another payload under a used key is 422 with no effect; a
+//! request in flight is 409; a missing or malformed key is 400; a request
+//! that died in flight blocks its key until its lease runs out, then the
+//! key is taken over; retries of a key whose slow handler outlived its lease
+//! answer 409 without taking the pool from other requests; a route whose key
+//! is optional runs keyless requests without a record. Effects are counted
+//! in each test's own table.
+
+use crate::common::http;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::Dialect;
+use idem_runtime::http::{IDEMPOTENT_REPLAYED, Idempotency, IdempotentRequest, RequestTx};
+use idem_runtime::outbox::enqueue;
+use idem_runtime::{CallerTx, idempotent};
+use idem_testkit::{ids, sql, unique};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Holds handlers in flight until the test lets them go.
+#[derive(Debug)]
+struct Gate {
+    /// A permit per handler that reached its effect.
+    entered: Semaphore,
+    /// Handlers wait for a permit here, when the gate holds them.
+    open: Semaphore,
+    /// How many handlers still to hold.
+    holds: AtomicUsize,
+}
+
+impl Gate {
+    fn new(holds: usize) -> Arc<Self> {
+        Arc::new(Gate {
+            entered: Semaphore::new(0),
+            open: Semaphore::new(0),
+            holds: AtomicUsize::new(holds),
+        })
+    }
+    fn open() -> Arc<Self> {
+        Gate::new(0)
+    }
+    fn holding() -> Arc<Self> {
+        Gate::new(usize::MAX)
+    }
+    /// Holds the first handler only.
+    fn holding_first() -> Arc<Self> {
+        Gate::new(1)
+    }
+    fn release(&self) {
+        self.open.add_permits(1000);
+    }
+    async fn pass(&self) {
+        self.entered.add_permits(1);
+        if self
+            .holds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| h.checked_sub(1))
+            .is_ok()
+        {
+            self.open.acquire().await.expect("open").forget();
+        }
+    }
+    async fn wait_entered(&self) {
+        self.entered.acquire().await.expect("entered").forget();
+    }
+}
+
+/// The caller: the `x-api-key` header.
+fn api_key(parts: &axum::http::request::Parts) -> Option<String> {
+    parts
+        .headers
+        .get("x-api-key")?
+        .to_str()
+        .ok()
+        .map(str::to_owned)
+}
+
+/// The status of a `POST` whose body is sent chunked, without a
+/// `Content-Length` (the layer finds its size as it reads it).
+async fn chunked_status(base: &str, path: &str, body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nx-api-key: caller-1\r\n\
+         idempotency-key: \"{}\"\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        unique("chunked")
+    )
+    .into_bytes();
+    for chunk in body.as_bytes().chunks(100) {
+        req.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        req.extend_from_slice(chunk);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    // The server may answer and close before it has read all of it.
+    let _ = s.write_all(&req).await;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 512];
+    while !head.windows(2).any(|w| w == b"\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {line}"))
+}
+
+/// The record key of `header` (an `Idempotency-Key` header value, a quoted
+/// string) for `caller`, as the layer derives it; the fixture checks it
+/// against a stored record, so a change of the derivation fails loudly.
+fn record_key(caller: &str, header: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let key = header.trim_matches('"');
+    let mut h = Sha256::new();
+    h.update((caller.len() as u64).to_be_bytes());
+    h.update(caller.as_bytes());
+    h.update(key.as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("http:{hex}")
+}
+
+macro_rules! backend_tests {
+    ($module:ident, $db:ty, $dialect:expr, |$max:ident| $pool:expr) => {
+        mod $module {
+            use super::*;
+            type Db = $db;
+
+            #[derive(Clone)]
+            struct App {
+                pool: sqlx::Pool<Db>,
+                table: String,
+                policy: Idempotency,
+                gate: Arc<Gate>,
+                delay: Duration,
+            }
+
+            /// `POST /orders`: one row per execution; the answer carries
+            /// the row count and a value unique to this execution, so a
+            /// replay is told from a second execution by its bytes.
+            async fn create_order(State(app): State<App>, req: IdempotentRequest) -> Response {
+                let mut call = match app.policy.begin(&app.pool, &req).await {
+                    Ok(call) => call,
+                    Err(answer) => return answer,
+                };
+                app.gate.pass().await;
+                tokio::time::sleep(app.delay).await;
+                let insert = sql($dialect, "INSERT INTO {t} (body) VALUES (?)");
+                let q = sqlx::AssertSqlSafe(insert.0.replace("{t}", &app.table));
+                let count = sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {}", app.table));
+                let done = async {
+                    sqlx::query(q).bind(req.body().to_vec()).execute(call.tx().conn()?).await?;
+                    let n: i64 = sqlx::query_scalar(count).fetch_one(call.tx().conn()?).await?;
+                    Ok::<_, idem_runtime::Error>(n)
+                };
+                let n = match done.await {
+                    Ok(n) => n,
+                    Err(e) => return call.abandon((StatusCode::SERVICE_UNAVAILABLE, e.to_string())).await,
+                };
+                let nonce = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos();
+                let body = format!("{{\"order\":{n},\"execution\":\"{nonce}\"}}");
+                call.finish((
+                    StatusCode::CREATED,
+                    [("content-type", "application/json"), ("x-order", "created")],
+                    body,
+                ))
+                .await
+            }
+
+            struct Fixture {
+                base: String,
+                pool: sqlx::Pool<Db>,
+                table: String,
+                scope: &'static str,
+                gate: Arc<Gate>,
+            }
+
+            async fn fixture(gate: Arc<Gate>, delay: Duration, lease: Duration) -> Option<Fixture> {
+                fixture_with(gate, delay, lease, false, 8).await
+            }
+
+            /// The fixture on a pool of `max` connections.
+            async fn fixture_with(gate: Arc<Gate>, delay: Duration, lease: Duration, optional: bool, max: u32) -> Option<Fixture> {
+                let $max = max;
+                let pool: sqlx::Pool<Db> = $pool?;
+                let table = unique("http_orders");
+                let ddl = match $dialect {
+                    Dialect::Postgres => "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, body BYTEA)",
+                    Dialect::MySql => "CREATE TABLE {t} (id BIGINT AUTO_INCREMENT PRIMARY KEY, body BLOB)",
+                    Dialect::Sqlite => "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)",
+                };
+                sqlx::query(sqlx::AssertSqlSafe(ddl.replace("{t}", &table)))
+                    .execute(&pool)
+                    .await
+                    .expect("create table");
+                // One scope per test: its records never meet another test's.
+                let scope: &'static str = Box::leak(unique("http").into_boxed_str());
+                let mut policy = Idempotency::new(scope, api_key)
+                    .lease(lease)
+                    .policy("https://example.invalid/docs/idempotency");
+                if optional {
+                    policy = policy.optional();
+                }
+                let app = App { pool: pool.clone(), table: table.clone(), policy, gate: gate.clone(), delay };
+                let router = Router::new().route("/orders", post(create_order)).with_state(app);
+                Some(Fixture { base: http::serve(router).await, pool, table, scope, gate })
+            }
+
+            impl Fixture {
+                fn post(&self, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+                    self.post_as("caller-1", key, body)
+                }
+
+                fn post_as(&self, caller: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+                    let mut r = http::client()
+                        .post(format!("{}/orders", self.base))
+                        .header("x-api-key", caller)
+                        .body(body.to_owned());
+                    if let Some(k) = key {
+                        r = r.header("idempotency-key", k);
+                    }
+                    r
+                }
+
+                async fn effects(&self) -> i64 {
+                    let q = sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {}", self.table));
+                    sqlx::query_scalar(q).fetch_one(&self.pool).await.expect("count")
+                }
+
+                /// A fresh key (for caller-1) whose record sorts between
+                /// the record just before `held`'s and `held`'s, in the
+                /// records' unique index (which leads with the key).
+                async fn key_sorting_right_before(&self, held: &str) -> String {
+                    let held_record = record_key("caller-1", held);
+                    let stored: String = sqlx::query_scalar(sql($dialect, "SELECT idempotency_key FROM idem_record WHERE biz_type = ?"))
+                        .bind(self.scope)
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("the held key's record");
+                    assert_eq!(stored, held_record, "the records' key derivation changed: update record_key here");
+                    let before: Option<String> = sqlx::query_scalar(sql(
+                        $dialect,
+                        "SELECT MAX(idempotency_key) FROM idem_record WHERE idempotency_key < ?",
+                    ))
+                    .bind(&held_record)
+                    .fetch_one(&self.pool)
+                    .await
+                    .expect("the record before");
+                    let before = before.unwrap_or_default();
+                    let base = key("fresh");
+                    (0u64..)
+                        .map(|i| format!("{}-{i}\"", base.trim_end_matches('"')))
+                        .find(|k| {
+                            let r = record_key("caller-1", k);
+                            r.as_str() > before.as_str() && r < held_record
+                        })
+                        .expect("a key in the gap")
+                }
+
+                async fn records(&self) -> i64 {
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = ?");
+                    sqlx::query_scalar(q).bind(self.scope).fetch_one(&self.pool).await.expect("count")
+                }
+            }
+
+            fn key(tag: &str) -> String {
+                format!("\"{tag}-{}\"", ids(1))
+            }
+
+            async fn answer(r: reqwest::Response) -> (u16, bool, String) {
+                let status = r.status().as_u16();
+                let replayed = r.headers().get(IDEMPOTENT_REPLAYED).is_some_and(|v| v == "true");
+                (status, replayed, r.text().await.expect("body"))
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_duplicates_run_once() {
+                let Some(f) = fixture(Gate::open(), Duration::from_millis(300), Duration::from_secs(60)).await else { return };
+                let k = key("conc");
+                let f = Arc::new(f);
+                let barrier = Arc::new(tokio::sync::Barrier::new(12));
+                let mut tasks = Vec::new();
+                for _ in 0..12 {
+                    let (f, k, b) = (f.clone(), k.clone(), barrier.clone());
+                    tasks.push(tokio::spawn(async move {
+                        b.wait().await;
+                        answer(f.post(Some(&k), "{\"item\":1}").send().await.expect("send")).await
+                    }));
+                }
+                let mut created = Vec::new();
+                for t in tasks {
+                    let (status, replayed, body) = t.await.unwrap();
+                    match status {
+                        201 => created.push((replayed, body)),
+                        409 => assert!(body.contains("in progress"), "{body}"),
+                        other => panic!("unexpected {other}: {body}"),
+                    }
+                }
+                assert_eq!(created.iter().filter(|(r, _)| !r).count(), 1, "{created:?}");
+                assert_eq!(f.effects().await, 1);
+                assert_eq!(f.records().await, 1);
+                // Every later retry: the first answer, byte for byte.
+                let first = created.iter().find(|(r, _)| !r).unwrap().1.clone();
+                let (status, replayed, body) = answer(f.post(Some(&k), "{\"item\":1}").send().await.unwrap()).await;
+                assert_eq!((status, replayed, body), (201, true, first));
+                assert_eq!(f.effects().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn lost_response_then_retries_replay_the_first_answer() {
+                let Some(f) = fixture(Gate::open(), Duration::ZERO, Duration::from_secs(60)).await else { return };
+                let k = key("lost");
+                // The client sends, the server commits, the answer never
+                // arrives: the client gives up and hangs up.
+                let lost = f
+                    .post(Some(&k), "{\"item\":2}")
+                    .header(http::LOSE, "1")
+                    .timeout(Duration::from_millis(700))
+                    .send()
+                    .await;
+                assert!(lost.is_err_and(|e| e.is_timeout()));
+                let mut bodies = Vec::new();
+                for _ in 0..3 {
+                    let r = f.post(Some(&k), "{\"item\":2}").send().await.unwrap();
+                    assert_eq!(r.headers()["x-order"], "created");
+                    assert_eq!(r.headers()["content-type"], "application/json");
+                    bodies.push(answer(r).await);
+                }
+                assert!(bodies.iter().all(|b| b.0 == 201 && b.1), "{bodies:?}");
+                assert!(bodies.iter().all(|b| b.2 == bodies[0].2), "{bodies:?}");
+                assert!(bodies[0].2.starts_with("{\"order\":1,"), "{bodies:?}");
+                assert_eq!(f.effects().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn client_hangs_up_mid_request_then_the_retry_runs_once() {
+                let Some(f) = fixture(Gate::open(), Duration::from_millis(1500), Duration::from_secs(60)).await else { return };
+                let k = key("hangup");
+                // The server drops the handler with the connection:
+                // nothing commits, the key is freed.
+                let gone = f.post(Some(&k), "{}").timeout(Duration::from_millis(300)).send().await;
+                assert!(gone.is_err());
+                // Until the handler notices, the key is held (409) or
+                // freed: retry until it runs.
+                let mut got = None;
+                for _ in 0..40 {
+                    let (status, replayed, body) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                    if status == 201 {
+                        got = Some((replayed, body));
+                        break;
+                    }
+                    assert_eq!(status, 409, "{body}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // The cancelled handler rolled back: the retry executed.
+                let (replayed, body) = got.expect("the retry ran");
+                assert!(!replayed, "{body}");
+                assert!(body.starts_with("{\"order\":1,"), "{body}");
+                assert_eq!(f.effects().await, 1);
+            }
+
+            #[tokio::test]
+            async fn another_payload_under_a_used_key_is_422() {
+                let Some(f) = fixture(Gate::open(), Duration::ZERO, Duration::from_secs(60)).await else { return };
+                let k = key("mismatch");
+                let (status, _, _) = answer(f.post(Some(&k), "{\"amount\":10}").send().await.unwrap()).await;
+                assert_eq!(status, 201);
+                let r = f.post(Some(&k), "{\"amount\":99}").send().await.unwrap();
+                assert_eq!(r.headers()["content-type"], "application/problem+json");
+                assert!(r.headers()["link"].to_str().unwrap().contains("rel=\"describedby\""));
+                let (status, replayed, body) = answer(r).await;
+                assert_eq!((status, replayed), (422, false), "{body}");
+                assert!(body.contains("already used"), "{body}");
+                assert_eq!(f.effects().await, 1);
+                // Another caller's key space: the same key is a new request.
+                let other = f
+                    .post_as("caller-2", Some(&k), "{\"amount\":99}")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(other.status(), 201);
+                assert_eq!(f.effects().await, 2);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_request_in_flight_answers_409() {
+                let Some(f) = fixture(Gate::holding(), Duration::ZERO, Duration::from_secs(60)).await else { return };
+                let k = key("inflight");
+                let first = tokio::spawn(f.post(Some(&k), "{}").send());
+                f.gate.wait_entered().await;
+                let (status, _, body) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!(status, 409, "{body}");
+                assert_eq!(f.effects().await, 0);
+                f.gate.release();
+                let (status, replayed, body) = answer(first.await.unwrap().unwrap()).await;
+                assert_eq!((status, replayed), (201, false), "{body}");
+                let (status, replayed, again) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!((status, replayed, again), (201, true, body));
+                assert_eq!(f.effects().await, 1);
+            }
+
+            #[tokio::test]
+            async fn missing_or_malformed_keys_are_400() {
+                let Some(f) = fixture(Gate::open(), Duration::ZERO, Duration::from_secs(60)).await else { return };
+                let (status, _, body) = answer(f.post(None, "{}").send().await.unwrap()).await;
+                assert_eq!(status, 400);
+                assert!(body.contains("requires an Idempotency-Key"), "{body}");
+                let long = format!("\"{}\"", "k".repeat(129));
+                for bad in ["\"unterminated", "two words", "a,b", "\"\"", long.as_str()] {
+                    let (status, _, body) = answer(f.post(Some(bad), "{}").send().await.unwrap()).await;
+                    assert_eq!(status, 400, "{bad}: {body}");
+                    assert!(body.contains("malformed"), "{bad}: {body}");
+                }
+                let twice = f
+                    .post(Some("\"a\""), "{}")
+                    .header("idempotency-key", "\"b\"")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(twice.status(), 400);
+                // No caller: 401.
+                let anonymous = http::client()
+                    .post(format!("{}/orders", f.base))
+                    .header("idempotency-key", "\"k\"")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(anonymous.status(), 401);
+                assert_eq!(f.effects().await, 0);
+                assert_eq!(f.records().await, 0);
+            }
+
+            #[tokio::test]
+            async fn an_optional_key_runs_keyless_requests_without_a_record() {
+                let Some(f) = fixture_with(Gate::open(), Duration::ZERO, Duration::from_secs(60), true, 8).await else { return };
+                for _ in 0..2 {
+                    let (status, replayed, body) = answer(f.post(None, "{}").send().await.unwrap()).await;
+                    assert_eq!((status, replayed), (201, false), "{body}");
+                }
+                assert_eq!(f.effects().await, 2);
+                assert_eq!(f.records().await, 0);
+                // With a key, the same route dedupes.
+                let k = key("optional");
+                for _ in 0..2 {
+                    assert_eq!(f.post(Some(&k), "{}").send().await.unwrap().status(), 201);
+                }
+                assert_eq!(f.effects().await, 3);
+                assert_eq!(f.records().await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_request_that_died_in_flight_holds_its_key_until_its_lease_ends() {
+                let Some(f) = fixture(Gate::open(), Duration::ZERO, Duration::from_secs(60)).await else { return };
+                let k = key("crash");
+                assert_eq!(f.post(Some(&k), "{}").send().await.unwrap().status(), 201);
+                // Turn the record into what a process that died in flight
+                // leaves: its lease, no answer, no effect.
+                let (held, expired) = match $dialect {
+                    Dialect::Postgres => (
+                        "UPDATE idem_record SET result = '{\"lease\":\"dead\"}', expire_time = now() + interval '1 hour' WHERE biz_type = $1",
+                        "UPDATE idem_record SET create_time = now() - interval '2 hours', expire_time = now() - interval '1 hour' WHERE biz_type = $1",
+                    ),
+                    Dialect::MySql => (
+                        "UPDATE idem_record SET result = '{\"lease\":\"dead\"}', expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL 1 HOUR) WHERE biz_type = ?",
+                        "UPDATE idem_record SET create_time = DATE_SUB(UTC_TIMESTAMP(6), INTERVAL 2 HOUR), expire_time = DATE_SUB(UTC_TIMESTAMP(6), INTERVAL 1 HOUR) WHERE biz_type = ?",
+                    ),
+                    Dialect::Sqlite => (
+                        "UPDATE idem_record SET result = '{\"lease\":\"dead\"}', expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 hours') WHERE biz_type = ?",
+                        "UPDATE idem_record SET create_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hours') WHERE biz_type = ?",
+                    ),
+                };
+                sqlx::query(held).bind(f.scope).execute(&f.pool).await.unwrap();
+                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {}", f.table))).execute(&f.pool).await.unwrap();
+                let (status, _, body) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!(status, 409, "{body}");
+                assert_eq!(f.effects().await, 0);
+                // The lease ran out: the next request takes the key over.
+                sqlx::query(expired).bind(f.scope).execute(&f.pool).await.unwrap();
+                let (status, replayed, body) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!((status, replayed), (201, false), "{body}");
+                assert_eq!(f.effects().await, 1);
+                let (status, replayed, again) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!((status, replayed, again), (201, true, body));
+                assert_eq!(f.records().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn retries_past_a_slow_handlers_lease_answer_409_and_leave_the_pool_free() {
+                // A pool of 5; the slow handler's transaction holds one.
+                let Some(f) = fixture_with(Gate::holding_first(), Duration::ZERO, Duration::from_secs(1), false, 5).await else { return };
+                let f = Arc::new(f);
+                let k = key("slow");
+                let first = tokio::spawn({
+                    let (f, k) = (f.clone(), k.clone());
+                    async move { answer(f.post(Some(&k), "{}").send().await.expect("send")).await }
+                });
+                f.gate.wait_entered().await;
+                // Past its lease, and alive: its transaction holds the key.
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                // A guard against hanging, not a time asserted.
+                let guard = Duration::from_secs(15);
+                let send = |f: Arc<Fixture>, k: String, body: &'static str| async move {
+                    match f.post(Some(&k), body).timeout(guard).send().await {
+                        Ok(r) => Ok(answer(r).await),
+                        Err(e) => Err(format!("{e} (timed out: {})", e.is_timeout())),
+                    }
+                };
+                // Picked before the retries take the pool's connections (on
+                // SQLite they wait for the write lock holding them).
+                let fresh_key = f.key_sorting_right_before(&k).await;
+                let retries: Vec<_> = (0..20).map(|_| tokio::spawn(send(f.clone(), k.clone(), "{}"))).collect();
+                // An unrelated request meanwhile, once the retries are in,
+                // with a key whose record sorts right before the slow one's
+                // (`fresh_key`):
+                // on MariaDB a fence that locked the gap before its row (a
+                // next-key lock) would hold this insert until the slow
+                // handler commits (1 run in 15 when the keys fell so by
+                // chance).
+                let fresh = tokio::spawn({
+                    let send = send(f.clone(), fresh_key, "{\"fresh\":1}");
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        send.await
+                    }
+                });
+                if $dialect == Dialect::Sqlite {
+                    // SQLite has no row locks: the slow handler's transaction
+                    // holds the database's write lock, which every writer
+                    // (the fresh key's in-flight row too) waits for.
+                    let f = f.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        f.gate.release();
+                    });
+                }
+                let fresh = fresh.await.unwrap();
+                assert!(matches!(&fresh, Ok((201, false, _))), "the fresh key: {fresh:?}");
+                for retry in retries {
+                    match retry.await.unwrap() {
+                        Ok((409, false, body)) => assert!(body.contains("in progress"), "{body}"),
+                        // SQLite: it waited for the write lock, then found the answer.
+                        Ok((201, true, _)) if $dialect == Dialect::Sqlite => {}
+                        other => panic!("a retry of the slow key: {other:?}"),
+                    }
+                }
+                f.gate.release();
+                let (status, replayed, body) = first.await.unwrap();
+                assert_eq!((status, replayed), (201, false), "{body}");
+                let (status, replayed, again) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
+                assert_eq!((status, replayed, again), (201, true, body));
+                assert_eq!(f.effects().await, 2);
+            }
+
+            // ------------------------------------------------ composition
+
+            /// What a composed request books: an order, in the fixture's table.
+            #[derive(Debug, Clone, Serialize, Deserialize)]
+            struct Booking {
+                table: String,
+                order: i64,
+            }
+
+            /// The `record` handler run inside the request's transaction:
+            /// one row per execution.
+            #[idempotent(key = "http-book:{b.table}:{b.order}", strategy = record, biz_type = "http_book")]
+            async fn book(tx: &mut <$db as sqlx::Database>::Connection, b: &Booking) -> Result<(), sqlx::Error> {
+                let insert = sql($dialect, "INSERT INTO {t} (body) VALUES (?)");
+                sqlx::query(sqlx::AssertSqlSafe(insert.0.replace("{t}", &b.table)))
+                    .bind(b.order.to_string().into_bytes())
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            }
+
+            #[derive(Debug, Deserialize)]
+            struct Order {
+                id: i64,
+            }
+
+            #[derive(Clone)]
+            struct Comp {
+                pool: sqlx::Pool<Db>,
+                table: String,
+                topic: String,
+                policy: Idempotency,
+                delay: Duration,
+            }
+
+            /// Asks the handler to fail after its effects: `abandon`,
+            /// `drop` (by hand), anything (behind the layer: a 500).
+            const FAIL: &str = "x-test-fail";
+
+            /// The effects: the record call and an outbox message, in the
+            /// request's transaction; the order's rows seen from inside it.
+            async fn effects(app: &Comp, tx: &mut CallerTx<Db>, order: i64) -> Result<i64, idem_runtime::Error> {
+                tokio::time::sleep(app.delay).await;
+                // Executed or Duplicate: the rows tell, not the outcome.
+                let _outcome = book(&mut *tx, &Booking { table: app.table.clone(), order }).await?;
+                let msg = serde_json::json!({ "order": order });
+                enqueue(tx.transaction()?, &app.topic, &order.to_string(), &msg).await?;
+                let count = sql($dialect, "SELECT COUNT(*) FROM {t} WHERE body = ?");
+                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.0.replace("{t}", &app.table)))
+                    .bind(order.to_string().into_bytes())
+                    .fetch_one(tx.conn()?)
+                    .await?;
+                Ok(n)
+            }
+
+            /// 201 with the rows seen and a value unique to this execution.
+            fn created(n: i64) -> Response {
+                let nonce = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos();
+                (StatusCode::CREATED, format!("{{\"rows\":{n},\"execution\":\"{nonce}\"}}")).into_response()
+            }
+
+            /// `POST /by-hand`: `begin`, the effects in `call.tx()`, `finish`.
+            async fn by_hand(State(app): State<Comp>, req: IdempotentRequest) -> Response {
+                let mut call = match app.policy.begin(&app.pool, &req).await {
+                    Ok(call) => call,
+                    Err(answer) => return answer,
+                };
+                let order: Order = match req.json() {
+                    Ok(order) => order,
+                    Err(answer) => return call.abandon(answer).await,
+                };
+                let fail = req.parts().headers.get(FAIL).map(|v| v.as_bytes().to_vec());
+                match (effects(&app, call.tx(), order.id).await, fail.as_deref()) {
+                    (Err(e), _) => call.abandon((StatusCode::SERVICE_UNAVAILABLE, e.to_string())).await,
+                    (Ok(_), Some(b"abandon")) => call.abandon(StatusCode::INTERNAL_SERVER_ERROR).await,
+                    (Ok(_), Some(b"drop")) => {
+                        drop(call);
+                        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                    }
+                    (Ok(n), _) => call.finish(created(n)).await,
+                }
+            }
+
+            /// `POST /layered`: a plain handler behind the layer.
+            async fn layered(
+                State(app): State<Comp>,
+                headers: HeaderMap,
+                mut tx: RequestTx<Db>,
+                Json(order): Json<Order>,
+            ) -> Response {
+                match effects(&app, &mut tx, order.id).await {
+                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+                    Ok(_) if headers.contains_key(FAIL) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "failed after its effects").into_response()
+                    }
+                    Ok(n) => created(n),
+                }
+            }
+
+            /// `POST /leaky`: keeps its transaction in a task past its answer.
+            async fn leaky(State(app): State<Comp>, mut tx: RequestTx<Db>, Json(order): Json<Order>) -> Response {
+                let n = effects(&app, &mut tx, order.id).await.expect("effects");
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    drop(tx);
+                });
+                created(n)
+            }
+
+            const MAX_BODY: usize = 1024;
+
+            struct Composed {
+                base: String,
+                pool: sqlx::Pool<Db>,
+                table: String,
+                topic: String,
+                scope: &'static str,
+            }
+
+            async fn composed(delay: Duration) -> Option<Composed> {
+                let $max = 8;
+                let pool: sqlx::Pool<Db> = $pool?;
+                let table = unique("http_books");
+                let ddl = match $dialect {
+                    Dialect::Postgres => "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, body BYTEA)",
+                    Dialect::MySql => "CREATE TABLE {t} (id BIGINT AUTO_INCREMENT PRIMARY KEY, body BLOB)",
+                    Dialect::Sqlite => "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)",
+                };
+                sqlx::query(sqlx::AssertSqlSafe(ddl.replace("{t}", &table)))
+                    .execute(&pool)
+                    .await
+                    .expect("create table");
+                let scope: &'static str = Box::leak(unique("http").into_boxed_str());
+                let topic = unique("http_topic");
+                let policy = Idempotency::new(scope, api_key).policy("https://example.invalid/docs/idempotency");
+                let app = Comp { pool: pool.clone(), table: table.clone(), topic: topic.clone(), policy: policy.clone(), delay };
+                let layer = policy.layer(&pool).max_body(MAX_BODY);
+                let router = Router::new()
+                    .route("/by-hand", post(by_hand))
+                    .route("/layered", post(layered).layer(layer.clone()))
+                    .route("/leaky", post(leaky).layer(layer))
+                    .route("/unlayered", post(layered))
+                    .with_state(app);
+                Some(Composed { base: http::serve(router).await, pool, table, topic, scope })
+            }
+
+            impl Composed {
+                fn post(&self, path: &str, key: &str, order: i64) -> reqwest::RequestBuilder {
+                    http::client()
+                        .post(format!("{}{path}", self.base))
+                        .header("x-api-key", "caller-1")
+                        .header("content-type", "application/json")
+                        .header("idempotency-key", key)
+                        .body(format!("{{\"id\":{order}}}"))
+                }
+
+                /// The order's effect rows, outbox rows and record-call
+                /// records, committed.
+                async fn rows(&self, order: i64) -> (i64, i64, i64) {
+                    let q = sql($dialect, "SELECT COUNT(*) FROM {t} WHERE body = ?");
+                    let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(q.0.replace("{t}", &self.table)))
+                        .bind(order.to_string().into_bytes())
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("count effects");
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND msg_id = ?");
+                    let outbox: i64 = sqlx::query_scalar(q)
+                        .bind(&self.topic)
+                        .bind(order.to_string())
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("count outbox");
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = 'http_book' AND idempotency_key = ?");
+                    let booked: i64 = sqlx::query_scalar(q)
+                        .bind(format!("http-book:{}:{order}", self.table))
+                        .fetch_one(&self.pool)
+                        .await
+                        .expect("count book records");
+                    (effects, outbox, booked)
+                }
+
+                /// The request records of the scope: (all, answered).
+                async fn requests(&self) -> (i64, i64) {
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = ?");
+                    let all: i64 = sqlx::query_scalar(q).bind(self.scope).fetch_one(&self.pool).await.expect("count");
+                    let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = ? AND result NOT LIKE '{\"lease\"%'");
+                    let answered: i64 = sqlx::query_scalar(q).bind(self.scope).fetch_one(&self.pool).await.expect("count");
+                    (all, answered)
+                }
+
+                /// Waits until no request record of the scope is left (a
+                /// dropped request frees its key in the background).
+                async fn wait_freed(&self) {
+                    for _ in 0..50 {
+                        if self.requests().await.0 == 0 {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    panic!("the key is still held: {:?}", self.requests().await);
+                }
+
+                /// A request with the key, once and again: the first runs
+                /// the effects, the retry replays its answer byte for byte.
+                async fn runs_once_then_replays(&self, path: &str, key: &str, order: i64) {
+                    let (status, replayed, first) = answer(self.post(path, key, order).send().await.unwrap()).await;
+                    assert_eq!((status, replayed), (201, false), "{first}");
+                    assert!(first.starts_with("{\"rows\":1,"), "{first}");
+                    let (status, replayed, again) = answer(self.post(path, key, order).send().await.unwrap()).await;
+                    assert_eq!((status, replayed, again), (201, true, first));
+                    assert_eq!(self.rows(order).await, (1, 1, 1));
+                }
+
+                /// A request that failed after its effects left nothing: no
+                /// effect, no outbox row, no record call, the key freed;
+                /// then the same request acts once.
+                async fn left_nothing_then_acts_once(&self, path: &str, key: &str, order: i64) {
+                    self.wait_freed().await;
+                    assert_eq!(self.rows(order).await, (0, 0, 0));
+                    assert_eq!(self.requests().await, (0, 0));
+                    self.runs_once_then_replays(path, key, order).await;
+                    assert_eq!(self.requests().await, (1, 1));
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn by_hand_a_record_call_and_an_outbox_message_commit_with_the_answer() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                f.runs_once_then_replays("/by-hand", &key("bh-ok"), ids(1)).await;
+                assert_eq!(f.requests().await, (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn by_hand_a_failure_after_the_effects_leaves_nothing() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                for mode in ["abandon", "drop"] {
+                    let (k, order) = (key(&format!("bh-{mode}")), ids(1));
+                    let failed = f.post("/by-hand", &k, order).header(FAIL, mode).send().await.unwrap();
+                    assert_eq!(failed.status(), 500, "{mode}");
+                    f.left_nothing_then_acts_once("/by-hand", &k, order).await;
+                    // The next mode starts from no record of the scope.
+                    sqlx::query(sql($dialect, "DELETE FROM idem_record WHERE biz_type = ?"))
+                        .bind(f.scope)
+                        .execute(&f.pool)
+                        .await
+                        .unwrap();
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn layered_a_record_call_and_an_outbox_message_commit_with_the_answer() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                f.runs_once_then_replays("/layered", &key("ly-ok"), ids(1)).await;
+                assert_eq!(f.requests().await, (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn layered_a_5xx_after_the_effects_leaves_nothing() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                let (k, order) = (key("ly-5xx"), ids(1));
+                let r = f.post("/layered", &k, order).header(FAIL, "1").send().await.unwrap();
+                assert!(!r.headers().contains_key(IDEMPOTENT_REPLAYED));
+                let (status, _, body) = answer(r).await;
+                assert_eq!((status, body.as_str()), (500, "failed after its effects"));
+                f.left_nothing_then_acts_once("/layered", &k, order).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn layered_concurrent_duplicates_act_once() {
+                let Some(f) = composed(Duration::from_millis(300)).await else { return };
+                let f = Arc::new(f);
+                let (k, order) = (key("ly-conc"), ids(1));
+                let barrier = Arc::new(tokio::sync::Barrier::new(8));
+                let mut tasks = Vec::new();
+                for _ in 0..8 {
+                    let (f, k, b) = (f.clone(), k.clone(), barrier.clone());
+                    tasks.push(tokio::spawn(async move {
+                        b.wait().await;
+                        answer(f.post("/layered", &k, order).send().await.expect("send")).await
+                    }));
+                }
+                let mut created = Vec::new();
+                for t in tasks {
+                    let (status, replayed, body) = t.await.unwrap();
+                    match status {
+                        201 => created.push((replayed, body)),
+                        409 => assert!(body.contains("in progress"), "{body}"),
+                        other => panic!("unexpected {other}: {body}"),
+                    }
+                }
+                assert_eq!(created.iter().filter(|(r, _)| !r).count(), 1, "{created:?}");
+                assert_eq!(f.rows(order).await, (1, 1, 1));
+                let first = created.iter().find(|(r, _)| !r).unwrap().1.clone();
+                let (status, replayed, body) = answer(f.post("/layered", &k, order).send().await.unwrap()).await;
+                assert_eq!((status, replayed, body), (201, true, first));
+                assert_eq!(f.rows(order).await, (1, 1, 1));
+                assert_eq!(f.requests().await, (1, 1));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn layered_misuses_are_loud() {
+                let Some(f) = composed(Duration::ZERO).await else { return };
+                // The extractor on a route without the layer.
+                let order = ids(1);
+                let (status, _, body) = answer(f.post("/unlayered", &key("ly-nolayer"), order).send().await.unwrap()).await;
+                assert_eq!(status, 500, "{body}");
+                assert!(body.contains("without Idempotency::layer"), "{body}");
+                // Over the body limit, declared or streamed: 413 before the key.
+                let big = format!("{{\"id\":1,\"pad\":\"{}\"}}", "x".repeat(MAX_BODY));
+                let r = f.post("/layered", &key("ly-big"), 1).body(big.clone()).send().await.unwrap();
+                assert_eq!(r.headers()["content-type"], "application/problem+json");
+                assert_eq!(r.status(), 413);
+                assert_eq!(chunked_status(&f.base, "/layered", &big).await, 413);
+                assert_eq!(chunked_status(&f.base, "/layered", "{\"id\":1}").await, 201);
+                // A body its extractor refuses: an answer like any other, kept.
+                let k = key("ly-notjson");
+                let bad = || {
+                    http::client()
+                        .post(format!("{}/layered", f.base))
+                        .header("x-api-key", "caller-1")
+                        .header("idempotency-key", &k)
+                        .body("{\"id\":")
+                };
+                let (status, replayed, refused) = answer(bad().send().await.unwrap()).await;
+                assert_eq!((status, replayed), (415, false), "{refused}");
+                let (status, replayed, again) = answer(bad().send().await.unwrap()).await;
+                assert_eq!((status, replayed, again), (415, true, refused));
+                // The transaction kept past the answer: 500, nothing kept.
+                let (k, order) = (key("ly-leak"), ids(1));
+                let (status, _, body) = answer(f.post("/leaky", &k, order).send().await.unwrap()).await;
+                assert_eq!(status, 500, "{body}");
+                assert!(body.contains("still holds its RequestTx"), "{body}");
+                sqlx::query(sql($dialect, "DELETE FROM idem_record WHERE biz_type = ? AND result NOT LIKE '{\"lease\"%'"))
+                    .bind(f.scope)
+                    .execute(&f.pool)
+                    .await
+                    .unwrap();
+                f.wait_freed().await;
+                assert_eq!(f.rows(order).await, (0, 0, 0));
+                assert_eq!(f.rows(1).await, (1, 1, 1));
+            }
+        }
+    };
+}
+
+idem_testkit::for_each_backend!(backend_tests; postgres(|max|), sqlite(|max|), mariadb(|max|));

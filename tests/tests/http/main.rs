@@ -1,0 +1,14 @@
+//! HTTP (`idem-runtime/src/http/`) against the real servers: the
+//! idempotency layer and extractor, signed callbacks, `sqlx::Any` behind
+//! them, and the header parsers over drawn input. One test binary, a
+//! module per file.
+
+#[path = "../common"]
+mod common {
+    pub(crate) mod http;
+}
+
+mod any;
+mod callbacks;
+mod idempotency;
+mod parsers;

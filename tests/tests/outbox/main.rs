@@ -1,0 +1,32 @@
+//! The outbox (`idem-runtime/src/outbox/`) against the real servers:
+//! `enqueue`, the relay (delivery, batches, fan-out, leases, push, recovery
+//! from lost acknowledgements, the failure bookkeeping), its traces checked
+//! against the model, and the operator's API. One test binary, a module
+//! per file.
+//!
+//! The tests share one process, and some turn on the process-wide switches
+//! of `idem_runtime::testing` (lost acknowledgements, broken builds for
+//! the controls, the conformance trace): those hold
+//! [`common::hooks::exclusive`], every other test whose calls or relays
+//! commit through idem holds [`common::hooks::shared`].
+
+#[macro_use]
+#[path = "../common"]
+mod common {
+    pub(crate) mod coupons;
+    pub(crate) mod hooks;
+    #[macro_use]
+    pub(crate) mod relay;
+}
+
+mod admin_api;
+mod batch;
+mod booking;
+mod conformance;
+mod enqueue;
+mod fanout;
+mod faults;
+mod leases;
+mod push;
+mod recovery;
+mod relay;

@@ -1,0 +1,189 @@
+//! The outbox relay on every backend, against the real servers: it drains
+//! every message through its `#[idempotent]` handler exactly once in
+//! effect; poison messages are dead-lettered with their reason without
+//! holding up the others; failures back off and retry; bookkeeping after a
+//! failed attempt never overwrites a success. Every assertion counts rows
+//! in the database. Leases, crashes and shutdown: `outbox/leases.rs`.
+
+use crate::common::hooks;
+use crate::common::relay::*;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+macro_rules! relay_tests {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
+        mod $module {
+            // The shared fixtures serve every relay module; this one uses
+            // only part of them.
+            #![allow(dead_code)]
+            relay_fixtures!($module, $db, $dialect, $pool);
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn relay_drains_every_message_once_in_effect() {
+                let _hooks = hooks::shared().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("drain");
+                let mut coupons = Vec::new();
+                for n in 0..60 {
+                    // Every third coupon has its message twice (a producer retry).
+                    coupons.push(produce(&pool, &topic, if n % 3 == 0 { 2 } else { 1 }).await);
+                }
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
+                    .batch_size(16)
+                    .concurrency(8)
+                    .spawn();
+                drained(&pool, &topic).await;
+                let (executed, duplicates) = (
+                    relay.stats().executed.load(Ordering::Relaxed),
+                    relay.stats().duplicates.load(Ordering::Relaxed),
+                );
+                relay.shutdown().await;
+                for c in &coupons {
+                    assert_eq!(deductions(&pool, *c).await, 1, "coupon {c}");
+                }
+                assert_eq!(by_status(&pool, &topic, "success").await, 80);
+                assert_eq!((executed, duplicates), (60, 20));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn poison_messages_are_dead_lettered_without_holding_up_others() {
+                let _hooks = hooks::shared().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("poison");
+                let mut tx = <Db as idem_runtime::Backend>::begin(&pool).await.unwrap();
+                // Unparsable for the route's payload type, and a key that is invalid (empty part).
+                let bad = idem_runtime::outbox::enqueue(&mut tx, &topic, "bad-shape", &serde_json::json!({"coupon": "x"})).await.unwrap().id();
+                tx.commit().await.unwrap();
+                let mut good = Vec::new();
+                for _ in 0..20 {
+                    good.push(produce(&pool, &topic, 1).await);
+                }
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
+                    .spawn();
+                drained(&pool, &topic).await;
+                relay.shutdown().await;
+                assert_eq!(by_status(&pool, &topic, "failed").await, 1);
+                assert_eq!(by_status(&pool, &topic, "success").await, 20);
+                let reason: String = sqlx::query_scalar(sql(D, "SELECT last_error FROM idem_outbox WHERE id = ?"))
+                    .bind(bad)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                assert!(reason.contains("unparsable payload"), "{reason}");
+                for c in good {
+                    assert_eq!(deductions(&pool, c).await, 1);
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn non_retryable_errors_dead_letter_at_once_with_their_reason() {
+                let _hooks = hooks::shared().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("illegal");
+                // A coupon that is neither UNUSED nor USED: illegal state.
+                let coupon = produce(&pool, &topic, 1).await;
+                sqlx::query(sql(D, "UPDATE idem_r_coupon SET status = 'EXPIRED' WHERE id = ?"))
+                    .bind(coupon)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await });
+                while relay.run_once().await.unwrap() > 0 {}
+                let (status, attempts, reason): (String, i32, String) =
+                    sqlx::query_as(sql(D, "SELECT status, attempts, last_error FROM idem_outbox WHERE topic = ?"))
+                        .bind(&topic)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!((status.as_str(), attempts), ("failed", 1), "dead-lettered on the first attempt");
+                assert!(reason.starts_with("illegal_state"), "{reason}");
+                assert_eq!(deductions(&pool, coupon).await, 0);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn failed_attempts_back_off_then_succeed_or_give_up() {
+                let _hooks = hooks::shared().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("retry");
+                let flaky = produce(&pool, &topic, 1).await;
+                let tries = Arc::new(AtomicUsize::new(0));
+                let t = tries.clone();
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), move |d, m: Deduct| {
+                        let n = t.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            if n < 2 {
+                                return Err(Error::retryable("downstream busy"));
+                            }
+                            deduct(d.source(), &m).await
+                        }
+                    })
+                    .backoff(Duration::from_millis(20), Duration::from_millis(100))
+                    .max_attempts(5)
+                    .spawn();
+                drained(&pool, &topic).await;
+                relay.shutdown().await;
+                let (status, attempts, reason): (String, i32, Option<String>) =
+                    sqlx::query_as(sql(D, "SELECT status, attempts, last_error FROM idem_outbox WHERE topic = ?"))
+                        .bind(&topic)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!((status.as_str(), attempts), ("success", 3));
+                assert!(reason.unwrap_or_default().contains("downstream busy"));
+                assert_eq!(deductions(&pool, flaky).await, 1);
+
+                // Always failing: dead-lettered after max_attempts.
+                let topic = format!("{topic}.hopeless");
+                let hopeless = produce(&pool, &topic, 1).await;
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), |_d, _m: Deduct| async move { Err::<Outcome<()>, _>(Error::retryable("still down")) })
+                    .backoff(Duration::from_millis(10), Duration::from_millis(20))
+                    .max_attempts(3)
+                    .spawn();
+                drained(&pool, &topic).await;
+                relay.shutdown().await;
+                let (status, attempts, reason): (String, i32, String) =
+                    sqlx::query_as(sql(D, "SELECT status, attempts, last_error FROM idem_outbox WHERE topic = ?"))
+                        .bind(&topic)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!((status.as_str(), attempts), ("failed", 3));
+                assert!(reason.contains("gave up after 3 attempts"), "{reason}");
+                assert_eq!(deductions(&pool, hopeless).await, 0);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn failure_reported_after_commit_never_overwrites_success() {
+                let _hooks = hooks::shared().await;
+                let Some(pool) = pool().await else { return };
+                let topic = topic("lostack");
+                let coupon = produce(&pool, &topic, 1).await;
+                // The handler commits (marking the message), then its caller
+                // sees the commit's outcome unknown: the lost acknowledgement,
+                // from the relay's view. (Any other error after the commit
+                // retries the message: outbox/fanout.rs.)
+                let relay = Relay::new(pool.clone()).route(topic.clone(), |d, m: Deduct| async move {
+                    let _executed = deduct(d.source(), &m).await?;
+                    Err::<Outcome<()>, _>(Error::CommitUnknown(sqlx::Error::Io(std::io::Error::other(
+                        "commit acknowledgement lost",
+                    ))))
+                });
+                relay.run_once().await.unwrap();
+                assert_eq!(by_status(&pool, &topic, "success").await, 1, "the success stays");
+                assert_eq!(relay.stats().stale.load(Ordering::Relaxed), 1);
+                assert_eq!(relay.stats().landed.load(Ordering::Relaxed), 1, "found a success");
+                assert_eq!(relay.stats().retried.load(Ordering::Relaxed), 0, "nothing put back");
+                assert_eq!(relay.run_once().await.unwrap(), 0, "nothing left to retry");
+                assert_eq!(deductions(&pool, coupon).await, 1);
+            }
+
+        }
+    };
+}
+
+idem_testkit::for_each_backend!(relay_tests);
