@@ -772,10 +772,7 @@ async fn the_cache_answers_the_duplicate() {
         .await
         .expect("second");
     assert_eq!(outcome, Outcome::Duplicate(None));
-    let hits = second
-        .stats()
-        .hits
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let hits = second.stats().hits();
     assert_eq!(hits, 1, "answered by the cache");
     assert_eq!(
         (deductions(&pool, c).await, coupon_status(&pool, c).await),

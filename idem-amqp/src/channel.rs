@@ -75,15 +75,23 @@ impl ConfirmChannel {
             .map_err(|e| from_lapin("publisher confirm", e))?;
         match confirm {
             Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(Error::retryable(format!(
-                "unroutable: exchange `{exchange}` has no queue bound for routing key `{routing_key}` ({} {})",
-                returned.reply_code, returned.reply_text
-            ))),
-            Confirmation::Nack(_) => Err(Error::retryable(format!(
-                "the broker refused the message (publisher nack) on exchange `{exchange}`"
-            ))),
-            Confirmation::NotRequested => Err(Error::retryable(
+            Confirmation::Ack(Some(returned)) => Err(Error::broker(
+                "amqp",
+                format!(
+                    "unroutable: exchange `{exchange}` has no queue bound for routing key `{routing_key}` ({} {})",
+                    returned.reply_code, returned.reply_text
+                ),
+                true,
+            )),
+            Confirmation::Nack(_) => Err(Error::broker(
+                "amqp",
+                format!("the broker refused the message (publisher nack) on exchange `{exchange}`"),
+                true,
+            )),
+            Confirmation::NotRequested => Err(Error::broker(
+                "amqp",
                 "publisher confirms are not enabled on the channel",
+                true,
             )),
         }
     }

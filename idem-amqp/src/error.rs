@@ -57,9 +57,5 @@ pub(crate) fn from_lapin(op: &'static str, e: lapin::Error) -> Error {
         _ => false,
     };
     let err = AmqpError { op, source: e };
-    if permanent {
-        Error::permanent(err)
-    } else {
-        Error::retryable(err)
-    }
+    Error::broker("amqp", err, !permanent)
 }

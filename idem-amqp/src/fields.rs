@@ -8,9 +8,11 @@ use lapin::types::{AMQPValue, LongString, ShortString};
 /// An AMQP short string (at most 255 bytes), or a permanent error.
 pub(super) fn short(what: &str, s: &str) -> Result<ShortString, Error> {
     ShortString::try_new(s).map_err(|e| {
-        Error::permanent(format!(
-            "{what} `{s:.64}…` is not an AMQP short string: {e}"
-        ))
+        Error::broker(
+            "amqp",
+            format!("{what} `{s:.64}…` is not an AMQP short string: {e}"),
+            false,
+        )
     })
 }
 

@@ -101,9 +101,11 @@ impl Publisher {
     /// Publishes one message and waits for the broker's confirm.
     pub async fn publish(&self, topic: &str, msg_id: &str, payload: &[u8]) -> Result<(), Error> {
         if msg_id.is_empty() {
-            return Err(Error::permanent(
-                "empty msg_id: the consumer could not key it",
-            ));
+            return Err(Error::InvalidMessage {
+                topic: topic.to_owned(),
+                msg_id: String::new(),
+                reason: "empty msg_id: the consumer could not key it".to_owned(),
+            });
         }
         let mut headers = FieldTable::default();
         headers.insert(TOPIC_HEADER.into(), long(topic));

@@ -4,7 +4,7 @@
 use super::fields::long;
 use super::worker::Shared;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
-use idem_core::consume::ConsumerStats;
+use idem_core::consume::Counter;
 use lapin::BasicProperties;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
@@ -27,7 +27,7 @@ impl Shared {
         match published {
             Ok(()) => match d.acker.ack(BasicAckOptions::default()).await {
                 Ok(true) => {
-                    ConsumerStats::bump(&self.stats.retried);
+                    self.stats.count(Counter::Retried);
                     idem_core::consume::count_retry();
                     tracing::info!(%reason, retry_in = ?delay, "AMQP delivery failed; retry scheduled");
                 }
@@ -39,7 +39,7 @@ impl Shared {
                 // The retry queue is missing or the broker is failing:
                 // requeue in place after the delay (holding one prefetch
                 // slot meanwhile). The attempt count does not advance.
-                tracing::warn!(%reason, error = %e, retry_in = ?delay, "could not schedule the retry; requeueing in place");
+                tracing::warn!(%reason, error = %format_args!("{e:#}"), retry_in = ?delay, "could not schedule the retry; requeueing in place");
                 tokio::time::sleep(delay).await;
                 match d
                     .acker
@@ -50,7 +50,7 @@ impl Shared {
                     .await
                 {
                     Ok(true) => {
-                        ConsumerStats::bump(&self.stats.retried);
+                        self.stats.count(Counter::Retried);
                         idem_core::consume::count_retry();
                     }
                     other => self.settle_failed("nack", other),

@@ -9,7 +9,7 @@ use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use futures_util::StreamExt;
 use idem_core::Error;
 use idem_core::backoff::Backoff;
-use idem_core::consume::{self, ConsumerStats, Failure, Running, Settle, Verdict};
+use idem_core::consume::{self, ConsumerStats, Counter, Failure, Running, Settle, Verdict};
 use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicRejectOptions};
@@ -63,7 +63,7 @@ pub(super) async fn run(
                     tasks.spawn(async move { s.process(delivery).await });
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(queue = %shared.queue, error = %e, "AMQP consumer failed; stopping");
+                    tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer failed; stopping");
                     failure = Some(from_lapin("basic.consume", e));
                     break;
                 }
@@ -88,7 +88,7 @@ pub(super) async fn run(
 
 impl Shared {
     async fn process(&self, d: AmqpDelivery) {
-        ConsumerStats::bump(&self.stats.received);
+        self.stats.count(Counter::Received);
         let failed_before = header_u32(&d.properties, ATTEMPTS_HEADER).unwrap_or(0);
         let attempt = failed_before.saturating_add(1);
         let message_id = d
@@ -137,10 +137,10 @@ impl Shared {
     }
 
     pub(super) fn settle_failed(&self, op: &str, result: lapin::Result<bool>) {
-        ConsumerStats::bump(&self.stats.settle_failed);
+        self.stats.count(Counter::SettleFailed);
         match result {
             Err(e) => {
-                tracing::warn!(op, error = %e, "could not settle the delivery; the broker will redeliver it")
+                tracing::warn!(op, error = %format_args!("{e:#}"), "could not settle the delivery; the broker will redeliver it")
             }
             Ok(_) => {
                 tracing::warn!(
@@ -180,7 +180,7 @@ impl Settle for Settling<'_> {
             .await
         {
             Ok(true) => {
-                ConsumerStats::bump(&self.shared.stats.dead_lettered);
+                self.shared.stats.count(Counter::DeadLettered);
                 idem_core::consume::count_dead_letter();
                 tracing::warn!(%reason, "AMQP delivery dead-lettered");
             }

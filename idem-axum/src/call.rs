@@ -373,7 +373,7 @@ async fn free<DB: Backend>(pool: &Pool<DB>, policy: &Idempotency, held: Option<H
     if let Some(h) = held
         && let Err(e) = policy.release(pool, &h).await
     {
-        tracing::warn!(scope = policy.scope, error = %e,
+        tracing::warn!(scope = policy.scope, error = %format_args!("{e:#}"),
             "idempotent request: the key stays held until its lease runs out");
     }
 }

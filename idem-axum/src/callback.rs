@@ -49,6 +49,7 @@ pub const MAX_SERIAL_LEN: usize = 128;
 /// then holds for as long as its record lives (see
 /// [`without_timestamp`](CallbackVerifier::without_timestamp)).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum SerialFrom {
     /// A top-level field of the JSON body, a string or an integer: signed
     /// with the body.
@@ -383,6 +384,7 @@ impl CallbackVerifier {
 /// are answered with a problem ([`CallbackError`]) before the handler,
 /// and so before the database.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SignedCallback {
     /// The raw body, as signed.
     pub body: Bytes,
@@ -411,6 +413,7 @@ impl SignedCallback {
 /// (`application/problem+json`); take `Result<SignedCallback,
 /// CallbackRejection>` to answer in the application's own format.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CallbackRejection {
     /// The body could not be read (over the body limit: 413).
     Body(BytesRejection),

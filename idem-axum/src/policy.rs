@@ -148,7 +148,7 @@ impl Idempotency {
     /// A database failure: 503 with `Retry-After` when a retry can heal
     /// it (a retry with the same key is always safe), 500 otherwise.
     pub(super) fn unavailable(&self, e: &sqlx::Error) -> Response {
-        tracing::warn!(scope = self.scope, error = %e, "idempotent request: database failure");
+        tracing::warn!(scope = self.scope, error = %format_args!("{e:#}"), "idempotent request: database failure");
         if idem_core::is_transient(e) || idem_core::requests::commit_outcome_unknown(e) {
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -175,7 +175,7 @@ impl Idempotency {
         match e {
             Error::Database(e) | Error::CommitUnknown(e) => self.unavailable(e),
             other => {
-                tracing::warn!(scope = self.scope, error = %other,
+                tracing::warn!(scope = self.scope, error = %format_args!("{other:#}"),
                     "idempotent request: the answer could not be committed");
                 self.problem(
                     StatusCode::INTERNAL_SERVER_ERROR,

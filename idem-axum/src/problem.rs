@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 /// An error answer: status, a short title, what happened.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Problem {
     /// The HTTP status.
     pub status: StatusCode,

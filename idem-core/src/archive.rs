@@ -73,6 +73,7 @@ const RETRIES: u32 = 5;
 
 /// Rows moved to history.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct ArchiveReport {
     /// `idem_record` rows moved to `idem_record_history`.
     pub records: u64,
@@ -203,7 +204,7 @@ impl<DB: Backend> Archiver<DB> {
                 Ok(()) => failures = 0,
                 Err(e) if e.is_retryable() && failures < RETRIES => {
                     failures += 1;
-                    tracing::debug!(error = %e, failures, "archive batch failed; retrying");
+                    tracing::debug!(error = %format_args!("{e:#}"), failures, "archive batch failed; retrying");
                     let wait = Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
                         .delay(failures);
                     tokio::time::sleep(wait.max(self.pause)).await;
@@ -243,7 +244,7 @@ impl<DB: Backend> Archiver<DB> {
                 c.add(&batch);
                 if let Err(e) = result {
                     c.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "archive batch failed; the next round retries");
+                    tracing::warn!(error = %format_args!("{e:#}"), "archive batch failed; the next round retries");
                     break;
                 }
                 if !self.full(&batch) {

@@ -118,6 +118,19 @@ pub enum Error {
     /// A stored result could not be serialized or read back (record
     /// strategy). Not retryable.
     Serialization(serde_json::Error),
+    /// A message broker (RabbitMQ, NATS, …) failed: a connection, a
+    /// publish the broker did not confirm, a declaration it refused.
+    /// Nothing of the handler's ran or it was rolled back. Retryable when
+    /// the failure is the connection's or the broker's and a retry may
+    /// find it back (see [`Error::broker`]).
+    Broker {
+        /// Which broker: `"amqp"`, `"nats"`, …
+        broker: &'static str,
+        /// What failed.
+        source: BoxError,
+        /// Whether a retry can help.
+        retryable: bool,
+    },
     /// The configuration is unsafe or invalid, for example a record ttl
     /// shorter than the longest window in which a duplicate can still
     /// arrive (see [`RetentionPolicy`](crate::archive::RetentionPolicy)),
@@ -156,7 +169,27 @@ impl Error {
             Error::OutboxMessage { .. }
             | Error::InvalidMessage { .. }
             | Error::MessageConflict { .. } => false,
-            Error::Handler { retryable, .. } => *retryable,
+            Error::Handler { retryable, .. } | Error::Broker { retryable, .. } => *retryable,
+        }
+    }
+
+    /// A broker's failure (for entry-point crates): `broker` names it
+    /// (`"amqp"`, `"nats"`, `"kafka"`), `retryable` says whether a retry
+    /// may heal it (a lost connection) or not (access refused, a message
+    /// too large).
+    pub fn broker(broker: &'static str, source: impl Into<BoxError>, retryable: bool) -> Self {
+        Error::Broker {
+            broker,
+            source: source.into(),
+            retryable,
+        }
+    }
+
+    /// A configuration error: `reason` says what is wrong, with the
+    /// numbers.
+    pub fn config(reason: impl Into<String>) -> Self {
+        Error::Config {
+            reason: reason.into(),
         }
     }
 
@@ -178,22 +211,32 @@ impl Error {
         }
     }
 
-    /// A short, stable name of the variant, for logs and metrics.
-    pub fn kind(&self) -> &'static str {
+    /// Which variant this is, as a value to match or compare without its
+    /// fields; [`ErrorKind::as_str`] is its stable name for logs and
+    /// metrics.
+    ///
+    /// ```
+    /// use idem_runtime::{Error, ErrorKind};
+    /// let e = Error::retryable("downstream timed out");
+    /// assert_eq!(e.kind(), ErrorKind::Handler);
+    /// assert_eq!(e.kind().as_str(), "handler");
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidKey { .. } => "invalid_key",
-            Error::IllegalState { .. } => "illegal_state",
-            Error::KeyConflict { .. } => "key_conflict",
-            Error::LeaseLost { .. } => "lease_lost",
-            Error::OutboxMessage { .. } => "outbox_message",
-            Error::InvalidMessage { .. } => "invalid_message",
-            Error::MessageConflict { .. } => "message_conflict",
-            Error::Database(_) => "database",
-            Error::CommitUnknown(_) => "commit_unknown",
-            Error::Handler { .. } => "handler",
-            Error::TransactionLost { .. } => "transaction_lost",
-            Error::Serialization(_) => "serialization",
-            Error::Config { .. } => "config",
+            Error::InvalidKey { .. } => ErrorKind::InvalidKey,
+            Error::IllegalState { .. } => ErrorKind::IllegalState,
+            Error::KeyConflict { .. } => ErrorKind::KeyConflict,
+            Error::LeaseLost { .. } => ErrorKind::LeaseLost,
+            Error::OutboxMessage { .. } => ErrorKind::OutboxMessage,
+            Error::InvalidMessage { .. } => ErrorKind::InvalidMessage,
+            Error::MessageConflict { .. } => ErrorKind::MessageConflict,
+            Error::Database(_) => ErrorKind::Database,
+            Error::CommitUnknown(_) => ErrorKind::CommitUnknown,
+            Error::Handler { .. } => ErrorKind::Handler,
+            Error::TransactionLost { .. } => ErrorKind::TransactionLost,
+            Error::Serialization(_) => ErrorKind::Serialization,
+            Error::Broker { .. } => ErrorKind::Broker,
+            Error::Config { .. } => ErrorKind::Config,
         }
     }
 
@@ -280,19 +323,91 @@ impl fmt::Display for Error {
                 "outbox message `{msg_id}` of topic `{topic}` is already enqueued with a \
                  different payload; nothing was enqueued"
             ),
-            Error::Database(e) => write!(f, "database error: {e}"),
-            Error::CommitUnknown(e) => write!(
-                f,
-                "commit outcome unknown (the connection failed during COMMIT): {e}"
-            ),
-            Error::Handler { source, .. } => write!(f, "handler failed: {source}"),
+            Error::Database(_) => f.write_str("database error"),
+            Error::CommitUnknown(_) => {
+                f.write_str("commit outcome unknown (the connection failed during COMMIT)")
+            }
+            Error::Handler { .. } => f.write_str("handler failed"),
+            Error::Broker { broker, .. } => write!(f, "{broker} broker failed"),
             Error::TransactionLost { reason } => write!(
                 f,
                 "the caller's transaction was rolled back ({reason}); begin a new one and retry"
             ),
-            Error::Serialization(e) => write!(f, "stored result could not be (de)serialized: {e}"),
+            Error::Serialization(_) => f.write_str("stored result could not be (de)serialized"),
             Error::Config { reason } => write!(f, "unsafe configuration: {reason}"),
+        }?;
+        // `{:#}`: the causes too, as `message: cause: its cause`.
+        if f.alternate() {
+            let mut cause = self.source();
+            while let Some(c) = cause {
+                write!(f, ": {c}")?;
+                cause = c.source();
+            }
         }
+        Ok(())
+    }
+}
+
+/// What kind of [`Error`] (see [`Error::kind`]): one per variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// [`Error::InvalidKey`].
+    InvalidKey,
+    /// [`Error::IllegalState`].
+    IllegalState,
+    /// [`Error::KeyConflict`].
+    KeyConflict,
+    /// [`Error::LeaseLost`].
+    LeaseLost,
+    /// [`Error::OutboxMessage`].
+    OutboxMessage,
+    /// [`Error::InvalidMessage`].
+    InvalidMessage,
+    /// [`Error::MessageConflict`].
+    MessageConflict,
+    /// [`Error::Database`].
+    Database,
+    /// [`Error::CommitUnknown`].
+    CommitUnknown,
+    /// [`Error::Handler`].
+    Handler,
+    /// [`Error::TransactionLost`].
+    TransactionLost,
+    /// [`Error::Serialization`].
+    Serialization,
+    /// [`Error::Broker`].
+    Broker,
+    /// [`Error::Config`].
+    Config,
+}
+
+impl ErrorKind {
+    /// The kind's stable name (`invalid_key`, `handler`, …), the `kind`
+    /// label of `idem_errors_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidKey => "invalid_key",
+            ErrorKind::IllegalState => "illegal_state",
+            ErrorKind::KeyConflict => "key_conflict",
+            ErrorKind::LeaseLost => "lease_lost",
+            ErrorKind::OutboxMessage => "outbox_message",
+            ErrorKind::InvalidMessage => "invalid_message",
+            ErrorKind::MessageConflict => "message_conflict",
+            ErrorKind::Database => "database",
+            ErrorKind::CommitUnknown => "commit_unknown",
+            ErrorKind::Handler => "handler",
+            ErrorKind::TransactionLost => "transaction_lost",
+            ErrorKind::Serialization => "serialization",
+            ErrorKind::Broker => "broker",
+            ErrorKind::Config => "config",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -300,7 +415,7 @@ impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             Error::Database(e) | Error::CommitUnknown(e) => Some(e),
-            Error::Handler { source, .. } => Some(&**source),
+            Error::Handler { source, .. } | Error::Broker { source, .. } => Some(&**source),
             Error::Serialization(e) => Some(e),
             _ => None,
         }

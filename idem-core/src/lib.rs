@@ -26,45 +26,6 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// Records a protocol event in the conformance trace (feature `testing`,
-/// see [`testing::trace`]); compiles to nothing without the feature.
-/// The time an event of the conformance trace is ordered by, taken before
-/// the statement it reports (feature `testing`, trace on; else 0).
-macro_rules! trace_now {
-    () => {{
-        #[cfg(feature = "testing")]
-        let at = match crate::testing::trace::is_on() {
-            true => crate::testing::trace::now(),
-            false => 0u64,
-        };
-        #[cfg(not(feature = "testing"))]
-        let at = 0u64;
-        at
-    }};
-}
-
-/// `$result`, or, with the feature `testing` and its lost acknowledgements
-/// on, the injected one of a commit of kind `$kind` (see
-/// [`testing::set_lost_ack_rate`]); `$result` itself without the feature.
-macro_rules! after_commit {
-    ($kind:ident, $result:expr) => {{
-        #[cfg(feature = "testing")]
-        let result = crate::testing::after_commit(crate::testing::Kind::$kind, $result);
-        #[cfg(not(feature = "testing"))]
-        let result = $result;
-        result
-    }};
-}
-
-macro_rules! trace_event {
-    ($f:ident ( $($arg:tt)* )) => {
-        #[cfg(feature = "testing")]
-        {
-            crate::testing::trace::$f($($arg)*);
-        }
-    };
-}
-
 pub mod archive;
 mod backend;
 pub mod backoff;
@@ -78,13 +39,12 @@ mod key;
 mod metrics;
 pub mod outbox;
 pub mod pooler;
+pub mod probe;
 pub mod requests;
 mod schema;
 mod state;
 mod strategy;
 pub mod task;
-#[cfg(feature = "testing")]
-pub mod testing;
 mod tx;
 mod unique;
 
@@ -95,7 +55,7 @@ pub use sqlx;
 pub use backend::classify::is_transient;
 pub use backend::{Backend, Dialect};
 pub use call::{CallerTx, Outcome, Source};
-pub use error::{BoxError, Error};
+pub use error::{BoxError, Error, ErrorKind};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
 pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
@@ -156,8 +116,8 @@ pub mod __private {
         key: Result<String, Error>,
     ) -> Result<String, Error> {
         key.inspect_err(|e| {
-            span.record("outcome", e.kind());
-            ::tracing::debug!(parent: span, error = %e, "idempotent call rejected");
+            span.record("outcome", e.kind().as_str());
+            ::tracing::debug!(parent: span, error = %format_args!("{e:#}"), "idempotent call rejected");
         })
     }
 

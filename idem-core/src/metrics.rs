@@ -30,7 +30,7 @@ pub(crate) fn duplicate(layer: &'static str) {
 }
 
 pub(crate) fn error(err: &Error) {
-    metrics::counter!("idem_errors_total", "kind" => err.kind()).increment(1);
+    metrics::counter!("idem_errors_total", "kind" => err.kind().as_str()).increment(1);
 }
 
 pub(crate) fn cache_mismatch() {

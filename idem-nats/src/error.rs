@@ -32,10 +32,14 @@ pub(super) fn retryable(
     op: &'static str,
     e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
 ) -> Error {
-    Error::retryable(NatsError {
-        op,
-        source: e.into(),
-    })
+    Error::broker(
+        "nats",
+        NatsError {
+            op,
+            source: e.into(),
+        },
+        true,
+    )
 }
 
 /// Wraps `e` as a permanent [`Error`]: retrying cannot help.
@@ -43,10 +47,14 @@ pub(super) fn permanent(
     op: &'static str,
     e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
 ) -> Error {
-    Error::permanent(NatsError {
-        op,
-        source: e.into(),
-    })
+    Error::broker(
+        "nats",
+        NatsError {
+            op,
+            source: e.into(),
+        },
+        false,
+    )
 }
 
 /// A failed JetStream publish: permanent when the message can never be

@@ -110,9 +110,11 @@ impl Publisher {
         payload: &[u8],
     ) -> Result<PublishAck, Error> {
         if msg_id.is_empty() {
-            return Err(Error::permanent(
-                "empty msg_id: the consumer could not key it",
-            ));
+            return Err(Error::InvalidMessage {
+                topic: topic.to_owned(),
+                msg_id: String::new(),
+                reason: "empty msg_id: the consumer could not key it".to_owned(),
+            });
         }
         let mut publish = PublishMessage::build()
             .payload(payload.to_vec().into())

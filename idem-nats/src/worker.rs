@@ -13,7 +13,7 @@ use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
 use futures_util::{FutureExt, StreamExt};
 use idem_core::Error;
 use idem_core::backoff::Backoff;
-use idem_core::consume::{self, ConsumerStats, Failure, Running, Settle, Verdict};
+use idem_core::consume::{self, ConsumerStats, Counter, Failure, Running, Settle, Verdict};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -141,12 +141,12 @@ struct Meta {
 
 impl Shared {
     fn pull_failed(&self, e: &dyn std::fmt::Display) {
-        ConsumerStats::bump(&self.stats.pull_failures);
-        tracing::warn!(stream = %self.stream, consumer = %self.consumer, error = %e, "JetStream pull request failed; pulling again");
+        self.stats.count(Counter::PullFailure);
+        tracing::warn!(stream = %self.stream, consumer = %self.consumer, error = %format_args!("{e:#}"), "JetStream pull request failed; pulling again");
     }
 
     async fn process(&self, m: JsMessage, _slot: OwnedSemaphorePermit) {
-        ConsumerStats::bump(&self.stats.received);
+        self.stats.count(Counter::Received);
         let meta = match m.info() {
             Ok(i) => Meta {
                 stream_sequence: i.stream_sequence,
@@ -155,13 +155,13 @@ impl Shared {
             },
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to settle.
-                ConsumerStats::bump(&self.stats.settle_failed);
-                tracing::warn!(error = %e, "a message without a JetStream ack subject; ignored");
+                self.stats.count(Counter::SettleFailed);
+                tracing::warn!(error = %format_args!("{e:#}"), "a message without a JetStream ack subject; ignored");
                 return;
             }
         };
         if meta.delivered > 1 {
-            ConsumerStats::bump(&self.stats.redelivered);
+            self.stats.count(Counter::Redelivered);
         }
         let message_id = m
             .headers
@@ -224,8 +224,8 @@ impl Shared {
                     tokio::select! {
                         joined = &mut job => break joined,
                         _ = tick.tick() => match m.ack_with(AckKind::Progress).await {
-                            Ok(()) => ConsumerStats::bump(&self.stats.progress_acks),
-                            Err(e) => tracing::debug!(error = %e, "in-progress ack not sent"),
+                            Ok(()) => self.stats.count(Counter::ProgressAck),
+                            Err(e) => tracing::debug!(error = %format_args!("{e:#}"), "in-progress ack not sent"),
                         },
                     }
                 }
@@ -237,7 +237,7 @@ impl Shared {
     async fn nak(&self, m: &JsMessage, delay: Duration, reason: &str) {
         match m.ack_with(AckKind::Nak(Some(delay))).await {
             Ok(()) => {
-                ConsumerStats::bump(&self.stats.retried);
+                self.stats.count(Counter::Retried);
                 idem_core::consume::count_retry();
                 tracing::info!(%reason, retry_in = ?delay, "JetStream delivery failed; nak'd for a redelivery");
             }
@@ -252,14 +252,14 @@ impl Shared {
         if let Some(subject) = &self.dead_letter_subject
             && let Err(e) = self.copy_dead_letter(subject, m, reason, meta).await
         {
-            tracing::warn!(%reason, error = %e, "could not store the dead letter; nak'd for another try");
+            tracing::warn!(%reason, error = %format_args!("{e:#}"), "could not store the dead letter; nak'd for another try");
             let delay = self.backoff.delay(meta.delivered);
             self.nak(m, delay, reason).await;
             return;
         }
         match m.ack_with(AckKind::Term).await {
             Ok(()) => {
-                ConsumerStats::bump(&self.stats.dead_lettered);
+                self.stats.count(Counter::DeadLettered);
                 idem_core::consume::count_dead_letter();
                 tracing::warn!(%reason, "JetStream delivery terminated (dead letter)");
             }
@@ -299,8 +299,8 @@ impl Shared {
     }
 
     fn settle_failed(&self, op: &str, e: &dyn std::fmt::Display) {
-        ConsumerStats::bump(&self.stats.settle_failed);
-        tracing::warn!(op, error = %e, "could not settle the delivery; the server will deliver it again");
+        self.stats.count(Counter::SettleFailed);
+        tracing::warn!(op, error = %format_args!("{e:#}"), "could not settle the delivery; the server will deliver it again");
     }
 }
 

@@ -51,28 +51,72 @@ use tokio::sync::Notify;
 /// or a fall-through: `hits + misses + fall_throughs` is the number of
 /// lookups.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Lookups that found a marker (duplicates stopped by the cache).
     /// Metric `idem_cache_hits_total`.
-    pub hits: AtomicU64,
+    pub(crate) hits: AtomicU64,
     /// Lookups Redis answered without a marker. Metric
     /// `idem_cache_misses_total`.
-    pub misses: AtomicU64,
+    pub(crate) misses: AtomicU64,
     /// Lookups that fell through to the database because of a Redis
     /// error, a time-out or no connection (counted per call, never per
     /// reconnect attempt).
-    pub fall_throughs: AtomicU64,
+    pub(crate) fall_throughs: AtomicU64,
     /// Markers written after a commit.
-    pub writes: AtomicU64,
+    pub(crate) writes: AtomicU64,
     /// Calls (lookups and marker writes) that failed: a Redis error, a
     /// time-out, or no connection. Each lookup among them fell through to
     /// the database; each write left no marker. Metric
     /// `idem_cache_errors_total`.
-    pub errors: AtomicU64,
+    pub(crate) errors: AtomicU64,
     /// Background connection attempts that failed or timed out (not
     /// calls: no call waits for more than its bound). Metric
     /// `idem_cache_connect_errors_total`.
-    pub connect_errors: AtomicU64,
+    pub(crate) connect_errors: AtomicU64,
+}
+
+impl CacheStats {
+    /// Lookups that found a marker (duplicates stopped by the cache).
+    /// Metric `idem_cache_hits_total`.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lookups Redis answered without a marker. Metric
+    /// `idem_cache_misses_total`.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lookups that fell through to the database because of a Redis
+    /// error, a time-out or no connection (counted per call, never per
+    /// reconnect attempt).
+    pub fn fall_throughs(&self) -> u64 {
+        self.fall_throughs
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Markers written after a commit.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Calls (lookups and marker writes) that failed: a Redis error, a
+    /// time-out, or no connection. Each lookup among them fell through to
+    /// the database; each write left no marker. Metric
+    /// `idem_cache_errors_total`.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Background connection attempts that failed or timed out (not
+    /// calls: no call waits for more than its bound). Metric
+    /// `idem_cache_connect_errors_total`.
+    pub fn connect_errors(&self) -> u64 {
+        self.connect_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 #[derive(Clone)]
@@ -126,7 +170,7 @@ impl std::fmt::Debug for RedisCache {
 }
 
 fn config_error(e: redis::RedisError) -> Error {
-    Error::permanent(format!("invalid Redis configuration: {e}"))
+    Error::config(format!("invalid Redis configuration: {e}"))
 }
 
 impl RedisCache {
@@ -230,7 +274,7 @@ impl RedisCache {
     fn error(&self, what: &str, err: &dyn std::fmt::Display) {
         self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
         metrics_cache_error();
-        tracing::debug!(error = %err, "redis {what} failed; using the database path");
+        tracing::debug!(error = %format_args!("{err:#}"), "redis {what} failed; using the database path");
     }
 
     /// A lookup that fell through to the database.
@@ -319,7 +363,7 @@ impl RedisCache {
             if let Some(e) = failed {
                 inner.stats.connect_errors.fetch_add(1, Ordering::Relaxed);
                 metrics_cache_connect_error();
-                tracing::debug!(error = %e, "redis connection attempt failed");
+                tracing::debug!(error = %format_args!("{e:#}"), "redis connection attempt failed");
             }
             {
                 let mut slot = cache.slot();

@@ -123,6 +123,9 @@ pub use idem_nats as nats;
 pub use idem_redis as cache;
 #[doc(inline)]
 pub use idem_shard as shard;
+#[cfg(feature = "testing")]
+#[doc(inline)]
+pub use idem_testing as testing;
 
 pub mod guide;
 

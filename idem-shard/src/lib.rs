@@ -236,7 +236,7 @@ impl<DB: Backend> Shards<DB> {
     pub async fn migrate(&self) -> Result<(), Error> {
         for (i, pool) in self.pools.iter().enumerate() {
             if let Err(e) = idem_core::migrate(pool).await {
-                tracing::error!(shard = i, error = %e, "idem: migrating a shard failed");
+                tracing::error!(shard = i, error = %format_args!("{e:#}"), "idem: migrating a shard failed");
                 return Err(e);
             }
         }

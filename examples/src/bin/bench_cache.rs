@@ -180,7 +180,7 @@ async fn main() {
             .expect("deduct");
         assert!(o.is_executed());
     }
-    if cache.stats().writes.load(Ordering::Relaxed) != coupons as u64 {
+    if cache.stats().writes() != coupons as u64 {
         eprintln!("bench_cache needs Redis at {redis_url}: markers were not written");
         std::process::exit(1);
     }
@@ -221,10 +221,7 @@ async fn main() {
         cache_all.quantile(0.50).as_secs_f64() * 1e3,
         cache_all.quantile(0.99).as_secs_f64() * 1e3
     );
-    println!(
-        "cache errors during the run: {}",
-        cache.stats().errors.load(Ordering::Relaxed)
-    );
+    println!("cache errors during the run: {}", cache.stats().errors());
     println!(
         "ratio cache/database throughput: {:.1}x",
         cache_all.rate() / db_all.rate()

@@ -202,7 +202,7 @@ impl Drain {
                     + self
                         .relays
                         .iter()
-                        .map(|(r, _)| r.stats().lost_claims.load(Ordering::Relaxed))
+                        .map(|(r, _)| r.stats().lost_claims())
                         .sum::<u64>()
             }
         }
@@ -272,13 +272,13 @@ impl Drain {
         };
         for relay in &relays {
             let s = relay.stats();
-            r.executed += s.executed.load(Ordering::Relaxed);
-            r.duplicates += s.duplicates.load(Ordering::Relaxed);
-            r.retried += s.retried.load(Ordering::Relaxed);
-            r.failed_after_commit += s.landed.load(Ordering::Relaxed);
-            r.reclaimed += s.reclaimed.load(Ordering::Relaxed);
-            r.lost_acks_on_claims += s.lost_claims.load(Ordering::Relaxed);
-            r.recovered += s.recovered.load(Ordering::Relaxed);
+            r.executed += s.executed();
+            r.duplicates += s.duplicates();
+            r.retried += s.retried();
+            r.failed_after_commit += s.landed();
+            r.reclaimed += s.reclaimed();
+            r.lost_acks_on_claims += s.lost_claims();
+            r.recovered += s.recovered();
         }
         r.lost_acks = match &self.proxy {
             Some(proxy) => proxy.acks_dropped(),

@@ -29,6 +29,8 @@ pub mod cache;
 #[rustfmt::skip]
 pub mod console;
 #[rustfmt::skip]
+pub mod errors;
+#[rustfmt::skip]
 pub mod fanout;
 #[rustfmt::skip]
 pub mod http;

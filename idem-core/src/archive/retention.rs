@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(p.retry_horizon(), H + 35 * M);
         let err = p.check().unwrap_err();
         assert!(!err.is_retryable());
-        assert_eq!(err.kind(), "config");
+        assert_eq!(err.kind(), crate::ErrorKind::Config);
         assert_eq!(
             err.to_string(),
             "unsafe configuration: record ttl 1h is shorter than the longest duplicate window \

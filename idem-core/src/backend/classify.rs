@@ -256,7 +256,7 @@ pub(crate) mod tests {
                 panic!("{code}: {err:?}");
             };
             assert!(!err.is_retryable());
-            assert_eq!(err.kind(), "config");
+            assert_eq!(err.kind(), crate::ErrorKind::Config);
             for part in [
                 code,
                 message,

@@ -138,6 +138,7 @@ pub enum ArchiveTable {
 
 /// An idempotency record, online or archived.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RecordInfo {
     /// The idempotency key.
     pub key: String,
@@ -164,6 +165,7 @@ pub struct RecordInfo {
 
 /// An outbox message as the operator sees it (no payload).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct OutboxMessage {
     /// Primary key.
     pub id: i64,

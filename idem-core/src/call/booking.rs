@@ -19,8 +19,7 @@ impl<DB: Backend> Call<'_, DB> {
     /// When the relay books failures in the call's transaction: the
     /// savepoint a failure rolls back to, just after the fenced update.
     pub(super) async fn open_booking(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        #[cfg(feature = "testing")]
-        if crate::testing::broken_failure_booking() {
+        if crate::probe::broken(crate::probe::Break::FailureBooking) {
             return Ok(());
         }
         if lease.book.is_none() || !matches!(self.state.tx, CallTx::Own(_)) {
@@ -75,10 +74,9 @@ async fn book_failure<DB: Backend>(
     let (dead, reason) = book.decide(
         lease.attempt,
         err.is_retryable(),
-        format!("{}: {err}", err.kind()),
+        format!("{}: {err:#}", err.kind()),
     );
-    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-    let at = trace_now!();
+    let at = crate::probe::now();
     let written = async {
         DB::exec(&mut tx, BODY_ROLLBACK).await?;
         DB::outbox_settle_failure_in(
@@ -96,36 +94,39 @@ async fn book_failure<DB: Backend>(
     .await;
     match written {
         Ok(true) => {
-            trace_event!(of_lease("settle", lease, || serde_json::json!({
-                "dead": dead,
-                "retryable": err.is_retryable(),
-                "applied": true,
-                "in_tx": true,
-                "at": at,
-            })));
+            crate::probe::of_lease("settle", lease, || {
+                serde_json::json!({
+                    "dead": dead,
+                    "retryable": err.is_retryable(),
+                    "applied": true,
+                    "in_tx": true,
+                    "at": at,
+                })
+            });
         }
         Ok(false) => {
             tracing::warn!(parent: span, "the failed call's bookkeeping found its outbox message changed; left to the relay");
             return;
         }
         Err(e) => {
-            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping could not be written in its transaction; left to the relay");
+            tracing::warn!(parent: span, error = %format_args!("{e:#}"), "the failed call's bookkeeping could not be written in its transaction; left to the relay");
             return;
         }
     }
-    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-    let at = trace_now!();
+    let at = crate::probe::now();
     let committed = tx.commit().await;
-    let committed = after_commit!(Settle, committed);
-    trace_event!(of_lease("commit", lease, || serde_json::json!({
-        "outcome": match &committed {
-            Ok(()) => "ok",
-            Err(e) if crate::backend::classify::commit_outcome_unknown(e) => "lost_ack",
-            Err(_) => "failed",
-        },
-        "dup": false,
-        "at": at,
-    })));
+    let committed = crate::probe::after_commit(crate::probe::Commit::Settle, committed);
+    crate::probe::of_lease("commit", lease, || {
+        serde_json::json!({
+            "outcome": match &committed {
+                Ok(()) => "ok",
+                Err(e) if crate::backend::classify::commit_outcome_unknown(e) => "lost_ack",
+                Err(_) => "failed",
+            },
+            "dup": false,
+            "at": at,
+        })
+    });
     match committed {
         Ok(()) => {
             book.wrote(dead);
@@ -133,7 +134,7 @@ async fn book_failure<DB: Backend>(
         Err(e) => {
             // Committed or not, the relay's bookkeeping finds out: its
             // fenced write, or the row already settled.
-            tracing::warn!(parent: span, error = %e, "the failed call's bookkeeping did not confirm its commit; left to the relay");
+            tracing::warn!(parent: span, error = %format_args!("{e:#}"), "the failed call's bookkeeping did not confirm its commit; left to the relay");
         }
     }
 }

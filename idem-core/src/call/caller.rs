@@ -211,18 +211,18 @@ pub(crate) struct SharedTx<DB: Backend> {
     /// The outbox messages whose calls ended well (executed or duplicate):
     /// the relay marks them `success` in one statement before the batch's
     /// commit.
-    pub(crate) marks: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
+    pub(crate) success_marks: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
     /// The cache markers of the calls that released their savepoint, to
     /// write after the batch's commit.
-    pub(crate) markers: super::front::BatchMarkers,
+    pub(crate) cache_markers: super::front::BatchMarkers,
 }
 
 impl<DB: Backend> Clone for SharedTx<DB> {
     fn clone(&self) -> Self {
         SharedTx {
             tx: self.tx.clone(),
-            marks: self.marks.clone(),
-            markers: self.markers.clone(),
+            success_marks: self.success_marks.clone(),
+            cache_markers: self.cache_markers.clone(),
         }
     }
 }
@@ -240,8 +240,8 @@ impl<DB: Backend> SharedTx<DB> {
         tx.savepoints = savepoints;
         SharedTx {
             tx: std::sync::Arc::new(tokio::sync::Mutex::new(tx)),
-            marks: Default::default(),
-            markers: Default::default(),
+            success_marks: Default::default(),
+            cache_markers: Default::default(),
         }
     }
 
@@ -258,7 +258,7 @@ impl<DB: Backend> SharedTx<DB> {
 
     /// The messages whose calls ended well, taken out.
     pub(crate) fn take_marks(&self) -> Vec<i64> {
-        match self.marks.lock() {
+        match self.success_marks.lock() {
             Ok(mut marks) => std::mem::take(&mut *marks),
             Err(_) => Vec::new(),
         }
@@ -450,7 +450,6 @@ impl<'c, DB: Backend> Lent<'c, DB> {
     }
 
     /// Whether the transaction is a relay batch's (see [`SharedTx`]).
-    #[cfg(feature = "testing")]
     pub(crate) fn shared(&self) -> bool {
         matches!(self.home, Home::Shared(_))
     }

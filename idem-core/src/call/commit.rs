@@ -1,6 +1,6 @@
 //! How a call that ends well ends, executed or a duplicate: its one commit
 //! point (or, inside the caller's transaction, the savepoint's release),
-//! the lost acknowledgement the `testing` feature injects there, the relay
+//! the lost acknowledgement a probe may inject there, the relay
 //! batch's mark, and the front cache's marker, written only once
 //! committed. A failed call ends in `booking.rs`.
 
@@ -27,7 +27,6 @@ impl<DB: Backend, G> Call<'_, DB, G> {
         Ok(Outcome::Duplicate(stored))
     }
 
-    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
     pub(super) async fn commit(
         mut self,
         outcome: &'static str,
@@ -35,7 +34,6 @@ impl<DB: Backend, G> Call<'_, DB, G> {
     ) -> Result<(), Error> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
-        #[cfg(feature = "testing")]
         let traced = self.state.lease.take();
         let CallState {
             tx,
@@ -46,22 +44,20 @@ impl<DB: Backend, G> Call<'_, DB, G> {
             ..
         } = self.state;
         let nested = tx.nested();
-        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-        let at = trace_now!();
+        let at = crate::probe::now();
         let committed = tx.commit().await;
         // Releasing a savepoint commits nothing: no acknowledgement to lose.
         let committed = match nested {
             true => committed,
-            false => after_commit!(Call, committed),
+            false => crate::probe::after_commit(crate::probe::Commit::Call, committed),
         };
-        #[cfg(feature = "testing")]
         if let (Some(lease), false) = (&traced, nested) {
             let result = match &committed {
                 Ok(()) => "ok",
                 Err(e) if crate::backend::classify::commit_outcome_unknown(e) => "lost_ack",
                 Err(_) => "failed",
             };
-            crate::testing::trace::of_lease(
+            crate::probe::of_lease(
                 "commit",
                 lease,
                 || serde_json::json!({ "outcome": result, "dup": outcome == "duplicate", "at": at }),
@@ -83,11 +79,9 @@ impl<DB: Backend, G> Call<'_, DB, G> {
                 // to see. A call in a relay batch leaves its marker to the
                 // relay, which writes it after the batch's commit. Its TTL
                 // stops at its record's expiry, if it has one.
-                #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
                 let wrote = front.committed(key, marker, nested).await;
-                #[cfg(feature = "testing")]
                 if let (true, Some(lease)) = (wrote, &traced) {
-                    crate::testing::trace::of_lease("marker", lease, || serde_json::json!({}));
+                    crate::probe::of_lease("marker", lease, || serde_json::json!({}));
                 }
                 Ok(())
             }

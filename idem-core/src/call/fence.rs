@@ -11,7 +11,7 @@ use crate::state::EntityIdValue;
 impl<DB: Backend> Call<'_, DB> {
     /// The fenced outbox update: exactly one row, or the call fails.
     pub(super) async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        let marked = DB::outbox_success(self.state.tx.tx(), lease).await;
+        let marked = crate::outbox::mark::in_call(self.state.tx.tx(), lease).await;
         self.marked(lease, marked).await
     }
 
@@ -26,7 +26,9 @@ impl<DB: Backend> Call<'_, DB> {
         id: &EntityIdValue,
     ) -> Result<Option<(String, Option<String>)>, Error> {
         let folded = match (self.state.mark_in_guard, self.state.lease.as_deref()) {
-            (true, Some(lease)) => DB::mark_lock_state(self.state.tx.tx(), sql, lease, id).await,
+            (true, Some(lease)) => {
+                crate::outbox::mark::with_state_lock(self.state.tx.tx(), sql, lease, id).await
+            }
             _ => {
                 return DB::lock_state(self.state.tx.tx(), sql, id)
                     .await

@@ -39,7 +39,7 @@ pub use source::Source;
 pub(crate) use cache_marker::{replay_marker, replay_of};
 pub use strategy::Strategy;
 pub(crate) use strategy::sealed::Sealed;
-pub(crate) use strategy::{Settled, Verdict};
+pub(crate) use strategy::{Booked, Guarded};
 
 use crate::backend::Backend;
 use crate::error::{BoxError, Error};
@@ -118,8 +118,9 @@ impl<DB: Backend> CallTx<'_, DB> {
             CallTx::Own(tx) => {
                 let _ = tx.rollback().await;
             }
-            #[cfg(feature = "testing")]
-            CallTx::Caller(lent) if lent.shared() && crate::testing::broken_batch_savepoints() => {
+            CallTx::Caller(lent)
+                if lent.shared() && crate::probe::broken(crate::probe::Break::BatchSavepoints) =>
+            {
                 let _ = lent.release().await;
             }
             CallTx::Caller(lent) => lent.roll_back().await,
@@ -158,12 +159,10 @@ pub(crate) struct CallState<'c, DB: Backend> {
 
 impl<DB: Backend> CallState<'_, DB> {
     /// Records a protocol event of the driving outbox message in the
-    /// conformance trace (feature `testing`).
-    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+    /// conformance trace (see [`crate::probe`]).
     fn trace(&self, kind: &str, fields: impl FnOnce() -> serde_json::Value) {
-        #[cfg(feature = "testing")]
         if let Some(lease) = &self.lease {
-            crate::testing::trace::of_lease(kind, lease, fields);
+            crate::probe::of_lease(kind, lease, fields);
         }
     }
 }
@@ -197,7 +196,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
         }
         let mut call = Call::begin(source, key, S::NAME, spec.scope(), span, S::FOLDS_MARK).await?;
         match spec.guard(&mut call).await {
-            Ok(Verdict::Run(guard)) => {
+            Ok(Guarded::Run(guard)) => {
                 call.state
                     .trace("guard", || serde_json::json!({ "done": false }));
                 if call.state.mark_in_guard
@@ -209,7 +208,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 }
                 Ok(Open::Run(call.with_guard(guard)))
             }
-            Ok(Verdict::Duplicate { stored, marker }) => {
+            Ok(Guarded::Duplicate { stored, marker }) => {
                 call.state
                     .trace("guard", || serde_json::json!({ "done": true }));
                 call.duplicate(stored, marker).await.map(Open::Done)
@@ -262,32 +261,12 @@ impl<'c, DB: Backend> Call<'c, DB> {
             // The same, in a relay batch's shared transaction, locked for
             // the call.
             Conn::Shared(shared) => {
-                batch = Some(shared.markers.clone());
-                batch_marks = Some(shared.marks.clone());
-                // Never waited for: the handlers of a batch run one at a
-                // time, so the only holder can be another call of the same
-                // delivery (a call inside a call), which would wait forever.
-                let Ok(locked) = shared.tx.clone().try_lock_owned() else {
-                    let err = Error::OutboxMessage {
-                        id: source.outbox.as_ref().map_or(0, OutboxLease::id),
-                        reason:
-                            "another call of this delivery holds the relay batch's transaction: \
-                                 one call per delivery runs on its `source()`"
-                                .into(),
-                    };
-                    return Err(fail(&span, err));
-                };
-                let home = caller::Home::Shared(locked);
-                match caller::Lent::open(home).await {
-                    Ok(lent) => CallTx::Caller(lent),
-                    Err(e) => {
-                        trace_aborted(source.outbox.as_ref());
-                        return Err(fail(&span, e));
-                    }
-                }
+                batch = Some(shared.cache_markers.clone());
+                batch_marks = Some(shared.success_marks.clone());
+                lend_shared(&shared, source.outbox.as_ref(), &span).await?
             }
         };
-        let mut call = Call {
+        let call = Call {
             state: CallState {
                 tx,
                 key,
@@ -302,40 +281,52 @@ impl<'c, DB: Backend> Call<'c, DB> {
             },
             guard: (),
         };
-        match (&source.outbox, batch_marks) {
+        call.fence_outbox(source.outbox.as_ref(), batch_marks, folds)
+            .await
+    }
+
+    /// When an outbox message drives the call: its `success` mark, fenced
+    /// by its lease (or, in a relay batch, left to the batch's end). On
+    /// failure the transaction rolls back as the call drops.
+    async fn fence_outbox(
+        mut self,
+        outbox: Option<&OutboxLease>,
+        batch_marks: Option<std::sync::Arc<std::sync::Mutex<Vec<i64>>>>,
+        folds: bool,
+    ) -> Result<Self, Error> {
+        match (outbox, batch_marks) {
             // In a relay batch, which locked its messages when it renewed
             // their leases: marked with the others at the batch's end, if
             // the call ends well.
             (Some(lease), Some(marks)) => {
                 let taken = marks.lock().is_ok_and(|m| m.contains(&lease.id));
                 if taken {
-                    return Err(call.fail(Error::OutboxMessage {
+                    return Err(self.fail(Error::OutboxMessage {
                         id: lease.id,
                         reason: "the message is `success`, not pending".into(),
                     }));
                 }
-                call.state.batch_mark = Some((marks, lease.id));
+                self.state.batch_mark = Some((marks, lease.id));
             }
             // The guard runs the fenced update in its first statement:
             // one round trip fewer (PostgreSQL's state machine).
             (Some(_), None)
                 if folds
-                    && matches!(call.state.tx, CallTx::Own(_))
-                    && DB::dialect(call.state.tx.tx_ref())
+                    && matches!(self.state.tx, CallTx::Own(_))
+                    && DB::dialect(self.state.tx.tx_ref())
                         .sql()
                         .mark_with
                         .is_some() =>
             {
-                call.state.mark_in_guard = true;
+                self.state.mark_in_guard = true;
             }
-            // On failure the transaction rolls back when `call` drops.
             (Some(lease), None) => {
-                call.mark_outbox(lease).await?;
-                call.open_booking(lease).await?;
+                self.mark_outbox(lease).await?;
+                self.open_booking(lease).await?;
             }
             (None, _) => {}
         }
-        Ok(call)
+        Ok(self)
     }
 
     fn with_guard<G>(self, guard: G) -> Call<'c, DB, G> {
@@ -372,13 +363,13 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             .settle(&mut call, guard, body.map_err(Into::into))
             .await
         {
-            Ok(Settled::Executed { value, marker }) => {
+            Ok(Booked::Executed { value, marker }) => {
                 call.state
                     .trace("transition", || serde_json::json!({ "ok": true }));
                 call.commit("executed", marker).await?;
                 Ok(Outcome::Executed(value))
             }
-            Ok(Settled::Duplicate) => call.duplicate(None, None).await,
+            Ok(Booked::Duplicate) => call.duplicate(None, None).await,
             Err(e) => {
                 // The state check failed (a statement error, a lost
                 // connection): the call's transaction aborts.
@@ -401,13 +392,38 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
     }
 }
 
+/// The call's savepoint in a relay batch's shared transaction, locked for
+/// the call. Never waited for: the handlers of a batch run one at a time,
+/// so the only holder can be another call of the same delivery (a call
+/// inside a call), which would wait forever.
+async fn lend_shared<'c, DB: Backend>(
+    shared: &caller::SharedTx<DB>,
+    outbox: Option<&OutboxLease>,
+    span: &Span,
+) -> Result<CallTx<'c, DB>, Error> {
+    let Ok(locked) = shared.tx.clone().try_lock_owned() else {
+        let err = Error::OutboxMessage {
+            id: outbox.map_or(0, OutboxLease::id),
+            reason: "another call of this delivery holds the relay batch's transaction: \
+                     one call per delivery runs on its `source()`"
+                .into(),
+        };
+        return Err(fail(span, err));
+    };
+    match caller::Lent::open(caller::Home::Shared(locked)).await {
+        Ok(lent) => Ok(CallTx::Caller(lent)),
+        Err(e) => {
+            trace_aborted(outbox);
+            Err(fail(span, e))
+        }
+    }
+}
+
 /// Records, for the conformance trace, that the call driven by `lease`
-/// aborted before its transaction did anything (feature `testing`).
-#[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+/// aborted before its transaction did anything (see [`crate::probe`]).
 fn trace_aborted(lease: Option<&OutboxLease>) {
-    #[cfg(feature = "testing")]
     if let Some(lease) = lease {
-        crate::testing::trace::of_lease("aborted", lease, || serde_json::json!({}));
+        crate::probe::of_lease("aborted", lease, || serde_json::json!({}));
     }
 }
 
@@ -419,8 +435,8 @@ fn cache_duplicate(key: &str, span: &Span) {
 }
 
 fn fail(span: &Span, err: Error) -> Error {
-    span.record("outcome", err.kind());
+    span.record("outcome", err.kind().as_str());
     crate::metrics::error(&err);
-    tracing::debug!(parent: span, error = %err, retryable = err.is_retryable(), "idempotent call failed");
+    tracing::debug!(parent: span, error = %format_args!("{err:#}"), retryable = err.is_retryable(), "idempotent call failed");
     err
 }

@@ -1,6 +1,6 @@
 //! What a call asks of its strategy: the contract ([`Strategy`]) and the
-//! two answers it gives, before the body ([`Verdict`]) and after it
-//! ([`Settled`]). It lives beside the call it drives, which calls it in
+//! two answers it gives, before the body ([`Guarded`]) and after it
+//! ([`Booked`]). It lives beside the call it drives, which calls it in
 //! the protocol's order; the three implementations are in
 //! `crate::strategy`, which depends on the call, never the reverse.
 
@@ -17,7 +17,7 @@ pub(crate) mod sealed {
 
 /// What a strategy's guard decided, before the body.
 #[derive(Debug)]
-pub enum Verdict<G, T> {
+pub enum Guarded<G, T> {
     /// A first delivery: run the body; `G` is what the bookkeeping after it
     /// needs.
     Run(G),
@@ -33,7 +33,7 @@ pub enum Verdict<G, T> {
 
 /// What a strategy's bookkeeping made of the body's result.
 #[derive(Debug)]
-pub enum Settled<T> {
+pub enum Booked<T> {
     /// The body's effects stand: commit, then write `marker` (default: a
     /// plain marker) to the front cache.
     Executed {
@@ -78,7 +78,7 @@ pub trait Strategy<DB: Backend, T>: sealed::Sealed {
     /// Before the body, in the call's transaction (after the outbox
     /// update, or running it when [`Strategy::FOLDS_MARK`] and the call
     /// asks it to: `Call::mark_in_guard`).
-    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<Self::Guard, T>, Error>;
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Guarded<Self::Guard, T>, Error>;
 
     /// After the body, in the same transaction: what its result means.
     /// An `Err` rolls the call back.
@@ -87,5 +87,5 @@ pub trait Strategy<DB: Backend, T>: sealed::Sealed {
         call: &mut Call<'_, DB>,
         guard: Self::Guard,
         body: Result<T, BoxError>,
-    ) -> Result<Settled<T>, Error>;
+    ) -> Result<Booked<T>, Error>;
 }

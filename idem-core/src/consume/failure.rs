@@ -4,6 +4,7 @@ use crate::Error;
 
 /// A failed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Failure {
     /// Whether a later attempt may succeed.
     pub retryable: bool,
@@ -42,7 +43,7 @@ impl Failure {
     pub fn of(e: &Error) -> Self {
         Failure {
             retryable: e.is_retryable(),
-            reason: format!("{}: {e}", e.kind()),
+            reason: format!("{}: {e:#}", e.kind()),
             commit_unknown: matches!(e, Error::CommitUnknown(_)),
             conflict: crate::backend::classify::is_contention(e),
         }
@@ -54,6 +55,7 @@ impl Failure {
 pub type Verdict = Result<bool, Failure>;
 /// What becomes of a failed attempt (see [`Failure::next`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Next {
     /// A later attempt, for the failure's reason.
     Retry(String),

@@ -86,7 +86,7 @@ pub fn fan_out<M: Send + 'static>(
                 match result {
                     Ok(ran) => executed |= ran,
                     Err(e) => {
-                        tracing::info!(subscriber = &*s.name, error = %e, "a subscriber of a fanned-out message failed");
+                        tracing::info!(subscriber = &*s.name, error = %format_args!("{e:#}"), "a subscriber of a fanned-out message failed");
                         if failed.is_none() {
                             failed = Some(match e {
                                 // The settling commit's outcome: read back.
@@ -122,13 +122,7 @@ struct SubscriberFailed {
 
 impl std::fmt::Display for SubscriberFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "subscriber `{}`: {}: {}",
-            self.name,
-            self.error.kind(),
-            self.error
-        )
+        write!(f, "subscriber `{}` failed", self.name)
     }
 }
 

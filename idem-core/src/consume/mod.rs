@@ -115,7 +115,7 @@ pub use fan_out::{Handling, Subscriber, add, fan_out};
 pub use handle::{ConsumerHandle, Running};
 pub use run::{Handler, Incoming, Inline, handler, inline, run, start, verdict};
 pub use settle::{Settle, settle};
-pub use stats::ConsumerStats;
+pub use stats::{ConsumerStats, Counter};
 
 /// Counts a broker delivery scheduled for a later attempt (an AMQP retry
 /// queue, a JetStream nak with a delay) in `idem_mq_retries_total`.

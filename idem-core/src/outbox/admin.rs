@@ -175,6 +175,7 @@ pub async fn list<DB: Backend>(
 
 /// One page of messages, oldest first.
 #[derive(Debug, Serialize, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Page {
     /// The page's messages, in id order.
     pub messages: Vec<OutboxMessage>,
@@ -254,6 +255,7 @@ pub struct Requeue {
 
 /// What a requeue did (or, dry run, would do).
 #[derive(Debug, Serialize, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RequeueReport {
     /// Whether nothing was changed.
     pub dry_run: bool,
@@ -336,6 +338,7 @@ pub async fn preview<DB: Backend>(
 
 /// What a requeue would take (see [`preview`]).
 #[derive(Debug, Serialize, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RequeuePreview {
     /// Failed messages the target selects now.
     pub count: u64,

@@ -72,6 +72,7 @@ pub const MAX_PAYLOAD_LEN: usize = 16 * 1024 * 1024 - 1;
 /// assert!(!Enqueued::Already(7).is_new());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Enqueued {
     /// Written by this call (it commits with the caller's transaction).
     New(i64),
@@ -128,13 +129,61 @@ impl Enqueued {
 /// finished message moved to `idem_outbox_history` by the
 /// [archiver](crate::archive) (after its outbox retention) no longer
 /// counts, and the same id would be enqueued again.
-pub async fn enqueue<DB: Backend>(
-    tx: &mut Transaction<'_, DB>,
+///
+/// `tx` is the transaction the message commits with: a
+/// `&mut Transaction`, a [`CallerTx`](crate::CallerTx), or, inside a
+/// handler written on its connection (`tx: &mut SqliteConnection`, …), that
+/// connection ([`InTransaction`]). A connection with no transaction open
+/// is [`Error::Config`]: the message would commit on its own, whether or
+/// not the business change does.
+///
+/// ```
+/// use idem_runtime::outbox::{enqueue, Enqueued};
+/// use idem_runtime::{idempotent, Error, Outcome, State};
+/// use sqlx::{SqliteConnection, SqlitePool};
+///
+/// #[derive(Debug, Clone, Copy, PartialEq, Eq, State)]
+/// enum OrderState { Unpaid, Paid }
+///
+/// // A handler written on its connection, as ordinary sqlx code: its
+/// // follow-up message commits with the transition, or not at all.
+/// #[idempotent(key = "pay:{order}", strategy = state_machine, table = "orders", id = order,
+///              from = OrderState::Unpaid, to = OrderState::Paid)]
+/// async fn pay(tx: &mut SqliteConnection, order: i64) -> Result<(), Error> {
+///     let msg = serde_json::json!({ "order": order });
+///     enqueue(tx, "order.paid", &format!("paid-{order}"), &msg).await?;
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = SqlitePool::connect("sqlite::memory:").await?;
+/// idem_runtime::migrate(&pool).await?;
+/// sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL)").execute(&pool).await?;
+/// sqlx::query("INSERT INTO orders VALUES (7, 'UNPAID')").execute(&pool).await?;
+///
+/// assert_eq!(pay(&pool, 7).await?, Outcome::Executed(()));
+/// assert_eq!(pay(&pool, 7).await?, Outcome::Duplicate(None));
+/// let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE topic = 'order.paid'")
+///     .fetch_one(&pool).await?;
+/// assert_eq!(n, 1);
+///
+/// // A connection with no transaction open is refused: nothing is written.
+/// let mut conn = pool.acquire().await?;
+/// let bare = enqueue(&mut *conn, "order.paid", "paid-8", &serde_json::json!({})).await;
+/// assert!(matches!(bare, Err(Error::Config { .. })), "{bare:?}");
+/// # Ok(()) }
+/// ```
+pub async fn enqueue<DB: Backend, T: InTransaction<DB> + ?Sized>(
+    tx: &mut T,
     topic: &str,
     msg_id: &str,
     payload: &serde_json::Value,
 ) -> Result<Enqueued, Error> {
-    let answer = enqueue_once(tx, topic, msg_id, payload).await;
+    let answer = match tx.in_transaction() {
+        Ok(conn) => enqueue_once::<DB>(conn, topic, msg_id, payload).await,
+        Err(e) => Err(e),
+    };
     match &answer {
         Ok(Enqueued::Already(_)) => crate::metrics::already_enqueued(),
         Ok(Enqueued::New(_)) => {}
@@ -144,7 +193,7 @@ pub async fn enqueue<DB: Backend>(
 }
 
 async fn enqueue_once<DB: Backend>(
-    tx: &mut Transaction<'_, DB>,
+    conn: &mut DB::Connection,
     topic: &str,
     msg_id: &str,
     payload: &serde_json::Value,
@@ -170,7 +219,7 @@ async fn enqueue_once<DB: Backend>(
     // Twice at most: a message found to exist, then gone before it could
     // be read (the archiver moved it), is inserted anew.
     for _ in 0..2 {
-        match DB::outbox_insert(&mut **tx, topic, msg_id, &text, notify && !coalesced).await? {
+        match DB::outbox_insert(conn, topic, msg_id, &text, notify && !coalesced).await? {
             OutboxInsert::New(id) => {
                 if coalesced {
                     // `false`: the relay stopped meanwhile; polling finds
@@ -255,6 +304,53 @@ fn shown(value: &str) -> String {
     s
 }
 
+/// What a message can be enqueued in: a transaction, and nothing that
+/// commits on its own (see [`enqueue`]).
+pub trait InTransaction<DB: Backend>: Send {
+    /// The connection of the open transaction, or why there is none.
+    fn in_transaction(&mut self) -> Result<&mut DB::Connection, Error>;
+}
+
+impl<DB: Backend> InTransaction<DB> for Transaction<'_, DB> {
+    fn in_transaction(&mut self) -> Result<&mut DB::Connection, Error> {
+        Ok(&mut **self)
+    }
+}
+
+impl<DB: Backend> InTransaction<DB> for crate::CallerTx<DB> {
+    fn in_transaction(&mut self) -> Result<&mut DB::Connection, Error> {
+        self.conn()
+    }
+}
+
+/// A handler's connection (`tx: &mut PgConnection`): in the call's
+/// transaction, as the expansion hands it; a bare connection is refused.
+macro_rules! connection_in_transaction {
+    ($($feature:literal => $db:ty, $conn:ty;)*) => {$(
+        #[cfg(feature = $feature)]
+        impl InTransaction<$db> for $conn {
+            fn in_transaction(&mut self) -> Result<&mut $conn, Error> {
+                use sqlx_core::transaction::TransactionManager as _;
+                match <$db as sqlx::Database>::TransactionManager::get_transaction_depth(self) {
+                    0 => Err(Error::config(
+                        "enqueue on a connection with no transaction open: the message \
+                         would commit on its own; enqueue in the transaction of the change \
+                         it announces (a handler's `tx`, a Transaction, a CallerTx)",
+                    )),
+                    _ => Ok(self),
+                }
+            }
+        }
+    )*};
+}
+
+connection_in_transaction! {
+    "sqlite" => sqlx::Sqlite, sqlx::SqliteConnection;
+    "postgres" => sqlx::Postgres, sqlx::PgConnection;
+    "mysql" => sqlx::MySql, sqlx::MySqlConnection;
+    "any" => sqlx::Any, sqlx::AnyConnection;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,7 +371,7 @@ mod tests {
         ] {
             let e = check_message(t, m).expect_err(why);
             assert!(e.to_string().contains(why), "{e}");
-            assert_eq!(e.kind(), "invalid_message");
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidMessage);
             assert!(!e.is_retryable());
         }
         // Bytes, not characters: 65 two-byte characters are 130 bytes.

@@ -48,13 +48,14 @@
 pub mod admin;
 mod enqueue;
 pub(crate) mod lease;
+pub(crate) mod mark;
 mod notifier;
 mod relay;
 pub(crate) mod status;
 pub use crate::backend::OutboxRow;
 pub use enqueue::{
-    Enqueued, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, notify_on_enqueue,
-    notify_on_enqueue_enabled,
+    Enqueued, InTransaction, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue,
+    notify_on_enqueue, notify_on_enqueue_enabled,
 };
 pub use lease::OutboxLease;
 pub use notifier::{

@@ -2,7 +2,7 @@
 //! written before the body and holding its result after it.
 
 use crate::backend::{Backend, NewRecord};
-use crate::call::{Call, Settled, Strategy, Verdict, replay_marker, replay_of};
+use crate::call::{Booked, Call, Guarded, Strategy, replay_marker, replay_of};
 use crate::error::{BoxError, Error};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -87,7 +87,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
     /// exists in this `biz_type` with the same fingerprint: a duplicate
     /// (the stored result, if the first call produced one). A different
     /// fingerprint is a [`Error::KeyConflict`].
-    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<(), T>, Error> {
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Guarded<(), T>, Error> {
         self.check(&call.state.key)?;
         let row = NewRecord {
             key: &call.state.key,
@@ -100,7 +100,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
             .await
             .map_err(Error::database)?
         {
-            return Ok(Verdict::Run(()));
+            return Ok(Guarded::Run(()));
         }
         let stored =
             match DB::fetch_record(call.state.tx.tx(), self.biz_type, &call.state.key).await {
@@ -122,12 +122,12 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
         match stored.result {
             Some(text) => {
                 let value = serde_json::from_str(&text).map_err(Error::Serialization)?;
-                Ok(Verdict::Duplicate {
+                Ok(Guarded::Duplicate {
                     stored: Some(value),
                     marker: Some(replay_marker(&self.fingerprint, &text)),
                 })
             }
-            None => Ok(Verdict::Duplicate {
+            None => Ok(Guarded::Duplicate {
                 stored: None,
                 marker: None,
             }),
@@ -140,7 +140,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
         call: &mut Call<'_, DB>,
         (): (),
         body: Result<T, BoxError>,
-    ) -> Result<Settled<T>, Error> {
+    ) -> Result<Booked<T>, Error> {
         let value = body.map_err(Error::from_handler)?;
         let text = serde_json::to_string(&value).map_err(Error::Serialization)?;
         DB::store_result(call.state.tx.tx(), self.biz_type, &call.state.key, &text)
@@ -148,7 +148,7 @@ impl<DB: Backend, T: Serialize + DeserializeOwned> Strategy<DB, T> for Record {
             .map_err(Error::database)?;
         // After the body, which runs in the same transaction.
         self.bound_marker(call).await?;
-        Ok(Settled::Executed {
+        Ok(Booked::Executed {
             value,
             marker: Some(replay_marker(&self.fingerprint, &text)),
         })

@@ -1,7 +1,7 @@
 //! `strategy = state_machine`: the entity's own state is the guard.
 
 use crate::backend::{Backend, StateSql};
-use crate::call::{Call, Settled, Strategy, Verdict};
+use crate::call::{Booked, Call, Guarded, Strategy};
 use crate::error::{BoxError, Error};
 use crate::state::EntityIdValue;
 use tracing::Span;
@@ -83,10 +83,10 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// (with `key_column`, only when that column holds this call's key).
     /// In `from`: run the body. Any other state, no entity, or `to`
     /// reached under another key: an illegal-state error.
-    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<StateSql, T>, Error> {
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Guarded<StateSql, T>, Error> {
         let sql = self.sql(call)?;
         let found = call.lock_state(&sql, &self.id).await?;
-        let duplicate = Verdict::Duplicate {
+        let duplicate = Guarded::Duplicate {
             stored: None,
             marker: None,
         };
@@ -102,7 +102,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
                     ))))
                 }
             },
-            Some((s, _)) if s == self.from => Ok(Verdict::Run(sql)),
+            Some((s, _)) if s == self.from => Ok(Guarded::Run(sql)),
             found => Err(self.illegal(found.map(|(s, _)| s))),
         }
     }
@@ -113,11 +113,11 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
         call: &mut Call<'_, DB>,
         sql: StateSql,
         body: Result<T, BoxError>,
-    ) -> Result<Settled<T>, Error> {
+    ) -> Result<Booked<T>, Error> {
         let value = body.map_err(Error::from_handler)?;
         let key = self.key_column.map(|_| call.state.key.as_str());
         match DB::transition(call.state.tx.tx(), &sql, &self.id, self.from, self.to, key).await {
-            Ok(1) => Ok(Settled::Executed {
+            Ok(1) => Ok(Booked::Executed {
                 value,
                 marker: None,
             }),

@@ -3,7 +3,7 @@
 
 use crate::backend::Backend;
 use crate::backend::classify::find_sqlx;
-use crate::call::{Call, Settled, Strategy, Verdict};
+use crate::call::{Booked, Call, Guarded, Strategy};
 use crate::error::{BoxError, Error};
 use tracing::Span;
 
@@ -34,11 +34,11 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
     }
 
     /// Opens the savepoint the body's insert runs under.
-    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Verdict<(), T>, Error> {
+    async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Guarded<(), T>, Error> {
         DB::exec(call.state.tx.tx(), SAVEPOINT)
             .await
             .map_err(Error::database)?;
-        Ok(Verdict::Run(()))
+        Ok(Guarded::Run(()))
     }
 
     /// A violation of `constraint` anywhere in the body's error is a
@@ -50,13 +50,13 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
         call: &mut Call<'_, DB>,
         (): (),
         body: Result<T, BoxError>,
-    ) -> Result<Settled<T>, Error> {
+    ) -> Result<Booked<T>, Error> {
         let e = match body {
             Ok(value) => {
                 DB::exec(call.state.tx.tx(), RELEASE)
                     .await
                     .map_err(Error::database)?;
-                return Ok(Settled::Executed {
+                return Ok(Booked::Executed {
                     value,
                     marker: None,
                 });
@@ -76,7 +76,7 @@ impl<DB: Backend, T> Strategy<DB, T> for UniqueInsert {
         let constraint = self.constraint;
         let hit = crate::unique::violated(DB::dialect(call.state.tx.tx_ref()), violation);
         match crate::unique::matches(&hit, constraint, call.state.tx.tx()).await {
-            Ok(true) => Ok(Settled::Duplicate),
+            Ok(true) => Ok(Booked::Duplicate),
             Ok(false) => Err(Error::Handler {
                 retryable: false,
                 source: format!(

@@ -22,7 +22,6 @@ use idem_runtime::outbox::Relay;
 use idem_runtime::{Backend, idempotent};
 use idem_testkit::sql;
 use sqlx::{Any, AnyPool, Transaction};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 static DIALECT: std::sync::OnceLock<Dialect> = std::sync::OnceLock::new();
@@ -85,6 +84,8 @@ async fn main() {
     };
     let num = |s: &str| s.parse::<u64>().expect("a number");
     let (lease, pause, idle_exit) = (num(lease_ms), num(sleep_ms), num(idle_exit_ms));
+    // The protocol trace goes to IDEM_TRACE_FILE once the probe is in.
+    idem_runtime::testing::install();
     sqlx::any::install_default_drivers();
     let pool = AnyPool::connect(url).await.expect("connect");
     DIALECT
@@ -153,7 +154,7 @@ async fn main() {
             break;
         }
     }
-    let executed = relay.stats().executed.load(Ordering::Relaxed);
+    let executed = relay.stats().executed();
     relay.shutdown().await;
     println!("{owner}: executed {executed}");
 }

@@ -382,7 +382,7 @@ async fn run(cluster: &RabbitCluster, pool: &PgPool, kind: Kind) -> Figures {
         held,
         redelivered: side.calls.load(Ordering::Relaxed) as u64 - M as u64,
         flagged: side.flagged.load(Ordering::Relaxed) as u64,
-        duplicates: load(&stats2.duplicates),
+        duplicates: stats2.duplicates(),
         publish_retries: attempts - M,
         took: begun.elapsed(),
     }

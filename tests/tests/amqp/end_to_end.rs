@@ -45,7 +45,7 @@ async fn outbox_relay_broker_consumer_end_to_end_one_effect_per_coupon() {
         .poll_interval(Duration::from_millis(20))
         .spawn();
     drained(&pool, &topic, Duration::from_secs(8)).await;
-    assert_eq!(load(&relay.stats().executed), N as u64);
+    assert_eq!(relay.stats().executed(), N as u64);
     relay.shutdown().await;
 
     // The same messages published again (a republish after a lost confirm):
@@ -209,8 +209,8 @@ async fn prefetch_bounds_concurrency_and_shutdown_finishes_in_flight_work() {
     // rest is still in the queue (prefetched but unstarted work requeued).
     let started = started.load(Ordering::SeqCst);
     assert!((3..N).contains(&started), "started {started}");
-    assert_eq!(load(&stats.executed) as usize, started, "acked");
-    assert_eq!(load(&stats.settle_failed), 0);
+    assert_eq!(stats.executed() as usize, started, "acked");
+    assert_eq!(stats.settle_failed(), 0);
     let mut done = 0;
     for d in &coupons {
         done += deductions(&pool, d.coupon_id).await;

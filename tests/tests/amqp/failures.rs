@@ -191,11 +191,11 @@ async fn publisher_reports_missing_exchanges_and_unroutable_messages_and_recover
     let publisher = Publisher::new(conn.clone(), &exchange);
     // No such exchange yet: the broker closes the channel (NOT_FOUND).
     let err = publisher.publish("t", "m-1", b"{}").await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
+    assert!(err.is_retryable(), "{err:#}");
     assert!(
-        err.to_string().contains("NOT_FOUND")
-            || err.to_string().contains("not found")
-            || err.to_string().contains("404"),
+        format!("{err:#}").contains("NOT_FOUND")
+            || format!("{err:#}").contains("not found")
+            || format!("{err:#}").contains("404"),
         "{err}"
     );
 
@@ -210,8 +210,8 @@ async fn publisher_reports_missing_exchanges_and_unroutable_messages_and_recover
     .unwrap();
     // The exchange exists, no queue is bound: an error, not a silent drop.
     let err = publisher.publish("t", "m-2", b"{}").await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("unroutable"), "{err}");
+    assert!(err.is_retryable(), "{err:#}");
+    assert!(format!("{err:#}").contains("unroutable"), "{err:#}");
 
     ch.queue_declare(
         queue.as_str().into(),

@@ -185,8 +185,8 @@ async fn a_fan_out_without_subscribers_is_refused() {
         .spawn()
         .await
         .expect_err("a fan-out without subscribers");
-    assert!(matches!(e, Error::Config { .. }), "{e}");
-    assert!(e.to_string().contains("without subscribers"), "{e}");
+    assert!(matches!(e, Error::Config { .. }), "{e:#}");
+    assert!(format!("{e:#}").contains("without subscribers"), "{e:#}");
 }
 
 /// The panic message of `build`, which must panic.

@@ -47,7 +47,7 @@ macro_rules! ttl_tests {
                         .await
                         .expect_err(&format!("ttl {ttl} accepted"));
                     assert!(matches!(err, Error::Config { .. }), "ttl {ttl}: {err}");
-                    assert!(err.to_string().contains("ttl"), "{err}");
+                    assert!(format!("{err:#}").contains("ttl"), "{err:#}");
                     assert!(!err.is_retryable());
                 }
                 assert!(guard(&pool, MAX_TTL_SECS).await.is_ok());

@@ -161,19 +161,15 @@ async fn faulty_cache_stays_within_its_bound(url: String) -> RedisCache {
     assert_eq!(deductions(&pools).await, 2 * CALLS as i64);
     let s = cache.stats();
     let n = CALLS as u64;
+    assert_eq!(s.fall_throughs(), n, "one fall-through per call");
     assert_eq!(
-        s.fall_throughs.load(Ordering::Relaxed),
-        n,
-        "one fall-through per call"
-    );
-    assert_eq!(
-        s.errors.load(Ordering::Relaxed),
+        s.errors(),
         2 * n,
         "a failed lookup and a failed write per call"
     );
-    assert_eq!(s.hits.load(Ordering::Relaxed), 0);
-    assert_eq!(s.misses.load(Ordering::Relaxed), 0);
-    assert_eq!(s.writes.load(Ordering::Relaxed), 0);
+    assert_eq!(s.hits(), 0);
+    assert_eq!(s.misses(), 0);
+    assert_eq!(s.writes(), 0);
     cache
 }
 
@@ -182,7 +178,7 @@ async fn a_redis_that_never_answers_costs_each_call_at_most_the_bound() {
     let started = Instant::now();
     let cache = faulty_cache_stays_within_its_bound(silent_redis().await).await;
     // Connection attempts are not calls: a few at most, one a second.
-    let attempts = cache.stats().connect_errors.load(Ordering::Relaxed);
+    let attempts = cache.stats().connect_errors();
     assert!(
         attempts <= started.elapsed().as_secs() + 1,
         "{attempts} connection attempts counted"
@@ -193,7 +189,7 @@ async fn a_redis_that_never_answers_costs_each_call_at_most_the_bound() {
 async fn a_closed_port_costs_each_call_at_most_the_bound() {
     let started = Instant::now();
     let cache = faulty_cache_stays_within_its_bound(closed_port().await).await;
-    let attempts = cache.stats().connect_errors.load(Ordering::Relaxed);
+    let attempts = cache.stats().connect_errors();
     assert!(attempts >= 1, "the failed connection attempt is counted");
     assert!(
         attempts <= started.elapsed().as_secs() + 1,
@@ -227,11 +223,11 @@ async fn the_real_redis_counts_hits_and_misses() {
     let s = cache.stats();
     let n = CALLS as u64;
     let figures = [
-        s.misses.load(Ordering::Relaxed),
-        s.writes.load(Ordering::Relaxed),
-        s.hits.load(Ordering::Relaxed),
-        s.fall_throughs.load(Ordering::Relaxed),
-        s.errors.load(Ordering::Relaxed),
+        s.misses(),
+        s.writes(),
+        s.hits(),
+        s.fall_throughs(),
+        s.errors(),
     ];
     assert_eq!(
         figures,

@@ -256,7 +256,7 @@ macro_rules! cache_ttl_tests {
                 // The marker still answers while it lives.
                 let again = remind(Source::from(&pool).cache(&cache), &n).await.unwrap();
                 assert_eq!(again, Outcome::Duplicate(Some(Receipt { id: n.id })));
-                assert_eq!(cache.stats().hits.load(std::sync::atomic::Ordering::Relaxed), 1);
+                assert_eq!(cache.stats().hits(), 1);
                 assert_eq!(effects(&pool, n.id).await, 1);
             }
 
@@ -353,7 +353,7 @@ macro_rules! cache_ttl_tests {
                         async move { remind(d.source().cache(&cache), &n).await }
                     });
                 assert_eq!(relay.run_once().await.unwrap(), 3);
-                assert_eq!(relay.stats().batches.load(std::sync::atomic::Ordering::Relaxed), 1);
+                assert_eq!(relay.stats().batches(), 1);
                 for id in all {
                     assert_eq!(effects(&pool, id).await, 1);
                     assert_bounded(&pool, &cache, id).await;

@@ -459,19 +459,16 @@ async fn relay_run(
         })
         .collect();
     let stats = |relays: &[RelayHandle]| {
-        let sum = |f: fn(&idem_runtime::outbox::RelayStats) -> &std::sync::atomic::AtomicU64| {
-            relays
-                .iter()
-                .map(|r| f(r.stats()).load(Ordering::Relaxed))
-                .sum::<u64>()
+        let sum = |f: fn(&idem_runtime::outbox::RelayStats) -> u64| {
+            relays.iter().map(|r| f(r.stats())).sum::<u64>()
         };
         RelayRun {
-            claimed: sum(|s| &s.claimed),
-            claim_conflicts: sum(|s| &s.claim_conflicts),
-            reclaimed: sum(|s| &s.reclaimed),
-            executed: sum(|s| &s.executed),
-            duplicates: sum(|s| &s.duplicates),
-            dead_lettered: sum(|s| &s.dead_lettered),
+            claimed: sum(|s| s.claimed()),
+            claim_conflicts: sum(|s| s.claim_conflicts()),
+            reclaimed: sum(|s| s.reclaimed()),
+            executed: sum(|s| s.executed()),
+            duplicates: sum(|s| s.duplicates()),
+            dead_lettered: sum(|s| s.dead_lettered()),
             ..RelayRun::default()
         }
     };
@@ -701,14 +698,8 @@ async fn single_server_claim_spread_changes_nothing_that_matters() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let secs = start.elapsed().as_secs_f64();
-        let conflicts: u64 = relays
-            .iter()
-            .map(|r| r.stats().claim_conflicts.load(Ordering::Relaxed))
-            .sum();
-        let claimed: u64 = relays
-            .iter()
-            .map(|r| r.stats().claimed.load(Ordering::Relaxed))
-            .sum();
+        let conflicts: u64 = relays.iter().map(|r| r.stats().claim_conflicts()).sum();
+        let claimed: u64 = relays.iter().map(|r| r.stats().claimed()).sum();
         for r in relays {
             r.shutdown().await;
         }

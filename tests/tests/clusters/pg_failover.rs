@@ -49,7 +49,7 @@ use idem_runtime::idempotent;
 use idem_runtime::outbox::{Delivery, Relay};
 use idem_testkit::cluster::pg_standby::{PgStandby, Replication};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Coupons deducted by the retrying callers.
@@ -169,7 +169,7 @@ async fn failover(test: &str, replication: Replication, lease: Duration) -> Opti
     let total = (CALLS + GIVE_UP_CALLS) as u64;
     let at_kill = a_third_done(
         &calls,
-        &relay.stats().executed,
+        || relay.stats().executed(),
         (total, MESSAGES as u64),
         test,
         || cluster.log_tails(),
@@ -210,7 +210,6 @@ async fn failover(test: &str, replication: Replication, lease: Duration) -> Opti
     }
     let drained = killed.elapsed();
     let s = relay.stats();
-    let stat = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let recovered = calls
         .recovered
         .lock()
@@ -226,18 +225,18 @@ async fn failover(test: &str, replication: Replication, lease: Duration) -> Opti
     .expect("the relay's errors");
     let relay_line = format!(
         "claimed={} reclaimed={} lost_claims={} recovered={} executed={} duplicates={} retried={} dead_lettered={} stale={} landed={}",
-        stat(&s.claimed),
-        stat(&s.reclaimed),
-        stat(&s.lost_claims),
-        stat(&s.recovered),
-        stat(&s.executed),
-        stat(&s.duplicates),
-        stat(&s.retried),
-        stat(&s.dead_lettered),
-        stat(&s.stale),
-        stat(&s.landed),
+        s.claimed(),
+        s.reclaimed(),
+        s.lost_claims(),
+        s.recovered(),
+        s.executed(),
+        s.duplicates(),
+        s.retried(),
+        s.dead_lettered(),
+        s.stale(),
+        s.landed(),
     );
-    let (executed, landed, reclaimed) = (stat(&s.executed), stat(&s.landed), stat(&s.reclaimed));
+    let (executed, landed, reclaimed) = (s.executed(), s.landed(), s.reclaimed());
     relay.shutdown().await;
 
     let acked: Vec<i64> = calls.acked.lock().expect("acked").clone();
@@ -452,9 +451,9 @@ macro_rules! read_only_window {
                 }
                 let s = relay.stats();
                 let (retried, reclaimed, executed) = (
-                    s.retried.load(Ordering::Relaxed),
-                    s.reclaimed.load(Ordering::Relaxed),
-                    s.executed.load(Ordering::Relaxed),
+                    s.retried(),
+                    s.reclaimed(),
+                    s.executed(),
                 );
                 relay.shutdown().await;
                 let (status, attempts, last_error): (String, i32, Option<String>) =

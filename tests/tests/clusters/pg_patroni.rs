@@ -389,7 +389,7 @@ async fn failover(cluster: &Patroni, run: Run) -> Figures {
     let total = (CALLS + GIVE_UP_CALLS) as u64;
     let at_fault = a_third_done(
         &calls,
-        &relay.stats().executed,
+        || relay.stats().executed(),
         (total, MESSAGES as u64),
         &label,
         || cluster.log_tails(),

@@ -3,7 +3,7 @@
 //! of it.
 #![allow(dead_code)]
 
-pub(crate) use super::brokers::{drained, load, until};
+pub(crate) use super::brokers::{drained, until};
 pub(crate) use super::coupons::{CouponState, Deduct};
 pub(crate) use idem_runtime::amqp::{
     self, ATTEMPTS_HEADER, Consumer, ConsumerHandle, Message, Publisher, Topology, lapin,
@@ -248,11 +248,11 @@ pub(crate) async fn take(conn: &Connection, queue: &str, n: usize, within: Durat
 pub(crate) fn counts(h: &ConsumerHandle) -> (u64, u64, u64, u64, u64) {
     let s = h.stats();
     (
-        load(&s.executed),
-        load(&s.duplicates),
-        load(&s.retried),
-        load(&s.dead_lettered),
-        load(&s.settle_failed),
+        s.executed(),
+        s.duplicates(),
+        s.retried(),
+        s.dead_lettered(),
+        s.settle_failed(),
     )
 }
 

@@ -3,7 +3,6 @@
 //! the relay to publish a topic, or for a condition, and reading a counter.
 
 use sqlx::PgPool;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Waits for `cond` (at most `within`).
@@ -36,8 +35,4 @@ pub(crate) async fn drained(pool: &PgPool, topic: &str, within: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-pub(crate) fn load(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
 }

@@ -92,15 +92,13 @@ pub(crate) fn deduct_call() -> CallFn {
 /// `logs` the cluster's log tails, in the failure message.
 pub(crate) async fn a_third_done(
     calls: &Calls,
-    executed: &AtomicU64,
+    executed: impl Fn() -> u64,
     (callers, messages): (u64, u64),
     what: &str,
     logs: impl Fn() -> String,
 ) -> (u64, u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while calls.done.load(Ordering::Relaxed) < callers / 3
-        || executed.load(Ordering::Relaxed) < messages / 3
-    {
+    while calls.done.load(Ordering::Relaxed) < callers / 3 || executed() < messages / 3 {
         assert!(
             Instant::now() < deadline,
             "{what}: no progress before the fault\n{}",
@@ -108,10 +106,7 @@ pub(crate) async fn a_third_done(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    (
-        calls.done.load(Ordering::Relaxed),
-        executed.load(Ordering::Relaxed),
-    )
+    (calls.done.load(Ordering::Relaxed), executed())
 }
 
 /// What the callers saw.

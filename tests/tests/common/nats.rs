@@ -3,7 +3,7 @@
 //! and stream readers. Each module uses only part of it.
 #![allow(dead_code, unused_imports)]
 
-pub(crate) use super::brokers::{drained, load, until};
+pub(crate) use super::brokers::{drained, until};
 pub(crate) use futures::StreamExt;
 pub(crate) use idem_runtime::nats::async_nats::jetstream::{self, Context};
 pub(crate) use idem_runtime::nats::{
@@ -282,11 +282,11 @@ pub(crate) async fn read_all(js: &Context, stream: &str) -> Vec<Stored> {
 pub(crate) fn counts(h: &ConsumerHandle) -> (u64, u64, u64, u64, u64, u64) {
     let s = h.stats();
     (
-        load(&s.received),
-        load(&s.executed),
-        load(&s.duplicates),
-        load(&s.retried),
-        load(&s.dead_lettered),
-        load(&s.settle_failed),
+        s.received(),
+        s.executed(),
+        s.duplicates(),
+        s.retried(),
+        s.dead_lettered(),
+        s.settle_failed(),
     )
 }

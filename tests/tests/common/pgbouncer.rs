@@ -18,6 +18,8 @@ pub(crate) use idem_testkit::ids;
 pub(crate) use serde::{Deserialize, Serialize};
 pub(crate) use sqlx::{PgPool, Postgres, Transaction};
 pub(crate) use std::collections::BTreeMap;
+// Not every test binary that includes this module counts atomics.
+#[allow(unused_imports)]
 pub(crate) use std::sync::atomic::Ordering;
 pub(crate) use std::time::{Duration, Instant};
 
@@ -490,10 +492,7 @@ pub(crate) async fn relay_drain(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let secs = start.elapsed().as_secs_f64();
-    let (executed, duplicates) = (
-        relay.stats().executed.load(Ordering::Relaxed),
-        relay.stats().duplicates.load(Ordering::Relaxed),
-    );
+    let (executed, duplicates) = (relay.stats().executed(), relay.stats().duplicates());
     relay.shutdown().await;
     let mut d = Drain {
         messages,

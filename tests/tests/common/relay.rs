@@ -9,6 +9,8 @@ pub(crate) use idem_runtime::outbox::Relay;
 pub(crate) use idem_runtime::{Error, Outcome, idempotent};
 pub(crate) use idem_testkit::{ids, sql};
 
+// Not every test binary that includes this module counts atomics.
+#[allow(unused_imports)]
 pub(crate) use std::sync::atomic::Ordering;
 pub(crate) use std::time::{Duration, Instant};
 

@@ -123,10 +123,10 @@ async fn killing_the_stream_leader_mid_run_loses_nothing_and_doubles_nothing() {
 
     // Mid-run: kill the stream's leader.
     until("a third of the effects", Duration::from_secs(20), || {
-        load(&consumer.stats().executed) >= (N / 3) as u64
+        consumer.stats().executed() >= (N / 3) as u64
     })
     .await;
-    let before = load(&consumer.stats().executed);
+    let before = consumer.stats().executed();
     cluster.kill9(leader);
     let killed_at = begun.elapsed();
     eprintln!(
@@ -174,7 +174,7 @@ async fn killing_the_stream_leader_mid_run_loses_nothing_and_doubles_nothing() {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let drained_in = begun.elapsed();
     let rs = relay.stats();
-    let (relay_retried, relay_dead) = (load(&rs.retried), load(&rs.dead_lettered));
+    let (relay_retried, relay_dead) = (rs.retried(), rs.dead_lettered());
     relay.shutdown().await;
     let s = consumer.stats();
     consumer.shutdown().await.expect("clean shutdown");
@@ -190,21 +190,21 @@ async fn killing_the_stream_leader_mid_run_loses_nothing_and_doubles_nothing() {
          dead letters {relay_dead}",
         elected_in.as_secs_f64(),
         drained_in.as_secs_f64(),
-        load(&s.received),
-        load(&s.received).saturating_sub(N as u64),
-        load(&s.redelivered),
-        load(&s.executed),
-        load(&s.duplicates),
-        load(&s.retried),
-        load(&s.dead_lettered),
-        load(&s.settle_failed),
-        load(&s.pull_failures),
+        s.received(),
+        s.received().saturating_sub(N as u64),
+        s.redelivered(),
+        s.executed(),
+        s.duplicates(),
+        s.retried(),
+        s.dead_lettered(),
+        s.settle_failed(),
+        s.pull_failures(),
     );
     assert_eq!((double, lost), (0, 0));
     assert_eq!(all_effects(&pool, &table).await, N as i64);
     // An execution whose ack was lost in the failover is acked later as
     // a duplicate: at most one execution acked per message.
-    assert!(load(&s.executed) <= N as u64);
+    assert!(s.executed() <= N as u64);
     assert_eq!(dead, 0, "no dead letters");
     assert_eq!(relay_dead, 0);
     drop_table(&pool, &table).await;

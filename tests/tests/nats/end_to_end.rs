@@ -133,7 +133,7 @@ async fn a_delivery_committed_but_never_acked_is_redelivered_and_answered_duplic
     })
     .await;
     let c = counts(&consumer);
-    let redelivered = load(&consumer.stats().redelivered);
+    let redelivered = consumer.stats().redelivered();
     consumer.shutdown().await.unwrap();
     assert_eq!(c, (1, 0, 1, 0, 0, 0));
     assert_eq!(redelivered, 1);
@@ -175,7 +175,7 @@ async fn a_retryable_failure_is_nakd_with_back_off_and_acts_once_when_it_heals()
     let took = begun.elapsed();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let c = counts(&consumer);
-    let redelivered = load(&consumer.stats().redelivered);
+    let redelivered = consumer.stats().redelivered();
     consumer.shutdown().await.unwrap();
     assert_eq!(c, (3, 1, 0, 2, 0, 0), "two naks, then the ack");
     assert_eq!(redelivered, 2);
@@ -350,13 +350,13 @@ async fn slow_handler(progress: Option<Duration>) -> Option<(u64, u64, u64, u64,
     let s = consumer.stats();
     consumer.shutdown().await.unwrap();
     let out = (
-        load(&s.received),
-        load(&s.redelivered),
-        load(&s.progress_acks),
-        load(&s.duplicates),
+        s.received(),
+        s.redelivered(),
+        s.progress_acks(),
+        s.duplicates(),
         effects(&pool, &table, item).await,
     );
-    assert_eq!(load(&s.executed), 1);
+    assert_eq!(s.executed(), 1);
     teardown(&js, &t).await;
     drop_table(&pool, &table).await;
     Some(out)
@@ -500,7 +500,7 @@ async fn a_relay_restarted_after_publishing_republishes_inside_the_window_and_no
         .poll_interval(Duration::from_millis(50))
         .spawn();
     drained(&pool, &topic, Duration::from_secs(15)).await;
-    let reclaimed = load(&relay.stats().reclaimed);
+    let reclaimed = relay.stats().reclaimed();
     relay.shutdown().await;
     assert_eq!(reclaimed, N as u64, "every lease of relay 1 ran out");
     assert_eq!(
@@ -592,7 +592,7 @@ async fn a_publish_ack_lost_past_the_duplicate_window_stores_a_second_copy_and_t
         .poll_interval(Duration::from_millis(50))
         .spawn();
     drained(&pool, &topic, Duration::from_secs(15)).await;
-    let retried = load(&relay.stats().retried);
+    let retried = relay.stats().retried();
     relay.shutdown().await;
     assert_eq!(retried, N as u64);
     assert_eq!(

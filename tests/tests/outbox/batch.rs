@@ -230,9 +230,9 @@ macro_rules! batch_tests {
                 running.shutdown().await;
                 let s = relay.stats();
                 let (executed, duplicates, batches) = (
-                    s.executed.load(Ordering::Relaxed),
-                    s.duplicates.load(Ordering::Relaxed),
-                    s.batches.load(Ordering::Relaxed),
+                    s.executed(),
+                    s.duplicates(),
+                    s.batches(),
                 );
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
                 eprintln!(
@@ -245,7 +245,7 @@ macro_rules! batch_tests {
                 assert_eq!(attempts_of(&pool, &topic).await, vec![1; 120], "one attempt each");
                 assert_eq!((executed, duplicates), (90, 30));
                 assert!(batches > 0 && batches < 60, "messages shared their commits: {batches} commits");
-                assert_eq!(s.lost_batches.load(Ordering::Relaxed), 0);
+                assert_eq!(s.lost_batches(), 0);
             }
 
             /// 31 good coupons and one whose handler deducts and then fails,
@@ -290,7 +290,7 @@ macro_rules! batch_tests {
                     bad_row.2,
                     good_counts.0,
                     good_counts.1,
-                    relay.stats().batches.load(Ordering::Relaxed),
+                    relay.stats().batches(),
                 );
                 Some((bad_row, good_counts, success))
             }
@@ -308,6 +308,7 @@ macro_rules! batch_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(not(idem_broken), ignore = "a control of a deliberately broken build: RUSTFLAGS=\"--cfg idem_broken\"")]
             async fn control_broken_savepoints_are_caught() {
                 let _one = hooks::exclusive().await;
                 let Some(((deducted, status, _, _), _, _)) = failing_message_mid_batch(true).await else { return };
@@ -341,7 +342,7 @@ macro_rules! batch_tests {
                 });
                 let running = relay.clone().spawn();
                 drained(&pool, &topic).await;
-                let before = relay.stats().lost_batches.load(Ordering::Relaxed);
+                let before = relay.stats().lost_batches();
                 // Before the failing message exists: the running relay may
                 // take it, and use up its three attempts, while the rest is
                 // still being produced.
@@ -354,7 +355,7 @@ macro_rules! batch_tests {
                 drained(&pool, &topic).await;
                 running.shutdown().await;
                 idem_runtime::testing::set_broken_batch_savepoints(false);
-                let lost = relay.stats().lost_batches.load(Ordering::Relaxed) - before;
+                let lost = relay.stats().lost_batches() - before;
                 let (status, attempts): (String, i32) = sqlx::query_as(sql(
                     D,
                     "SELECT status, attempts FROM idem_outbox WHERE topic = ? AND msg_id = ?",
@@ -392,6 +393,7 @@ macro_rules! batch_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(not(idem_broken), ignore = "a control of a deliberately broken build: RUSTFLAGS=\"--cfg idem_broken\"")]
             async fn control_a_trusted_batch_keeping_a_failed_call_is_caught() {
                 let _one = hooks::exclusive().await;
                 let Some(((deducted, status, _), _, _)) = failing_message_in_a_trusted_batch(true).await else { return };
@@ -425,7 +427,7 @@ macro_rules! batch_tests {
                 running.shutdown().await;
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
                 let attempts = attempts_of(&pool, &topic).await;
-                let lost_batches = relay.stats().lost_batches.load(Ordering::Relaxed);
+                let lost_batches = relay.stats().lost_batches();
                 eprintln!(
                     "{}: a call cancelled mid-body: double={double} lost={lost} lost_batches={lost_batches} attempts={attempts:?}",
                     stringify!($module)
@@ -491,7 +493,7 @@ macro_rules! batch_tests {
                 running.shutdown().await;
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
                 let attempts = attempts_of(&pool, &topic).await;
-                let retried = relay.stats().retried.load(Ordering::Relaxed);
+                let retried = relay.stats().retried();
                 eprintln!(
                     "{}: panicking handlers mid-batch: double={double} lost={lost} retried={retried} attempts_total={}",
                     stringify!($module),
@@ -543,7 +545,7 @@ macro_rules! batch_tests {
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
                 let attempts = attempts_of(&pool, &topic).await;
                 let s = relay.stats();
-                let lost_batches = s.lost_batches.load(Ordering::Relaxed);
+                let lost_batches = s.lost_batches();
                 eprintln!(
                     "{}: lost batch transaction: double={double} lost={lost} lost_batches={lost_batches} attempts={attempts:?}",
                     stringify!($module)
@@ -587,15 +589,15 @@ macro_rules! batch_tests {
                 let s = relay.stats();
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
                 let (landed, retried, duplicates, stale) = (
-                    s.landed.load(Ordering::Relaxed),
-                    s.retried.load(Ordering::Relaxed),
-                    s.duplicates.load(Ordering::Relaxed),
-                    s.stale.load(Ordering::Relaxed),
+                    s.landed(),
+                    s.retried(),
+                    s.duplicates(),
+                    s.stale(),
                 );
                 eprintln!(
                     "{}: lost batch-commit acks: double={double} lost={lost} batch_acks_lost={lost_batches} landed={landed} retried={retried} duplicates={duplicates} stale={stale} executed={}",
                     stringify!($module),
-                    s.executed.load(Ordering::Relaxed)
+                    s.executed()
                 );
                 assert!(lost_batches > 0, "no batch commit lost its acknowledgement");
                 assert_eq!((double, lost), (0, 0), "double and lost deductions");
@@ -652,7 +654,7 @@ macro_rules! batch_tests {
                 };
                 let (claimed, ()) = tokio::join!(run_once_retrying(&slow, true), held);
                 assert_eq!(claimed, 8);
-                let rival_claims = rival.stats().claimed.load(Ordering::Relaxed);
+                let rival_claims = rival.stats().claimed();
                 let attempts = attempts_of(&pool, &topic).await;
                 let (double, lost) = double_and_lost(&pool, &coupons).await;
                 idem_runtime::testing::set_broken_batch_leases(false);
@@ -675,6 +677,7 @@ macro_rules! batch_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(not(idem_broken), ignore = "a control of a deliberately broken build: RUSTFLAGS=\"--cfg idem_broken\"")]
             async fn control_unlocked_batch_leases_are_taken_over() {
                 let _one = hooks::exclusive().await;
                 let Some((attempts, rival_claims, _)) = slow_batch(true).await else { return };
@@ -807,6 +810,7 @@ macro_rules! batch_tests {
             /// The control: with the shrinking off, the hot-row test's
             /// assertion on it fails.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(not(idem_broken), ignore = "a control of a deliberately broken build: RUSTFLAGS=\"--cfg idem_broken\"")]
             async fn control_hot_row_without_adaptive_batching_is_caught() {
                 let _one = hooks::exclusive().await;
                 idem_runtime::testing::set_broken_adaptive_batching(true);
@@ -1007,7 +1011,7 @@ macro_rules! batch_tests {
                 drained(&pool, &topic).await;
                 running.shutdown().await;
                 let attempts = attempts_of(&pool, &topic).await;
-                let reruns = relay.stats().conflict_reruns.load(Ordering::Relaxed);
+                let reruns = relay.stats().conflict_reruns();
                 eprintln!(
                     "{}: deadlock of two lone handlers: trap={:?} attempts={attempts:?} reruns={reruns}",
                     stringify!($module),

@@ -81,8 +81,8 @@ macro_rules! enqueue_tests {
                     other => panic!("not a MessageConflict: {other:?}"),
                 }
                 assert!(!e.is_retryable());
-                assert_eq!(e.kind(), "message_conflict");
-                assert!(e.to_string().contains(&topic) && e.to_string().contains("`m-1`"), "{e}");
+                assert_eq!(e.kind(), idem_runtime::ErrorKind::MessageConflict);
+                assert!(format!("{e:#}").contains(&topic) && format!("{e:#}").contains("`m-1`"), "{e:#}");
                 // A later statement of the same transaction runs and commits.
                 assert!(enqueue(&mut tx, &topic, "m-3", &json!({"n": 3})).await.expect("after").is_new());
                 tx.commit().await.expect("the caller's transaction commits");
@@ -118,7 +118,7 @@ macro_rules! enqueue_tests {
                 for (t, m, why) in cases {
                     let e = enqueue(&mut tx, t, m, &json!({})).await.expect_err(why);
                     assert!(matches!(e, Error::InvalidMessage { .. }), "{why}: {e:?}");
-                    assert!(e.to_string().contains(why), "{why}: {e}");
+                    assert!(format!("{e:#}").contains(why), "{why}: {e:#}");
                     assert!(!e.is_retryable());
                 }
                 // Nothing ran: the transaction is usable, and the longest

@@ -165,11 +165,11 @@ macro_rules! fanout_tests {
                 eprintln!(
                     "{} fan-out (batched {batched}): executed={} duplicates={} retried={} landed={} dead={}",
                     stringify!($module),
-                    s.executed.load(Ordering::Relaxed),
-                    s.duplicates.load(Ordering::Relaxed),
-                    s.retried.load(Ordering::Relaxed),
-                    s.landed.load(Ordering::Relaxed),
-                    s.dead_lettered.load(Ordering::Relaxed),
+                    s.executed(),
+                    s.duplicates(),
+                    s.retried(),
+                    s.landed(),
+                    s.dead_lettered(),
                 );
                 assert_eq!(got, vec![(1, 1); coupons.len()], "each subscriber's effect once per coupon");
                 assert_eq!(by_status(&pool, &topic, "success").await, messages);
@@ -255,7 +255,7 @@ macro_rules! fanout_tests {
                 assert_eq!(attempts_of(&pool, &topic).await, vec![3], "two failed attempts, then the success");
                 // The deduction acted on the first attempt and answered
                 // Duplicate on the two after.
-                assert_eq!(relay.stats().retried.load(Ordering::Relaxed), 2);
+                assert_eq!(relay.stats().retried(), 2);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,8 +293,8 @@ macro_rules! fanout_tests {
                 assert_eq!(status, "failed", "never a success with the second effect missing");
                 assert!(reason.contains("misuse") && reason.contains("Relay::subscribe"), "{reason}");
                 assert_eq!(mails(&pool, coupon).await, 0);
-                assert_eq!(relay.stats().dead_lettered.load(Ordering::Relaxed), 1);
-                assert_eq!(relay.stats().landed.load(Ordering::Relaxed), 0);
+                assert_eq!(relay.stats().dead_lettered(), 1);
+                assert_eq!(relay.stats().landed(), 0);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,7 +344,7 @@ macro_rules! fanout_tests {
                 assert_eq!(after.load(Ordering::SeqCst), 2, "the step after the call ran again");
                 assert_eq!(by_status(&pool, &topic, "success").await, 1);
                 assert_eq!(attempts_of(&pool, &topic).await, vec![2]);
-                assert_eq!(relay.stats().landed.load(Ordering::Relaxed), 0);
+                assert_eq!(relay.stats().landed(), 0);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

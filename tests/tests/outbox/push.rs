@@ -135,12 +135,12 @@ mod postgres {
         if push {
             listening(pool, &owner).await;
         }
-        let claims_before = handle.stats().claims.load(Ordering::Relaxed);
+        let claims_before = handle.stats().claims();
         let coupons = one_by_one(pool, &topic, 50).await;
         tokio::time::sleep(WINDOW).await;
         let in_window = by_status(pool, &topic, "success").await - 1;
-        let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed);
-        let claims = handle.stats().claims.load(Ordering::Relaxed) - claims_before;
+        let wakeups = handle.stats().push_wakeups();
+        let claims = handle.stats().claims() - claims_before;
         handle.shutdown().await;
         if push {
             assert_eq!(double_lost(pool, &coupons).await, (0, 0));
@@ -208,7 +208,7 @@ mod postgres {
         )
         .await;
         listening(&pool, &owner).await;
-        let before = handle.stats().push_wakeups.load(Ordering::Relaxed);
+        let before = handle.stats().push_wakeups();
         let start = Instant::now();
         let producers = (0..4).map(|_| {
             let (pool, topic) = (pool.clone(), topic.clone());
@@ -230,7 +230,7 @@ mod postgres {
         // One more round may come after the last delivery (ids it had not
         // notified yet), and notifies in the next 200 ms.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed) - before;
+        let wakeups = handle.stats().push_wakeups() - before;
         handle.shutdown().await;
         let bound = (window.as_micros() / NOTIFIER_MIN_GAP.as_micros()) as u64 + 1 + 1 + 2;
         eprintln!(
@@ -307,7 +307,7 @@ mod postgres {
         let in_window = by_status(pool, &topic, "success").await - 1;
         let n = coupons.len() as i64;
         delivered(pool, &topic, n + 1).await;
-        let failures = handle.stats().listener_failures.load(Ordering::Relaxed);
+        let failures = handle.stats().listener_failures();
         handle.shutdown().await;
         let (double, lost) = double_lost(pool, &coupons).await;
         assert_eq!(by_status(pool, &topic, "success").await, n + 1);
@@ -385,7 +385,7 @@ mod postgres {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed);
+        let wakeups = handle.stats().push_wakeups();
         handle.shutdown().await;
         let (double, lost) = double_lost(&pool, &coupons).await;
         eprintln!(
@@ -539,7 +539,7 @@ mod postgres {
         assert!(killed);
         // The kill seen and one reconnection refused: the gap is open.
         let start = Instant::now();
-        while handle.stats().listener_failures.load(Ordering::Relaxed) < 2 {
+        while handle.stats().listener_failures() < 2 {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "no failed reconnection"
@@ -551,7 +551,7 @@ mod postgres {
         tokio::time::sleep(Duration::from_secs(4)).await;
         let in_window = by_status(admin, &topic, "success").await - 1;
         delivered(admin, &topic, 11).await;
-        let failures = handle.stats().listener_failures.load(Ordering::Relaxed);
+        let failures = handle.stats().listener_failures();
         handle.shutdown().await;
         pool.close().await;
         // The role owns nothing: it goes (a failed run leaves it, and the
@@ -619,7 +619,7 @@ mod postgres {
             tx.rollback().await.expect("rollback");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let after_rollback = handle.stats().push_wakeups.load(Ordering::Relaxed);
+        let after_rollback = handle.stats().push_wakeups();
         let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE topic = $1")
             .bind(&topic)
             .fetch_one(&pool)
@@ -635,7 +635,7 @@ mod postgres {
             .expect("notify");
         let coupon = produce(&pool, &topic, 1).await;
         tokio::time::sleep(WINDOW).await;
-        let wakeups = handle.stats().push_wakeups.load(Ordering::Relaxed);
+        let wakeups = handle.stats().push_wakeups();
         let success = by_status(&pool, &topic, "success").await;
         handle.shutdown().await;
         eprintln!(
@@ -687,7 +687,7 @@ mod any_postgres {
             }
         };
         let start = Instant::now();
-        while handle.stats().push_wakeups.load(Ordering::Relaxed) == 0 {
+        while handle.stats().push_wakeups() == 0 {
             // Probes until the listener answers one.
             let mut tx = pool.begin().await.expect("begin");
             enqueue(

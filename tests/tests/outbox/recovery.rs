@@ -126,7 +126,7 @@ macro_rules! recovery_tests {
                 faults.set(1.0);
                 let running = relay.clone().spawn();
                 let start = Instant::now();
-                while relay.stats().lost_claims.load(Ordering::Relaxed) == 0 {
+                while relay.stats().lost_claims() == 0 {
                     assert!(start.elapsed() < BEFORE_EXPIRY, "no claim lost its acknowledgement at a 100 % loss");
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -167,13 +167,13 @@ macro_rules! recovery_tests {
                 );
                 let s = relay.stats();
                 let (lost, recovered) = (
-                    s.lost_claims.load(Ordering::Relaxed),
-                    s.recovered.load(Ordering::Relaxed),
+                    s.lost_claims(),
+                    s.recovered(),
                 );
                 assert!(lost > 0, "no claim lost its acknowledgement");
                 assert!(recovered > 0, "{lost} lost claims, none recovered");
-                assert_eq!(s.reclaimed.load(Ordering::Relaxed), 0, "no lease expired");
-                assert_eq!(s.retried.load(Ordering::Relaxed), 0, "no handler failed");
+                assert_eq!(s.reclaimed(), 0, "no lease expired");
+                assert_eq!(s.retried(), 0, "no handler failed");
                 if D == Dialect::Sqlite {
                     assert!(lost_acks_on(Kind::Claim) > claims_lost_before, "the hook hit claims");
                 }
@@ -206,12 +206,12 @@ macro_rules! recovery_tests {
                 // between, the read-back cannot tell and counts it `stale`
                 // (seen once in ten loaded runs). The attempts above are
                 // the authority; the counters only have to add up.
-                let (retried, stale) = (s.retried.load(Ordering::Relaxed), s.stale.load(Ordering::Relaxed));
+                let (retried, stale) = (s.retried(), s.stale());
                 assert!(
                     retried <= MESSAGES as u64 && retried + stale >= MESSAGES as u64,
                     "every failed attempt put back is counted: retried {retried}, stale {stale}"
                 );
-                assert!(s.lost_claims.load(Ordering::Relaxed) > 0);
+                assert!(s.lost_claims() > 0);
                 if D == Dialect::Sqlite {
                     assert!(lost_acks_on(Kind::Settle) > settles_lost_before, "the hook hit the bookkeeping");
                 }
@@ -241,11 +241,10 @@ macro_rules! recovery_tests {
                     .await
                     .expect("count");
                     let s = relay.stats();
-                    let ended = [&s.executed, &s.duplicates, &s.retried, &s.stale, &s.dead_lettered]
+                    let ended = [s.executed(), s.duplicates(), s.retried(), s.stale(), s.dead_lettered()]
                         .iter()
-                        .map(|c| c.load(Ordering::Relaxed))
                         .sum::<u64>();
-                    if free == 0 && ended == s.claimed.load(Ordering::Relaxed) {
+                    if free == 0 && ended == s.claimed() {
                         break;
                     }
                     assert!(start.elapsed() < BEFORE_EXPIRY, "the control did not settle");
@@ -253,7 +252,7 @@ macro_rules! recovery_tests {
                 }
                 faults.set(0.0);
                 let stuck = by_status(&direct, &topic, "pending").await;
-                let lost = relay.stats().lost_claims.load(Ordering::Relaxed);
+                let lost = relay.stats().lost_claims();
                 running.shutdown().await;
                 assert!(lost > 0, "no claim lost its acknowledgement");
                 assert!(

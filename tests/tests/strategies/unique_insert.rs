@@ -65,7 +65,7 @@ macro_rules! backend_tests {
                 let err = record_payment(Source::outbox(&pool, lease(&pool, outbox).await), &other).await.unwrap_err();
                 assert!(matches!(err, Error::Handler { .. }), "{err:?}");
                 assert!(!err.is_retryable());
-                assert!(err.to_string().contains("uk_idem_t_paid_serial"), "{err}");
+                assert!(format!("{err:#}").contains("uk_idem_t_paid_serial"), "{err:#}");
                 assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_t_paid WHERE serial = ?", &other.serial).await, 0);
                 assert_eq!(outbox_status(&pool, outbox).await, "pending", "the message was not acknowledged");
                 // The action's own constraint is still a duplicate.

@@ -423,11 +423,11 @@ pub async fn drain(
     let (executed, duplicates, retried, dead, claimed) = {
         let s = relay.stats();
         (
-            s.executed.load(Ordering::Relaxed),
-            s.duplicates.load(Ordering::Relaxed),
-            s.retried.load(Ordering::Relaxed),
-            s.dead_lettered.load(Ordering::Relaxed),
-            s.claimed.load(Ordering::Relaxed),
+            s.executed(),
+            s.duplicates(),
+            s.retried(),
+            s.dead_lettered(),
+            s.claimed(),
         )
     };
     let shrinks = view.commit_batch_shrinks();
@@ -457,9 +457,7 @@ pub async fn drained(relay: &RelayHandle, n: i64, started: Instant) -> Result<Du
     let mut last = (0u64, Instant::now());
     loop {
         let s = relay.stats();
-        let done = s.executed.load(Ordering::Relaxed)
-            + s.duplicates.load(Ordering::Relaxed)
-            + s.dead_lettered.load(Ordering::Relaxed);
+        let done = s.executed() + s.duplicates() + s.dead_lettered();
         if done >= n as u64 {
             return Ok(started.elapsed());
         }

@@ -147,7 +147,7 @@ impl OutboxStore for DB {
             .bind(lease.owner.as_str())
             .bind(lease.attempt);
         let done = on_pool!(pool, |conn| q.execute(conn));
-        let done = after_commit!(Success, done);
+        let done = crate::probe::after_commit(crate::probe::Commit::Success, done);
         Ok(DB::rows_affected(&done?))
     }
 
@@ -261,7 +261,7 @@ impl OutboxStore for DB {
                 .collect(),
         };
         let committed = tx.commit().await;
-        let committed = after_commit!(Claim, committed);
+        let committed = crate::probe::after_commit(crate::probe::Commit::Claim, committed);
         match committed {
             Ok(()) => Ok(claimed),
             Err(e) if !crate::backend::classify::commit_outcome_unknown(&e) => Err(ClaimError::Failed(e)),
@@ -303,7 +303,7 @@ impl OutboxStore for DB {
         let mut tx = begin(pool).await?;
         let renewed = Self::renew_leases_in(&mut tx, owner, ids, lease_secs).await?.len() as u64;
         let committed = tx.commit().await;
-        let committed = after_commit!(Renew, committed);
+        let committed = crate::probe::after_commit(crate::probe::Commit::Renew, committed);
         committed?;
         Ok(renewed)
     }
@@ -406,7 +406,7 @@ impl OutboxStore for DB {
             error
         );
         let done = on_pool!(pool, |conn| q.execute(conn));
-        let done = after_commit!(Settle, done);
+        let done = crate::probe::after_commit(crate::probe::Commit::Settle, done);
         Ok(DB::rows_affected(&done?) == 1)
     }
 

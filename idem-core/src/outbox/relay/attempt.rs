@@ -134,12 +134,12 @@ impl<DB: Backend> Relay<DB> {
         if !marked {
             // The relay's own path (the handler did not take its source, as
             // a publisher's): its run and its answer, for the trace.
-            trace_event!(of_lease("effect", lease, || serde_json::json!({})));
-            trace_event!(of_lease(
+            crate::probe::of_lease("effect", lease, || serde_json::json!({}));
+            crate::probe::of_lease(
                 "transition",
                 lease,
-                || serde_json::json!({ "ok": result.is_ok() })
-            ));
+                || serde_json::json!({ "ok": result.is_ok() }),
+            );
         }
         let settlement = self.book(lease, owner, marked, result, span).await;
         let i = &self.inner;
@@ -164,56 +164,8 @@ impl<DB: Backend> Relay<DB> {
         span: &tracing::Span,
     ) -> Settlement {
         let i = &self.inner;
-        let (id, attempts) = (lease.id(), lease.attempt());
         match result {
-            Ok(executed) => {
-                let counter = if executed {
-                    &i.stats.executed
-                } else {
-                    &i.stats.duplicates
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                let done = match executed {
-                    true => Settlement::Executed,
-                    false => Settlement::Duplicate,
-                };
-                // A handler given its outbox source marked the message in
-                // its own transaction; for any other, the relay marks it.
-                if marked {
-                    return done;
-                }
-                {
-                    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-                    let at = trace_now!();
-                    let mark = self.fenced(
-                        id,
-                        || async {
-                            DB::outbox_success_pool(&i.pool, lease)
-                                .await
-                                .map(|n| n == 1)
-                        },
-                        |s| s.status == Status::Success && s.attempts == attempts,
-                    );
-                    let mark = mark.await;
-                    trace_event!(of_lease("relay_mark", lease, || serde_json::json!({
-                        "applied": matches!(mark, Ok(true)),
-                        "error": mark.is_err(),
-                        "at": at,
-                    })));
-                    match mark {
-                        Ok(true) => done,
-                        Ok(false) => {
-                            i.stats.stale.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(parent: span, "outbox message no longer held by this delivery; its current holder settles it");
-                            Settlement::Stale
-                        }
-                        Err(e) => {
-                            tracing::warn!(parent: span, error = %e, "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
-                            Settlement::Unrecorded
-                        }
-                    }
-                }
-            }
+            Ok(executed) => self.book_success(lease, marked, executed, span).await,
             // Only a handler that marked its message in its transaction can
             // have landed a success: another's unknown commit is retried
             // (its call answers Duplicate if it had committed).
@@ -241,110 +193,191 @@ impl<DB: Backend> Relay<DB> {
                     false => Settlement::Retried,
                 }
             }
-            Err(failure) => {
-                let commit_unknown = failure.commit_unknown;
-                #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-                let retryable = failure.retryable;
-                let attempt = u32::try_from(attempts).unwrap_or(0);
-                let max = u32::try_from(i.policy.max_attempts).unwrap_or(u32::MAX);
-                let (dead, reason) = match failure.next(attempt, max, "attempts") {
-                    Next::Dead(reason) => (true, reason),
-                    Next::Retry(reason) => (false, reason),
-                };
-                let delay = i.policy.backoff.jittered(attempt, id);
-                let reason: String = reason.chars().take(2000).collect();
-                let status = if dead {
-                    Status::Failed
-                } else {
-                    Status::Pending
-                };
-                // First as a pending message this attempt holds; if it is
-                // not, over a `success` this attempt's own call marked (the
-                // handler failed after its call committed, or took its
-                // source twice): never absorbed as a success, which would
-                // leave the handler's remaining effect undone. A success
-                // that a lost acknowledgement hid was settled above.
-                #[cfg(feature = "testing")]
-                tokio::time::sleep(crate::testing::settle_delay()).await;
-                #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-                let at = trace_now!();
-                let mut settled = Ok(false);
-                let mut over_success = false;
-                // Never over a success when the handler's commit outcome is
-                // unknown (its read-back failed): that success may be the
-                // commit's own, and writing over it would dead-letter, on the
-                // last attempt, a message whose effect is done (the model's
-                // finding 3). The message is then left as it is: `success`,
-                // or pending under this lease until it runs out.
-                let overs: &[bool] = match commit_unknown && marked {
-                    true => &[false],
-                    false => &[false, true],
-                };
-                for &over in overs {
-                    over_success = over;
-                    settled = self
-                        .fenced(
-                            id,
-                            || {
-                                DB::outbox_settle_failure(
-                                    &i.pool,
-                                    over,
-                                    id,
-                                    owner,
-                                    attempts,
-                                    dead,
-                                    delay.as_secs_f64(),
-                                    &reason,
-                                )
-                            },
-                            |s| {
-                                s.status == status
-                                    && s.lease_owner.is_none()
-                                    && s.attempts == attempts
-                            },
-                        )
-                        .await;
-                    if !matches!(settled, Ok(false)) {
-                        break;
-                    }
-                }
-                trace_event!(of_lease("settle", lease, || serde_json::json!({
-                    "dead": dead,
-                    "retryable": retryable,
-                    "applied": matches!(settled, Ok(true)),
-                    "over_success": over_success && matches!(settled, Ok(true)),
-                    "error": settled.is_err(),
+            Err(failure) => self.book_failure(lease, owner, marked, failure, span).await,
+        }
+    }
+
+    /// A handler that ended well: counted, and the message marked `success`
+    /// unless its call marked it in its own transaction.
+    async fn book_success(
+        &self,
+        lease: &OutboxLease,
+        marked: bool,
+        executed: bool,
+        span: &tracing::Span,
+    ) -> Settlement {
+        let i = &self.inner;
+        let (id, attempts) = (lease.id(), lease.attempt());
+        let counter = if executed {
+            &i.stats.executed
+        } else {
+            &i.stats.duplicates
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let done = match executed {
+            true => Settlement::Executed,
+            false => Settlement::Duplicate,
+        };
+        // A handler given its outbox source marked the message in
+        // its own transaction; for any other, the relay marks it.
+        if marked {
+            return done;
+        }
+        {
+            let at = crate::probe::now();
+            let mark = self.fenced(
+                id,
+                || async {
+                    crate::outbox::mark::after_handler(&i.pool, lease)
+                        .await
+                        .map(|n| n == 1)
+                },
+                |s| s.status == Status::Success && s.attempts == attempts,
+            );
+            let mark = mark.await;
+            crate::probe::of_lease("relay_mark", lease, || {
+                serde_json::json!({
+                    "applied": matches!(mark, Ok(true)),
+                    "error": mark.is_err(),
                     "at": at,
-                })));
-                if over_success && matches!(settled, Ok(true)) {
-                    tracing::warn!(parent: span, %reason, "the handler failed after its call marked the outbox message `success`; the success is undone so that the message runs again");
+                })
+            });
+            match mark {
+                Ok(true) => done,
+                Ok(false) => {
+                    i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(parent: span, "outbox message no longer held by this delivery; its current holder settles it");
+                    Settlement::Stale
                 }
-                match settled {
-                    Ok(true) if dead => {
-                        i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                        crate::metrics::outbox_dead_letter();
-                        tracing::warn!(parent: span, %reason, "outbox message dead-lettered");
-                        Settlement::DeadLettered
-                    }
-                    Ok(true) => {
-                        i.stats.retried.fetch_add(1, Ordering::Relaxed);
-                        crate::metrics::outbox_retry();
-                        tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
-                        Settlement::Retried
-                    }
-                    Ok(false) => {
-                        // Settled by another attempt (a relay that took the
-                        // message over after this lease ran out).
-                        i.stats.stale.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(parent: span, %reason, "outbox message no longer held by this delivery; its failure is left to its current holder");
-                        Settlement::Stale
-                    }
-                    Err(e) => {
-                        // The lease expires and the message is retried.
-                        tracing::warn!(parent: span, error = %e, "could not record the failed attempt");
-                        Settlement::Unrecorded
-                    }
+                Err(e) => {
+                    tracing::warn!(parent: span, error = %format_args!("{e:#}"), "could not confirm outbox success; the lease will expire and the retry will be a duplicate");
+                    Settlement::Unrecorded
                 }
+            }
+        }
+    }
+
+    /// A failed attempt the relay books itself: a retry after the
+    /// back-off, or a dead letter, fenced by the attempt's lease.
+    async fn book_failure(
+        &self,
+        lease: &OutboxLease,
+        owner: &str,
+        marked: bool,
+        failure: Failure,
+        span: &tracing::Span,
+    ) -> Settlement {
+        let i = &self.inner;
+        let (id, attempts) = (lease.id(), lease.attempt());
+        let commit_unknown = failure.commit_unknown;
+        let retryable = failure.retryable;
+        let attempt = u32::try_from(attempts).unwrap_or(0);
+        let max = u32::try_from(i.policy.max_attempts).unwrap_or(u32::MAX);
+        let (dead, reason) = match failure.next(attempt, max, "attempts") {
+            Next::Dead(reason) => (true, reason),
+            Next::Retry(reason) => (false, reason),
+        };
+        let delay = i.policy.backoff.jittered(attempt, id);
+        let reason: String = reason.chars().take(2000).collect();
+        let status = if dead {
+            Status::Failed
+        } else {
+            Status::Pending
+        };
+        // First as a pending message this attempt holds; if it is
+        // not, over a `success` this attempt's own call marked (the
+        // handler failed after its call committed, or took its
+        // source twice): never absorbed as a success, which would
+        // leave the handler's remaining effect undone. A success
+        // that a lost acknowledgement hid was settled above.
+        crate::probe::before_failure_booking().await;
+        let at = crate::probe::now();
+        let mut settled = Ok(false);
+        let mut over_success = false;
+        // Never over a success when the handler's commit outcome is
+        // unknown (its read-back failed): that success may be the
+        // commit's own, and writing over it would dead-letter, on the
+        // last attempt, a message whose effect is done (the model's
+        // finding 3). The message is then left as it is: `success`,
+        // or pending under this lease until it runs out.
+        let overs: &[bool] = match commit_unknown && marked {
+            true => &[false],
+            false => &[false, true],
+        };
+        for &over in overs {
+            over_success = over;
+            settled = self
+                .fenced(
+                    id,
+                    || {
+                        DB::outbox_settle_failure(
+                            &i.pool,
+                            over,
+                            id,
+                            owner,
+                            attempts,
+                            dead,
+                            delay.as_secs_f64(),
+                            &reason,
+                        )
+                    },
+                    |s| s.status == status && s.lease_owner.is_none() && s.attempts == attempts,
+                )
+                .await;
+            if !matches!(settled, Ok(false)) {
+                break;
+            }
+        }
+        crate::probe::of_lease("settle", lease, || {
+            serde_json::json!({
+                "dead": dead,
+                "retryable": retryable,
+                "applied": matches!(settled, Ok(true)),
+                "over_success": over_success && matches!(settled, Ok(true)),
+                "error": settled.is_err(),
+                "at": at,
+            })
+        });
+        if over_success && matches!(settled, Ok(true)) {
+            tracing::warn!(parent: span, %reason, "the handler failed after its call marked the outbox message `success`; the success is undone so that the message runs again");
+        }
+        self.failure_settled(settled, dead, &reason, delay, span)
+    }
+
+    /// What the relay's booking of a failed attempt came to.
+    fn failure_settled(
+        &self,
+        settled: Result<bool, sqlx::Error>,
+        dead: bool,
+        reason: &str,
+        delay: Duration,
+        span: &tracing::Span,
+    ) -> Settlement {
+        let i = &self.inner;
+        match settled {
+            Ok(true) if dead => {
+                i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::outbox_dead_letter();
+                tracing::warn!(parent: span, %reason, "outbox message dead-lettered");
+                Settlement::DeadLettered
+            }
+            Ok(true) => {
+                i.stats.retried.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::outbox_retry();
+                tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
+                Settlement::Retried
+            }
+            Ok(false) => {
+                // Settled by another attempt (a relay that took the
+                // message over after this lease ran out).
+                i.stats.stale.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(parent: span, %reason, "outbox message no longer held by this delivery; its failure is left to its current holder");
+                Settlement::Stale
+            }
+            Err(e) => {
+                // The lease expires and the message is retried.
+                tracing::warn!(parent: span, error = %format_args!("{e:#}"), "could not record the failed attempt");
+                Settlement::Unrecorded
             }
         }
     }
@@ -352,19 +385,18 @@ impl<DB: Backend> Relay<DB> {
     /// [`landed`](Self::landed), traced.
     async fn landed_traced(&self, lease: &OutboxLease) -> bool {
         let success = self.landed(lease.id()).await;
-        trace_event!(of_lease(
+        crate::probe::of_lease(
             "landed",
             lease,
-            || serde_json::json!({ "success": success })
-        ));
+            || serde_json::json!({ "success": success }),
+        );
         success
     }
 
     /// Whether message `id` is a `success` (read on a fresh connection,
     /// with the bookkeeping's retries).
     async fn landed(&self, id: i64) -> bool {
-        #[cfg(feature = "testing")]
-        if crate::testing::unreadable_read_backs() {
+        if crate::probe::read_back_fails() {
             return false;
         }
         let read = self.fenced(
@@ -470,20 +502,20 @@ impl<DB: Backend> Relay<DB> {
             };
             match renewed {
                 Ok(n) => {
-                    trace_event!(of_lease(
+                    crate::probe::of_lease(
                         "renew",
                         lease,
-                        || serde_json::json!({ "renewed": n == 1 })
-                    ));
+                        || serde_json::json!({ "renewed": n == 1 }),
+                    );
                     crate::metrics::lease_renewals(n)
                 }
                 Err(e) => {
-                    trace_event!(of_lease(
+                    crate::probe::of_lease(
                         "renew",
                         lease,
-                        || serde_json::json!({ "renewed": false, "error": true })
-                    ));
-                    tracing::warn!(parent: span, error = %e, "could not renew the lease of a running handler")
+                        || serde_json::json!({ "renewed": false, "error": true }),
+                    );
+                    tracing::warn!(parent: span, error = %format_args!("{e:#}"), "could not renew the lease of a running handler")
                 }
             }
             tick.as_mut().reset(tokio::time::Instant::now() + every);

@@ -112,8 +112,7 @@ impl Adaptive {
     /// Contention: halves the size (at least 1).
     fn shrink(&self, max: usize) {
         self.distrust();
-        #[cfg(feature = "testing")]
-        if crate::testing::broken_adaptive_batching() {
+        if crate::probe::broken(crate::probe::Break::AdaptiveBatching) {
             return;
         }
         let was = self
@@ -190,9 +189,8 @@ impl Adaptive {
     }
 }
 
-/// The reason of the batch commit the `testing` feature's injected
+/// The reason of the batch commit the probe's injected
 /// conflict refused.
-#[cfg(feature = "testing")]
 const INJECTED_CONFLICT: &str = "injected fault: the batch's commit lost a deadlock";
 
 /// Whether a batch's transaction failed for a conflict with a concurrent
@@ -201,7 +199,6 @@ const INJECTED_CONFLICT: &str = "injected fault: the batch's commit lost a deadl
 /// MariaDB/MySQL `1213`, `1020`, `1614`) or a lock wait that timed out
 /// (PostgreSQL `55P03`, MariaDB/MySQL `1205`). Nothing of it committed.
 pub(super) fn contended(e: &Error) -> bool {
-    #[cfg(feature = "testing")]
     if let Error::TransactionLost { reason } = e
         && reason == INJECTED_CONFLICT
     {
@@ -210,6 +207,19 @@ pub(super) fn contended(e: &Error) -> bool {
     crate::backend::classify::find_sqlx(e).is_some_and(|s| {
         crate::backend::classify::is_conflict(s) || crate::backend::classify::is_lock_wait(s)
     })
+}
+
+/// What the handlers of a batch came to before its end.
+struct BatchRun {
+    /// The messages whose handlers ran to their end.
+    ran: Vec<Ran>,
+    /// Those to deliver one by one after the batch: the handler that lost
+    /// a conflict, and those not run yet.
+    rest: Vec<OutboxRow>,
+    /// Why the batch's transaction was lost, if it was.
+    lost: Option<String>,
+    /// Whether a handler lost a conflict.
+    conflict: bool,
 }
 
 /// One message of a batch, once its handler ran.
@@ -251,13 +261,13 @@ impl<DB: Backend> Relay<DB> {
         if n <= 1 {
             // Contention shrank the batches to one message: a batch of one
             // is a message alone, and the per-message path is cheaper.
-            let reruns = i.stats.conflict_reruns.load(Ordering::Relaxed);
+            let reruns = i.stats.conflict_reruns();
             for row in rows {
                 let (me, owner) = (self.clone(), owner.clone());
                 runs.spawn(async move { me.deliver_alone(row, owner, claimed).await });
             }
             while runs.join_next().await.is_some() {}
-            if i.stats.conflict_reruns.load(Ordering::Relaxed) == reruns {
+            if i.stats.conflict_reruns() == reruns {
                 i.batching.adaptive.clean_alone(max);
             }
             return;
@@ -296,9 +306,8 @@ impl<DB: Backend> Relay<DB> {
         let (shared, held) = match self.open_batch(&owner, &rows).await {
             Ok(opened) => opened,
             Err(e) => {
-                #[cfg(feature = "testing")]
                 if let Some(first) = rows.first() {
-                    crate::testing::trace::emit(
+                    crate::probe::emit(
                         "batch_open",
                         0,
                         &first.topic,
@@ -310,7 +319,7 @@ impl<DB: Backend> Relay<DB> {
                 if contended(&e) {
                     i.batching.adaptive.shrink(i.batching.commit_batch);
                 }
-                tracing::warn!(error = %e, messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
+                tracing::warn!(error = %format_args!("{e:#}"), messages = rows.len(), "could not begin an outbox batch; delivering its messages one by one");
                 drop(open);
                 return self.deliver_each(rows, owner).await;
             }
@@ -323,11 +332,36 @@ impl<DB: Backend> Relay<DB> {
         let (rows, alone): (Vec<_>, Vec<_>) = rows
             .into_iter()
             .partition(|r| held.contains(&(r.id, r.attempts)));
+        let BatchRun {
+            ran,
+            rest,
+            lost,
+            conflict,
+        } = self.run_batch(rows, &owner, &shared).await;
+        if conflict {
+            i.batching.adaptive.shrink(i.batching.commit_batch);
+        }
+        let committed = self.end_batch(&shared, &owner, &ran, lost).await;
+        // The batch's transaction has ended.
+        drop(open);
+        self.after_batch(&shared, committed, ran, rest, conflict, &owner)
+            .await;
+        self.deliver_each(alone, owner).await;
+    }
+
+    /// Runs the handlers of `rows` in the batch's transaction, one after
+    /// the other, until one loses a conflict or the transaction is lost.
+    async fn run_batch(
+        &self,
+        rows: Vec<OutboxRow>,
+        owner: &Arc<str>,
+        shared: &SharedTx<DB>,
+    ) -> BatchRun {
         let mut ran = Vec::with_capacity(rows.len());
         let mut rows = rows.into_iter();
         let (mut lost, mut conflicted) = (None, None);
         for row in rows.by_ref() {
-            if let Some(r) = self.run_in_batch(row, &owner, &shared).await {
+            if let Some(r) = self.run_in_batch(row, owner, shared).await {
                 if r.result.as_ref().is_err_and(|f| f.conflict) {
                     // A deadlock or a lock wait met by the handler's own
                     // statement, under its savepoint: the batch's
@@ -349,15 +383,28 @@ impl<DB: Backend> Relay<DB> {
             }
         }
         let conflict = conflicted.is_some();
-        if conflict {
-            i.batching.adaptive.shrink(i.batching.commit_batch);
-        }
         // What goes one by one after the batch (once its commit released
         // their rows, which its lease renewal locked): the message whose
         // handler lost a conflict, and those not run yet.
         let rest: Vec<OutboxRow> = conflicted.into_iter().chain(rows).collect();
-        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-        let at = trace_now!();
+        BatchRun {
+            ran,
+            rest,
+            lost,
+            conflict,
+        }
+    }
+
+    /// Ends the batch's transaction: its marks and bookkeeping, and the
+    /// commit (or the reason it was lost), traced.
+    async fn end_batch(
+        &self,
+        shared: &SharedTx<DB>,
+        owner: &Arc<str>,
+        ran: &[Ran],
+        lost: Option<String>,
+    ) -> Result<(), Error> {
+        let at = crate::probe::now();
         let committed = match lost {
             Some(reason) => Err(Error::TransactionLost { reason }),
             None => {
@@ -373,10 +420,9 @@ impl<DB: Backend> Relay<DB> {
                     .iter()
                     .filter_map(|r| r.result.as_ref().err().map(|f| (&r.lease, f)))
                     .collect();
-                self.finish_batch(&shared, &owner, &ok, &failed).await
+                self.finish_batch(shared, owner, &ok, &failed).await
             }
         };
-        #[cfg(feature = "testing")]
         if let Some(first) = ran.first() {
             let outcome = match &committed {
                 Ok(()) => "ok",
@@ -388,17 +434,30 @@ impl<DB: Backend> Relay<DB> {
                 }
                 Err(_) => "failed",
             };
-            crate::testing::trace::emit(
+            crate::probe::emit(
                 "batch_commit",
                 0,
                 first.lease.topic(),
                 0,
-                &owner,
+                owner,
                 || serde_json::json!({ "outcome": outcome, "at": at }),
             );
         }
-        // The batch's transaction has ended.
-        drop(open);
+        committed
+    }
+
+    /// What the batch's end comes to for each message: its bookkeeping
+    /// after a commit, or every message again one by one.
+    async fn after_batch(
+        &self,
+        shared: &SharedTx<DB>,
+        committed: Result<(), Error>,
+        ran: Vec<Ran>,
+        rest: Vec<OutboxRow>,
+        conflict: bool,
+        owner: &Arc<str>,
+    ) {
+        let i = &self.inner;
         match committed {
             Ok(()) => {
                 i.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -410,9 +469,9 @@ impl<DB: Backend> Relay<DB> {
                     // savepoint). Savepoints stay on.
                     i.batching.adaptive.distrust();
                 }
-                shared.markers.write().await;
+                shared.cache_markers.write().await;
                 for r in ran {
-                    self.settle(&r.lease, &owner, r.marked, r.result, &r.span)
+                    self.settle(&r.lease, owner, r.marked, r.result, &r.span)
                         .await;
                 }
                 self.deliver_each(rest, owner.clone()).await;
@@ -432,7 +491,7 @@ impl<DB: Backend> Relay<DB> {
                         }),
                         other => other,
                     };
-                    self.settle(&r.lease, &owner, r.marked, result, &r.span)
+                    self.settle(&r.lease, owner, r.marked, result, &r.span)
                         .await;
                 }
                 self.deliver_each(rest, owner.clone()).await;
@@ -446,7 +505,7 @@ impl<DB: Backend> Relay<DB> {
                     // (A handler's conflict halved it already.)
                     i.batching.adaptive.shrink(i.batching.commit_batch);
                 }
-                tracing::debug!(error = %e, messages = ran.len(), commit_batch_now = i.batching.adaptive.limit(i.batching.commit_batch), "an outbox batch lost a conflict; delivering its messages one by one and halving the batch size");
+                tracing::debug!(error = %format_args!("{e:#}"), messages = ran.len(), commit_batch_now = i.batching.adaptive.limit(i.batching.commit_batch), "an outbox batch lost a conflict; delivering its messages one by one and halving the batch size");
                 let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rest).collect();
                 self.deliver_each(again, owner.clone()).await;
             }
@@ -468,12 +527,11 @@ impl<DB: Backend> Relay<DB> {
                 // one by one, under the same lease.
                 i.stats.lost_batches.fetch_add(1, Ordering::Relaxed);
                 i.batching.adaptive.distrust();
-                tracing::warn!(error = %e, "an outbox batch did not commit; delivering its messages one by one");
+                tracing::warn!(error = %format_args!("{e:#}"), "an outbox batch did not commit; delivering its messages one by one");
                 let again: Vec<_> = ran.into_iter().map(|r| r.row).chain(rest).collect();
                 self.deliver_each(again, owner.clone()).await;
             }
         }
-        self.deliver_each(alone, owner).await;
     }
 
     /// Ends a batch whose handlers all ran: the success marks of the
@@ -495,7 +553,7 @@ impl<DB: Backend> Relay<DB> {
         tx.undo_dropped_call().await?;
         let mut marks = shared.take_marks();
         marks.retain(|id| ok.contains(id));
-        let marked = DB::outbox_success_batch(tx.transaction()?, owner, &marks).await?;
+        let marked = crate::outbox::mark::batch(tx.transaction()?, owner, &marks).await?;
         if marked != marks.len() as u64 {
             return Err(Error::TransactionLost {
                 reason: format!(
@@ -505,8 +563,7 @@ impl<DB: Backend> Relay<DB> {
             });
         }
         let mut booked = Vec::with_capacity(failed.len());
-        #[cfg(feature = "testing")]
-        let failed = if crate::testing::broken_failure_booking() {
+        let failed = if crate::probe::broken(crate::probe::Break::FailureBooking) {
             &[]
         } else {
             failed
@@ -548,8 +605,7 @@ impl<DB: Backend> Relay<DB> {
     ) -> Result<(SharedTx<DB>, Vec<(i64, i32)>), Error> {
         let i = &self.inner;
         let mut tx = CallerTx::begin(&i.pool).await?;
-        #[cfg(feature = "testing")]
-        if crate::testing::broken_batch_leases() {
+        if crate::probe::broken(crate::probe::Break::BatchLeases) {
             // The control: every message taken as held, nothing locked.
             let held = rows.iter().map(|r| (r.id, r.attempts)).collect();
             return Ok((
@@ -568,10 +624,9 @@ impl<DB: Backend> Relay<DB> {
         let renewed =
             DB::renew_leases_in(tx.transaction()?, owner, &ids, i.policy.lease.as_secs_f64())
                 .await?;
-        #[cfg(feature = "testing")]
         if let Some(first) = rows.first() {
             let ids: Vec<i64> = renewed.iter().map(|(id, _)| *id).collect();
-            crate::testing::trace::emit(
+            crate::probe::emit(
                 "batch_open",
                 0,
                 &first.topic,
@@ -610,16 +665,14 @@ impl<DB: Backend> Relay<DB> {
         let _open = self.open_permit().await;
         let lease = self.inner.policy.lease.as_secs_f64();
         let renewed = DB::renew_held(&self.inner.pool, &owner, row.id, lease).await;
-        trace_event!(emit(
+        crate::probe::emit(
             "renew",
             row.id,
             &row.topic,
             row.attempts,
             &owner,
-            || {
-                serde_json::json!({ "renewed": matches!(renewed, Ok(true)), "error": renewed.is_err() })
-            }
-        ));
+            || serde_json::json!({ "renewed": matches!(renewed, Ok(true)), "error": renewed.is_err() }),
+        );
         match renewed {
             Ok(true) => self.deliver(row, owner).await,
             Ok(false) => {
@@ -630,7 +683,7 @@ impl<DB: Backend> Relay<DB> {
                 );
             }
             Err(e) => {
-                tracing::warn!(id = row.id, error = %e, "could not renew an outbox message's lease; it is retried once the lease runs out");
+                tracing::warn!(id = row.id, error = %format_args!("{e:#}"), "could not renew an outbox message's lease; it is retried once the lease runs out");
             }
         }
     }
@@ -671,16 +724,15 @@ impl<DB: Backend> Relay<DB> {
     }
 }
 
-/// Commits a batch's transaction (under the `testing` feature's lost
-/// acknowledgements, [`Kind::Batch`](crate::testing::Kind::Batch)).
+/// Commits a batch's transaction (under the probe's lost
+/// acknowledgements, [`Commit::Batch`](crate::probe::Commit::Batch)).
 async fn commit<DB: Backend>(tx: CallerTx<DB>) -> Result<(), Error> {
-    #[cfg(feature = "testing")]
-    if crate::testing::take_batch_conflict() {
+    if crate::probe::batch_conflict() {
         // Rolled back (dropped), as the loser of a deadlock is.
         drop(tx);
         return Err(Error::TransactionLost {
             reason: INJECTED_CONFLICT.to_owned(),
         });
     }
-    after_commit!(Batch, tx.commit().await)
+    crate::probe::after_commit(crate::probe::Commit::Batch, tx.commit().await)
 }

@@ -24,6 +24,7 @@ const DEFAULT_SPREAD: u32 = 8;
 
 /// A relay's settings (see [`Relay::settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RelaySettings {
     /// The most messages claimed per round (see [`Relay::batch_size`]).
     pub batch_size: u32,

@@ -83,7 +83,7 @@ impl<DB: Backend> Relay<DB> {
             // only once its previous holder's last write has committed
             // (whose `at` is taken before it), and on SQLite the claim
             // waits for the write lock inside its statement.
-            let at = trace_now!();
+            let at = crate::probe::now();
             match claimed {
                 Ok(claimed) => {
                     trace_claim(&claimed.rows, &owner, "ok", None, at);
@@ -102,7 +102,7 @@ impl<DB: Backend> Relay<DB> {
                     conflicts += 1;
                     let jitter = Duration::from_micros(500 + random() % 4_500);
                     tracing::debug!(
-                        error = %e,
+                        error = %format_args!("{e:#}"),
                         offset,
                         retry = conflicts,
                         retry_in = ?jitter,
@@ -174,7 +174,13 @@ impl<DB: Backend> Relay<DB> {
             tokio::time::sleep(wait).await;
             match DB::recover_claim(&i.pool, &owner, &ids).await {
                 Ok(rows) => {
-                    trace_claim(&chosen.rows, &owner, "read_back", Some(&rows), trace_now!());
+                    trace_claim(
+                        &chosen.rows,
+                        &owner,
+                        "read_back",
+                        Some(&rows),
+                        crate::probe::now(),
+                    );
                     i.stats
                         .recovered
                         .fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -220,9 +226,8 @@ impl<DB: Backend> Inner<DB> {
     }
 }
 
-/// Traces the claim of `rows` by `owner` (feature `testing`): `outcome`
+/// Traces the claim of `rows` by `owner` (see [`crate::probe`]): `outcome`
 /// `ok` or `lost_ack`, or `read_back` with the rows found leased.
-#[cfg_attr(not(feature = "testing"), allow(unused_variables))]
 fn trace_claim(
     rows: &[OutboxRow],
     owner: &str,
@@ -230,7 +235,6 @@ fn trace_claim(
     found: Option<&[OutboxRow]>,
     at: u64,
 ) {
-    #[cfg(feature = "testing")]
     for r in rows {
         let fields = || match found {
             None => serde_json::json!({ "outcome": outcome, "at": at }),
@@ -246,7 +250,7 @@ fn trace_claim(
         // A claim whose outcome is unknown: its attempt too (on Galera,
         // another node's claim may have taken the row meanwhile).
         let attempt = if outcome == "lost_ack" { 0 } else { r.attempts };
-        crate::testing::trace::emit(kind, r.id, &r.topic, attempt, owner, fields);
+        crate::probe::emit(kind, r.id, &r.topic, attempt, owner, fields);
     }
 }
 

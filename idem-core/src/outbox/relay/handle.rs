@@ -5,78 +5,198 @@ use crate::backend::Backend;
 use crate::task::TaskHandle;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// Counters of one relay, since it started.
 #[derive(Debug, Default)]
 pub struct RelayStats {
     /// Claim transactions run, empty ones included: with
     /// [`claimed`](Self::claimed), what claiming costs per message.
-    pub claims: AtomicU64,
+    pub(crate) claims: AtomicU64,
     /// Messages claimed (each claim is one attempt), recovered ones
     /// included.
-    pub claimed: AtomicU64,
+    pub(crate) claimed: AtomicU64,
     /// Claimed messages that still had a lease owner: their previous
     /// lease had expired with nobody settling them (a crashed relay, a
     /// handler's bookkeeping that could not be written). Each one waited
     /// out a whole lease.
-    pub reclaimed: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
     /// Claims whose commit failed with the outcome unknown (a lost
     /// acknowledgement: I/O error, closed connection during `COMMIT`).
     /// Only claims that chose rows count: an empty claim leases nothing.
-    pub lost_claims: AtomicU64,
+    pub(crate) lost_claims: AtomicU64,
     /// Claims rolled back by a conflict with a concurrent transaction (a
     /// deadlock, a serialization failure, a Galera certification failure
     /// against a claim on another node), each claimed again at once (see
     /// the relay's claim spread, which makes them rare).
-    pub claim_conflicts: AtomicU64,
+    pub(crate) claim_conflicts: AtomicU64,
     /// Messages read back after a lost claim (its commit had landed) and
     /// delivered at once, as claimed: no attempt burnt, no lease waited.
-    pub recovered: AtomicU64,
+    pub(crate) recovered: AtomicU64,
     /// Attempts whose handler executed the action.
-    pub executed: AtomicU64,
+    pub(crate) executed: AtomicU64,
     /// Attempts answered `Duplicate`: the action had already happened.
-    pub duplicates: AtomicU64,
+    pub(crate) duplicates: AtomicU64,
     /// Failed attempts put back to `pending` for a retry. A handler whose
     /// commit failed with the outcome unknown is a failed attempt too; if
     /// that commit had in fact landed (the message is `success`), nothing
     /// is put back: it counts in `stale` and `landed`, not here. A handler
     /// that failed after its call marked the message counts here: that
     /// success is undone and the message retried.
-    pub retried: AtomicU64,
+    pub(crate) retried: AtomicU64,
     /// Messages dead-lettered (`failed`).
-    pub dead_lettered: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
     /// Failed attempts whose bookkeeping found the message no longer
     /// pending under this delivery's lease (already a success, or
     /// re-leased), and relay-side success marks that found the same.
-    pub stale: AtomicU64,
+    pub(crate) stale: AtomicU64,
     /// Of the `stale` failed attempts, those whose message was a
     /// `success` although the handler reported its commit's outcome
     /// unknown (`CommitUnknown`, a lost acknowledgement): the commit had
     /// landed. No other failure is read back so.
-    pub landed: AtomicU64,
+    pub(crate) landed: AtomicU64,
     /// Batches committed (see [`Relay::commit_batch`](super::Relay::commit_batch)).
-    pub batches: AtomicU64,
+    pub(crate) batches: AtomicU64,
     /// Batches whose commit failed: outcome unknown (each message read
     /// back), or refused or lost (each message delivered again, alone).
-    pub lost_batches: AtomicU64,
+    pub(crate) lost_batches: AtomicU64,
     /// Handlers run again at once, under the same attempt, after losing a
     /// conflict with a concurrent transaction (a deadlock, a lock wait that
     /// timed out): per message, or for the message of a batch whose
     /// handler lost it (see [`Relay::commit_batch`](super::Relay::commit_batch)).
-    pub conflict_reruns: AtomicU64,
+    pub(crate) conflict_reruns: AtomicU64,
     /// Notifications for one of the relay's topics its listener received
     /// (see [`Relay::push_wakeup`](super::Relay::push_wakeup)); each woke
     /// the relay, or found it already awake.
-    pub push_wakeups: AtomicU64,
+    pub(crate) push_wakeups: AtomicU64,
     /// Times the relay's listener lost its connection or failed to
     /// connect (and reconnected, with back-off); polling covered the gap.
-    pub listener_failures: AtomicU64,
+    pub(crate) listener_failures: AtomicU64,
+}
+
+impl RelayStats {
+    /// Claim transactions run, empty ones included: with
+    /// [`claimed`](Self::claimed), what claiming costs per message.
+    pub fn claims(&self) -> u64 {
+        self.claims.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Messages claimed (each claim is one attempt), recovered ones
+    /// included.
+    pub fn claimed(&self) -> u64 {
+        self.claimed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Claimed messages that still had a lease owner: their previous
+    /// lease had expired with nobody settling them (a crashed relay, a
+    /// handler's bookkeeping that could not be written). Each one waited
+    /// out a whole lease.
+    pub fn reclaimed(&self) -> u64 {
+        self.reclaimed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Claims whose commit failed with the outcome unknown (a lost
+    /// acknowledgement: I/O error, closed connection during `COMMIT`).
+    /// Only claims that chose rows count: an empty claim leases nothing.
+    pub fn lost_claims(&self) -> u64 {
+        self.lost_claims.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Claims rolled back by a conflict with a concurrent transaction (a
+    /// deadlock, a serialization failure, a Galera certification failure
+    /// against a claim on another node), each claimed again at once (see
+    /// the relay's claim spread, which makes them rare).
+    pub fn claim_conflicts(&self) -> u64 {
+        self.claim_conflicts
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Messages read back after a lost claim (its commit had landed) and
+    /// delivered at once, as claimed: no attempt burnt, no lease waited.
+    pub fn recovered(&self) -> u64 {
+        self.recovered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Attempts whose handler executed the action.
+    pub fn executed(&self) -> u64 {
+        self.executed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Attempts answered `Duplicate`: the action had already happened.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Failed attempts put back to `pending` for a retry. A handler whose
+    /// commit failed with the outcome unknown is a failed attempt too; if
+    /// that commit had in fact landed (the message is `success`), nothing
+    /// is put back: it counts in `stale` and `landed`, not here. A handler
+    /// that failed after its call marked the message counts here: that
+    /// success is undone and the message retried.
+    pub fn retried(&self) -> u64 {
+        self.retried.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Messages dead-lettered (`failed`).
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Failed attempts whose bookkeeping found the message no longer
+    /// pending under this delivery's lease (already a success, or
+    /// re-leased), and relay-side success marks that found the same.
+    pub fn stale(&self) -> u64 {
+        self.stale.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Of the `stale` failed attempts, those whose message was a
+    /// `success` although the handler reported its commit's outcome
+    /// unknown (`CommitUnknown`, a lost acknowledgement): the commit had
+    /// landed. No other failure is read back so.
+    pub fn landed(&self) -> u64 {
+        self.landed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Batches committed (see [`Relay::commit_batch`](super::Relay::commit_batch)).
+    pub fn batches(&self) -> u64 {
+        self.batches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Batches whose commit failed: outcome unknown (each message read
+    /// back), or refused or lost (each message delivered again, alone).
+    pub fn lost_batches(&self) -> u64 {
+        self.lost_batches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Handlers run again at once, under the same attempt, after losing a
+    /// conflict with a concurrent transaction (a deadlock, a lock wait that
+    /// timed out): per message, or for the message of a batch whose
+    /// handler lost it (see [`Relay::commit_batch`](super::Relay::commit_batch)).
+    pub fn conflict_reruns(&self) -> u64 {
+        self.conflict_reruns
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notifications for one of the relay's topics its listener received
+    /// (see [`Relay::push_wakeup`](super::Relay::push_wakeup)); each woke
+    /// the relay, or found it already awake.
+    pub fn push_wakeups(&self) -> u64 {
+        self.push_wakeups.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Times the relay's listener lost its connection or failed to
+    /// connect (and reconnected, with back-off); polling covered the gap.
+    pub fn listener_failures(&self) -> u64 {
+        self.listener_failures
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The counters of [`RelayStats`] read at one moment, as plain numbers
 /// (to log, to serialize for a dashboard, to compare two moments).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct RelayStatsSnapshot {
     /// See [`RelayStats::claims`].
     pub claims: u64,
@@ -119,23 +239,23 @@ impl RelayStats {
     /// meanwhile may be a few counts apart).
     pub fn snapshot(&self) -> RelayStatsSnapshot {
         RelayStatsSnapshot {
-            claims: self.claims.load(Ordering::Relaxed),
-            claimed: self.claimed.load(Ordering::Relaxed),
-            reclaimed: self.reclaimed.load(Ordering::Relaxed),
-            lost_claims: self.lost_claims.load(Ordering::Relaxed),
-            claim_conflicts: self.claim_conflicts.load(Ordering::Relaxed),
-            recovered: self.recovered.load(Ordering::Relaxed),
-            executed: self.executed.load(Ordering::Relaxed),
-            duplicates: self.duplicates.load(Ordering::Relaxed),
-            retried: self.retried.load(Ordering::Relaxed),
-            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
-            stale: self.stale.load(Ordering::Relaxed),
-            landed: self.landed.load(Ordering::Relaxed),
-            batches: self.batches.load(Ordering::Relaxed),
-            lost_batches: self.lost_batches.load(Ordering::Relaxed),
-            conflict_reruns: self.conflict_reruns.load(Ordering::Relaxed),
-            push_wakeups: self.push_wakeups.load(Ordering::Relaxed),
-            listener_failures: self.listener_failures.load(Ordering::Relaxed),
+            claims: self.claims(),
+            claimed: self.claimed(),
+            reclaimed: self.reclaimed(),
+            lost_claims: self.lost_claims(),
+            claim_conflicts: self.claim_conflicts(),
+            recovered: self.recovered(),
+            executed: self.executed(),
+            duplicates: self.duplicates(),
+            retried: self.retried(),
+            dead_lettered: self.dead_lettered(),
+            stale: self.stale(),
+            landed: self.landed(),
+            batches: self.batches(),
+            lost_batches: self.lost_batches(),
+            conflict_reruns: self.conflict_reruns(),
+            push_wakeups: self.push_wakeups(),
+            listener_failures: self.listener_failures(),
         }
     }
 }

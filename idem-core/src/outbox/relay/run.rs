@@ -20,6 +20,7 @@ const AHEAD_MIN_LEASE: Duration = Duration::from_secs(1);
 
 /// What a [`Relay::drain`] did.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct DrainReport {
     /// Rounds that claimed messages.
     pub rounds: u64,
@@ -103,45 +104,14 @@ impl<DB: Backend> Relay<DB> {
     }
 
     async fn run(self, mut stop: watch::Receiver<bool>) {
-        let lease = self.inner.policy.lease;
-        if lease < 3 * super::attempt::HEARTBEAT_MIN {
-            tracing::warn!(
-                ?lease,
-                "the outbox lease is shorter than three heartbeats ({:?} each): a running handler's lease runs out between its renewals, and relays take its message from one another while it runs",
-                super::attempt::HEARTBEAT_MIN
-            );
-        }
+        self.warn_short_lease();
         // Woken by the listener (push wake-up); a wake-up while the relay
         // is busy is kept as Notify's one permit.
         let wake = Arc::new(Notify::new());
-        let listener = match self.pushes() && !self.inner.routing.topics.is_empty() {
-            true => wake::spawn_listener(
-                &self.inner.pool,
-                wake::Listen {
-                    owner: &self.inner.claiming.owner,
-                    catch_up: self.inner.waking.listener_catch_up,
-                },
-                &self.inner.routing.topics,
-                wake.clone(),
-                stop.clone(),
-                self.inner.stats_owner(),
-            ),
-            false => None,
-        };
+        let listener = self.listen(&wake, &stop);
         let permits = Arc::new(Semaphore::new(self.inner.policy.concurrency));
         let mut tasks = JoinSet::new();
-        // While there is a backlog, a claim waits for this many free slots
-        // rather than taking one message each time a handler ends: a claim
-        // is a transaction of its own, and one per message would cost as
-        // much as the handlers' own. (With no backlog, a claim takes what
-        // is free at once: a lone message does not wait.)
-        let refill = (self
-            .inner
-            .policy
-            .concurrency
-            .min(self.inner.claiming.batch_size.max(1) as usize)
-            / 2)
-        .max(1);
+        let refill = self.refill();
         // And, while there is a backlog, it claims up to as many messages
         // more than the free slots as there are slots: the next ones are
         // at hand when the running ones end, instead of their slots idling
@@ -177,41 +147,11 @@ impl<DB: Backend> Relay<DB> {
                 true => room.min(self.inner.policy.concurrency),
                 false => room,
             };
-            let batch: Vec<_> = match self.claim_round(room as i64).await {
-                Ok(Round::Claimed(b)) => b.rows.into_iter().map(|r| (r, b.owner.clone())).collect(),
-                Ok(Round::Lost {
-                    owner,
-                    chosen,
-                    error,
-                }) => {
-                    // Read back beside the claim loop; what is read back
-                    // waits for its slots as a claimed message does.
-                    let n = chosen.rows.len();
-                    let me = self.clone();
-                    let permits = permits.clone();
-                    waiting.fetch_add(n, Ordering::Relaxed);
-                    let waiting = waiting.clone();
-                    tasks.spawn(async move {
-                        let Ok(batch) = me.recover(owner, chosen, error).await else {
-                            waiting.fetch_sub(n, Ordering::Relaxed);
-                            return;
-                        };
-                        waiting.fetch_sub(n - batch.rows.len().min(n), Ordering::Relaxed);
-                        me.deliver_claimed(batch, permits, waiting).await;
-                    });
-                    continue;
-                }
-                Err(e)
-                    if crate::backend::classify::find_sqlx(&e)
-                        .is_some_and(crate::backend::classify::is_conflict) =>
-                {
-                    tracing::debug!(error = %e, retries = CONFLICT_RETRIES, "outbox claim kept losing conflicts; claiming again after the poll interval");
-                    Vec::new()
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox claim failed; retrying after the poll interval");
-                    Vec::new()
-                }
+            let Some(batch) = self
+                .claim_or_recover(room, &mut tasks, &permits, &waiting)
+                .await
+            else {
+                continue;
             };
             if batch.is_empty() {
                 tokio::select! {
@@ -244,6 +184,104 @@ impl<DB: Backend> Relay<DB> {
         // The listener saw the same stop signal.
         if let Some(listener) = listener {
             let _ = listener.await;
+        }
+    }
+
+    /// Warns of a lease too short for the heartbeat to renew it in time.
+    fn warn_short_lease(&self) {
+        let lease = self.inner.policy.lease;
+        if lease < 3 * super::attempt::HEARTBEAT_MIN {
+            tracing::warn!(
+                ?lease,
+                "the outbox lease is shorter than three heartbeats ({:?} each): a running handler's lease runs out between its renewals, and relays take its message from one another while it runs",
+                super::attempt::HEARTBEAT_MIN
+            );
+        }
+    }
+
+    /// The push listener waking `wake`, if the relay is pushed to.
+    fn listen(
+        &self,
+        wake: &Arc<Notify>,
+        stop: &watch::Receiver<bool>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        match self.pushes() && !self.inner.routing.topics.is_empty() {
+            true => wake::spawn_listener(
+                &self.inner.pool,
+                wake::Listen {
+                    owner: &self.inner.claiming.owner,
+                    catch_up: self.inner.waking.listener_catch_up,
+                },
+                &self.inner.routing.topics,
+                wake.clone(),
+                stop.clone(),
+                self.inner.stats_owner(),
+            ),
+            false => None,
+        }
+    }
+
+    /// While there is a backlog, a claim waits for this many free slots
+    /// rather than taking one message each time a handler ends: a claim
+    /// is a transaction of its own, and one per message would cost as
+    /// much as the handlers' own. (With no backlog, a claim takes what
+    /// is free at once: a lone message does not wait.)
+    fn refill(&self) -> usize {
+        (self
+            .inner
+            .policy
+            .concurrency
+            .min(self.inner.claiming.batch_size.max(1) as usize)
+            / 2)
+        .max(1)
+    }
+
+    /// One claim of up to `room` messages: what it took (empty when it
+    /// failed, to claim again after the poll interval), or `None` when its
+    /// outcome is unknown and its rows are read back in a task of `tasks`
+    /// (what is read back waits for its slots as a claimed message does).
+    async fn claim_or_recover(
+        &self,
+        room: usize,
+        tasks: &mut JoinSet<()>,
+        permits: &Arc<Semaphore>,
+        waiting: &Arc<AtomicUsize>,
+    ) -> Option<Vec<(OutboxRow, Arc<str>)>> {
+        match self.claim_round(room as i64).await {
+            Ok(Round::Claimed(b)) => {
+                Some(b.rows.into_iter().map(|r| (r, b.owner.clone())).collect())
+            }
+            Ok(Round::Lost {
+                owner,
+                chosen,
+                error,
+            }) => {
+                let n = chosen.rows.len();
+                let me = self.clone();
+                let permits = permits.clone();
+                waiting.fetch_add(n, Ordering::Relaxed);
+                let waiting = waiting.clone();
+                tasks.spawn(async move {
+                    let Ok(batch) = me.recover(owner, chosen, error).await else {
+                        waiting.fetch_sub(n, Ordering::Relaxed);
+                        return;
+                    };
+                    waiting.fetch_sub(n - batch.rows.len().min(n), Ordering::Relaxed);
+                    me.deliver_claimed(batch, permits, waiting).await;
+                });
+                None
+            }
+            Err(e)
+                if crate::backend::classify::find_sqlx(&e)
+                    .is_some_and(crate::backend::classify::is_conflict) =>
+            {
+                tracing::debug!(error = %format_args!("{e:#}"), retries = CONFLICT_RETRIES, "outbox claim kept losing conflicts; claiming again after the poll interval");
+                Some(Vec::new())
+            }
+            Err(e) => {
+                tracing::warn!(error = %format_args!("{e:#}"), "outbox claim failed; retrying after the poll interval");
+                Some(Vec::new())
+            }
         }
     }
 
@@ -350,13 +388,12 @@ impl<DB: Backend> Relay<DB> {
             tokio::select! {
                 got = &mut slot => return got.expect("never closed"),
                 _ = tokio::time::sleep(every) => {
-                    #[cfg(feature = "testing")]
-                    if crate::testing::broken_queued_renewal() {
+                    if crate::probe::broken(crate::probe::Break::QueuedRenewal) {
                         continue;
                     }
                     match DB::renew_leases(&i.pool, owner, ids, i.policy.lease.as_secs_f64()).await {
                         Ok(n) => crate::metrics::lease_renewals(n),
-                        Err(e) => tracing::warn!(error = %e, messages = ids.len(), "could not renew the leases of messages waiting for a handler slot"),
+                        Err(e) => tracing::warn!(error = %format_args!("{e:#}"), messages = ids.len(), "could not renew the leases of messages waiting for a handler slot"),
                     }
                 }
             }

@@ -5,8 +5,9 @@
 //! bookkeeping, relay-side success mark and cache marker, each with the
 //! message's row id, topic, attempt and the claim's lease owner.
 //!
-//! Off by default, and then one relaxed atomic load per event site.
-//! [`start`] turns it on process-wide; events go to memory, taken with
+//! Off by default. [`start`] installs the probe and turns it on
+//! process-wide (a process started with `IDEM_TRACE_FILE` set calls
+//! [`install`](crate::install) and records from then on); events go to memory, taken with
 //! [`take_topic`] (tests sharing a process each take their own topic's),
 //! and, when the environment variable `IDEM_TRACE_FILE` names a file,
 //! are appended to it as JSON lines, one `write` per event, so that the
@@ -41,6 +42,7 @@ static FILE: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
 /// Starts recording (process-wide). With `IDEM_TRACE_FILE` set, events
 /// are also appended to that file.
 pub fn start() {
+    crate::install();
     ON.store(true, Ordering::SeqCst);
 }
 
@@ -96,32 +98,23 @@ pub fn sort(events: &mut [Value]) {
     events.sort_by_key(key);
 }
 
-/// One event of message `msg` (of `topic`), attempt `attempt` under the
-/// lease owner `owner`: `kind` and the kind's `fields` (an `at` among
-/// them is kept, see the module documentation).
-pub(crate) fn emit(
-    kind: &str,
-    msg: i64,
-    topic: &str,
-    attempt: i32,
-    owner: &str,
-    fields: impl FnOnce() -> Value,
-) {
+/// Records `event` (the probe's [`Probe::event`](idem_core::probe::Probe::event)).
+pub(crate) fn record(e: idem_core::probe::Event<'_>) {
     if !is_on() {
         return;
     }
-    let mut event = match fields() {
+    let mut event = match e.fields {
         Value::Object(m) => m,
         _ => Map::new(),
     };
     if !event.contains_key("at") {
         event.insert("at".into(), now().into());
     }
-    event.insert("kind".into(), kind.into());
-    event.insert("msg".into(), msg.into());
-    event.insert("topic".into(), topic.into());
-    event.insert("attempt".into(), attempt.into());
-    event.insert("owner".into(), owner.into());
+    event.insert("kind".into(), e.kind.into());
+    event.insert("msg".into(), e.msg.into());
+    event.insert("topic".into(), e.topic.into());
+    event.insert("attempt".into(), e.attempt.into());
+    event.insert("owner".into(), e.owner.into());
     event.insert("seq".into(), SEQ.fetch_add(1, Ordering::SeqCst).into());
     event.insert("pid".into(), std::process::id().into());
     let event = Value::Object(event);
@@ -141,20 +134,4 @@ pub(crate) fn emit(
         let _ = f.write_all(line.as_bytes());
     }
     EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(event);
-}
-
-/// [`emit`] for the holder of `lease`.
-pub(crate) fn of_lease(
-    kind: &str,
-    lease: &crate::outbox::OutboxLease,
-    fields: impl FnOnce() -> Value,
-) {
-    emit(
-        kind,
-        lease.id(),
-        lease.topic(),
-        lease.attempt(),
-        lease.owner(),
-        fields,
-    );
 }
