@@ -284,6 +284,13 @@ impl<DB: Backend> std::ops::DerefMut for RequestTx<DB> {
     }
 }
 
+/// `enqueue(&mut tx, …)` in the request's transaction.
+impl<DB: Backend> idem_core::outbox::InTransaction<DB> for RequestTx<DB> {
+    fn in_transaction(&mut self) -> Result<&mut DB::Connection, idem_core::Error> {
+        self.conn()
+    }
+}
+
 impl<'a, DB: Backend> From<&'a mut RequestTx<DB>> for Source<'a, DB> {
     fn from(tx: &'a mut RequestTx<DB>) -> Self {
         Source::transaction(tx)

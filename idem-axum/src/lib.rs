@@ -170,7 +170,7 @@
 //!     let failed = |_: Error| StatusCode::SERVICE_UNAVAILABLE; // 5xx: rolled back, not kept
 //!     book(&mut tx, &o).await.map_err(failed)?;
 //!     let msg = serde_json::json!({ "order": o.id });
-//!     enqueue(tx.transaction().map_err(failed)?, "orders", &o.id.to_string(), &msg)
+//!     enqueue(&mut tx, "orders", &o.id.to_string(), &msg)
 //!         .await.map_err(failed)?;
 //!     Ok(StatusCode::CREATED) // stored with the effects, replayed to retries
 //! }

@@ -82,7 +82,7 @@
 //!
 //! // A message about the customer: enqueued beside the customer's data.
 //! let mut tx: CallerTx<_> = shards.begin(&a.customer).await?;
-//! outbox::enqueue(tx.transaction()?, "award", "order-9", &serde_json::json!({"order_id": 9})).await?;
+//! outbox::enqueue(&mut tx, "award", "order-9", &serde_json::json!({"order_id": 9})).await?;
 //! tx.commit().await?;
 //! assert_eq!(shards.shard_of(&a.customer)?, shards.shard_of(&"42")?);
 //! # Ok(()) }

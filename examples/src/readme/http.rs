@@ -128,7 +128,7 @@ async fn create_signup(State(app): State<Signups>, req: IdempotentRequest) -> Re
     let done = async {
         let sent = send_notice(call.tx(), &welcome(signup.user_id)).await?; // under a savepoint
         let msg = serde_json::json!({ "user_id": signup.user_id, "notice": sent.into_value() });
-        enqueue(call.tx().transaction()?, "readme.signups", &signup.user_id.to_string(), &msg).await?;
+        enqueue(call.tx(), "readme.signups", &signup.user_id.to_string(), &msg).await?;
         Ok::<_, idem_runtime::Error>(())
     }.await;
     match done {
@@ -159,7 +159,7 @@ async fn create_signup(mut tx: RequestTx<Postgres>, Json(signup): Json<Signup>) 
     let done = async {
         let sent = send_notice(&mut tx, &welcome(signup.user_id)).await?;
         let msg = serde_json::json!({ "user_id": signup.user_id, "notice": sent.into_value() });
-        enqueue(tx.transaction()?, "readme.signups", &signup.user_id.to_string(), &msg).await?;
+        enqueue(&mut tx, "readme.signups", &signup.user_id.to_string(), &msg).await?;
         Ok::<_, idem_runtime::Error>(())
     }.await;
     match done {

@@ -56,7 +56,7 @@ pub async fn order_paid(shards: &Shards<Postgres>, a: &Award) -> Result<(), idem
     let mut tx = shards.begin(&a.customer).await?;
     sqlx::query("INSERT INTO readme_account (customer, points) VALUES ($1, 0) ON CONFLICT DO NOTHING")
         .bind(a.customer).execute(tx.conn()?).await?;
-    enqueue(tx.transaction()?, "readme.award", &format!("order-{}", a.order_id), &serde_json::json!({ "order_id": a.order_id, "customer": a.customer, "points": a.points })).await?;
+    enqueue(&mut tx, "readme.award", &format!("order-{}", a.order_id), &serde_json::json!({ "order_id": a.order_id, "customer": a.customer, "points": a.points })).await?;
     tx.commit().await?;
     // README: end
     Ok(())
