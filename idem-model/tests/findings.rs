@@ -23,7 +23,7 @@
 //!   it too. It now renews each lease first and leaves a message no longer
 //!   held to its holder.
 //! - Finding 3 (fixed; the relay as it was is `Mutation::RevertUnknownCommit`,
-//!   and `tests/tests/relay_booking.rs` shows the fix on the three backends). A handler's commit
+//!   and `tests/tests/outbox/booking.rs` shows the fix on the three backends). A handler's commit
 //!   whose acknowledgement was lost, and whose read-back failed too, is
 //!   settled as a failure; the bookkeeping, finding the row no longer
 //!   pending, writes over the `success` of the same attempt

@@ -8,7 +8,7 @@
 //! at the depth it found: the *caller's* level, the whole transaction on
 //! the first level. The caller's later statements then autocommit one by
 //! one and its `commit()` succeeds without committing anything: its writes
-//! before the call are silently lost (`tests/tests/composition.rs` shows
+//! before the call are silently lost (`tests/tests/call/composition.rs` shows
 //! it on PostgreSQL and MariaDB).
 //!
 //! A [`CallerTx`] owns the transaction, so a call can take it for its
