@@ -131,11 +131,16 @@ fn probe() -> Option<&'static Arc<dyn Probe>> {
 /// events are traced, else 0. Taken before the statement an event reports.
 pub fn now() -> u64 {
     match probe() {
-        Some(p) if p.traces() => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        Some(p) if p.traces() => clock(),
         _ => 0,
     }
+}
+
+/// The clock events are ordered by: nanoseconds since the Unix epoch.
+pub fn clock() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Reports an event, its fields built only when traced.

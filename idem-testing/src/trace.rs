@@ -83,9 +83,7 @@ pub fn read_file(path: &std::path::Path, topic: &str) -> std::io::Result<Vec<Val
 
 /// Now, as an event's `at`: nanoseconds since the Unix epoch.
 pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    idem_core::probe::clock()
 }
 
 /// Sorts `events` into the database's order: by `at`, then by process
