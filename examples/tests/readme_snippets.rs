@@ -19,6 +19,7 @@ use idem_examples::readme::{
     archive, by_hand, cache, console, http, nats, outbox, quick_start, rabbitmq, record, shards,
     transaction, unique_insert, using,
 };
+use idem_runtime::archive::RetentionPolicy;
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Error, Outcome};
 use idem_testkit::{ids, unique};
@@ -1062,8 +1063,7 @@ async fn the_retention_check_and_its_message() {
         .backoff(Duration::from_millis(200), Duration::from_secs(60));
     archive::check_retention(&relay).expect("7 days are enough");
     let hour = Duration::from_secs(3600);
-    let err = relay
-        .retention_policy(hour, hour)
+    let err = RetentionPolicy::for_relay(&relay.settings(), hour, hour)
         .check()
         .expect_err("1 h is not");
     println!("{err}");
@@ -1071,7 +1071,7 @@ async fn the_retention_check_and_its_message() {
     // The guide block's comment, quotes and comment markers removed.
     let (_, _, block) = shown_blocks()
         .into_iter()
-        .find(|(_, _, b)| b.contains(".retention_policy("))
+        .find(|(_, _, b)| b.contains("RetentionPolicy::for_relay("))
         .expect("the retention block");
     let comment: Vec<&str> = block
         .lines()

@@ -19,7 +19,7 @@ use crate::Inner;
 use crate::chart::{BUCKET, WINDOW};
 use crate::read::{READ_TIMEOUT, SCAN_TIMEOUT, bounded};
 use idem_runtime::outbox::admin::{self, LeaseHolder, OutboxStats, TopicStats};
-use idem_runtime::{Backend, Error};
+use idem_runtime::{Error, Operable};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -216,7 +216,7 @@ pub(crate) fn merge(backlog: &OutboxStats, counts: &OutboxStats) -> OutboxStats 
     OutboxStats { topics, totals }
 }
 
-impl<DB: Backend> Inner<DB> {
+impl<DB: Operable> Inner<DB> {
     /// The outbox's backlog, at most one sampling interval old.
     pub(crate) async fn backlog(&self) -> Result<OutboxStats, Error> {
         self.figures

@@ -5,7 +5,7 @@
 
 use crate::Inner;
 use crate::read::{READ_TIMEOUT, SCAN_TIMEOUT, bounded};
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use idem_runtime::outbox::admin;
 use maud::{Markup, PreEscaped};
 use std::collections::VecDeque;
@@ -76,7 +76,7 @@ impl Samples {
 }
 
 /// Samples the backlog until the console is gone.
-pub(crate) fn spawn_sampler<DB: Backend>(console: Weak<Inner<DB>>) {
+pub(crate) fn spawn_sampler<DB: Operable>(console: Weak<Inner<DB>>) {
     tokio::spawn(async move {
         loop {
             let Some(c) = console.upgrade() else { return };

@@ -15,7 +15,7 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 
 /// An allowed host or a public origin that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +165,7 @@ impl Site {
 
 /// Refuses (421) a request whose `Host` the console does not answer to,
 /// before any page reads anything.
-pub(crate) async fn guard<DB: Backend>(
+pub(crate) async fn guard<DB: Operable>(
     State(c): State<Shared<DB>>,
     req: Request,
     next: Next,

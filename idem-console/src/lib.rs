@@ -56,7 +56,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use chart::Samples;
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::Pool;
 use std::sync::{Arc, Mutex};
@@ -82,11 +82,11 @@ pub use host::HostError;
 pub use mount::MountError;
 
 /// The console: its database, its write token, its metrics.
-pub struct Console<DB: Backend> {
+pub struct Console<DB: Operable> {
     inner: Inner<DB>,
 }
 
-impl<DB: Backend> std::fmt::Debug for Console<DB> {
+impl<DB: Operable> std::fmt::Debug for Console<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Console")
             .field("writable", &self.inner.auth.writable())
@@ -95,7 +95,7 @@ impl<DB: Backend> std::fmt::Debug for Console<DB> {
     }
 }
 
-pub(crate) struct Inner<DB: Backend> {
+pub(crate) struct Inner<DB: Operable> {
     pub(crate) pool: Pool<DB>,
     pub(crate) auth: auth::Auth,
     pub(crate) prometheus: Option<PrometheusHandle>,
@@ -109,7 +109,7 @@ pub(crate) struct Inner<DB: Backend> {
 
 pub(crate) type Shared<DB> = Arc<Inner<DB>>;
 
-impl<DB: Backend> Console<DB> {
+impl<DB: Operable> Console<DB> {
     /// A read-only console over `pool` (whose idem tables exist: see
     /// [`idem_runtime::migrate`]).
     pub fn new(pool: Pool<DB>) -> Self {

@@ -36,7 +36,7 @@ use crate::read::{RETRY_AFTER_SECS, answering};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::sync::atomic::Ordering;
@@ -49,7 +49,7 @@ const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// down and the last known gauges.
 pub(crate) const METRICS_BUDGET: Duration = Duration::from_secs(5);
 
-pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
+pub(crate) async fn metrics<DB: Operable>(State(c): State<Shared<DB>>) -> Response {
     // The figures may be one sampling interval old; whether the database
     // answers is asked now, at the same time.
     let reads = tokio::time::timeout(METRICS_BUDGET, async {
@@ -160,11 +160,11 @@ pub(crate) async fn metrics<DB: Backend>(State(c): State<Shared<DB>>) -> Respons
 
 /// Whether the database answers a ping within 3 s (why not, if not): the
 /// pages' [`answering`].
-async fn ping<DB: Backend>(c: &Shared<DB>) -> Result<(), String> {
+async fn ping<DB: Operable>(c: &Shared<DB>) -> Result<(), String> {
     answering(&c.pool).await.map_err(|e| e.to_string())
 }
 
-pub(crate) async fn health<DB: Backend>(State(c): State<Shared<DB>>) -> Response {
+pub(crate) async fn health<DB: Operable>(State(c): State<Shared<DB>>) -> Response {
     let (status, db) = match ping(&c).await {
         Ok(()) => (StatusCode::OK, "up".to_string()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("down: {e}")),

@@ -7,7 +7,7 @@
 //! for those that scan a table or requeue many messages (on a database
 //! that just answered), each enforced by [`bounded`].
 
-use idem_runtime::{Backend, Error};
+use idem_runtime::{Error, Operable};
 use sqlx::{Connection, Pool};
 use std::future::Future;
 use std::time::Duration;
@@ -47,7 +47,7 @@ pub(crate) const RETRY_AFTER_SECS: u64 = 5;
 /// first, so that an outage is seen within the same bound on every page
 /// (a transient error: 503), not after the pool's acquire timeout or a
 /// scan's bound.
-pub(crate) async fn answering<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
+pub(crate) async fn answering<DB: Operable>(pool: &Pool<DB>) -> Result<(), Error> {
     bounded(READ_TIMEOUT, async {
         let mut conn = pool.acquire().await?;
         conn.ping().await?;

@@ -147,7 +147,7 @@ impl Drop for WithPeers {
     }
 }
 
-async fn serve_with_peers<DB: Backend>(console: Console<DB>) -> WithPeers {
+async fn serve_with_peers<DB: idem_runtime::Operable>(console: Console<DB>) -> WithPeers {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a free port");

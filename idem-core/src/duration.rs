@@ -3,7 +3,7 @@
 //! never a bare number. The `idem` command line's flags, the console's
 //! and the `#[idempotent]` attribute's `ttl` read it with [`parse`]; the
 //! runtime's messages (a
-//! [`RetentionPolicy`](crate::archive::RetentionPolicy) that is too short)
+//! `RetentionPolicy` (`idem_runtime::archive`) that is too short)
 //! and the command line's output print it with [`human`], which `parse`
 //! reads back. The guide's
 //! [durations](https://docs.rs/idem-runtime/latest/idem_runtime/guide/attributes/index.html#durations) has the grammar.

@@ -133,7 +133,7 @@ pub enum Error {
     },
     /// The configuration is unsafe or invalid, for example a record ttl
     /// shorter than the longest window in which a duplicate can still
-    /// arrive (see [`RetentionPolicy`](crate::archive::RetentionPolicy)),
+    /// arrive (see `RetentionPolicy` (`idem_runtime::archive`)),
     /// or a connection pooler in transaction mode (pgbouncer
     /// `pool_mode = transaction`) without
     /// [`pooler::transaction_mode`](crate::pooler::transaction_mode): the

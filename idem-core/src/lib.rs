@@ -26,7 +26,6 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod archive;
 mod backend;
 pub mod backoff;
 mod call;

@@ -17,7 +17,6 @@
 //! | `idem_outbox_dead_letters_total` | | outbox messages dead-lettered |
 //! | `idem_mq_retries_total` | | AMQP deliveries scheduled for a delayed retry, JetStream deliveries nak'd with a delay |
 //! | `idem_mq_dead_letters_total` | | AMQP deliveries rejected to the dead-letter exchange, JetStream deliveries terminated |
-//! | `idem_archived_total` | `table` = record / outbox | rows moved to the history tables |
 
 use crate::Error;
 
@@ -51,10 +50,6 @@ pub(crate) fn outbox_retry() {
 
 pub(crate) fn outbox_dead_letter() {
     metrics::counter!("idem_outbox_dead_letters_total").increment(1);
-}
-
-pub(crate) fn archived(table: &'static str, n: u64) {
-    metrics::counter!("idem_archived_total", "table" => table).increment(n);
 }
 
 pub(crate) fn mq_retry() {

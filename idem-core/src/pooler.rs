@@ -138,7 +138,9 @@ pub fn persistent() -> bool {
 /// `dialect` runs inside a transaction instead: in transaction-pooling
 /// mode, on PostgreSQL (whose driver's two round trips per statement a
 /// pooler may split; MariaDB's and SQLite's statements stay as they are).
-pub(crate) fn wrap_autocommit(dialect: Dialect) -> bool {
+/// An operations crate running its own statements on idem's pools asks
+/// this, as idem's stores do.
+pub fn wrap_autocommit(dialect: Dialect) -> bool {
     dialect == Dialect::Postgres && transaction_mode_enabled()
 }
 

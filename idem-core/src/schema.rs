@@ -27,7 +27,7 @@ pub const SCHEMA_VERSION: i64 = 2;
 
 /// Creates idem's tables (`idem_record`, `idem_outbox`, and their history
 /// tables `idem_record_history`, `idem_outbox_history`, see
-/// [`archive`](crate::archive)) and their indexes if they do not exist,
+/// `idem_runtime::archive`) and their indexes if they do not exist,
 /// and upgrades tables created by an earlier release in place, keeping
 /// their rows. Safe to run twice, and concurrently with itself.
 ///

@@ -3,7 +3,7 @@
 //! the handle) and one boxed future type.
 //!
 //! [`RelayHandle`](crate::outbox::RelayHandle),
-//! [`ArchiverHandle`](crate::archive::ArchiverHandle) and the brokers'
+//! `idem_runtime::archive::ArchiverHandle` and the brokers'
 //! `ConsumerHandle` (`consume::ConsumerHandle`, features `amqp` and
 //! `nats`) each wrap a [`TaskHandle`] and add their counters.
 

@@ -96,7 +96,9 @@
 //!
 //! ## Crates
 //! This crate is a facade: the core (`idem-core`: the call protocol, the
-//! outbox, the relay and the seams) and one crate per entry point
+//! outbox, the relay and the seams), its operations (`idem-ops`: the
+//! [`archive`]r and the operator's [`outbox::admin`] queries, written on
+//! the core's public API) and one crate per entry point
 //! (`idem-amqp`, `idem-nats`, `idem-axum`, `idem-redis`), each built only
 //! on the core's public seams ([`consume`], [`outbox::forward`],
 //! [`requests`], [`front`]) and re-exported here under its feature. A new
@@ -108,6 +110,22 @@
 
 #[doc(inline)]
 pub use idem_core::*;
+#[doc(inline)]
+pub use idem_ops::{Operable, archive};
+
+/// The local message table (outbox): [`enqueue`](outbox::enqueue) a
+/// message inside the caller's own business transaction, and a
+/// [`Relay`](outbox::Relay) delivers it to its `#[idempotent]` handler
+/// until it succeeds or is dead-lettered; the operator's queries in
+/// [`admin`](outbox::admin).
+///
+/// The core's [`idem_core::outbox`] documents it in full, with an example.
+pub mod outbox {
+    #[doc(inline)]
+    pub use idem_core::outbox::*;
+    #[doc(inline)]
+    pub use idem_ops::admin;
+}
 
 #[cfg(feature = "amqp")]
 #[doc(inline)]

@@ -28,7 +28,9 @@ pub async fn archive_and_find(pool: PgPool) -> Result<(ArchiverHandle, Vec<Recor
 /// of broker redelivery).
 pub fn check_retention(relay: &Relay<Postgres>) -> Result<(), Error> {
     // README: retention
-    relay.retention_policy(Duration::from_secs(7 * 86400), Duration::from_secs(3600)).check()?;
+    use idem_runtime::archive::RetentionPolicy;
+    let (ttl, allowance) = (Duration::from_secs(7 * 86400), Duration::from_secs(3600));
+    RetentionPolicy::for_relay(&relay.settings(), ttl, allowance).check()?;
     // With a ttl of 1h (and the outbox section's relay): Err(Config), "unsafe configuration:
     //  record ttl 1h is shorter than the longest duplicate window 1h 6m 42s 200ms (outbox
     //  retry horizon 6m 42s 200ms + broker allowance 1h): a late retry would execute twice"

@@ -7,10 +7,10 @@ use crate::{Shared, fmt, layout};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Html;
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use maud::html;
 
-pub(crate) async fn page<DB: Backend>(
+pub(crate) async fn page<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
 ) -> Result<Html<String>, PageError> {

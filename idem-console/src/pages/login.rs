@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use maud::html;
 
 /// Where to go after signing in: a path of this console only (no
@@ -44,7 +44,7 @@ fn safe_next(next: Option<&str>) -> String {
 
 /// The sign-in form, with `error` above it when an attempt was refused
 /// (answered with `status`).
-fn form<DB: Backend>(
+fn form<DB: Operable>(
     c: &Shared<DB>,
     headers: &HeaderMap,
     next: &str,
@@ -69,7 +69,7 @@ fn form<DB: Backend>(
     (status, layout::page(&c.mount, "Sign in", "", &viewer, body)).into_response()
 }
 
-pub(crate) async fn form_page<DB: Backend>(
+pub(crate) async fn form_page<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
@@ -84,7 +84,7 @@ pub(crate) async fn form_page<DB: Backend>(
     )
 }
 
-pub(crate) async fn login<DB: Backend>(
+pub(crate) async fn login<DB: Operable>(
     State(c): State<Shared<DB>>,
     client: Client,
     headers: HeaderMap,
@@ -130,7 +130,7 @@ pub(crate) async fn login<DB: Backend>(
         .into_response())
 }
 
-pub(crate) async fn logout<DB: Backend>(
+pub(crate) async fn logout<DB: Operable>(
     State(c): State<Shared<DB>>,
     client: Client,
     headers: HeaderMap,

@@ -10,7 +10,7 @@ use crate::{Shared, layout};
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Html;
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use idem_runtime::outbox::admin::{self, OutboxMessage};
 use idem_runtime::outbox::{MAX_ID_LEN, Status};
 use maud::{Markup, html};
@@ -54,7 +54,7 @@ fn listing(p: &Params, default: Status) -> Result<Listing, PageError> {
     })
 }
 
-pub(crate) async fn messages<DB: Backend>(
+pub(crate) async fn messages<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
@@ -63,7 +63,7 @@ pub(crate) async fn messages<DB: Backend>(
     render(&c, &headers, l, "/messages").await
 }
 
-pub(crate) async fn dead_letters<DB: Backend>(
+pub(crate) async fn dead_letters<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
@@ -78,7 +78,7 @@ pub(crate) async fn dead_letters<DB: Backend>(
     render(&c, &headers, l, "/dead-letters").await
 }
 
-async fn render<DB: Backend>(
+async fn render<DB: Operable>(
     c: &Shared<DB>,
     headers: &HeaderMap,
     l: Listing,

@@ -8,11 +8,11 @@ use crate::{Shared, fmt, layout};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Html;
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use idem_runtime::outbox::admin::TopicStats;
 use maud::{Markup, html};
 
-pub(crate) async fn page<DB: Backend>(
+pub(crate) async fn page<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
 ) -> Result<Html<String>, PageError> {
@@ -31,7 +31,7 @@ pub(crate) async fn page<DB: Backend>(
     ))
 }
 
-pub(crate) async fn live<DB: Backend>(
+pub(crate) async fn live<DB: Operable>(
     State(c): State<Shared<DB>>,
 ) -> Result<Html<String>, PageError> {
     Ok(Html(live_part(&c).await?.into_string()))
@@ -45,7 +45,7 @@ fn topic_link(url: String, pairs: Vec<(&str, String)>) -> String {
     format!("{url}?{}", query_string(pairs))
 }
 
-async fn live_part<DB: Backend>(c: &Shared<DB>) -> Result<Markup, PageError> {
+async fn live_part<DB: Operable>(c: &Shared<DB>) -> Result<Markup, PageError> {
     answering(&c.pool).await?;
     let stats = c.stats().await?;
     let deliveries = c.deliveries().await?;

@@ -9,10 +9,10 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use idem_runtime::archive::find_record;
-use idem_runtime::{Backend, MAX_KEY_LEN};
+use idem_runtime::{MAX_KEY_LEN, Operable};
 use maud::html;
 
-pub(crate) async fn page<DB: Backend>(
+pub(crate) async fn page<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,

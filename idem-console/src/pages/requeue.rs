@@ -14,7 +14,7 @@ use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Html;
-use idem_runtime::Backend;
+use idem_runtime::Operable;
 use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
 use maud::{Markup, html};
 
@@ -72,7 +72,7 @@ fn describe(t: &RequeueTarget) -> Markup {
     }
 }
 
-pub(crate) async fn preview<DB: Backend>(
+pub(crate) async fn preview<DB: Operable>(
     State(c): State<Shared<DB>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
@@ -131,7 +131,7 @@ pub(crate) async fn preview<DB: Backend>(
     ))
 }
 
-pub(crate) async fn confirm<DB: Backend>(
+pub(crate) async fn confirm<DB: Operable>(
     State(c): State<Shared<DB>>,
     client: Client,
     headers: HeaderMap,

@@ -138,7 +138,7 @@ impl Drop for Served {
     }
 }
 
-pub(crate) async fn serve<DB: Backend>(console: Console<DB>) -> Served {
+pub(crate) async fn serve<DB: idem_runtime::Operable>(console: Console<DB>) -> Served {
     serve_router(console.router()).await
 }
 

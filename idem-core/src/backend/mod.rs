@@ -11,7 +11,8 @@
 //!   picks one of them at run time;
 //! - `store.rs`: the code that runs those statements, written once for
 //!   every backend, behind one small trait per concept ([`CallStore`],
-//!   [`OutboxStore`], [`ArchiveStore`], [`AdminStore`], [`Migrate`]).
+//!   [`OutboxStore`], [`RequestStore`], [`Migrate`]); archiving and the
+//!   operator's queries have their own in `idem-ops`, on the public API.
 //!
 //! Every statement that touches user tables is built from identifiers that
 //! the macro validated at compile time (and that are checked again here),
@@ -31,8 +32,8 @@ mod drivers;
 // Always compiled: the statements are plain data (`sqlx::Any` may need
 // any of them), and the error codes classify errors of any driver; only
 // each `impl Backend` needs its driver's feature.
+mod migrate;
 pub(crate) mod mysql;
-mod operate;
 pub(crate) mod postgres;
 pub(crate) mod sql;
 pub(crate) mod sqlite;
@@ -43,12 +44,10 @@ pub use dialect::Dialect;
 // The stores are the supertraits of the public, sealed `Backend`, so they
 // are `pub` where they are defined, and reachable from nowhere outside the
 // crate: their methods and argument types are not API.
-pub(crate) use operate::{AdminStore, ArchiveStore, Migrate};
+pub(crate) use migrate::Migrate;
 pub(crate) use sql::{ClaimSql, StateSql};
-pub use types::{
-    ArchiveTable, ClaimedRow, NewRecord, OutboxMessage, OutboxRow, RecordInfo, RequeueTarget,
-};
 pub(crate) use types::{ClaimError, Claimed, OutboxInsert, OutboxState, StoredRecord};
+pub use types::{ClaimedRow, NewRecord, OutboxRow};
 
 pub(crate) mod sealed {
     /// Implemented by the four backends only; also holds the one thing
@@ -90,21 +89,13 @@ pub(crate) mod sealed {
 /// begin a call's transaction the cancellation-safe way.
 ///
 /// Inside the crate it is the union of the stores, one sealed trait per
-/// concept (`CallStore`, `OutboxStore`, `ArchiveStore`, `AdminStore`,
-/// `RequestStore`, `Migrate`), whose code is written once in `store/`;
+/// concept (`CallStore`, `OutboxStore`, `RequestStore`, `Migrate`), whose code is written once in `store/`;
 /// they are not reachable from outside. `claim_record` is here rather than
 /// in `CallStore` because callers name it `<DB as Backend>::claim_record`
 /// (a qualified path does not look into supertraits); its code too is the
 /// shared one.
 pub trait Backend:
-    Database
-    + sealed::Sealed
-    + CallStore
-    + OutboxStore
-    + ArchiveStore
-    + AdminStore
-    + Migrate
-    + RequestStore
+    Database + sealed::Sealed + CallStore + OutboxStore + Migrate + RequestStore
 {
     /// A short name, for traces.
     const NAME: &'static str;
@@ -122,6 +113,12 @@ pub trait Backend:
     /// The SQL dialect of a connection.
     fn conn_dialect(conn: &Self::Connection) -> Dialect {
         <Self as sealed::Sealed>::dialect_of_conn(conn)
+    }
+
+    /// The rows a statement changed (each driver's `rows_affected`, which
+    /// sqlx offers on its own result types only).
+    fn rows_changed(done: &Self::QueryResult) -> u64 {
+        <Self as sealed::Sealed>::rows_affected(done)
     }
 
     /// Begins the call's transaction (SQLite: `BEGIN IMMEDIATE`, taking

@@ -4,9 +4,7 @@
 #[cfg(feature = "mysql")]
 use super::class::Class;
 use super::dialect::Dialect;
-use super::sql::{
-    AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
-};
+use super::sql::{Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet};
 
 /// The MariaDB / MySQL statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -73,41 +71,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'success' AND (lease_owner IS NULL OR lease_owner = ?) AND attempts = ?",
-    archive_record: ArchiveSql {
-        select: "SELECT id FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6) \
-            ORDER BY expire_time LIMIT ? FOR UPDATE SKIP LOCKED",
-        count: "SELECT COUNT(*) FROM idem_record WHERE expire_time < UTC_TIMESTAMP(6)",
-        copy: "INSERT INTO idem_record_history \
-            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
-            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, UTC_TIMESTAMP(6) \
-            FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
-        delete: "DELETE FROM idem_record WHERE TIMESTAMPADD(SECOND, 0, expire_time) < UTC_TIMESTAMP(6) AND id IN (",
-    },
-    archive_outbox: ArchiveSql {
-        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) \
-            ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
-        count: "SELECT COUNT(*) FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
-        copy: "INSERT INTO idem_outbox_history \
-            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, archived_at) \
-            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, UTC_TIMESTAMP(6) FROM idem_outbox \
-            WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
-        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
-    },
-    find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
-        DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
-        DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f') \
-        FROM idem_record WHERE idempotency_key = ?",
-    find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
-        DATE_FORMAT(create_time, '%Y-%m-%d %H:%i:%s.%f'), \
-        DATE_FORMAT(expire_time, '%Y-%m-%d %H:%i:%s.%f'), \
-        DATE_FORMAT(archived_at, '%Y-%m-%d %H:%i:%s.%f') \
-        FROM idem_record_history WHERE idempotency_key = ?",
     insert_id: InsertId::LastInsertId,
     // No UPDATE … RETURNING: pick the due rows (a consistent read, no
     // locks), lock those still due (skipping rows other relays hold),
@@ -163,10 +126,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
             )
         },
     },
-    archive_begin: None,
-    // Read committed for this transaction only: no gap locks, so handlers
-    // inserting records never wait on the scan.
-    archive_prelude: Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
     index_columns: None,
     schema: SCHEMA,
     migrate: MigrateSql {
@@ -191,15 +150,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
             };
             vec![mysql_v2(flavor)]
         },
-    },
-    admin: AdminSql {
-        ts_text: |col| format!("DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s.%f')"),
-        now: "UTC_TIMESTAMP(6)",
-        pending_age: "TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6",
-        requeued_error: "CONCAT('requeued: ', COALESCE(last_error, ''))",
-        age_secs: |col| format!("(TIMESTAMPDIFF(MICROSECOND, {col}, UTC_TIMESTAMP(6)) / 1e6)"),
-        floor_int: |e| format!("CAST(FLOOR({e}) AS SIGNED)"),
-        ago: "DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
     },
 };
 

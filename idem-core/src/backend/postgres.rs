@@ -3,9 +3,7 @@
 
 use super::class::{Class, PoolerFault};
 use super::dialect::Dialect;
-use super::sql::{
-    AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
-};
+use super::sql::{Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet};
 
 /// The PostgreSQL statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -74,43 +72,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
         lease_owner = NULL, locked_until = NULL, updated_at = now() \
         WHERE id = $4 AND status = 'success' AND (lease_owner IS NULL OR lease_owner = $5) AND attempts = $6",
-    archive_record: ArchiveSql {
-        select: "SELECT id FROM idem_record WHERE expire_time < now() \
-            ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED",
-        count: "SELECT COUNT(*) FROM idem_record WHERE expire_time < now()",
-        copy: "INSERT INTO idem_record_history \
-            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
-            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, now() \
-            FROM idem_record WHERE expire_time + interval '0 seconds' < now() AND id IN (",
-        // The re-check is written so that it cannot use the expire_time
-        // index: the locked ids are few, the expired rows may be millions.
-        delete: "DELETE FROM idem_record WHERE expire_time + interval '0 seconds' < now() AND id IN (",
-    },
-    archive_outbox: ArchiveSql {
-        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < now() - make_interval(secs => $1::float8) \
-            ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
-        count: "SELECT COUNT(*) FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < now() - make_interval(secs => $1::float8)",
-        copy: "INSERT INTO idem_outbox_history \
-            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, archived_at) \
-            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, now() FROM idem_outbox \
-            WHERE status IN ('success', 'failed') \
-            AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
-        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
-    },
-    find_online: "SELECT idempotency_key::text, biz_type::text, biz_no::text, fingerprint::text, result, \
-        to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
-        to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
-        FROM idem_record WHERE idempotency_key = $1",
-    find_history: "SELECT idempotency_key::text, biz_type::text, biz_no::text, fingerprint::text, result, \
-        to_char(create_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
-        to_char(expire_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
-        to_char(archived_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
-        FROM idem_record_history WHERE idempotency_key = $1",
     insert_id: InsertId::Returning,
     claim: Claim::Returning {
         render: |topics| {
@@ -148,8 +109,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
              RETURNING o.id, o.attempts"
         )
     }),
-    archive_begin: None,
-    archive_prelude: None,
     index_columns: None,
     schema: SCHEMA,
     migrate: MigrateSql {
@@ -161,15 +120,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
         },
         flavor_probe: None,
         upgrades: |_| vec![PG_V2.iter().map(|s| s.to_string()).collect()],
-    },
-    admin: AdminSql {
-        ts_text: |col| format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"),
-        now: "now()",
-        pending_age: "CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) AS DOUBLE PRECISION)",
-        requeued_error: "'requeued: ' || COALESCE(last_error, '')",
-        age_secs: |col| format!("CAST(EXTRACT(EPOCH FROM now() - {col}) AS DOUBLE PRECISION)"),
-        floor_int: |e| format!("CAST(FLOOR({e}) AS BIGINT)"),
-        ago: "now() - make_interval(secs => ?::float8)",
     },
 };
 

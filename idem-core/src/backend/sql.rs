@@ -119,21 +119,6 @@ pub(crate) struct SqlSet {
     /// (binds: lease, id, owner). Native placeholders.
     pub renew_held: &'static str,
 
-    /// The archiver's statements for `idem_record`.
-    pub archive_record: ArchiveSql,
-    /// The archiver's statements for `idem_outbox`.
-    pub archive_outbox: ArchiveSql,
-    /// The statement beginning an archiving batch (`None`: `BEGIN`).
-    pub archive_begin: Option<&'static str>,
-    /// Run on the connection before the batch's `BEGIN`.
-    pub archive_prelude: Option<&'static str>,
-    /// The online records of a key: key, biz_type, biz_no, fingerprint,
-    /// result, create_time and expire_time as text. Ends with the key's
-    /// condition (`AND biz_type = …` may follow). Native placeholders.
-    pub find_online: &'static str,
-    /// The archived records of a key: the same, and archived_at; the same
-    /// ending (`ORDER BY` follows). Native placeholders.
-    pub find_history: &'static str,
     /// SQLite: the columns of a named index (binds: name).
     pub index_columns: Option<&'static str>,
 
@@ -141,8 +126,6 @@ pub(crate) struct SqlSet {
     pub schema: &'static [&'static str],
     /// How the migration locks and upgrades.
     pub migrate: MigrateSql,
-    /// The operator's expressions.
-    pub admin: AdminSql,
 }
 
 /// How an insert tells the id it gave the new row.
@@ -211,22 +194,6 @@ pub(crate) enum Renew {
     },
 }
 
-/// The statements of one archiving batch of one table (native
-/// placeholders).
-#[derive(Debug)]
-pub(crate) struct ArchiveSql {
-    /// Locks the candidates' ids: `[retention,] limit`.
-    pub select: &'static str,
-    /// Counts the rows `select` would find now, without locking (the
-    /// same condition, no limit): `[retention]`.
-    pub count: &'static str,
-    /// `INSERT INTO …_history … SELECT … WHERE <condition> AND id IN (`:
-    /// `[retention,] ids…`; the id list and `)` are appended.
-    pub copy: &'static str,
-    /// `DELETE … WHERE <condition> AND id IN (`: the same binds.
-    pub delete: &'static str,
-}
-
 /// How the migration serializes with itself, and upgrades.
 #[derive(Debug)]
 pub(crate) struct MigrateSql {
@@ -262,29 +229,6 @@ pub(crate) enum MigrateLock {
     },
 }
 
-/// The dialect's pieces of the operator's queries.
-#[derive(Debug)]
-pub(crate) struct AdminSql {
-    /// A timestamp column as text, `YYYY-MM-DD HH:MM:SS.ffffff`.
-    pub ts_text: fn(&str) -> String,
-    /// "Now", in the format of the timestamp columns.
-    pub now: &'static str,
-    /// Seconds since `MIN(created_at)` (an aggregate), as a float.
-    pub pending_age: &'static str,
-    /// `last_error` prefixed with `requeued: `.
-    pub requeued_error: &'static str,
-    /// Seconds since a timestamp column (not an aggregate), as a float.
-    pub age_secs: fn(&str) -> String,
-    /// A float expression rounded down to a 64-bit integer (SQLite:
-    /// truncated toward zero, the same for the non-negative values it is
-    /// given).
-    pub floor_int: fn(&str) -> String,
-    /// "Now" minus an interval of one bind, bound as `bind_secs!` binds it
-    /// (fractional seconds, or whole microseconds where `micros`), in the
-    /// format of the timestamp columns: the archiver's way.
-    pub ago: &'static str,
-}
-
 impl SqlSet {
     /// `sql`, written with `?`, in the dialect's placeholders.
     pub(crate) fn render(&self, sql: &str) -> String {
@@ -292,28 +236,6 @@ impl SqlSet {
             numbered_placeholders(sql)
         } else {
             sql.to_string()
-        }
-    }
-
-    /// `n` placeholders, the first numbered `first` on PostgreSQL.
-    pub(crate) fn placeholders(&self, first: usize, n: usize) -> String {
-        (0..n)
-            .map(|i| {
-                if self.numbered {
-                    format!("${}", first + i)
-                } else {
-                    "?".to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// The archiving statements of `table`.
-    pub(crate) fn archive(&self, table: super::ArchiveTable) -> &ArchiveSql {
-        match table {
-            super::ArchiveTable::Records => &self.archive_record,
-            super::ArchiveTable::Outbox => &self.archive_outbox,
         }
     }
 

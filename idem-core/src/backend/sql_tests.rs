@@ -61,15 +61,7 @@ fn identifiers_are_idem_syntaxs() {
 
 #[test]
 fn placeholder_lists() {
-    let (pg, my, lite) = (
-        Dialect::Postgres.sql(),
-        Dialect::MySql.sql(),
-        Dialect::Sqlite.sql(),
-    );
-    assert_eq!(pg.placeholders(3, 3), "$3, $4, $5");
-    assert_eq!(my.placeholders(3, 3), "?, ?, ?");
-    assert_eq!(lite.placeholders(1, 1), "?");
-    assert_eq!(pg.placeholders(1, 0), "");
+    let (pg, my) = (Dialect::Postgres.sql(), Dialect::MySql.sql());
     assert_eq!(marks(2), "?, ?");
     assert_eq!(
         pg.render("a = ? AND b IN (?, ?)"),
@@ -175,40 +167,6 @@ fn every_dialect_knows_its_name_and_schema() {
         assert_eq!(d.name(), name);
         assert_eq!(d.sql().dialect, d);
         assert!(d.schema()[0].contains("CREATE TABLE IF NOT EXISTS idem_record"));
-        assert!((d.sql().admin.ts_text)("c").contains('c'));
-    }
-}
-
-#[test]
-fn archive_counts_have_the_condition_of_their_batches() {
-    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
-        for stmts in [&d.sql().archive_record, &d.sql().archive_outbox] {
-            let (_, select) = stmts.select.split_once(" WHERE ").expect("a condition");
-            let (condition, _) = select.split_once(" ORDER BY ").expect("an order");
-            let (head, counted) = stmts.count.split_once(" WHERE ").expect("a condition");
-            assert!(
-                head.starts_with("SELECT COUNT(*) FROM idem_"),
-                "{d:?}: {head}"
-            );
-            assert_eq!(counted, condition, "{d:?}");
-        }
-    }
-}
-
-#[test]
-fn admin_pieces_bind_like_the_archiver() {
-    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
-        let admin = &d.sql().admin;
-        assert_eq!(admin.ago.matches('?').count(), 1, "{d:?}");
-        assert!(
-            d.sql()
-                .archive_outbox
-                .count
-                .contains(&d.sql().render(admin.ago)),
-            "{d:?}"
-        );
-        assert!((admin.age_secs)("updated_at").contains("updated_at"));
-        assert!((admin.floor_int)("x").contains('x'));
     }
 }
 

@@ -4,9 +4,7 @@
 #[cfg(feature = "sqlite")]
 use super::class::Class;
 use super::dialect::Dialect;
-use super::sql::{
-    AdminSql, ArchiveSql, Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet,
-};
+use super::sql::{Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet};
 
 /// The SQLite statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -62,39 +60,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
         last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
         WHERE id = ? AND status = 'success' AND (lease_owner IS NULL OR lease_owner = ?) AND attempts = ?",
-    archive_record: ArchiveSql {
-        select: "SELECT id FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') \
-            ORDER BY expire_time LIMIT ?",
-        count: "SELECT COUNT(*) FROM idem_record WHERE expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        copy: "INSERT INTO idem_record_history \
-            (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, archived_at) \
-            SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time, \
-            strftime('%Y-%m-%d %H:%M:%f', 'now') FROM idem_record \
-            WHERE +expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
-        delete: "DELETE FROM idem_record WHERE +expire_time < strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN (",
-    },
-    archive_outbox: ArchiveSql {
-        select: "SELECT id FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') \
-            ORDER BY id LIMIT ?",
-        count: "SELECT COUNT(*) FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds')",
-        copy: "INSERT INTO idem_outbox_history \
-            (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, archived_at) \
-            SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, strftime('%Y-%m-%d %H:%M:%f', 'now') \
-            FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
-        delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
-            AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
-    },
-    find_online: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
-        CAST(create_time AS TEXT), CAST(expire_time AS TEXT) \
-        FROM idem_record WHERE idempotency_key = ?",
-    find_history: "SELECT idempotency_key, biz_type, biz_no, fingerprint, result, \
-        CAST(create_time AS TEXT), CAST(expire_time AS TEXT), CAST(archived_at AS TEXT) \
-        FROM idem_record_history WHERE idempotency_key = ?",
     insert_id: InsertId::Returning,
     // BEGIN IMMEDIATE: the two statements run under the write lock.
     claim: Claim::LockThenLease {
@@ -136,9 +101,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
              RETURNING id, attempts"
         )
     }),
-    // The write lock up front: serialized with every handler.
-    archive_begin: Some("BEGIN IMMEDIATE"),
-    archive_prelude: None,
     index_columns: Some(
         "SELECT m.tbl_name, i.name FROM sqlite_master m, pragma_index_info(m.name) i \
          WHERE m.type = 'index' AND m.name = ? ORDER BY i.seqno",
@@ -152,15 +114,6 @@ pub(crate) const SQL: SqlSet = SqlSet {
         },
         flavor_probe: None,
         upgrades: |_| vec![LITE_V2.iter().map(|s| s.to_string()).collect()],
-    },
-    admin: AdminSql {
-        ts_text: |col| format!("CAST({col} AS TEXT)"),
-        now: "strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        pending_age: "CAST((julianday('now') - julianday(MIN(created_at))) * 86400.0 AS REAL)",
-        requeued_error: "'requeued: ' || COALESCE(last_error, '')",
-        age_secs: |col| format!("((julianday('now') - julianday({col})) * 86400.0)"),
-        floor_int: |e| format!("CAST({e} AS INTEGER)"),
-        ago: "strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds')",
     },
 };
 

@@ -6,7 +6,6 @@
 //! `outbox/status.rs`, two leaves that import nothing of the crate.
 
 use crate::outbox::status::Status;
-use serde::Serialize;
 
 /// An outbox message's status and lease, as the fenced update found it.
 #[derive(Debug, Clone)]
@@ -123,76 +122,4 @@ impl ClaimError {
             ClaimError::Failed(e) | ClaimError::CommitUnknown { error: e, .. } => e,
         }
     }
-}
-
-/// A table the archiver moves rows out of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArchiveTable {
-    /// `idem_record` → `idem_record_history`: records whose `expire_time`
-    /// has passed.
-    Records,
-    /// `idem_outbox` → `idem_outbox_history`: finished (`success`,
-    /// `failed`) messages last updated before the retention.
-    Outbox,
-}
-
-/// An idempotency record, online or archived.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct RecordInfo {
-    /// The idempotency key.
-    pub key: String,
-    /// The business type.
-    pub biz_type: String,
-    /// The business document number.
-    pub biz_no: String,
-    /// Hex SHA-256 of the payload of the call that wrote it.
-    pub fingerprint: String,
-    /// The handler's serialized result (JSON).
-    pub result: Option<String>,
-    /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
-    /// (SQLite: milliseconds; MariaDB: as stored, UTC since schema
-    /// version 2 — rows an earlier release wrote from a session in another
-    /// time zone keep that zone's local time).
-    pub create_time: String,
-    /// When it may be archived, in the same format.
-    pub expire_time: String,
-    /// Whether it was found in `idem_record_history`.
-    pub archived: bool,
-    /// When it was archived, in the same format.
-    pub archived_at: Option<String>,
-}
-
-/// An outbox message as the operator sees it (no payload).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct OutboxMessage {
-    /// Primary key.
-    pub id: i64,
-    /// Topic.
-    pub topic: String,
-    /// The producer's message id.
-    pub msg_id: String,
-    /// `pending`, `success` or `failed`.
-    pub status: String,
-    /// Attempts so far.
-    pub attempts: i64,
-    /// The last failure, if any.
-    pub last_error: Option<String>,
-    /// Last change: `YYYY-MM-DD HH:MM:SS.ffffff` (UTC).
-    pub updated_at: String,
-}
-
-/// Which failed messages a requeue takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequeueTarget {
-    /// The failed message with this id.
-    Id(i64),
-    /// Every failed message of this topic.
-    Topic(String),
-    /// Every failed message.
-    AllFailed,
-    /// The failed messages among these ids (an operator's selection; at
-    /// least 1 and at most 1000 ids).
-    Ids(Vec<i64>),
 }

@@ -126,8 +126,8 @@ impl Enqueued {
 /// is exact, byte for byte: `"m-1 "` is another id than `"m-1"`.
 ///
 /// "Already enqueued" is known while the message is in `idem_outbox`: a
-/// finished message moved to `idem_outbox_history` by the
-/// [archiver](crate::archive) (after its outbox retention) no longer
+/// finished message moved to `idem_outbox_history` by the archiver
+/// (`idem_runtime::archive`, after its outbox retention) no longer
 /// counts, and the same id would be enqueued again.
 ///
 /// `tx` is the transaction the message commits with: a

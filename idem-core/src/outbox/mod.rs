@@ -45,7 +45,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
 mod enqueue;
 pub(crate) mod lease;
 pub(crate) mod mark;

@@ -25,7 +25,7 @@ impl Status {
 
 impl Status {
     /// The status stored as `text`, if it is one.
-    pub(crate) fn parse(text: &str) -> Option<Status> {
+    pub fn parse(text: &str) -> Option<Status> {
         match text {
             "pending" => Some(Status::Pending),
             "success" => Some(Status::Success),

@@ -1,4 +1,4 @@
-//! The archive (`idem-runtime/src/archive/`) against the real servers: the
+//! The archive (`idem-ops/src/archive.rs`) against the real servers: the
 //! archiver under traffic and after a crash, finding archived records,
 //! and archivers, relays and producers in other time zones. One test
 //! binary, a module per file.

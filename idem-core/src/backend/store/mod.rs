@@ -6,6 +6,7 @@
 use super::sql::SqlSet;
 use super::types::{NewRecord, StoredRecord};
 use super::{CallStore, Migrate, StateSql, sealed::Sealed};
+use idem_syntax::is_identifier;
 
 use crate::outbox::lease::OutboxLease;
 use crate::state::EntityIdValue;
@@ -262,8 +263,6 @@ impl CallStore for DB {
 }
 }
 
-mod admin;
-mod archive;
 mod outbox;
 mod requests;
 
@@ -287,6 +286,23 @@ impl Migrate for DB {
             .persistent(persist())
             .fetch_one(conn)
             .await
+    }
+
+    async fn table_exists<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        if !is_identifier(table) {
+            return Err(sqlx::Error::Protocol(format!("`{table}` is not a table name")));
+        }
+        let text = format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0");
+        let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
+        match on_pool!(pool, |conn| q.execute(conn)) {
+            Ok(_) => Ok(true),
+            // Not an answer about the table: a pooler in transaction mode.
+            Err(e) if crate::backend::classify::pooler_error(&e).is_some() => Err(e),
+            Err(_) => Ok(false),
+        }
     }
 }
 }

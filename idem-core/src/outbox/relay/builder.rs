@@ -5,7 +5,6 @@ use super::{
     Batching, Claiming, Delivery, Inner, Policy, Relay, RelayStats, Routing, Settled, Waking,
     batch, progress,
 };
-use crate::archive::RetentionPolicy;
 use crate::backend::Backend;
 use crate::backoff::Backoff;
 use crate::consume;
@@ -524,40 +523,6 @@ impl<DB: Backend> Relay<DB> {
             commit_batch: i.batching.commit_batch,
             batch_lock_wait: i.batching.lock_wait,
             push_wakeup: self.pushes(),
-        }
-    }
-
-    /// The retention policy of records written by this relay's handlers:
-    /// their `ttl` (`record_ttl`) against this relay's retry horizon plus
-    /// `broker_redelivery_allowance` (how late a broker, a callback sender
-    /// or a relay outage can still bring a duplicate). Call
-    /// [`RetentionPolicy::check`] on it at start-up.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-    /// use idem_runtime::outbox::Relay;
-    /// use std::time::Duration;
-    /// let relay = Relay::new(pool).max_attempts(10).lease(Duration::from_secs(30));
-    /// let day = Duration::from_secs(86_400);
-    /// assert!(relay.retention_policy(7 * day, day).check().is_ok());
-    /// assert!(relay.retention_policy(Duration::from_secs(60), day).check().is_err());
-    /// # }
-    /// ```
-    pub fn retention_policy(
-        &self,
-        record_ttl: Duration,
-        broker_redelivery_allowance: Duration,
-    ) -> RetentionPolicy {
-        let s = self.settings();
-        RetentionPolicy {
-            record_ttl,
-            outbox_max_attempts: s.max_attempts,
-            backoff_base: s.backoff_base,
-            backoff_max: s.backoff_max,
-            lease: s.lease,
-            broker_redelivery_allowance,
         }
     }
 }

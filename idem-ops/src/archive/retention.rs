@@ -1,7 +1,8 @@
 //! How long records must live: [`RetentionPolicy`].
 
-use crate::Error;
-use crate::duration::human;
+use idem_core::Error;
+use idem_core::duration::human;
+use idem_core::outbox::RelaySettings;
 use std::time::Duration;
 
 /// Whether records live long enough: a record must outlast every
@@ -13,8 +14,7 @@ use std::time::Duration;
 /// much later a broker redelivery, a payment platform's callback retry, or
 /// a relay outage (messages wait, then are delivered late) can still bring
 /// the same message. [`check`](Self::check) it at start-up;
-/// [`Relay::retention_policy`](crate::outbox::Relay::retention_policy)
-/// fills in the relay's settings.
+/// [`for_relay`](Self::for_relay) fills in a relay's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetentionPolicy {
     /// The record strategy's `ttl` (the shortest, if handlers differ).
@@ -32,6 +32,42 @@ pub struct RetentionPolicy {
 }
 
 impl RetentionPolicy {
+    /// The retention policy of records written by a relay's handlers:
+    /// their `ttl` (`record_ttl`) against the retry horizon of a relay
+    /// with `settings` ([`Relay::settings`](idem_core::outbox::Relay::settings))
+    /// plus `broker_redelivery_allowance` (how late a broker, a callback
+    /// sender or a relay outage can still bring a duplicate). Call
+    /// [`check`](Self::check) on it at start-up.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// use idem_runtime::archive::RetentionPolicy;
+    /// use idem_runtime::outbox::Relay;
+    /// use std::time::Duration;
+    /// let relay = Relay::new(pool).max_attempts(10).lease(Duration::from_secs(30));
+    /// let day = Duration::from_secs(86_400);
+    /// let of = |ttl| RetentionPolicy::for_relay(&relay.settings(), ttl, day);
+    /// assert!(of(7 * day).check().is_ok());
+    /// assert!(of(Duration::from_secs(60)).check().is_err());
+    /// # }
+    /// ```
+    pub fn for_relay(
+        settings: &RelaySettings,
+        record_ttl: Duration,
+        broker_redelivery_allowance: Duration,
+    ) -> Self {
+        RetentionPolicy {
+            record_ttl,
+            outbox_max_attempts: settings.max_attempts,
+            backoff_base: settings.backoff_base,
+            backoff_max: settings.backoff_max,
+            lease: settings.lease,
+            broker_redelivery_allowance,
+        }
+    }
+
     /// The outbox's whole retry horizon: how long after its first attempt
     /// a message can still be attempted, as the relay behaves. Each of the
     /// `max_attempts` attempts can hold the message for a whole lease (a
@@ -191,7 +227,7 @@ mod tests {
         assert_eq!(p.retry_horizon(), H + 35 * M);
         let err = p.check().unwrap_err();
         assert!(!err.is_retryable());
-        assert_eq!(err.kind(), crate::ErrorKind::Config);
+        assert_eq!(err.kind(), idem_core::ErrorKind::Config);
         assert_eq!(
             err.to_string(),
             "unsafe configuration: record ttl 1h is shorter than the longest duplicate window \

@@ -20,14 +20,47 @@
 //! # Ok(()) }
 //! ```
 
-use super::{MAX_ID_LEN, Status};
-use crate::Error;
-use crate::backend::Backend;
-pub use crate::backend::{OutboxMessage, RequeueTarget};
+use crate::Operable;
+use idem_core::Error;
+use idem_core::outbox::{MAX_ID_LEN, Status};
 use serde::Serialize;
 use sqlx::Pool;
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// An outbox message as the operator sees it (no payload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct OutboxMessage {
+    /// Primary key.
+    pub id: i64,
+    /// Topic.
+    pub topic: String,
+    /// The producer's message id.
+    pub msg_id: String,
+    /// `pending`, `success` or `failed`.
+    pub status: String,
+    /// Attempts so far.
+    pub attempts: i64,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+    /// Last change: `YYYY-MM-DD HH:MM:SS.ffffff` (UTC).
+    pub updated_at: String,
+}
+
+/// Which failed messages a requeue takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequeueTarget {
+    /// The failed message with this id.
+    Id(i64),
+    /// Every failed message of this topic.
+    Topic(String),
+    /// Every failed message.
+    AllFailed,
+    /// The failed messages among these ids (an operator's selection; at
+    /// least 1 and at most 1000 ids).
+    Ids(Vec<i64>),
+}
 
 /// The most messages one [`page`] returns.
 const MAX_PAGE: i64 = 1000;
@@ -69,7 +102,7 @@ pub struct OutboxStats {
 ///
 /// This counts every row, so it reads the whole outbox: on one that
 /// retains many delivered messages, [`backlog`] reads the open part alone.
-pub async fn stats<DB: Backend>(
+pub async fn stats<DB: Operable>(
     pool: &Pool<DB>,
     topic: Option<&str>,
 ) -> Result<OutboxStats, Error> {
@@ -86,7 +119,7 @@ pub async fn stats<DB: Backend>(
 /// delivered messages the outbox retains until they are archived: on
 /// PostgreSQL with 2 million delivered rows beside 2,200 open ones, 2.4 ms
 /// against 0.3 s for [`stats`] (the `bench_console` benchmark).
-pub async fn backlog<DB: Backend>(
+pub async fn backlog<DB: Operable>(
     pool: &Pool<DB>,
     topic: Option<&str>,
 ) -> Result<OutboxStats, Error> {
@@ -158,7 +191,7 @@ fn assemble(counts: Vec<(String, String, i64)>, ages: Vec<(String, Option<f64>)>
 
 /// Messages of `status` (and `topic`), oldest first, at most `limit`
 /// (at least 1, else [`Error::Config`]).
-pub async fn list<DB: Backend>(
+pub async fn list<DB: Operable>(
     pool: &Pool<DB>,
     status: Status,
     topic: Option<&str>,
@@ -213,7 +246,7 @@ pub struct Page {
 /// assert!(admin::page(&pool, Status::Failed, None, None, 0).await.is_err());
 /// # Ok(()) }
 /// ```
-pub async fn page<DB: Backend>(
+pub async fn page<DB: Operable>(
     pool: &Pool<DB>,
     status: Status,
     topic: Option<&str>,
@@ -276,7 +309,10 @@ pub struct RequeueReport {
 /// so that messages which failed in between are left alone. A
 /// [`RequeueTarget::Ids`] selection of no ids or of more than 1000 is an
 /// [`Error::Config`].
-pub async fn requeue<DB: Backend>(pool: &Pool<DB>, what: &Requeue) -> Result<RequeueReport, Error> {
+pub async fn requeue<DB: Operable>(
+    pool: &Pool<DB>,
+    what: &Requeue,
+) -> Result<RequeueReport, Error> {
     check_selection(&what.target)?;
     let (messages, requeued) =
         DB::outbox_requeue(pool, &what.target, what.max_id, what.dry_run).await?;
@@ -317,7 +353,7 @@ fn check_selection(target: &RequeueTarget) -> Result<(), Error> {
 /// assert_eq!((p.count, p.max_id, p.first.len()), (0, None, 0));
 /// # Ok(()) }
 /// ```
-pub async fn preview<DB: Backend>(
+pub async fn preview<DB: Operable>(
     pool: &Pool<DB>,
     target: &RequeueTarget,
     shown: i64,
@@ -350,7 +386,7 @@ pub struct RequeuePreview {
 
 /// The status of message `id` (`pending`, `success`, `failed`), if it
 /// exists: why a requeue of one id changed nothing.
-pub async fn status_of<DB: Backend>(pool: &Pool<DB>, id: i64) -> Result<Option<String>, Error> {
+pub async fn status_of<DB: Operable>(pool: &Pool<DB>, id: i64) -> Result<Option<String>, Error> {
     Ok(DB::outbox_status(pool, id).await?)
 }
 
@@ -375,7 +411,7 @@ pub struct LeaseHolder {
 /// when they end. An owner whose leases all expired is a relay that
 /// stopped (or lost its database) mid-delivery: its messages are claimed
 /// again once due.
-pub async fn leases<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<LeaseHolder>, Error> {
+pub async fn leases<DB: Operable>(pool: &Pool<DB>) -> Result<Vec<LeaseHolder>, Error> {
     let mut holders: Vec<LeaseHolder> = DB::outbox_leases(pool)
         .await?
         .into_iter()
@@ -402,7 +438,7 @@ pub async fn leases<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<LeaseHolder>, Er
 /// bucket. `bucket` at least 1 s, `window` at most 1 hour and at most 600
 /// buckets, else [`Error::Config`]. Archived messages are not counted:
 /// keep the archiver's outbox retention above the window.
-pub async fn deliveries<DB: Backend>(
+pub async fn deliveries<DB: Operable>(
     pool: &Pool<DB>,
     window: Duration,
     bucket: Duration,

@@ -1,10 +1,114 @@
-//! The stores of operating idem: archiving and record look-ups, the
-//! operator's queries, and the migration's primitives. (The stores of the
-//! calls and the outbox are in the backend module.)
+//! The code that runs the statements of [`sql`](crate::sql), written once
+//! for every backend, behind two traits (archiving, the operator's
+//! queries) implemented for every [`Backend`] whose driver runs and binds
+//! what they need: each of idem's four. They are reachable from nowhere
+//! outside the crate; [`Operable`] names them.
 
-use super::types::{ArchiveTable, OutboxMessage, RecordInfo, RequeueTarget};
+use crate::admin::{OutboxMessage, RequeueTarget};
+use crate::archive::{ArchiveTable, RecordInfo};
+use crate::sql::OpsSql;
+use idem_core::Backend;
 use sqlx::{Database, Pool};
 use std::future::Future;
+
+/// A database the archiver and the operator's queries run on: every
+/// [`Backend`] (idem's four implement it).
+///
+/// Concrete pools need nothing; code generic over the database names
+/// this bound where it calls [`archive`](crate::archive) or
+/// [`admin`](crate::admin) functions:
+///
+/// ```
+/// use idem_runtime::{Operable, outbox::admin};
+///
+/// async fn dead_letters<DB: Operable>(pool: &sqlx::Pool<DB>) -> Result<i64, idem_runtime::Error> {
+///     Ok(admin::stats(pool, None).await?.totals.failed)
+/// }
+/// ```
+pub trait Operable: Backend + ArchiveStore + AdminStore {}
+
+impl<DB: Backend + ArchiveStore + AdminStore> Operable for DB {}
+
+/// `impl<DB> $trait for DB` for every [`Backend`] whose driver runs and
+/// binds what the statements need: the bounds are written once, here.
+macro_rules! for_every_backend {
+    (impl $tr:ident for DB { $($body:tt)* }) => {
+        impl<DB> $tr for DB
+        where
+            DB: Backend,
+            for<'c> &'c mut <DB as Database>::Connection: sqlx::Executor<'c, Database = DB>,
+            <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+            usize: sqlx::ColumnIndex<<DB as Database>::Row>,
+            str: sqlx::Type<DB>,
+            for<'q> &'q str: sqlx::Encode<'q, DB>,
+            String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+            i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+            i32: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+            f64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+        {
+            $($body)*
+        }
+    };
+}
+
+/// Runs a statement that goes to a pool in autocommit, `|conn| future`:
+/// on the pool itself, or, where [`idem_core::pooler::wrap_autocommit`]
+/// says so (transaction pooling on PostgreSQL), inside `BEGIN … COMMIT`
+/// on one connection, as idem's own stores do.
+macro_rules! on_pool {
+    ($pool:expr, |$conn:ident| $body:expr) => {{
+        let pool = $pool;
+        if idem_core::pooler::wrap_autocommit(<DB as idem_core::Backend>::pool_dialect(pool)) {
+            match <DB as idem_core::Backend>::begin(pool).await {
+                Err(e) => Err(e),
+                Ok(mut tx) => {
+                    let out = {
+                        let $conn = &mut *tx;
+                        $body.await
+                    };
+                    match out {
+                        Ok(v) => tx.commit().await.map(|()| v),
+                        Err(e) => Err(e),
+                    }
+                }
+            }
+        } else {
+            let $conn = pool;
+            $body.await
+        }
+    }};
+}
+
+/// Binds an interval of `secs` seconds the dialect's way: fractional
+/// seconds, or whole microseconds.
+macro_rules! bind_secs {
+    ($q:expr, $sql:expr, $secs:expr) => {
+        if $sql.micros {
+            $q.bind(($secs * 1e6) as i64)
+        } else {
+            $q.bind($secs)
+        }
+    };
+}
+
+/// A fixed statement (see the core's stores: the `&'static str` keeps
+/// its lifetime visible to the `Send` check of the generic futures).
+fn stmt(s: &'static str) -> sqlx::SqlStr {
+    sqlx::SqlSafeStr::into_sql_str(s)
+}
+
+/// sqlx's `.persistent(…)` as idem's stores set it.
+fn persist() -> bool {
+    idem_core::pooler::persistent()
+}
+
+/// The statements of the pool's dialect.
+fn sql_of_pool<DB: Backend>(pool: &Pool<DB>) -> &'static OpsSql {
+    crate::sql::of(DB::pool_dialect(pool))
+}
+
+mod admin;
+mod archive;
 
 /// The archiver's statements, and the look-up of a record online or
 /// archived.
@@ -50,7 +154,7 @@ pub trait ArchiveStore: Database {
 }
 
 /// The operator's queries on the outbox (see
-/// [`outbox::admin`](crate::outbox::admin), which guards and documents
+/// [`admin`](crate::admin), which guards and documents
 /// them).
 pub trait AdminStore: Database {
     /// Messages per `(topic, status)`, of `topic` only when given.
@@ -130,26 +234,4 @@ pub trait AdminStore: Database {
         pool: &'a Pool<Self>,
         id: i64,
     ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
-
-    /// Whether `table` (a plain identifier) exists and can be read.
-    fn table_exists<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a str,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-}
-
-/// The migration's two primitives, on the connection that holds the
-/// migration's lock (see [`migrate`](crate::migrate)).
-pub trait Migrate: Database {
-    /// Runs one statement on a connection; returns the rows it changed.
-    fn execute_on<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a str,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-
-    /// Runs a query answering one integer on a connection.
-    fn fetch_i64<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a str,
-    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
 }

@@ -1,12 +1,10 @@
 //! [`AdminStore`] for every backend: the operator's queries, composed from
-//! the dialect's [`AdminSql`](super::super::sql::AdminSql) pieces.
+//! the dialect's [`AdminSql`](crate::sql::AdminSql) pieces.
 
-use super::super::sql::{SqlSet, marks};
-use super::super::types::{OutboxMessage, RequeueTarget};
-use super::super::{AdminStore, sealed::Sealed};
-use super::persist;
-use crate::backend::Dialect;
-use idem_syntax::is_identifier;
+use super::{AdminStore, persist, sql_of_pool};
+use crate::admin::{OutboxMessage, RequeueTarget};
+use crate::sql::{OpsSql, marks};
+use idem_core::{Backend, Dialect};
 use sqlx::{Database, Pool};
 
 /// Ids per `UPDATE … WHERE id IN (…)` statement.
@@ -58,7 +56,7 @@ fn message(
 }
 
 /// The columns of an [`OutboxMessage`] (decoded by [`message`]).
-fn message_columns(d: Dialect, sql: &SqlSet) -> String {
+fn message_columns(d: Dialect, sql: &OpsSql) -> String {
     format!(
         "id, {}, {}, status, attempts, {}, {}",
         text_column(d, "topic"),
@@ -103,17 +101,13 @@ fn target_binds(target: &RequeueTarget) -> Vec<TargetBind<'_>> {
     }
 }
 
-fn sql_of_pool<DB: Sealed>(pool: &Pool<DB>) -> &'static SqlSet {
-    DB::dialect_of_pool(pool).sql()
-}
-
 for_every_backend! {
 impl AdminStore for DB {
     async fn outbox_counts<'a>(
         pool: &'a Pool<Self>,
         topic: Option<&'a str>,
     ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let filter = if topic.is_some() { " WHERE topic = ?" } else { "" };
         let text = sql_of_pool(pool).render(&format!(
             "SELECT {}, status, COUNT(*) FROM idem_outbox{filter} GROUP BY topic, status",
@@ -131,7 +125,7 @@ impl AdminStore for DB {
         topic: Option<&'a str>,
     ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
         // `status` leads idx_idem_outbox_due: only the open rows are read.
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
         let text = sql_of_pool(pool).render(&format!(
             "SELECT {}, status, COUNT(*) FROM idem_outbox \
@@ -150,7 +144,7 @@ impl AdminStore for DB {
         topic: Option<&'a str>,
     ) -> Result<Vec<(String, Option<f64>)>, sqlx::Error> {
         let sql = sql_of_pool(pool);
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
         let text = sql.render(&format!(
             "SELECT {}, {} FROM idem_outbox WHERE status = 'pending'{and} GROUP BY topic",
@@ -176,7 +170,7 @@ impl AdminStore for DB {
         let sql = sql_of_pool(pool);
         let and = if topic.is_some() { " AND topic = ?" } else { "" };
         let above = if after.is_some() { " AND id > ?" } else { "" };
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let text = sql.render(&format!(
             "SELECT {} FROM idem_outbox WHERE status = ?{and}{above} ORDER BY id LIMIT ?",
             message_columns(d, sql)
@@ -202,7 +196,7 @@ impl AdminStore for DB {
         dry_run: bool,
     ) -> Result<(Vec<OutboxMessage>, u64), sqlx::Error> {
         let sql = sql_of_pool(pool);
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let filter = target_filter(target);
         let upto = if max_id.is_some() { " AND id <= ?" } else { "" };
         let text = sql.render(&format!(
@@ -215,7 +209,7 @@ impl AdminStore for DB {
         // elsewhere the SELECT … FOR UPDATE locks them. `Backend::begin`
         // also leaves no transaction open on the pool if this future is
         // dropped mid-BEGIN.
-        let mut tx = super::begin(pool).await?;
+        let mut tx = DB::begin(pool).await?;
         let mut q = sqlx::query_as::<_, MessageRow>(sqlx::AssertSqlSafe(text))
             .persistent(persist());
         match target {
@@ -251,7 +245,7 @@ impl AdminStore for DB {
             for m in chunk {
                 q = q.bind(m.id);
             }
-            requeued += DB::rows_affected(&q.execute(&mut *tx).await?);
+            requeued += DB::rows_changed(&q.execute(&mut *tx).await?);
         }
         tx.commit().await?;
         Ok((messages, requeued))
@@ -261,7 +255,7 @@ impl AdminStore for DB {
         pool: &Pool<Self>,
     ) -> Result<Vec<(String, i64, i64, Option<String>, Option<String>)>, sqlx::Error> {
         let sql = sql_of_pool(pool);
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let ts = sql.admin.ts_text;
         let text = sql.render(&format!(
             "SELECT {}, COUNT(*), COUNT(CASE WHEN locked_until > {} THEN 1 END), {}, {} \
@@ -310,7 +304,7 @@ impl AdminStore for DB {
         shown: i64,
     ) -> Result<(u64, Option<i64>, Vec<OutboxMessage>), sqlx::Error> {
         let sql = sql_of_pool(pool);
-        let d = DB::dialect_of_pool(pool);
+        let d = DB::pool_dialect(pool);
         let filter = target_filter(target);
         let count = sql.render(&format!(
             "SELECT COUNT(*), MAX(id) FROM idem_outbox WHERE status = 'failed'{filter}"
@@ -348,23 +342,6 @@ impl AdminStore for DB {
         let text = sql_of_pool(pool).render("SELECT status FROM idem_outbox WHERE id = ?");
         let q = sqlx::query_scalar(sqlx::AssertSqlSafe(text)).persistent(persist()).bind(id);
         on_pool!(pool, |conn| q.fetch_optional(conn))
-    }
-
-    async fn table_exists<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a str,
-    ) -> Result<bool, sqlx::Error> {
-        if !is_identifier(table) {
-            return Err(sqlx::Error::Protocol(format!("`{table}` is not a table name")));
-        }
-        let text = format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0");
-        let q = sqlx::query(sqlx::AssertSqlSafe(text)).persistent(persist());
-        match on_pool!(pool, |conn| q.execute(conn)) {
-            Ok(_) => Ok(true),
-            // Not an answer about the table: a pooler in transaction mode.
-            Err(e) if crate::backend::classify::pooler_error(&e).is_some() => Err(e),
-            Err(_) => Ok(false),
-        }
     }
 }
 }

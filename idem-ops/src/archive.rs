@@ -44,11 +44,10 @@
 //! # Ok(()) }
 //! ```
 
-use crate::Error;
-use crate::backend::Backend;
-pub use crate::backend::{ArchiveTable, RecordInfo};
-use crate::backoff::Backoff;
-use crate::task::TaskHandle;
+use crate::Operable;
+use idem_core::Error;
+use idem_core::backoff::Backoff;
+use idem_core::task::TaskHandle;
 use serde::Serialize;
 use sqlx::Pool;
 use std::sync::Arc;
@@ -58,6 +57,44 @@ use tokio::sync::watch;
 
 mod retention;
 pub use retention::RetentionPolicy;
+
+/// A table the archiver moves rows out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveTable {
+    /// `idem_record` → `idem_record_history`: records whose `expire_time`
+    /// has passed.
+    Records,
+    /// `idem_outbox` → `idem_outbox_history`: finished (`success`,
+    /// `failed`) messages last updated before the retention.
+    Outbox,
+}
+
+/// An idempotency record, online or archived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RecordInfo {
+    /// The idempotency key.
+    pub key: String,
+    /// The business type.
+    pub biz_type: String,
+    /// The business document number.
+    pub biz_no: String,
+    /// Hex SHA-256 of the payload of the call that wrote it.
+    pub fingerprint: String,
+    /// The handler's serialized result (JSON).
+    pub result: Option<String>,
+    /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
+    /// (SQLite: milliseconds; MariaDB: as stored, UTC since schema
+    /// version 2 — rows an earlier release wrote from a session in another
+    /// time zone keep that zone's local time).
+    pub create_time: String,
+    /// When it may be archived, in the same format.
+    pub expire_time: String,
+    /// Whether it was found in `idem_record_history`.
+    pub archived: bool,
+    /// When it was archived, in the same format.
+    pub archived_at: Option<String>,
+}
 
 /// The outbox retention of [`Archiver::new`]: finished messages last
 /// updated longer ago than this move to `idem_outbox_history`.
@@ -93,14 +130,14 @@ impl std::ops::AddAssign for ArchiveReport {
 
 /// Moves expired records and finished outbox messages to the history
 /// tables. Cheap to clone.
-pub struct Archiver<DB: Backend> {
+pub struct Archiver<DB: Operable> {
     pool: Pool<DB>,
     batch_size: u32,
     outbox_retention: Duration,
     pause: Duration,
 }
 
-impl<DB: Backend> Clone for Archiver<DB> {
+impl<DB: Operable> Clone for Archiver<DB> {
     fn clone(&self) -> Self {
         Archiver {
             pool: self.pool.clone(),
@@ -111,10 +148,10 @@ impl<DB: Backend> Clone for Archiver<DB> {
     }
 }
 
-impl<DB: Backend> std::fmt::Debug for Archiver<DB> {
+impl<DB: Operable> std::fmt::Debug for Archiver<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Archiver")
-            .field("backend", &<DB as Backend>::NAME)
+            .field("backend", &<DB as idem_core::Backend>::NAME)
             .field("batch_size", &self.batch_size)
             .field("outbox_retention", &self.outbox_retention)
             .field("pause", &self.pause)
@@ -122,7 +159,7 @@ impl<DB: Backend> std::fmt::Debug for Archiver<DB> {
     }
 }
 
-impl<DB: Backend> Archiver<DB> {
+impl<DB: Operable> Archiver<DB> {
     /// An archiver on `pool`: batches of 1000, outbox retention 7 days, no
     /// pause between batches.
     pub fn new(pool: Pool<DB>) -> Self {
@@ -170,11 +207,11 @@ impl<DB: Backend> Archiver<DB> {
         let limit = i64::from(self.batch_size);
         let records = DB::archive_batch(&self.pool, ArchiveTable::Records, limit, 0.0).await?;
         report.records += records;
-        crate::metrics::archived("record", records);
+        metrics::counter!("idem_archived_total", "table" => "record").increment(records);
         let retention = self.outbox_retention.as_secs_f64();
         let outbox = DB::archive_batch(&self.pool, ArchiveTable::Outbox, limit, retention).await?;
         report.outbox += outbox;
-        crate::metrics::archived("outbox", outbox);
+        metrics::counter!("idem_archived_total", "table" => "outbox").increment(outbox);
         report.batches += 1;
         Ok(())
     }
@@ -339,7 +376,7 @@ impl ArchiverHandle {
 /// assert!(all.is_empty() && mail.is_empty());
 /// # Ok(()) }
 /// ```
-pub async fn find_record<DB: Backend>(
+pub async fn find_record<DB: Operable>(
     pool: &Pool<DB>,
     key: &str,
     biz_type: Option<&str>,
@@ -394,7 +431,7 @@ pub struct ArchiveStatus {
 /// assert_eq!(status.last_outbox_archived_at, None);
 /// # Ok(()) }
 /// ```
-pub async fn status<DB: Backend>(
+pub async fn status<DB: Operable>(
     pool: &Pool<DB>,
     outbox_retention: Duration,
 ) -> Result<ArchiveStatus, Error> {

@@ -1,9 +1,8 @@
 //! [`ArchiveStore`] for every backend.
 
-use super::super::sql::SqlSet;
-use super::super::types::{ArchiveTable, RecordInfo};
-use super::super::{ArchiveStore, sealed::Sealed};
-use super::{persist, stmt};
+use super::{ArchiveStore, persist, sql_of_pool, stmt};
+use crate::archive::{ArchiveTable, RecordInfo};
+use idem_core::Backend;
 use sqlx::{Database, Pool};
 
 /// The connection of an archiving batch: closed instead of going back to
@@ -60,10 +59,6 @@ fn record_info(row: OnlineRow, archived_at: Option<String>) -> RecordInfo {
     }
 }
 
-fn sql_of_pool<DB: Sealed>(pool: &Pool<DB>) -> &'static SqlSet {
-    DB::dialect_of_pool(pool).sql()
-}
-
 for_every_backend! {
 impl ArchiveStore for DB {
     async fn archive_batch(
@@ -115,7 +110,7 @@ impl ArchiveStore for DB {
             for id in &ids {
                 q = q.bind(*id);
             }
-            moved[n] = DB::rows_affected(&q.execute(&mut *tx).await?);
+            moved[n] = DB::rows_changed(&q.execute(&mut *tx).await?);
         }
         let [copied, deleted] = moved;
         if copied != deleted {
