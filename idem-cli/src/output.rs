@@ -2,6 +2,7 @@
 
 use crate::Fail;
 use idem_runtime::outbox::admin::OutboxMessage;
+use idem_runtime::timestamp::utc_text;
 use serde::Serialize;
 use std::borrow::Cow;
 
@@ -39,7 +40,7 @@ pub(crate) fn messages_table(messages: &[OutboxMessage]) -> String {
                 m.msg_id.clone(),
                 m.status.clone(),
                 m.attempts.to_string(),
-                m.updated_at.clone(),
+                utc_text(&m.updated_at),
                 shorten(m.last_error.as_deref().unwrap_or("-"), 60),
             ]
         })

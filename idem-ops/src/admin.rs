@@ -27,6 +27,7 @@ use serde::Serialize;
 use sqlx::Pool;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use time::OffsetDateTime;
 
 /// An outbox message as the operator sees it (no payload).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -44,8 +45,9 @@ pub struct OutboxMessage {
     pub attempts: i64,
     /// The last failure, if any.
     pub last_error: Option<String>,
-    /// Last change: `YYYY-MM-DD HH:MM:SS.ffffff` (UTC).
-    pub updated_at: String,
+    /// Last change.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
 }
 
 /// Which failed messages a requeue takes.
@@ -399,11 +401,12 @@ pub struct LeaseHolder {
     pub messages: i64,
     /// of them, leases not yet expired (locked_until > now)
     pub live: i64,
-    /// The earliest `locked_until` of its messages, `YYYY-MM-DD
-    /// HH:MM:SS.ffffff` UTC (SQLite: milliseconds).
-    pub earliest_expiry: Option<String>,
-    /// The latest `locked_until` of its messages, in the same format.
-    pub latest_expiry: Option<String>,
+    /// The earliest `locked_until` of its messages.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub earliest_expiry: Option<OffsetDateTime>,
+    /// The latest `locked_until` of its messages.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub latest_expiry: Option<OffsetDateTime>,
 }
 
 /// Who holds leases on pending messages, ordered by owner: per lease
@@ -412,19 +415,16 @@ pub struct LeaseHolder {
 /// stopped (or lost its database) mid-delivery: its messages are claimed
 /// again once due.
 pub async fn leases<DB: Operable>(pool: &Pool<DB>) -> Result<Vec<LeaseHolder>, Error> {
-    let mut holders: Vec<LeaseHolder> = DB::outbox_leases(pool)
-        .await?
-        .into_iter()
-        .map(
-            |(owner, messages, live, earliest_expiry, latest_expiry)| LeaseHolder {
-                owner,
-                messages,
-                live,
-                earliest_expiry,
-                latest_expiry,
-            },
-        )
-        .collect();
+    let mut holders = Vec::new();
+    for (owner, messages, live, earliest, latest) in DB::outbox_leases(pool).await? {
+        holders.push(LeaseHolder {
+            owner,
+            messages,
+            live,
+            earliest_expiry: crate::timestamp::parse_opt(earliest)?,
+            latest_expiry: crate::timestamp::parse_opt(latest)?,
+        });
+    }
     // The same order on every database, whatever its collation.
     holders.sort_by(|a, b| a.owner.cmp(&b.owner));
     Ok(holders)

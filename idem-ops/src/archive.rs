@@ -53,6 +53,7 @@ use sqlx::Pool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use time::OffsetDateTime;
 use tokio::sync::watch;
 
 mod retention;
@@ -83,17 +84,20 @@ pub struct RecordInfo {
     pub fingerprint: String,
     /// The handler's serialized result (JSON).
     pub result: Option<String>,
-    /// When the record was written: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC
-    /// (SQLite: milliseconds; MariaDB: as stored, UTC since schema
-    /// version 2 — rows an earlier release wrote from a session in another
-    /// time zone keep that zone's local time).
-    pub create_time: String,
-    /// When it may be archived, in the same format.
-    pub expire_time: String,
+    /// When the record was written, in UTC (SQLite keeps milliseconds;
+    /// MariaDB: as stored, UTC since schema version 2 — rows an earlier
+    /// release wrote from a session in another time zone keep that zone's
+    /// local time).
+    #[serde(with = "time::serde::rfc3339")]
+    pub create_time: OffsetDateTime,
+    /// When it may be archived.
+    #[serde(with = "time::serde::rfc3339")]
+    pub expire_time: OffsetDateTime,
     /// Whether it was found in `idem_record_history`.
     pub archived: bool,
-    /// When it was archived, in the same format.
-    pub archived_at: Option<String>,
+    /// When it was archived.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub archived_at: Option<OffsetDateTime>,
 }
 
 /// The outbox retention of [`Archiver::new`]: finished messages last
@@ -401,12 +405,12 @@ pub struct ArchiveStatus {
     pub record_history: i64,
     /// Rows in `idem_outbox_history`.
     pub outbox_history: i64,
-    /// The latest `archived_at` of `idem_record_history`, `YYYY-MM-DD
-    /// HH:MM:SS.ffffff` UTC (SQLite: milliseconds); none when empty.
-    pub last_record_archived_at: Option<String>,
-    /// The latest `archived_at` of `idem_outbox_history`, in the same
-    /// format.
-    pub last_outbox_archived_at: Option<String>,
+    /// The latest `archived_at` of `idem_record_history`; none when empty.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_record_archived_at: Option<OffsetDateTime>,
+    /// The latest `archived_at` of `idem_outbox_history`.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_outbox_archived_at: Option<OffsetDateTime>,
     /// The outbox retention counted with, in seconds (the one an
     /// [`Archiver`] honours: at most 100 years).
     pub outbox_retention_secs: f64,
@@ -449,8 +453,8 @@ pub async fn status<DB: Operable>(
         outbox_eligible,
         record_history,
         outbox_history,
-        last_record_archived_at: last_record,
-        last_outbox_archived_at: last_outbox,
+        last_record_archived_at: crate::timestamp::parse_opt(last_record)?,
+        last_outbox_archived_at: crate::timestamp::parse_opt(last_outbox)?,
         outbox_retention_secs: secs,
     })
 }

@@ -25,5 +25,9 @@ pub mod admin;
 pub mod archive;
 mod sql;
 mod store;
+pub mod timestamp;
 
 pub use store::Operable;
+/// The `time` crate, whose [`OffsetDateTime`](time::OffsetDateTime) the
+/// timestamps of records and messages are.
+pub use time;

@@ -111,7 +111,7 @@
 #[doc(inline)]
 pub use idem_core::*;
 #[doc(inline)]
-pub use idem_ops::{Operable, archive};
+pub use idem_ops::{Operable, archive, time, timestamp};
 
 /// The local message table (outbox): [`enqueue`](outbox::enqueue) a
 /// message inside the caller's own business transaction, and a

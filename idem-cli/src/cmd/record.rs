@@ -3,6 +3,7 @@
 use crate::Fail;
 use crate::output::Out;
 use idem_runtime::archive::{RecordInfo, find_record};
+use idem_runtime::timestamp::utc_text;
 use sqlx::AnyPool;
 
 pub(crate) async fn show(
@@ -49,15 +50,15 @@ fn record_text(r: &RecordInfo) -> String {
         ("biz_no", r.biz_no.clone()),
         ("fingerprint", r.fingerprint.clone()),
         ("result", r.result.clone().unwrap_or_else(|| "-".into())),
-        ("create_time", r.create_time.clone()),
-        ("expire_time", r.expire_time.clone()),
+        ("create_time", utc_text(&r.create_time)),
+        ("expire_time", utc_text(&r.expire_time)),
         (
             "archived",
             if r.archived { "yes" } else { "no (online)" }.into(),
         ),
         (
             "archived_at",
-            r.archived_at.clone().unwrap_or_else(|| "-".into()),
+            r.archived_at.as_ref().map_or("-".into(), utc_text),
         ),
     ];
     rows.iter().map(|(k, v)| format!("{k:<12} {v}\n")).collect()

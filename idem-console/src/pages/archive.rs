@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Html;
 use idem_runtime::Operable;
+use idem_runtime::timestamp::utc_text;
 use maud::html;
 
 pub(crate) async fn page<DB: Operable>(
@@ -29,8 +30,8 @@ pub(crate) async fn page<DB: Operable>(
         table #archive {
             thead { tr { th { "" } th.num { "Eligible now" } th.num { "In history" } th { "Last archived (UTC)" } } }
             tbody {
-                tr #archive-records { th { "Idempotency records" } td.num.eligible { (s.records_eligible) } td.num.history { (s.record_history) } td.last { (s.last_record_archived_at.as_deref().unwrap_or("never")) } }
-                tr #archive-outbox { th { "Outbox messages" } td.num.eligible { (s.outbox_eligible) } td.num.history { (s.outbox_history) } td.last { (s.last_outbox_archived_at.as_deref().unwrap_or("never")) } }
+                tr #archive-records { th { "Idempotency records" } td.num.eligible { (s.records_eligible) } td.num.history { (s.record_history) } td.last { (s.last_record_archived_at.as_ref().map_or("never".into(), utc_text)) } }
+                tr #archive-outbox { th { "Outbox messages" } td.num.eligible { (s.outbox_eligible) } td.num.history { (s.outbox_history) } td.last { (s.last_outbox_archived_at.as_ref().map_or("never".into(), utc_text)) } }
             }
         }
     };

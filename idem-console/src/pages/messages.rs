@@ -13,6 +13,7 @@ use axum::response::Html;
 use idem_runtime::Operable;
 use idem_runtime::outbox::admin::{self, OutboxMessage};
 use idem_runtime::outbox::{MAX_ID_LEN, Status};
+use idem_runtime::timestamp::utc_text;
 use maud::{Markup, html};
 
 /// Rows per page unless `limit` says otherwise.
@@ -209,7 +210,7 @@ pub(crate) fn message_table(mount: &Mount, messages: &[OutboxMessage], select: b
                         td { span class=(format!("status {}", m.status)) { (m.status) } }
                         td.num { (m.attempts) }
                         td.error { (m.last_error.as_deref().unwrap_or("")) }
-                        td { (m.updated_at) }
+                        td { (utc_text(&m.updated_at)) }
                         @if select { td { a.requeue-one href=(mount.url(&format!("/requeue?id={}", m.id))) { "Requeue…" } } }
                     }
                 }

@@ -10,6 +10,7 @@ use axum::http::HeaderMap;
 use axum::response::Html;
 use idem_runtime::Operable;
 use idem_runtime::outbox::admin::TopicStats;
+use idem_runtime::timestamp::utc_text;
 use maud::{Markup, html};
 
 pub(crate) async fn page<DB: Operable>(
@@ -120,8 +121,8 @@ async fn live_part<DB: Operable>(c: &Shared<DB>) -> Result<Markup, PageError> {
                                 td { code { (l.owner) } }
                                 td.num { (l.messages) }
                                 td.num { (l.live) }
-                                td { (l.earliest_expiry.as_deref().unwrap_or("-")) }
-                                td { (l.latest_expiry.as_deref().unwrap_or("-")) }
+                                td { (l.earliest_expiry.as_ref().map_or("-".into(), utc_text)) }
+                                td { (l.latest_expiry.as_ref().map_or("-".into(), utc_text)) }
                             }
                         }
                     }

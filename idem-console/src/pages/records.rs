@@ -9,6 +9,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use idem_runtime::archive::find_record;
+use idem_runtime::timestamp::utc_text;
 use idem_runtime::{MAX_KEY_LEN, Operable};
 use maud::html;
 
@@ -50,10 +51,10 @@ pub(crate) async fn page<DB: Operable>(
                         tr { th { "biz_no" } td { (r.biz_no) } }
                         tr { th { "Fingerprint" } td.fingerprint { code { (r.fingerprint) } } }
                         tr { th { "Stored result" } td.result { @if let Some(res) = &r.result { pre { (res) } } @else { "-" } } }
-                        tr { th { "Created (UTC)" } td.created { (r.create_time) } }
-                        tr { th { "Expires (UTC)" } td.expires { (r.expire_time) } }
+                        tr { th { "Created (UTC)" } td.created { (utc_text(&r.create_time)) } }
+                        tr { th { "Expires (UTC)" } td.expires { (utc_text(&r.expire_time)) } }
                         tr { th { "Where" } td.where {
-                            @if r.archived { span.badge.archived { "archived" } " at " (r.archived_at.as_deref().unwrap_or("-")) }
+                            @if r.archived { span.badge.archived { "archived" } " at " (r.archived_at.as_ref().map_or("-".into(), utc_text)) }
                             @else { span.badge.online { "online" } }
                         } }
                     }

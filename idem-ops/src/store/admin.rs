@@ -43,16 +43,16 @@ fn lossy(d: Dialect, value: String) -> String {
 fn message(
     d: Dialect,
     (id, topic, msg_id, status, attempts, last_error, updated_at): MessageRow,
-) -> OutboxMessage {
-    OutboxMessage {
+) -> Result<OutboxMessage, sqlx::Error> {
+    Ok(OutboxMessage {
         id,
         topic: lossy(d, topic),
         msg_id: lossy(d, msg_id),
         status,
         attempts: i64::from(attempts),
         last_error: last_error.map(|e| lossy(d, e)),
-        updated_at,
-    }
+        updated_at: crate::timestamp::parse(&updated_at)?,
+    })
 }
 
 /// The columns of an [`OutboxMessage`] (decoded by [`message`]).
@@ -186,7 +186,7 @@ impl AdminStore for DB {
         }
         let q = q.bind(limit);
         let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
-        Ok(rows.into_iter().map(|r| message(d, r)).collect())
+        rows.into_iter().map(|r| message(d, r)).collect()
     }
 
     async fn outbox_requeue<'a>(
@@ -225,8 +225,12 @@ impl AdminStore for DB {
         if let Some(m) = max_id {
             q = q.bind(m);
         }
-        let messages: Vec<OutboxMessage> =
-            q.fetch_all(&mut *tx).await?.into_iter().map(|r| message(d, r)).collect();
+        let messages = q
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .map(|r| message(d, r))
+            .collect::<Result<Vec<OutboxMessage>, _>>()?;
         if dry_run {
             tx.rollback().await?;
             let n = messages.len() as u64;
@@ -332,7 +336,8 @@ impl AdminStore for DB {
         }
         let q = q.bind(shown);
         let rows = on_pool!(pool, |conn| q.fetch_all(conn))?;
-        Ok((n.max(0) as u64, max_id, rows.into_iter().map(|r| message(d, r)).collect()))
+        let rows = rows.into_iter().map(|r| message(d, r)).collect::<Result<_, _>>()?;
+        Ok((n.max(0) as u64, max_id, rows))
     }
 
     async fn outbox_status(

@@ -2,6 +2,7 @@
 
 use super::{ArchiveStore, persist, sql_of_pool, stmt};
 use crate::archive::{ArchiveTable, RecordInfo};
+use crate::timestamp::{parse, parse_opt};
 use idem_core::Backend;
 use sqlx::{Database, Pool};
 
@@ -44,19 +45,19 @@ type HistoryRow = (
     String,
 );
 
-fn record_info(row: OnlineRow, archived_at: Option<String>) -> RecordInfo {
+fn record_info(row: OnlineRow, archived_at: Option<String>) -> Result<RecordInfo, sqlx::Error> {
     let (key, biz_type, biz_no, fingerprint, result, create_time, expire_time) = row;
-    RecordInfo {
+    Ok(RecordInfo {
         key,
         biz_type,
         biz_no,
         fingerprint,
         result,
-        create_time,
-        expire_time,
+        create_time: parse(&create_time)?,
+        expire_time: parse(&expire_time)?,
         archived: archived_at.is_some(),
-        archived_at,
-    }
+        archived_at: parse_opt(archived_at)?,
+    })
 }
 
 for_every_backend! {
@@ -182,13 +183,13 @@ impl ArchiveStore for DB {
         }
         let online = on_pool!(pool, |conn| online.fetch_all(conn))?;
         let history = on_pool!(pool, |conn| q.fetch_all(conn))?;
-        let mut found: Vec<RecordInfo> = online
+        let mut found = online
             .into_iter()
             .map(|row| record_info(row, None))
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         for (k, t, n, f, r, c, e, at) in history {
             if !found.iter().any(|i| i.biz_type == t) {
-                found.push(record_info((k, t, n, f, r, c, e), Some(at)));
+                found.push(record_info((k, t, n, f, r, c, e), Some(at))?);
             }
         }
         found.sort_by(|a, b| a.biz_type.cmp(&b.biz_type));

@@ -11,8 +11,27 @@ use idem_runtime::Error;
 use idem_runtime::archive::{self, Archiver};
 use idem_runtime::outbox::Status;
 use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
+use idem_runtime::time::{self, OffsetDateTime};
 use idem_testkit::sql;
 use std::time::Duration;
+
+/// A timestamp column's text (`YYYY-MM-DD HH:MM:SS[.fraction]`, as the
+/// dialect's own expression selects it here), as the typed UTC time the
+/// admin API answers.
+fn utc(text: &str) -> OffsetDateTime {
+    let format = time::format_description::parse_borrowed::<2>(
+        "[year]-[month]-[day] [hour]:[minute]:[second].[subsecond]",
+    )
+    .expect("format");
+    let text = if text.contains('.') {
+        text.to_string()
+    } else {
+        format!("{text}.0")
+    };
+    time::PrimitiveDateTime::parse(&text, &format)
+        .unwrap_or_else(|e| panic!("{text}: {e}"))
+        .assume_utc()
+}
 
 fn is_config(r: Result<impl std::fmt::Debug, Error>) -> bool {
     matches!(r, Err(Error::Config { .. }))
@@ -168,7 +187,7 @@ macro_rules! admin_tests {
                 assert_eq!(all.next_after, None);
                 let m = &all.messages[0];
                 let (status, attempts, error, _, updated_at) = row(&pool, m.id).await;
-                assert_eq!((&m.status, m.attempts, &m.last_error, &m.updated_at), (&status, i64::from(attempts), &error, &updated_at));
+                assert_eq!((&m.status, m.attempts, &m.last_error, m.updated_at), (&status, i64::from(attempts), &error, utc(&updated_at)));
                 let pending = admin::page(&pool, Status::Pending, Some("pages"), Some(ids[1]), 10).await.expect("page");
                 assert_eq!(pending.messages.iter().map(|m| m.id).collect::<Vec<_>>(), [ids[4], ids[7]]);
 
@@ -389,15 +408,15 @@ macro_rules! admin_tests {
                         owner: "relay-a".into(),
                         messages: 2,
                         live: 1,
-                        earliest_expiry: Some(until[1].clone()),
-                        latest_expiry: Some(until[0].clone()),
+                        earliest_expiry: Some(utc(&until[1])),
+                        latest_expiry: Some(utc(&until[0])),
                     },
                     admin::LeaseHolder {
                         owner: "relay-b".into(),
                         messages: 1,
                         live: 1,
-                        earliest_expiry: Some(until[2].clone()),
-                        latest_expiry: Some(until[2].clone()),
+                        earliest_expiry: Some(utc(&until[2])),
+                        latest_expiry: Some(utc(&until[2])),
                     },
                 ];
                 assert_eq!(holders, expected);
@@ -503,7 +522,7 @@ macro_rules! admin_tests {
                 ] {
                     let text = format!("SELECT {} FROM {table} ORDER BY archived_at DESC", text_of("archived_at"));
                     let newest: String = sqlx::query_scalar(q(text)).fetch_one(&pool).await.expect("archived_at");
-                    assert_eq!(last.as_deref(), Some(newest.as_str()), "{table}");
+                    assert_eq!(*last, Some(utc(&newest)), "{table}");
                 }
                 assert_eq!(ids_where(&pool, "1 = 1").await, [ids[2], ids[3]]);
             }
