@@ -167,7 +167,7 @@ pub(crate) fn emit(
 /// [`emit`] for the holder of `lease`.
 pub(crate) fn of_lease(
     kind: &str,
-    lease: &crate::outbox::OutboxLease,
+    lease: &crate::lease::OutboxLease,
     fields: impl FnOnce() -> serde_json::Value,
 ) {
     emit(

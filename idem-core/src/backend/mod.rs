@@ -18,7 +18,7 @@
 //! the macro validated at compile time (and that are checked again here),
 //! quoted for the dialect; every value is a bind parameter.
 
-use crate::outbox::lease::OutboxLease;
+use crate::lease::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 use std::future::Future;

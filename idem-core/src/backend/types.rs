@@ -1,11 +1,11 @@
 //! The rows and arguments the stores exchange with the rest of the
 //! runtime. They live here, below every concept, so that the dependency
-//! goes one way: `archive`, `outbox` and `call` use `backend`, never the
+//! goes one way: `outbox` and `call` use `backend`, never the
 //! reverse. The outbox's own vocabulary that the stores speak (the lease
-//! of a delivery, a message's status) lives in `outbox/lease.rs` and
-//! `outbox/status.rs`, two leaves that import nothing of the crate.
+//! of a delivery, a message's status) lives in `lease.rs` and
+//! `status.rs` (at the crate root), two leaves that import nothing of the crate.
 
-use crate::outbox::status::Status;
+use crate::status::Status;
 
 /// An outbox message's status and lease, as the fenced update found it.
 #[derive(Debug, Clone)]

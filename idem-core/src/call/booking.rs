@@ -1,5 +1,5 @@
 //! How a failed call ends: rolled back, or, when its relay books failures
-//! in the call's transaction (see `FailureBook`, backend/types.rs), rolled
+//! in the call's transaction (see `FailureBook`, lease.rs), rolled
 //! back to the savepoint just after the fenced update, the failure written
 //! over the success mark and committed, the message's row held throughout.
 
@@ -58,7 +58,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
 }
 
 /// A failed call's bookkeeping, in its own transaction, which still holds
-/// the message's row (see `FailureBook` (backend/types.rs)):
+/// the message's row (see `FailureBook`, lease.rs):
 /// back to [`BODY_SAVEPOINT`], the failure written over the call's own
 /// success mark, and the commit. If any of it fails, the transaction rolls
 /// back and the relay writes the failure itself, as before.

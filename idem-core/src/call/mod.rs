@@ -29,7 +29,7 @@ mod outcome;
 mod source;
 mod strategy;
 
-pub(crate) use crate::outbox::lease::OutboxLease;
+pub(crate) use crate::lease::OutboxLease;
 pub use caller::CallerTx;
 pub(crate) use caller::{BARE_BATCH_UNDONE, SharedTx};
 pub use outcome::Outcome;

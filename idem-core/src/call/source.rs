@@ -1,7 +1,7 @@
 //! Where a call gets its connection, and the outbox lease that drives it.
 
 use crate::backend::Backend;
-use crate::outbox::lease::OutboxLease;
+use crate::lease::OutboxLease;
 use sqlx::Pool;
 
 /// Where a call gets its connection, and which outbox message (if any)

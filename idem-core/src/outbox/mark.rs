@@ -19,7 +19,7 @@
 //! `call/fence.rs`; the relay counts it as stale).
 
 use crate::backend::{Backend, LockedState, StateSql};
-use crate::outbox::lease::OutboxLease;
+use crate::lease::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Pool, Transaction};
 

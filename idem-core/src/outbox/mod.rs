@@ -46,17 +46,16 @@
 //! ```
 
 mod enqueue;
-pub(crate) mod lease;
 pub(crate) mod mark;
 mod notifier;
 mod relay;
-pub(crate) mod status;
 pub use crate::backend::OutboxRow;
+pub use crate::lease::OutboxLease;
+pub use crate::status::Status;
 pub use enqueue::{
     Enqueued, InTransaction, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue,
     notify_on_enqueue, notify_on_enqueue_enabled,
 };
-pub use lease::OutboxLease;
 pub use notifier::{
     DENSE as NOTIFIER_DENSE, GIVE_UP as NOTIFIER_GIVE_UP, MIN_GAP as NOTIFIER_MIN_GAP, NOTIFIER_APP,
 };
@@ -65,4 +64,3 @@ pub use relay::{
     Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
     RelayStatsSnapshot, Settled, Settlement,
 };
-pub use status::Status;

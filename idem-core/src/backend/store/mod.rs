@@ -8,7 +8,7 @@ use super::types::{NewRecord, StoredRecord};
 use super::{CallStore, Migrate, StateSql, sealed::Sealed};
 use idem_syntax::is_identifier;
 
-use crate::outbox::lease::OutboxLease;
+use crate::lease::OutboxLease;
 use crate::state::EntityIdValue;
 use sqlx::{Database, Pool, Transaction};
 

@@ -5,8 +5,8 @@ use super::super::sql::{Claim, InsertId, Renew, marks};
 use super::super::types::{ClaimError, Claimed, OutboxInsert, OutboxRow, OutboxState};
 use super::super::{ClaimSql, OutboxStore, sealed::Sealed};
 use super::{begin, persist, sql_of, stmt};
-use crate::outbox::lease::OutboxLease;
-use crate::outbox::status::Status;
+use crate::lease::OutboxLease;
+use crate::status::Status;
 use sqlx::{Database, Pool, Transaction};
 
 /// The failure bookkeeping's statement (see

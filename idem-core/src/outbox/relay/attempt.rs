@@ -4,8 +4,8 @@
 use super::{Delivery, Relay, Settled, Settlement};
 use crate::backend::{Backend, OutboxRow, OutboxState};
 use crate::consume::{self, Failure, Next, Verdict};
-use crate::outbox::lease::OutboxLease;
-use crate::outbox::status::Status;
+use crate::lease::OutboxLease;
+use crate::status::Status;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -62,7 +62,7 @@ use crate::backend::{Backend, OutboxRow};
 use crate::call::{BARE_BATCH_UNDONE, CallerTx, SharedTx};
 use crate::consume::{self, Failure, Verdict};
 use crate::error::Error;
-use crate::outbox::lease::OutboxLease;
+use crate::lease::OutboxLease;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use tokio::task::JoinSet;

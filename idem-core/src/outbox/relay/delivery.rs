@@ -3,7 +3,7 @@
 use crate::Source;
 use crate::backend::{Backend, OutboxRow};
 use crate::call::SharedTx;
-use crate::outbox::lease::OutboxLease;
+use crate::lease::OutboxLease;
 use sqlx::Pool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
