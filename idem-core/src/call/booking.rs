@@ -3,7 +3,7 @@
 //! back to the savepoint just after the fenced update, the failure written
 //! over the success mark and committed, the message's row held throughout.
 
-use super::{Call, CallState, CallTx, OutboxLease, fail};
+use super::{CallState, CallTx, OutboxLease, fail};
 use crate::backend::Backend;
 use crate::error::Error;
 use sqlx::Transaction;
@@ -15,26 +15,27 @@ use tracing::Span;
 const BODY_SAVEPOINT: &str = "SAVEPOINT idem_call_body";
 const BODY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT idem_call_body";
 
-impl<DB: Backend> Call<'_, DB> {
+impl<DB: Backend> CallState<'_, DB> {
     /// When the relay books failures in the call's transaction: the
     /// savepoint a failure rolls back to, just after the fenced update.
     pub(super) async fn open_booking(&mut self, lease: &OutboxLease) -> Result<(), Error> {
         if crate::probe::broken(crate::probe::Break::FailureBooking) {
             return Ok(());
         }
-        if lease.book.is_none() || !matches!(self.state.tx, CallTx::Own(_)) {
+        if lease.book.is_none() || !matches!(self.tx, CallTx::Own(_)) {
             return Ok(());
         }
-        if let Err(e) = DB::exec(self.state.tx.tx(), BODY_SAVEPOINT).await {
-            self.state.trace("aborted", || serde_json::json!({}));
+        if let Err(e) = DB::exec(self.tx.tx(), BODY_SAVEPOINT).await {
+            self.trace("aborted", || serde_json::json!({}));
             return Err(self.fail(Error::database(e)));
         }
-        self.state.booking = true;
+        self.booking = true;
         Ok(())
     }
-}
 
-impl<DB: Backend, G> Call<'_, DB, G> {
+    /// Ends a call that failed with `err`: its failure booked in its own
+    /// transaction when the relay asked for it (see [`book_failure`]),
+    /// else rolled back. Returns `err`, recorded on the call's span.
     pub(super) async fn abort(self, err: Error) -> Error {
         let CallState {
             tx,
@@ -42,7 +43,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
             lease,
             booking,
             ..
-        } = self.state;
+        } = self;
         match (tx, lease) {
             // A conflict is not booked: the relay runs the handler again
             // at once under the same attempt (see `CONFLICT_RERUNS`).

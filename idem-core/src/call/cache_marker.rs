@@ -1,7 +1,7 @@
 //! What the front cache stores for a committed call, how a marker is read
 //! back, and how long it may live.
 
-use super::Call;
+use super::CallState;
 use crate::backend::Backend;
 use std::time::Instant;
 
@@ -19,17 +19,17 @@ pub(crate) fn replay_of<'m>(marker: &'m str, fingerprint: &str) -> Option<&'m st
         .and_then(|rest| rest.strip_prefix(':'))
 }
 
-impl<DB: Backend, G> Call<'_, DB, G> {
+impl<DB: Backend> CallState<'_, DB> {
     /// Whether this call writes a front-cache marker after its commit (see
     /// [`MarkerHook::writes`](super::front::MarkerHook::writes)).
     pub(crate) fn writes_marker(&self) -> bool {
-        self.state.front.writes(self.state.tx.nested())
+        self.front.writes(self.tx.nested())
     }
 
     /// Bounds the marker by its record's expiry (see
     /// [`MarkerHook::bound`](super::front::MarkerHook::bound)).
     pub(crate) fn bound_marker(&mut self, asked: Instant, left_ms: Option<i64>) {
-        self.state.front.bound(asked, left_ms);
+        self.front.bound(asked, left_ms);
     }
 }
 

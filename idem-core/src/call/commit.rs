@@ -4,11 +4,11 @@
 //! batch's mark, and the front cache's marker, written only once
 //! committed. A failed call ends in `booking.rs`.
 
-use super::{Call, CallState, Outcome, fail};
+use super::{CallState, Outcome, fail};
 use crate::backend::Backend;
 use crate::error::Error;
 
-impl<DB: Backend, G> Call<'_, DB, G> {
+impl<DB: Backend> CallState<'_, DB> {
     /// Ends a call whose action already happened: commits (the driving
     /// outbox message, if any, was marked at the start), re-warming the
     /// cache with `marker` (the record strategy's fingerprint and result).
@@ -18,7 +18,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
         stored: Option<T>,
         marker: Option<String>,
     ) -> Result<Outcome<T>, Error> {
-        let layer = match self.state.strategy {
+        let layer = match self.strategy {
             "state_machine" => "domain_state",
             other => other,
         };
@@ -27,6 +27,9 @@ impl<DB: Backend, G> Call<'_, DB, G> {
         Ok(Outcome::Duplicate(stored))
     }
 
+    /// The call's one commit point (see the module documentation):
+    /// `outcome` names it in the logs and metrics, `marker` is the front
+    /// cache's, written once committed.
     pub(super) async fn commit(
         mut self,
         outcome: &'static str,
@@ -34,7 +37,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
     ) -> Result<(), Error> {
         // A failure here is ambiguous: the server may have committed and
         // the acknowledgement been lost. Report it as such; a retry is safe.
-        let traced = self.state.lease.take();
+        let traced = self.lease.take();
         let CallState {
             tx,
             key,
@@ -42,7 +45,7 @@ impl<DB: Backend, G> Call<'_, DB, G> {
             front,
             batch_mark,
             ..
-        } = self.state;
+        } = self;
         let nested = tx.nested();
         let at = crate::probe::now();
         let committed = tx.commit().await;

@@ -3,15 +3,15 @@
 //! whose lease it carries (see [`OutboxLease`]), alone or folded into the
 //! state machine's locking read; and what a refused update means.
 
-use super::{Call, OutboxLease};
+use super::{CallState, OutboxLease};
 use crate::backend::{Backend, StateSql};
 use crate::error::Error;
 use crate::state::EntityIdValue;
 
-impl<DB: Backend> Call<'_, DB> {
+impl<DB: Backend> CallState<'_, DB> {
     /// The fenced outbox update: exactly one row, or the call fails.
     pub(super) async fn mark_outbox(&mut self, lease: &OutboxLease) -> Result<(), Error> {
-        let marked = crate::outbox::mark::in_call(self.state.tx.tx(), lease).await;
+        let marked = crate::outbox::mark::in_call(self.tx.tx(), lease).await;
         self.marked(lease, marked).await
     }
 
@@ -25,24 +25,23 @@ impl<DB: Backend> Call<'_, DB> {
         sql: &StateSql,
         id: &EntityIdValue,
     ) -> Result<Option<(String, Option<String>)>, Error> {
-        let folded = match (self.state.mark_in_guard, self.state.lease.as_deref()) {
+        let folded = match (self.mark_in_guard, self.lease.as_deref()) {
             (true, Some(lease)) => {
-                crate::outbox::mark::with_state_lock(self.state.tx.tx(), sql, lease, id).await
+                crate::outbox::mark::with_state_lock(self.tx.tx(), sql, lease, id).await
             }
             _ => {
-                return DB::lock_state(self.state.tx.tx(), sql, id)
+                return DB::lock_state(self.tx.tx(), sql, id)
                     .await
                     .map_err(Error::database);
             }
         };
         match folded {
             Ok((1, found)) => {
-                self.state
-                    .trace("fenced_update", || serde_json::json!({ "held": true }));
+                self.trace("fenced_update", || serde_json::json!({ "held": true }));
                 Ok(found)
             }
             refused => {
-                let lease = self.state.lease.clone().expect("matched above");
+                let lease = self.lease.clone().expect("matched above");
                 let n = refused.map(|(n, _)| u64::try_from(n).unwrap_or(0));
                 self.marked(&lease, n).await.map(|()| None)
             }
@@ -58,22 +57,21 @@ impl<DB: Backend> Call<'_, DB> {
         marked: Result<u64, sqlx::Error>,
     ) -> Result<(), Error> {
         if marked.as_ref().is_ok_and(|n| *n != 1) || marked.is_err() {
-            self.state.fence_refused = true;
+            self.fence_refused = true;
         }
         match &marked {
             Ok(n) => {
                 let held = *n == 1;
-                self.state
-                    .trace("fenced_update", || serde_json::json!({ "held": held }));
+                self.trace("fenced_update", || serde_json::json!({ "held": held }));
             }
-            Err(_) => self.state.trace("aborted", || serde_json::json!({})),
+            Err(_) => self.trace("aborted", || serde_json::json!({})),
         }
         match marked {
             Ok(1) => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(self.fail(Error::database(e))),
         }
-        let found = DB::outbox_state(self.state.tx.tx(), lease.id)
+        let found = DB::outbox_state(self.tx.tx(), lease.id)
             .await
             .map_err(|e| self.fail(Error::database(e)))?;
         let err = match found {

@@ -17,7 +17,10 @@
 //! three implementations are `crate::strategy`'s), the fenced outbox
 //! update (`fence.rs`), the commit point (`commit.rs`), how a failed call
 //! ends (`booking.rs`), the caller's transaction a call may run in
-//! (`caller.rs`) and where a call comes from (`source.rs`).
+//! (`caller.rs`) and where a call comes from (`source.rs`): `Call`'s own
+//! methods are all here, and the steps (the fenced update, the commit,
+//! the booking of a failure, the cache marker) are methods of the
+//! `CallState` they work on, in their files.
 
 mod booking;
 mod cache_marker;
@@ -150,7 +153,7 @@ pub(crate) struct CallState<'c, DB: Backend> {
     /// the fenced update (or, when the guard ran it, just after the guard).
     booking: bool,
     /// The fenced outbox update is left to the strategy's guard, which
-    /// folds it into its first statement (see [`Call::mark_in_guard`]).
+    /// folds it into its first statement (see [`CallState::lock_state`]).
     mark_in_guard: bool,
     /// The fenced update found the message not held by this delivery:
     /// the call ends with nothing more written (dropped: rolled back).
@@ -164,6 +167,11 @@ impl<DB: Backend> CallState<'_, DB> {
         if let Some(lease) = &self.lease {
             crate::probe::of_lease(kind, lease, fields);
         }
+    }
+
+    /// `err`, recorded on the call's span (see [`fail`]).
+    fn fail(&self, err: Error) -> Error {
+        fail(&self.span, err)
     }
 }
 
@@ -202,7 +210,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 if call.state.mark_in_guard
                     && let Some(lease) = call.state.lease.take()
                 {
-                    let opened = call.open_booking(&lease).await;
+                    let opened = call.state.open_booking(&lease).await;
                     call.state.lease = Some(lease);
                     opened?;
                 }
@@ -211,7 +219,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
             Ok(Guarded::Duplicate { stored, marker }) => {
                 call.state
                     .trace("guard", || serde_json::json!({ "done": true }));
-                call.duplicate(stored, marker).await.map(Open::Done)
+                call.state.duplicate(stored, marker).await.map(Open::Done)
             }
             // The folded fenced update refused: as in `begin`, nothing
             // more is written (the error is recorded already).
@@ -220,7 +228,7 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 // The state check failed (a statement error, a lost
                 // connection): the call's transaction aborts.
                 call.state.trace("aborted", || serde_json::json!({}));
-                Err(call.abort(e).await)
+                Err(call.state.abort(e).await)
             }
         }
     }
@@ -321,8 +329,8 @@ impl<'c, DB: Backend> Call<'c, DB> {
                 self.state.mark_in_guard = true;
             }
             (Some(lease), None) => {
-                self.mark_outbox(lease).await?;
-                self.open_booking(lease).await?;
+                self.state.mark_outbox(lease).await?;
+                self.state.open_booking(lease).await?;
             }
             (None, _) => {}
         }
@@ -366,15 +374,15 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
             Ok(Booked::Executed { value, marker }) => {
                 call.state
                     .trace("transition", || serde_json::json!({ "ok": true }));
-                call.commit("executed", marker).await?;
+                call.state.commit("executed", marker).await?;
                 Ok(Outcome::Executed(value))
             }
-            Ok(Booked::Duplicate) => call.duplicate(None, None).await,
+            Ok(Booked::Duplicate) => call.state.duplicate(None, None).await,
             Err(e) => {
                 // The state check failed (a statement error, a lost
                 // connection): the call's transaction aborts.
                 call.state.trace("aborted", || serde_json::json!({}));
-                Err(call.abort(e).await)
+                Err(call.state.abort(e).await)
             }
         }
     }
@@ -388,7 +396,7 @@ impl<'c, DB: Backend, G> Call<'c, DB, G> {
     }
 
     fn fail(&self, err: Error) -> Error {
-        fail(&self.state.span, err)
+        self.state.fail(err)
     }
 }
 

@@ -50,14 +50,14 @@ impl Record {
     /// call's transaction sees it (written by this call, or by the first
     /// one for a duplicate). Only asked when a marker will be written.
     async fn bound_marker<DB: Backend>(&self, call: &mut Call<'_, DB>) -> Result<(), Error> {
-        if !call.writes_marker() {
+        if !call.state.writes_marker() {
             return Ok(());
         }
         let asked = std::time::Instant::now();
         let left = DB::record_ttl_left(call.state.tx.tx(), self.biz_type, &call.state.key)
             .await
             .map_err(Error::database)?;
-        call.bound_marker(asked, left);
+        call.state.bound_marker(asked, left);
         Ok(())
     }
 }

@@ -85,7 +85,7 @@ impl<DB: Backend, T> Strategy<DB, T> for StateMachine {
     /// reached under another key: an illegal-state error.
     async fn guard(&self, call: &mut Call<'_, DB>) -> Result<Guarded<StateSql, T>, Error> {
         let sql = self.sql(call)?;
-        let found = call.lock_state(&sql, &self.id).await?;
+        let found = call.state.lock_state(&sql, &self.id).await?;
         let duplicate = Guarded::Duplicate {
             stored: None,
             marker: None,
