@@ -1,7 +1,7 @@
 //! One attempt of one message: the handler run under a renewed lease,
 //! then the bookkeeping (success, retry with back-off, or dead letter).
 
-use super::{Delivery, Relay, Settled, Settlement};
+use super::{Delivery, Inner, Settled, Settlement};
 use crate::backend::{Backend, OutboxRow, OutboxState};
 use crate::consume::{self, Failure, Next, Verdict};
 use crate::lease::OutboxLease;
@@ -62,11 +62,11 @@ pub(super) fn one_call_per_delivery(takes: u32, result: Verdict) -> Verdict {
     )))
 }
 
-impl<DB: Backend> Relay<DB> {
+impl<DB: Backend> Inner<DB> {
     /// One attempt of one message, claimed under the lease owner `owner`,
     /// and its bookkeeping.
     pub(super) async fn deliver(&self, row: OutboxRow, owner: Arc<str>) {
-        let i = &self.inner;
+        let i = self;
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
         let Some(route) = i.routing.routes.get(&row.topic).cloned() else {
@@ -111,7 +111,7 @@ impl<DB: Backend> Relay<DB> {
     /// failed call left nothing (a call that committed marked it `success`;
     /// one that booked its failure released the lease).
     async fn still_held(&self, lease: &OutboxLease) -> bool {
-        match DB::outbox_state_pool(&self.inner.pool, lease.id()).await {
+        match DB::outbox_state_pool(&self.pool, lease.id()).await {
             Ok(Some(s)) => {
                 s.status == Status::Pending
                     && s.attempts == lease.attempt()
@@ -142,7 +142,7 @@ impl<DB: Backend> Relay<DB> {
             );
         }
         let settlement = self.book(lease, owner, marked, result, span).await;
-        let i = &self.inner;
+        let i = self;
         tracing::debug!(parent: span, ?settlement, "outbox attempt settled");
         if let Some(hook) = &i.on_settled {
             hook(&Settled {
@@ -163,7 +163,7 @@ impl<DB: Backend> Relay<DB> {
         result: Verdict,
         span: &tracing::Span,
     ) -> Settlement {
-        let i = &self.inner;
+        let i = self;
         match result {
             Ok(executed) => self.book_success(lease, marked, executed, span).await,
             // Only a handler that marked its message in its transaction can
@@ -206,7 +206,7 @@ impl<DB: Backend> Relay<DB> {
         executed: bool,
         span: &tracing::Span,
     ) -> Settlement {
-        let i = &self.inner;
+        let i = self;
         let (id, attempts) = (lease.id(), lease.attempt());
         let counter = if executed {
             &i.stats.executed
@@ -267,7 +267,7 @@ impl<DB: Backend> Relay<DB> {
         failure: Failure,
         span: &tracing::Span,
     ) -> Settlement {
-        let i = &self.inner;
+        let i = self;
         let (id, attempts) = (lease.id(), lease.attempt());
         let commit_unknown = failure.commit_unknown;
         let retryable = failure.retryable;
@@ -353,7 +353,7 @@ impl<DB: Backend> Relay<DB> {
         delay: Duration,
         span: &tracing::Span,
     ) -> Settlement {
-        let i = &self.inner;
+        let i = self;
         match settled {
             Ok(true) if dead => {
                 i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
@@ -402,7 +402,7 @@ impl<DB: Backend> Relay<DB> {
         let read = self.fenced(
             id,
             || async {
-                let state = DB::outbox_state_pool(&self.inner.pool, id).await?;
+                let state = DB::outbox_state_pool(&self.pool, id).await?;
                 Ok(state.is_some_and(|s| s.status == Status::Success))
             },
             |_| false,
@@ -429,7 +429,7 @@ impl<DB: Backend> Relay<DB> {
     {
         let mut unknown = false;
         let mut last: Option<sqlx::Error> = None;
-        let outage_ends = tokio::time::Instant::now() + self.inner.policy.lease / 2;
+        let outage_ends = tokio::time::Instant::now() + self.policy.lease / 2;
         for tries in 0.. {
             let wait = match BOOKKEEPING_WAITS.get(tries) {
                 Some(wait) => *wait,
@@ -452,7 +452,7 @@ impl<DB: Backend> Relay<DB> {
                 Ok(true) => return Ok(true),
                 Ok(false) if !unknown => return Ok(false),
                 Ok(false) => {
-                    let state = DB::outbox_state_pool(&self.inner.pool, id).await?;
+                    let state = DB::outbox_state_pool(&self.pool, id).await?;
                     return Ok(state.as_ref().is_some_and(&landed));
                 }
                 Err(e) => {
@@ -466,7 +466,7 @@ impl<DB: Backend> Relay<DB> {
         }
         // Every try failed; if one may have committed, a read tells.
         if unknown
-            && let Ok(Some(state)) = DB::outbox_state_pool(&self.inner.pool, id).await
+            && let Ok(Some(state)) = DB::outbox_state_pool(&self.pool, id).await
             && landed(&state)
         {
             return Ok(true);
@@ -483,7 +483,7 @@ impl<DB: Backend> Relay<DB> {
         mut handler: F,
         span: &tracing::Span,
     ) -> F::Output {
-        let i = &self.inner;
+        let i = self;
         let every = (i.policy.lease / 3).max(HEARTBEAT_MIN);
         let ids = [lease.id()];
         let tick = tokio::time::sleep(every);

@@ -55,7 +55,7 @@
 //!   (`CONFLICT_RERUNS`); the batches' short waits make them, not the
 //!   lone message, the usual loser of a deadlock between the two.
 
-use super::Relay;
+use super::Inner;
 use super::attempt::one_call_per_delivery;
 use super::delivery::Delivery;
 use crate::backend::{Backend, OutboxRow};
@@ -233,7 +233,7 @@ struct Ran {
     span: tracing::Span,
 }
 
-impl<DB: Backend> Relay<DB> {
+impl<DB: Backend> Inner<DB> {
     /// A permit to open one transaction: a batch's, or a message's
     /// delivered alone. A batched relay keeps at most `concurrency /
     /// commit_batch` open at once (at least one), as many as batches of the
@@ -241,7 +241,7 @@ impl<DB: Backend> Relay<DB> {
     /// messages one by one, more of them do not mean more transactions
     /// queueing on the same hot rows and pool connections.
     async fn open_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let i = &self.inner;
+        let i = self;
         let open = i.batching.open.get_or_init(|| {
             let n = (i.policy.concurrency / i.batching.commit_batch.max(1)).max(1);
             Arc::new(tokio::sync::Semaphore::new(n))
@@ -251,8 +251,8 @@ impl<DB: Backend> Relay<DB> {
 
     /// Delivers one claim's `rows` in batches of
     /// [`commit_batch`](Relay::commit_batch) messages, the batches at once.
-    pub(super) async fn deliver_batches(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let i = &self.inner;
+    pub(super) async fn deliver_batches(self: &Arc<Self>, rows: Vec<OutboxRow>, owner: Arc<str>) {
+        let i = self;
         let max = i.batching.commit_batch;
         let n = i.batching.adaptive.limit(max);
         let shrinks = i.batching.adaptive.shrinks();
@@ -289,7 +289,7 @@ impl<DB: Backend> Relay<DB> {
     /// that took a third of a lease since the claim.
     async fn deliver_alone(&self, row: OutboxRow, owner: Arc<str>, claimed: tokio::time::Instant) {
         let open = self.open_permit().await;
-        if claimed.elapsed() < self.inner.policy.lease / 3 {
+        if claimed.elapsed() < self.policy.lease / 3 {
             let _open = open;
             self.deliver(row, owner).await;
         } else {
@@ -300,8 +300,8 @@ impl<DB: Backend> Relay<DB> {
 
     /// One batch: its handlers in one transaction, committed once, then
     /// the bookkeeping of each message.
-    async fn deliver_batch(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
-        let i = &self.inner;
+    async fn deliver_batch(self: &Arc<Self>, rows: Vec<OutboxRow>, owner: Arc<str>) {
+        let i = self;
         let open = self.open_permit().await;
         let (shared, held) = match self.open_batch(&owner, &rows).await {
             Ok(opened) => opened,
@@ -449,7 +449,7 @@ impl<DB: Backend> Relay<DB> {
     /// What the batch's end comes to for each message: its bookkeeping
     /// after a commit, or every message again one by one.
     async fn after_batch(
-        &self,
+        self: &Arc<Self>,
         shared: &SharedTx<DB>,
         committed: Result<(), Error>,
         ran: Vec<Ran>,
@@ -457,7 +457,7 @@ impl<DB: Backend> Relay<DB> {
         conflict: bool,
         owner: &Arc<str>,
     ) {
-        let i = &self.inner;
+        let i = self;
         match committed {
             Ok(()) => {
                 i.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -603,15 +603,12 @@ impl<DB: Backend> Relay<DB> {
         owner: &str,
         rows: &[OutboxRow],
     ) -> Result<(SharedTx<DB>, Vec<(i64, i32)>), Error> {
-        let i = &self.inner;
+        let i = self;
         let mut tx = CallerTx::begin(&i.pool).await?;
         if crate::probe::broken(crate::probe::Break::BatchLeases) {
             // The control: every message taken as held, nothing locked.
             let held = rows.iter().map(|r| (r.id, r.attempts)).collect();
-            return Ok((
-                SharedTx::new(tx, !self.inner.batching.adaptive.trusted()),
-                held,
-            ));
+            return Ok((SharedTx::new(tx, !self.batching.adaptive.trusted()), held));
         }
         if DB::dialect(tx.transaction()?) == crate::Dialect::Postgres {
             // A batch that waits holds its earlier handlers' rows: a short
@@ -637,7 +634,7 @@ impl<DB: Backend> Relay<DB> {
         }
         crate::metrics::lease_renewals(renewed.len() as u64);
         Ok((
-            SharedTx::new(tx, !self.inner.batching.adaptive.trusted()),
+            SharedTx::new(tx, !self.batching.adaptive.trusted()),
             renewed,
         ))
     }
@@ -648,7 +645,7 @@ impl<DB: Backend> Relay<DB> {
     /// here too. A message whose lease is not renewed (claimed by another
     /// relay, or settled) is left to its holder; one whose renewal failed
     /// waits out its lease.
-    async fn deliver_each(&self, rows: Vec<OutboxRow>, owner: Arc<str>) {
+    async fn deliver_each(self: &Arc<Self>, rows: Vec<OutboxRow>, owner: Arc<str>) {
         // Side by side: the batch held one handler slot per message, which
         // would sit idle while the messages ran in turn.
         let mut each = JoinSet::new();
@@ -663,8 +660,8 @@ impl<DB: Backend> Relay<DB> {
     /// (see [`deliver_each`](Self::deliver_each)).
     async fn deliver_renewed(&self, row: OutboxRow, owner: Arc<str>) {
         let _open = self.open_permit().await;
-        let lease = self.inner.policy.lease.as_secs_f64();
-        let renewed = DB::renew_held(&self.inner.pool, &owner, row.id, lease).await;
+        let lease = self.policy.lease.as_secs_f64();
+        let renewed = DB::renew_held(&self.pool, &owner, row.id, lease).await;
         crate::probe::emit(
             "renew",
             row.id,
@@ -676,7 +673,7 @@ impl<DB: Backend> Relay<DB> {
         match renewed {
             Ok(true) => self.deliver(row, owner).await,
             Ok(false) => {
-                self.inner.stats.stale.fetch_add(1, Ordering::Relaxed);
+                self.stats.stale.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     id = row.id,
                     "outbox message no longer held by this claim; left to its holder"
@@ -695,7 +692,7 @@ impl<DB: Backend> Relay<DB> {
         owner: &Arc<str>,
         shared: &SharedTx<DB>,
     ) -> Option<Ran> {
-        let i = &self.inner;
+        let i = self;
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts, batch = true);
         // Not claimable otherwise: claims filter on the routed topics.

@@ -3,7 +3,7 @@
 //! and read back when a claim's commit outcome is unknown (see the
 //! [module documentation](super)).
 
-use super::{Inner, Relay};
+use super::Inner;
 use crate::Error;
 use crate::backend::{Backend, ClaimError, Claimed, OutboxRow};
 use std::hash::BuildHasher;
@@ -43,7 +43,7 @@ pub(super) enum Round {
     },
 }
 
-impl<DB: Backend> Relay<DB> {
+impl<DB: Backend> Inner<DB> {
     /// Claims up to `n` messages, reading back a claim whose commit
     /// outcome is unknown before it returns.
     pub(super) async fn claim_up_to(&self, n: i64) -> Result<Batch, Error> {
@@ -61,7 +61,7 @@ impl<DB: Backend> Relay<DB> {
     /// backlog, again at once (after a few milliseconds of jitter) when
     /// the claim lost a conflict, at most `CONFLICT_RETRIES` times.
     pub(super) async fn claim_round(&self, n: i64) -> Result<Round, Error> {
-        let i = &self.inner;
+        let i = self;
         let limit = n.min(i.claiming.batch_size);
         let mut conflicts = 0;
         loop {
@@ -130,7 +130,7 @@ impl<DB: Backend> Relay<DB> {
     /// One claim statement of up to `limit` rows, skipping `offset` due
     /// rows.
     async fn claim_at(&self, owner: &str, limit: i64, offset: i64) -> Result<Claimed, ClaimError> {
-        let i = &self.inner;
+        let i = self;
         i.stats.claims.fetch_add(1, Ordering::Relaxed);
         DB::claim_outbox(
             &i.pool,
@@ -146,7 +146,7 @@ impl<DB: Backend> Relay<DB> {
 
     /// The rows of a claim by `owner`, counted.
     fn counted(&self, owner: Arc<str>, claimed: Claimed) -> Batch {
-        let stats = &self.inner.stats;
+        let stats = &self.stats;
         stats
             .claimed
             .fetch_add(claimed.rows.len() as u64, Ordering::Relaxed);
@@ -168,7 +168,7 @@ impl<DB: Backend> Relay<DB> {
         chosen: Claimed,
         mut error: sqlx::Error,
     ) -> Result<Batch, Error> {
-        let i = &self.inner;
+        let i = self;
         let ids: Vec<i64> = chosen.rows.iter().map(|r| r.id).collect();
         for wait in RECOVERY_WAITS {
             tokio::time::sleep(wait).await;

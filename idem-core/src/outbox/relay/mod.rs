@@ -74,9 +74,13 @@ pub use wake::LISTENER_APP;
 use crate::backend::{Backend, ClaimSql};
 use crate::backoff::Backoff;
 use crate::consume;
+use crate::task::TaskHandle;
+use crate::{Error, Outcome};
+use serde::de::DeserializeOwned;
 use sqlx::Pool;
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
@@ -95,6 +99,458 @@ impl<DB: Backend> Clone for Relay<DB> {
     fn clone(&self) -> Self {
         Relay {
             inner: self.inner.clone(),
+        }
+    }
+}
+
+// `Relay`'s methods, all of them: its builder methods and its runs. The
+// steps they take are `Inner`'s: set up in `builder.rs`, claimed in
+// `claim.rs`, attempted in `attempt.rs`, batched in `batch.rs`, run in
+// `run.rs`.
+impl<DB: Backend> Relay<DB> {
+    /// The longest relay owner name ([`Relay::owner`]): the lease owner
+    /// column holds 64 characters, and each claim appends `#` and up to 16
+    /// hex digits.
+    pub const MAX_OWNER_LEN: usize = 47;
+
+    /// A relay on `pool` with no routes and the default settings: batches of
+    /// 64, 16 handlers at once, 30 s lease, 100 ms poll, 10 attempts,
+    /// back-off from 200 ms doubling to 60 s.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Relay {
+            inner: Arc::new(Inner::new(pool)),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Inner<DB>)) -> Self {
+        f(Arc::get_mut(&mut self.inner).expect("configure a relay before cloning or spawning it"));
+        self
+    }
+
+    /// Routes `topic` to `handler`. The payload is parsed as `P`; a payload
+    /// that does not parse is dead-lettered at once.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{idempotent, outbox::Relay};
+    /// # use sqlx::{Sqlite, Transaction};
+    /// # #[derive(serde::Deserialize)] struct Deduct { msg_id: String }
+    /// # #[idempotent(key = "d:{m.msg_id}", strategy = unique_insert, constraint = "deduction.msg_id")]
+    /// # async fn deduct(tx: &mut Transaction<'_, Sqlite>, m: &Deduct) -> Result<(), sqlx::Error> { Ok(()) }
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let relay = Relay::new(pool)
+    ///     .route("coupon.deduct", |d, m: Deduct| async move { deduct(d.source(), &m).await })
+    ///     .spawn();
+    /// // …
+    /// relay.shutdown().await;
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When `topic` is routed already (by `route` or
+    /// [`subscribe`](Relay::subscribe)): a second route would silently
+    /// replace the first, whose handler would then never run. To run
+    /// several handlers for one message, subscribe each.
+    pub fn route<P, F, Fut, T>(self, topic: impl Into<String>, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let route = consume::handler(handler);
+        self.edit(|i| i.add_route(topic.into(), route))
+    }
+
+    /// Subscribes `handler`, named `name`, to `topic`: **one message, several
+    /// handlers** (fan-out). Each subscriber of a topic gets every message
+    /// of it, in a [`Delivery`] of its own, and acts once in its own scope
+    /// (its `biz_type`, state machine or constraint: the subscribers'
+    /// keys must not meet).
+    ///
+    /// The subscribers of a message run one after the other, in the order
+    /// subscribed, each call in a transaction of its own (in the batch's,
+    /// under a savepoint of its own, with [`commit_batch`](Relay::commit_batch)).
+    /// The last one to run marks the message `success` in its transaction
+    /// if every one before it ended well; otherwise the message is
+    /// retried (back-off, dead letter, as for a single handler) and, on
+    /// the next attempt, the subscribers that had acted answer
+    /// `Duplicate` while the failed one acts. A subscriber that fails does
+    /// not stop the others of the same attempt. The failure recorded names
+    /// the subscriber.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{idempotent, outbox::Relay};
+    /// # use sqlx::{Sqlite, Transaction};
+    /// # #[derive(serde::Deserialize, serde::Serialize)] struct OrderCreated { order_id: i64 }
+    /// # #[idempotent(key = "stock:{o.order_id}", strategy = record, biz_type = "reserve_stock")]
+    /// # async fn reserve_stock(tx: &mut Transaction<'_, Sqlite>, o: &OrderCreated) -> Result<(), sqlx::Error> { Ok(()) }
+    /// # #[idempotent(key = "mail:{o.order_id}", strategy = record, biz_type = "order_mail")]
+    /// # async fn send_email(tx: &mut Transaction<'_, Sqlite>, o: &OrderCreated) -> Result<(), sqlx::Error> { Ok(()) }
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let relay = Relay::new(pool)
+    ///     .subscribe("order.created", "reserve_stock", |d, o: OrderCreated| async move {
+    ///         reserve_stock(d.source(), &o).await
+    ///     })
+    ///     .subscribe("order.created", "send_email", |d, o: OrderCreated| async move {
+    ///         send_email(d.source(), &o).await
+    ///     })
+    ///     .spawn();
+    /// # relay.shutdown().await;
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When `topic` has a [`route`](Relay::route), or a subscriber of that
+    /// `name` already.
+    pub fn subscribe<P, F, Fut, T>(
+        self,
+        topic: impl Into<String>,
+        name: impl Into<String>,
+        handler: F,
+    ) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let route = consume::handler(handler);
+        self.edit(|i| i.add_subscriber(topic.into(), name.into(), route))
+    }
+
+    /// The most messages claimed per round (default 64). With no backlog a
+    /// round claims at most the free handler slots (see
+    /// [`concurrency`](Relay::concurrency)); while there is one (and the
+    /// lease is a second or longer), up to as many more as there are
+    /// slots, so that the next messages are at hand when the running ones
+    /// end. Those wait for a slot with their leases
+    /// renewed every third of a lease: no claimed message waits out its
+    /// lease in the queue.
+    pub fn batch_size(self, n: u32) -> Self {
+        self.edit(|i| i.claiming.batch_size = i64::from(n.max(1)))
+    }
+
+    /// Batched commits (default 1: off): with `n ≥ 2`, the messages of a
+    /// claim are delivered in batches of up to `n`, each batch's handlers
+    /// one after the other in **one** transaction, each under a savepoint
+    /// of its own, and the batch commits once: one commit (one WAL flush)
+    /// for `n` messages instead of `n`. Each batch takes one handler slot
+    /// per message (see [`concurrency`](Relay::concurrency)): to run
+    /// batches side by side, set the concurrency to a multiple of `n`.
+    ///
+    /// Handlers must run their call on [`Delivery::source`], which runs it
+    /// in the batch's transaction; a handler that fails (or panics) rolls
+    /// back to its savepoint, the batch goes on, and its failure is
+    /// recorded after the batch's commit (back-off, dead letter) as
+    /// without batching.
+    ///
+    /// **Trusted batches.** Once four batches in a row committed cleanly
+    /// (no call failed, no conflict), the relay runs its batches without
+    /// the savepoints: one statement less per message, and on PostgreSQL
+    /// no subtransaction per call (more than 64 in one transaction slow
+    /// down every snapshot on the server). A call that fails (or is
+    /// cancelled) in such a batch undoes the whole batch: nothing of it
+    /// commits, its messages are delivered again one by one at once (no
+    /// attempt burnt, the failing one fails alone), and batches take
+    /// savepoints again until four in a row commit cleanly. The batch's transaction holds its messages' rows
+    /// locked until it ends, so no other relay takes them however long it
+    /// lasts. A lost acknowledgement of the batch's commit is read back
+    /// per message. On SQLite the batch holds the write lock throughout: a
+    /// handler writing on its own connection instead of its source waits
+    /// for it (and times out). See the module `batch.rs` for the details.
+    ///
+    /// **Contention (hot rows).** A batch holds every row its handlers
+    /// wrote until it commits, so batches whose handlers all update one
+    /// shared row (a stock counter) wait for each other, and two batches
+    /// that take shared rows in different orders deadlock. A conflict (a
+    /// deadlock, a serialization failure, a lock-wait time-out: PostgreSQL
+    /// `40P01`, `40001`, `55P03`; MariaDB/MySQL `1213`, `1205`, `1020`,
+    /// `1614`) is the batch's, never a message's failure:
+    /// - raised by a handler's own statement (under its savepoint; on
+    ///   PostgreSQL a lock wait longer than
+    ///   [`batch_lock_wait`](Relay::batch_lock_wait) is one), the batch
+    ///   stops there, the handlers before it commit, and that message and
+    ///   the ones after it are delivered one by one **at once**;
+    /// - raised by the batch's commit (or where the database rolled the
+    ///   whole transaction back, as MariaDB does on a deadlock), nothing
+    ///   of it committed: all its messages are delivered one by one at
+    ///   once.
+    ///
+    /// Either way no attempt is burnt and there is no back-off, and the
+    /// batch size is halved; each batch that commits cleanly grows it by
+    /// one again, up to `n` (additive increase, multiplicative decrease).
+    /// [`commit_batch_now`](Relay::commit_batch_now) is the size in force.
+    /// One by one, a handler that loses a conflict again runs again at once
+    /// under the same attempt, up to 8 times in a row (the database rolled
+    /// its transaction back); only then is its failure booked.
+    ///
+    /// **Lock order.** A batch first locks its messages' outbox rows in
+    /// message-id order (its lease renewal), then runs its handlers in
+    /// message-id order, each taking its own rows. To keep batches from
+    /// deadlocking, handlers should take shared rows (counters, balances)
+    /// **last**, after the rows of their own message, and several shared
+    /// rows always in one order (by key).
+    pub fn commit_batch(self, n: usize) -> Self {
+        self.edit(|i| i.batching.commit_batch = n.max(1))
+    }
+
+    /// How long a statement in a batch's transaction waits for a row lock
+    /// on PostgreSQL before the wait counts as the batch's conflict
+    /// (default 20 ms, at least 1 ms; `SET LOCAL lock_timeout` in the
+    /// batch's transaction only). A waiting batch holds the rows of every
+    /// handler before the waiting one, so batches that wait on one another
+    /// form convoys, and PostgreSQL finds a deadlock among them only after
+    /// its `deadlock_timeout` (1 s by default): a short wait turns both
+    /// into a quick conflict. The handlers that ran before it commit, and
+    /// the waiting message and those after it are delivered one by one at
+    /// once, where they wait as long as they must (see
+    /// [`commit_batch`](Relay::commit_batch), "Contention"). MariaDB/MySQL
+    /// report deadlocks at once and SQLite's batches hold the write lock:
+    /// the setting does nothing there.
+    ///
+    /// The trade-off, measured with `bench_peers --hot-only` (16 handlers,
+    /// batches of 16, one 2-core machine): with one shared row, which
+    /// batches only queue on, longer waits are better; with 10 rows taken in
+    /// varying order, which batches deadlock on, shorter ones. At 20 ms
+    /// batches ran 2.2× and 0.86× per message, at 200 ms 2.3× and 0.35×,
+    /// at 10 ms 1.0× and 0.84×.
+    pub fn batch_lock_wait(self, wait: Duration) -> Self {
+        self.edit(|i| i.batching.lock_wait = wait.max(Duration::from_millis(1)))
+    }
+
+    /// The batch size in force now: [`commit_batch`](Relay::commit_batch)'s
+    /// `n`, less while batches meet contention (see there).
+    pub fn commit_batch_now(&self) -> usize {
+        self.inner
+            .batching
+            .adaptive
+            .limit(self.inner.batching.commit_batch)
+    }
+
+    /// How many times contention halved the batch size (see
+    /// [`commit_batch`](Relay::commit_batch)).
+    pub fn commit_batch_shrinks(&self) -> u64 {
+        self.inner.batching.adaptive.shrinks()
+    }
+
+    /// Calls `hook` after each attempt of a message is settled, with what
+    /// came of it: to drive a progress bar, feed a dashboard or count
+    /// outcomes per topic. It runs on the relay's task, after the
+    /// attempt's bookkeeping: keep it quick (an atomic add, a channel
+    /// send). Each message has exactly one [final](crate::outbox::Settlement::is_final)
+    /// settlement, so counting those counts messages done. The same event
+    /// is logged at `DEBUG` (target `idem_runtime::outbox::relay`), with
+    /// the message's span.
+    ///
+    /// ```
+    /// use idem_runtime::outbox::Relay;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    ///
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let done = Arc::new(AtomicU64::new(0));
+    /// let seen = done.clone();
+    /// let relay = Relay::new(pool).on_settled(move |s| {
+    ///     if s.settlement.is_final() {
+    ///         seen.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// });
+    /// # let _ = relay;
+    /// # }
+    /// ```
+    pub fn on_settled(self, hook: impl Fn(&Settled<'_>) + Send + Sync + 'static) -> Self {
+        let hook: progress::Hook = Arc::new(hook);
+        self.edit(|i| i.on_settled = Some(hook))
+    }
+
+    /// Handlers running at once (default 16).
+    pub fn concurrency(self, n: usize) -> Self {
+        self.edit(|i| i.policy.concurrency = n.max(1))
+    }
+
+    /// How long a claim holds a message (default 30 s). A relay that dies
+    /// lets its messages go when their lease expires. While a handler
+    /// runs, the relay renews its message's lease every third of it (the
+    /// heartbeat), so a handler slower than its lease is not run twice; a
+    /// handler given [`Delivery::source`] also holds its message's row
+    /// locked from its first statement, which claims skip. The heartbeat
+    /// renews no more often than every 10 ms, so a lease under 30 ms runs
+    /// out between renewals: the relay logs a warning when it starts.
+    pub fn lease(self, d: Duration) -> Self {
+        self.edit(|i| i.policy.lease = d)
+    }
+
+    /// How long to wait when nothing is due (default 100 ms).
+    pub fn poll_interval(self, d: Duration) -> Self {
+        self.edit(|i| i.policy.poll_interval = d)
+    }
+
+    /// Attempts before a message is dead-lettered (default 10).
+    pub fn max_attempts(self, n: u32) -> Self {
+        self.edit(|i| i.policy.max_attempts = i32::try_from(n.max(1)).unwrap_or(i32::MAX))
+    }
+
+    /// Back-off after the first failed attempt, doubling up to `max`.
+    pub fn backoff(self, base: Duration, max: Duration) -> Self {
+        self.edit(|i| i.policy.backoff = Backoff::new(base, max))
+    }
+
+    /// The lease owner name (default `relay-<pid>-<random>`); unique per
+    /// relay. Each claim writes it followed by `#` and a sequence number
+    /// (`relay-a#1f3c…`), so a claim whose acknowledgement is lost can be
+    /// read back exactly.
+    ///
+    /// A name longer than [`Relay::MAX_OWNER_LEN`] bytes is shortened to
+    /// fit: its first 38 bytes (at a character boundary), `~`, and 8 hex
+    /// digits of a SHA-256 of the whole name, so two long names that share
+    /// a prefix stay two owners.
+    pub fn owner(self, owner: impl Into<String>) -> Self {
+        let owner = builder::fit_owner(owner.into());
+        self.edit(|i| i.claiming.owner = owner)
+    }
+
+    /// How many slices of the due set a claim may start at while there is
+    /// a backlog (default 8; 1 or 0: every claim takes the oldest due
+    /// rows). A claim of `limit` rows skips `k·limit` due rows, `k` drawn
+    /// at random in `0..n` on each claim, and takes the oldest ones when
+    /// nothing is left past that offset.
+    ///
+    /// For relays on several nodes of a multi-primary cluster (MariaDB
+    /// Galera), which do not see each other's row locks: without the
+    /// spread they all claim the same oldest rows and all but one of them
+    /// fail certification. On a single server it costs nothing measurable
+    /// (`SKIP LOCKED` already keeps relays apart) and only loosens the
+    /// oldest-first order to within `n` claims. See the module
+    /// documentation.
+    pub fn claim_spread(self, n: u32) -> Self {
+        self.edit(|i| i.claiming.claim_spread = n.max(1))
+    }
+
+    /// Whether a claim whose commit outcome is unknown is read back and
+    /// delivered at once (default: yes). Off, its messages wait out their
+    /// lease, as they did before claim recovery: for tests showing the
+    /// difference.
+    #[doc(hidden)]
+    pub fn claim_recovery(self, on: bool) -> Self {
+        self.edit(|i| i.claiming.recover_claims = on)
+    }
+
+    /// Whether the spawned relay listens for
+    /// [`NOTIFY_CHANNEL`](crate::outbox::NOTIFY_CHANNEL) notifications and
+    /// claims as soon as a message for one of its topics is committed,
+    /// rather than at its next poll (see the module documentation).
+    ///
+    /// Default: on for PostgreSQL (the native backend, and `sqlx::Any` on
+    /// a `postgres://` URL with idem's `any` and `postgres` features),
+    /// unless [transaction-pooling mode](crate::pooler) is on — `LISTEN`
+    /// is session state, which a pooler in transaction mode does not keep.
+    /// A no-op on MariaDB and SQLite, which only poll. `true` in
+    /// transaction-pooling mode is for a pool that reaches the server
+    /// directly (the mode is process-wide).
+    ///
+    /// The listener holds one connection of its own (application name
+    /// [`LISTENER_APP`](crate::outbox::LISTENER_APP)`:<owner>`), opened with the pool's connect options, and
+    /// stops with [`RelayHandle::shutdown`](crate::outbox::RelayHandle::shutdown). A lost connection is
+    /// reconnected with back-off, polling covering the gap
+    /// ([`RelayStats::listener_failures`]). Only a spawned relay listens:
+    /// [`run_once`](Relay::run_once) claims once and returns.
+    pub fn push_wakeup(self, on: bool) -> Self {
+        self.edit(|i| i.waking.push_wakeup = Some(on))
+    }
+
+    /// Whether the relay claims once each time its listener (re)connects,
+    /// for the messages enqueued while nobody listened (default: yes).
+    /// Off, those wait for the next poll: for tests showing the
+    /// difference.
+    #[doc(hidden)]
+    pub fn listener_catch_up(self, on: bool) -> Self {
+        self.edit(|i| i.waking.listener_catch_up = on)
+    }
+
+    /// Whether a spawned relay will listen (see [`push_wakeup`](Relay::push_wakeup)):
+    /// its setting or the default, and a PostgreSQL pool.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use idem_runtime::outbox::Relay;
+    /// let sqlite = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// assert!(!Relay::new(sqlite).push_wakeup(true).pushes(), "SQLite only polls");
+    /// # #[cfg(feature = "postgres")] {
+    /// let pg = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
+    /// assert!(Relay::new(pg.clone()).pushes());
+    /// assert!(!Relay::new(pg.clone()).push_wakeup(false).pushes());
+    /// idem_runtime::pooler::transaction_mode(true);
+    /// assert!(!Relay::new(pg.clone()).pushes(), "no LISTEN through a transaction-mode pooler");
+    /// assert!(Relay::new(pg).push_wakeup(true).pushes());
+    /// # idem_runtime::pooler::transaction_mode(false);
+    /// # }
+    /// # }
+    /// ```
+    pub fn pushes(&self) -> bool {
+        self.inner.pushes()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &RelayStats {
+        &self.inner.stats
+    }
+
+    /// The relay's settings, as configured.
+    pub fn settings(&self) -> RelaySettings {
+        self.inner.settings()
+    }
+
+    /// Claims one batch (at most `concurrency` messages: no more than can
+    /// start at once) and runs it to the end. Returns how many messages it
+    /// claimed (0: nothing was due).
+    pub async fn run_once(&self) -> Result<usize, Error> {
+        self.inner.run_once().await
+    }
+
+    /// Runs rounds ([`run_once`](Relay::run_once)) until one claims
+    /// nothing (nothing is due: a message waiting out its back-off is not),
+    /// and reports what they did: for a script, a test or a one-off job
+    /// that must empty the outbox before it goes on, instead of polling
+    /// `idem_outbox`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # idem_runtime::migrate(&pool).await?;
+    /// use idem_runtime::{outbox::{enqueue, Relay}, Outcome};
+    /// let mut tx = pool.begin().await?;
+    /// for n in 0..3 {
+    ///     enqueue(&mut tx, "report.daily", &format!("day-{n}"), &serde_json::json!(n)).await?;
+    /// }
+    /// tx.commit().await?;
+    /// let relay = Relay::new(pool.clone())
+    ///     .route("report.daily", |_d, _n: u32| async { Ok(Outcome::Executed(())) });
+    /// let report = relay.drain().await?;
+    /// assert_eq!((report.stats.claimed, report.stats.executed), (3, 3));
+    /// println!("{}", serde_json::to_string(&report.stats)?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn drain(&self) -> Result<DrainReport, Error> {
+        let start = std::time::Instant::now();
+        let before = self.inner.stats.snapshot();
+        let mut rounds = 0;
+        while self.run_once().await? > 0 {
+            rounds += 1;
+        }
+        Ok(DrainReport {
+            rounds,
+            elapsed: start.elapsed(),
+            stats: self.inner.stats.snapshot().since(&before),
+        })
+    }
+
+    /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
+    pub fn spawn(self) -> RelayHandle {
+        RelayHandle {
+            task: TaskHandle::spawn(|stop| self.inner.clone().run(stop)),
+            relay: self.inner.stats_owner(),
         }
     }
 }

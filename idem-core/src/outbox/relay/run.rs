@@ -1,12 +1,11 @@
-//! The relay at work: [`Relay::run_once`], [`Relay::drain`] and the
+//! The relay at work: [`Relay::run_once`](super::Relay::run_once), [`Relay::drain`](super::Relay::drain) and the
 //! spawned relay's loop, which claims while it has room and hands what it
 //! claimed to its one dispatch point.
 
 use super::claim::{Batch, CONFLICT_RETRIES, Round};
-use super::{Relay, RelayHandle, RelayStatsSnapshot, wake};
+use super::{Inner, RelayStatsSnapshot, wake};
 use crate::Error;
 use crate::backend::{Backend, OutboxRow};
-use crate::task::TaskHandle;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,10 +14,10 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 /// The shortest lease with which a relay claims messages ahead of its free
-/// handler slots (see [`Relay::batch_size`]).
+/// handler slots (see [`Relay::batch_size`](super::Relay::batch_size)).
 const AHEAD_MIN_LEASE: Duration = Duration::from_secs(1);
 
-/// What a [`Relay::drain`] did.
+/// What a [`Relay::drain`](super::Relay::drain) did.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct DrainReport {
@@ -30,20 +29,16 @@ pub struct DrainReport {
     pub stats: RelayStatsSnapshot,
 }
 
-impl<DB: Backend> Relay<DB> {
-    /// Claims one batch (at most `concurrency` messages: no more than can
-    /// start at once) and runs it to the end. Returns how many messages it
-    /// claimed (0: nothing was due).
-    pub async fn run_once(&self) -> Result<usize, Error> {
-        let batch = self
-            .claim_up_to(self.inner.policy.concurrency as i64)
-            .await?;
+impl<DB: Backend> Inner<DB> {
+    /// See [`Relay::run_once`](super::Relay::run_once).
+    pub(super) async fn run_once(self: &Arc<Self>) -> Result<usize, Error> {
+        let batch = self.claim_up_to(self.policy.concurrency as i64).await?;
         let n = batch.rows.len();
-        if self.inner.batched() {
+        if self.batched() {
             self.deliver_batches(batch.rows, batch.owner).await;
             return Ok(n);
         }
-        let permits = Arc::new(Semaphore::new(self.inner.policy.concurrency));
+        let permits = Arc::new(Semaphore::new(self.policy.concurrency));
         let mut tasks = JoinSet::new();
         for row in batch.rows {
             let permit = permits.clone().acquire_owned().await.expect("never closed");
@@ -57,59 +52,14 @@ impl<DB: Backend> Relay<DB> {
         Ok(n)
     }
 
-    /// Runs rounds ([`run_once`](Relay::run_once)) until one claims
-    /// nothing (nothing is due: a message waiting out its back-off is not),
-    /// and reports what they did: for a script, a test or a one-off job
-    /// that must empty the outbox before it goes on, instead of polling
-    /// `idem_outbox`.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// # idem_runtime::migrate(&pool).await?;
-    /// use idem_runtime::{outbox::{enqueue, Relay}, Outcome};
-    /// let mut tx = pool.begin().await?;
-    /// for n in 0..3 {
-    ///     enqueue(&mut tx, "report.daily", &format!("day-{n}"), &serde_json::json!(n)).await?;
-    /// }
-    /// tx.commit().await?;
-    /// let relay = Relay::new(pool.clone())
-    ///     .route("report.daily", |_d, _n: u32| async { Ok(Outcome::Executed(())) });
-    /// let report = relay.drain().await?;
-    /// assert_eq!((report.stats.claimed, report.stats.executed), (3, 3));
-    /// println!("{}", serde_json::to_string(&report.stats)?);
-    /// # Ok(()) }
-    /// ```
-    pub async fn drain(&self) -> Result<DrainReport, Error> {
-        let start = std::time::Instant::now();
-        let before = self.inner.stats.snapshot();
-        let mut rounds = 0;
-        while self.run_once().await? > 0 {
-            rounds += 1;
-        }
-        Ok(DrainReport {
-            rounds,
-            elapsed: start.elapsed(),
-            stats: self.inner.stats.snapshot().since(&before),
-        })
-    }
-
-    /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
-    pub fn spawn(self) -> RelayHandle {
-        RelayHandle {
-            task: TaskHandle::spawn(|stop| self.clone().run(stop)),
-            relay: self.inner.stats_owner(),
-        }
-    }
-
-    async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// The spawned relay's loop (see [`Relay::spawn`](super::Relay::spawn)), until `stop`.
+    pub(super) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         self.warn_short_lease();
         // Woken by the listener (push wake-up); a wake-up while the relay
         // is busy is kept as Notify's one permit.
         let wake = Arc::new(Notify::new());
         let listener = self.listen(&wake, &stop);
-        let permits = Arc::new(Semaphore::new(self.inner.policy.concurrency));
+        let permits = Arc::new(Semaphore::new(self.policy.concurrency));
         let mut tasks = JoinSet::new();
         let refill = self.refill();
         // And, while there is a backlog, it claims up to as many messages
@@ -123,12 +73,12 @@ impl<DB: Backend> Relay<DB> {
         let waiting = Arc::new(AtomicUsize::new(0));
         while !*stop.borrow() {
             while tasks.try_join_next().is_some() {}
-            let backlog = self.inner.claiming.backlog.load(Ordering::Relaxed);
+            let backlog = self.claiming.backlog.load(Ordering::Relaxed);
             // Not with leases under a second: between two renewals of a
             // queued message, another relay would take it over (and a
             // short-leased relay claiming ahead mostly feeds the others).
-            let ahead = match backlog && self.inner.policy.lease >= AHEAD_MIN_LEASE {
-                true => self.inner.policy.concurrency,
+            let ahead = match backlog && self.policy.lease >= AHEAD_MIN_LEASE {
+                true => self.policy.concurrency,
                 false => 0,
             };
             let room = (permits.available_permits() + ahead)
@@ -143,8 +93,8 @@ impl<DB: Backend> Relay<DB> {
             }
             // A batched claim takes all its slots at once: never more
             // than there are.
-            let room = match self.inner.batched() {
-                true => room.min(self.inner.policy.concurrency),
+            let room = match self.batched() {
+                true => room.min(self.policy.concurrency),
                 false => room,
             };
             let Some(batch) = self
@@ -155,7 +105,7 @@ impl<DB: Backend> Relay<DB> {
             };
             if batch.is_empty() {
                 tokio::select! {
-                    _ = tokio::time::sleep(self.inner.policy.poll_interval) => {}
+                    _ = tokio::time::sleep(self.policy.poll_interval) => {}
                     _ = wake.notified() => {}
                     // A dropped handle stops the relay like a shutdown.
                     changed = stop.changed() => if changed.is_err() { break },
@@ -171,9 +121,9 @@ impl<DB: Backend> Relay<DB> {
             // notification that arrived during the claim is Notify's
             // stored permit: it wakes this wait at once. (A claim at a
             // spread offset that took fewer saw only the due set's end.)
-            if listener.is_some() && self.inner.claiming.emptied.load(Ordering::Relaxed) {
+            if listener.is_some() && self.claiming.emptied.load(Ordering::Relaxed) {
                 tokio::select! {
-                    _ = tokio::time::sleep(self.inner.policy.poll_interval) => {}
+                    _ = tokio::time::sleep(self.policy.poll_interval) => {}
                     _ = wake.notified() => {}
                     changed = stop.changed() => if changed.is_err() { break },
                 }
@@ -189,7 +139,7 @@ impl<DB: Backend> Relay<DB> {
 
     /// Warns of a lease too short for the heartbeat to renew it in time.
     fn warn_short_lease(&self) {
-        let lease = self.inner.policy.lease;
+        let lease = self.policy.lease;
         if lease < 3 * super::attempt::HEARTBEAT_MIN {
             tracing::warn!(
                 ?lease,
@@ -201,21 +151,21 @@ impl<DB: Backend> Relay<DB> {
 
     /// The push listener waking `wake`, if the relay is pushed to.
     fn listen(
-        &self,
+        self: &Arc<Self>,
         wake: &Arc<Notify>,
         stop: &watch::Receiver<bool>,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        match self.pushes() && !self.inner.routing.topics.is_empty() {
+        match self.pushes() && !self.routing.topics.is_empty() {
             true => wake::spawn_listener(
-                &self.inner.pool,
+                &self.pool,
                 wake::Listen {
-                    owner: &self.inner.claiming.owner,
-                    catch_up: self.inner.waking.listener_catch_up,
+                    owner: &self.claiming.owner,
+                    catch_up: self.waking.listener_catch_up,
                 },
-                &self.inner.routing.topics,
+                &self.routing.topics,
                 wake.clone(),
                 stop.clone(),
-                self.inner.stats_owner(),
+                self.stats_owner(),
             ),
             false => None,
         }
@@ -228,10 +178,9 @@ impl<DB: Backend> Relay<DB> {
     /// is free at once: a lone message does not wait.)
     fn refill(&self) -> usize {
         (self
-            .inner
             .policy
             .concurrency
-            .min(self.inner.claiming.batch_size.max(1) as usize)
+            .min(self.claiming.batch_size.max(1) as usize)
             / 2)
         .max(1)
     }
@@ -241,7 +190,7 @@ impl<DB: Backend> Relay<DB> {
     /// outcome is unknown and its rows are read back in a task of `tasks`
     /// (what is read back waits for its slots as a claimed message does).
     async fn claim_or_recover(
-        &self,
+        self: &Arc<Self>,
         room: usize,
         tasks: &mut JoinSet<()>,
         permits: &Arc<Semaphore>,
@@ -290,13 +239,13 @@ impl<DB: Backend> Relay<DB> {
     /// of them, taking their slots at once (one claim: one owner);
     /// otherwise a task per message, at once when a slot is free.
     fn dispatch(
-        &self,
+        self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
         batch: Vec<(OutboxRow, Arc<str>)>,
         permits: &Arc<Semaphore>,
         waiting: &Arc<AtomicUsize>,
     ) {
-        if self.inner.batched() {
+        if self.batched() {
             // One claim: one owner. A slot per message, as below.
             let slots = u32::try_from(batch.len()).unwrap_or(u32::MAX);
             let owner = batch[0].1.clone();
@@ -340,13 +289,13 @@ impl<DB: Backend> Relay<DB> {
     /// (a batched claim is never larger than the slots); otherwise each as
     /// soon as it has a slot.
     async fn deliver_claimed(
-        &self,
+        self: &Arc<Self>,
         batch: Batch,
         permits: Arc<Semaphore>,
         waiting: Arc<AtomicUsize>,
     ) {
         let n = batch.rows.len();
-        if self.inner.batched() {
+        if self.batched() {
             let slots = u32::try_from(n).unwrap_or(u32::MAX);
             let ids: Vec<i64> = batch.rows.iter().map(|r| r.id).collect();
             let reserved = self
@@ -381,7 +330,7 @@ impl<DB: Backend> Relay<DB> {
         owner: &str,
         ids: &[i64],
     ) -> P {
-        let i = &self.inner;
+        let i = self;
         let every = (i.policy.lease / 3).max(Duration::from_millis(10));
         tokio::pin!(slot);
         loop {
@@ -401,9 +350,9 @@ impl<DB: Backend> Relay<DB> {
     }
 }
 
-impl<DB: Backend> super::Inner<DB> {
+impl<DB: Backend> Inner<DB> {
     /// Whether claims are delivered in batched commits
-    /// ([`Relay::commit_batch`] of 2 or more): decided here, for every
+    /// ([`Relay::commit_batch`](super::Relay::commit_batch) of 2 or more): decided here, for every
     /// path that delivers claimed messages.
     fn batched(&self) -> bool {
         self.batching.commit_batch >= 2
