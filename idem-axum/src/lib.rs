@@ -67,7 +67,7 @@
 //! ([`Idempotency::policy`]): the draft asks the server to publish how long
 //! it keeps keys. A key is kept for at least its [`ttl`](Idempotency::ttl)
 //! after the answer, until the archiver moves it to history with the other
-//! expired records ([`archive`](idem_core::archive)); the same key after that
+//! expired records (`idem_runtime::archive`); the same key after that
 //! is a new request.
 //!
 //! ## Connections: the pool against retries
