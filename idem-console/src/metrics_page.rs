@@ -84,48 +84,7 @@ pub(crate) async fn metrics<DB: Operable>(State(c): State<Shared<DB>>) -> Respon
     let stale = failure.is_some();
     let local = PrometheusBuilder::new().build_recorder();
     metrics::with_local_recorder(&local, || {
-        describe_gauge!(
-            "idem_outbox_pending",
-            Unit::Count,
-            "Pending outbox messages, per topic."
-        );
-        describe_gauge!(
-            "idem_outbox_failed",
-            Unit::Count,
-            "Dead-lettered outbox messages, per topic."
-        );
-        describe_gauge!(
-            "idem_outbox_success",
-            Unit::Count,
-            "Delivered outbox messages not yet archived, per topic."
-        );
-        describe_gauge!(
-            "idem_outbox_oldest_pending_age_seconds",
-            Unit::Seconds,
-            "Age of the topic's oldest pending outbox message (0 when none)."
-        );
-        describe_gauge!(
-            "idem_outbox_lease_holders",
-            Unit::Count,
-            "Relays holding leases on pending messages."
-        );
-        describe_gauge!(
-            "idem_console_database_up",
-            "1 when the database answered this scrape: its ping and the gauges' reads."
-        );
-        describe_gauge!(
-            "idem_console_stale",
-            "1 when this scrape could not read the database: the outbox gauges are the last known."
-        );
-        describe_gauge!(
-            "idem_console_gauges_age_seconds",
-            Unit::Seconds,
-            "How long ago the outbox gauges were read from the database."
-        );
-        describe_counter!(
-            "idem_console_scrape_errors_total",
-            "Scrapes of /metrics that could not read the database."
-        );
+        describe();
         if let Some(s) = &stats {
             for t in &s.topics {
                 let topic = t.topic.clone();
@@ -156,6 +115,52 @@ pub(crate) async fn metrics<DB: Operable>(State(c): State<Shared<DB>>) -> Respon
     }
     body += &local.handle().render();
     ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response()
+}
+
+/// The HELP text and unit of each of the console's own series.
+fn describe() {
+    describe_gauge!(
+        "idem_outbox_pending",
+        Unit::Count,
+        "Pending outbox messages, per topic."
+    );
+    describe_gauge!(
+        "idem_outbox_failed",
+        Unit::Count,
+        "Dead-lettered outbox messages, per topic."
+    );
+    describe_gauge!(
+        "idem_outbox_success",
+        Unit::Count,
+        "Delivered outbox messages not yet archived, per topic."
+    );
+    describe_gauge!(
+        "idem_outbox_oldest_pending_age_seconds",
+        Unit::Seconds,
+        "Age of the topic's oldest pending outbox message (0 when none)."
+    );
+    describe_gauge!(
+        "idem_outbox_lease_holders",
+        Unit::Count,
+        "Relays holding leases on pending messages."
+    );
+    describe_gauge!(
+        "idem_console_database_up",
+        "1 when the database answered this scrape: its ping and the gauges' reads."
+    );
+    describe_gauge!(
+        "idem_console_stale",
+        "1 when this scrape could not read the database: the outbox gauges are the last known."
+    );
+    describe_gauge!(
+        "idem_console_gauges_age_seconds",
+        Unit::Seconds,
+        "How long ago the outbox gauges were read from the database."
+    );
+    describe_counter!(
+        "idem_console_scrape_errors_total",
+        "Scrapes of /metrics that could not read the database."
+    );
 }
 
 /// Whether the database answers a ping within 3 s (why not, if not): the

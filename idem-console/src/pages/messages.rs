@@ -135,28 +135,7 @@ async fn render<DB: Operable>(
     } else {
         format!("Messages: {}", l.status.as_str())
     };
-    let filter = html! {
-        form.filter method="get" action=(c.mount.url(path)) {
-            @if !dead {
-                label { "Status "
-                    select name="status" {
-                        @for s in ["pending", "success", "failed"] {
-                            option value=(s) selected[s == l.status.as_str()] { (s) }
-                        }
-                    }
-                }
-            }
-            label { " Topic "
-                select name="topic" #topic-filter {
-                    option value="" selected[l.topic.is_none()] { "(all topics)" }
-                    @for t in &topics {
-                        option value=(t) selected[l.topic.as_deref() == Some(*t)] { (fmt::label(t)) }
-                    }
-                }
-            }
-            " " button type="submit" { "Show" }
-        }
-    };
+    let filter = filter_form(&c.mount, path, dead, &l, &topics);
     let table = message_table(&c.mount, &page.messages, dead);
     let body = html! {
         h1 { (title) }
@@ -188,6 +167,32 @@ async fn render<DB: Operable>(
         }
     };
     Ok(layout::page(&c.mount, &title, path, &viewer, body))
+}
+
+/// The page's filter: status (not on the dead letters' page) and topic.
+fn filter_form(mount: &Mount, path: &str, dead: bool, l: &Listing, topics: &[&str]) -> Markup {
+    html! {
+        form.filter method="get" action=(mount.url(path)) {
+            @if !dead {
+                label { "Status "
+                    select name="status" {
+                        @for s in ["pending", "success", "failed"] {
+                            option value=(s) selected[s == l.status.as_str()] { (s) }
+                        }
+                    }
+                }
+            }
+            label { " Topic "
+                select name="topic" #topic-filter {
+                    option value="" selected[l.topic.is_none()] { "(all topics)" }
+                    @for t in topics {
+                        option value=(t) selected[l.topic.as_deref() == Some(*t)] { (fmt::label(t)) }
+                    }
+                }
+            }
+            " " button type="submit" { "Show" }
+        }
+    }
 }
 
 /// The messages as a table; `select`: with a checkbox per row.

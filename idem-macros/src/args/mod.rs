@@ -114,41 +114,13 @@ fn list(names: &[&str]) -> String {
         .join(", ")
 }
 
+/// One argument as written: its name, the name's span, its value.
+type Seen = (String, Span, Expr);
+
 /// Parses the attribute's arguments.
 pub(crate) fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
-    let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated
-        .parse2(attr)
-        .map_err(|e| {
-            syn::Error::new(
-                e.span(),
-                format!(
-                    "{e}; expected `name = value` arguments, e.g. \
-                     `#[idempotent(key = \"coupon:{{msg.id}}\", strategy = state_machine, ...)]`"
-                ),
-            )
-        })?;
     let mut errors = Errors::default();
-    let mut seen: Vec<(String, Span, Expr)> = Vec::new();
-    for item in items {
-        let Some(name) = item.path.get_ident().map(Ident::to_string) else {
-            errors.spanned(
-                &item.path,
-                format!("unknown argument; expected one of: {}", list(ALL)),
-            );
-            continue;
-        };
-        let span = item.path.span();
-        if !ALL.contains(&name.as_str()) {
-            errors.at(
-                span,
-                format!("unknown argument `{name}`; expected one of: {}", list(ALL)),
-            );
-        } else if seen.iter().any(|(n, ..)| *n == name) {
-            errors.at(span, format!("duplicate argument `{name}`"));
-        } else {
-            seen.push((name, span, item.value));
-        }
-    }
+    let seen = arguments(attr, &mut errors)?;
     let take = |name: &str| -> Option<(Span, Expr)> {
         seen.iter()
             .find(|(n, ..)| n == name)
@@ -177,7 +149,66 @@ pub(crate) fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
         }
     });
 
-    let strategy_name = match take("strategy") {
+    let strategy_name = strategy_name(take("strategy"), &mut errors);
+    if let Some(strategy) = &strategy_name {
+        foreign_options(strategy, &seen, &mut errors);
+    }
+    let strategy = match strategy_name.as_deref() {
+        Some("state_machine") => strategy::state_machine(&take, &mut errors),
+        Some("record") => strategy::record(&take, &mut errors),
+        Some(_) => strategy::unique_insert(&take, &mut errors),
+        None => None,
+    };
+
+    errors.finish()?;
+    Ok(Args {
+        key: key.expect("no errors"),
+        validate,
+        strategy: strategy.expect("no errors"),
+    })
+}
+
+/// The `name = value` arguments, each known name once (unknown and
+/// repeated names are errors).
+fn arguments(attr: TokenStream, errors: &mut Errors) -> Result<Vec<Seen>, syn::Error> {
+    let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated
+        .parse2(attr)
+        .map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!(
+                    "{e}; expected `name = value` arguments, e.g. \
+                     `#[idempotent(key = \"coupon:{{msg.id}}\", strategy = state_machine, ...)]`"
+                ),
+            )
+        })?;
+    let mut seen: Vec<Seen> = Vec::new();
+    for item in items {
+        let Some(name) = item.path.get_ident().map(Ident::to_string) else {
+            errors.spanned(
+                &item.path,
+                format!("unknown argument; expected one of: {}", list(ALL)),
+            );
+            continue;
+        };
+        let span = item.path.span();
+        if !ALL.contains(&name.as_str()) {
+            errors.at(
+                span,
+                format!("unknown argument `{name}`; expected one of: {}", list(ALL)),
+            );
+        } else if seen.iter().any(|(n, ..)| *n == name) {
+            errors.at(span, format!("duplicate argument `{name}`"));
+        } else {
+            seen.push((name, span, item.value));
+        }
+    }
+    Ok(seen)
+}
+
+/// The strategy named by `strategy = …`, if it is one idem has.
+fn strategy_name(arg: Option<(Span, Expr)>, errors: &mut Errors) -> Option<String> {
+    match arg {
         Some((_, Expr::Path(p))) if p.path.get_ident().is_some() => {
             let ident = p.path.get_ident().expect("checked").clone();
             let name = ident.to_string();
@@ -220,50 +251,37 @@ pub(crate) fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             );
             None
         }
-    };
-
-    // Options that belong to another strategy.
-    if let Some(strategy) = &strategy_name {
-        let own: &[&str] = match strategy.as_str() {
-            "state_machine" => STATE_MACHINE,
-            "record" => RECORD,
-            _ => UNIQUE_INSERT,
-        };
-        for (name, span, _) in &seen {
-            if COMMON.contains(&name.as_str()) || own.contains(&name.as_str()) {
-                continue;
-            }
-            let owner = if STATE_MACHINE.contains(&name.as_str()) {
-                "state_machine"
-            } else if RECORD.contains(&name.as_str()) {
-                "record"
-            } else {
-                "unique_insert"
-            };
-            let valid = format!("its options are: {}", list(own));
-            errors.at(
-                *span,
-                format!(
-                    "`{name}` is an option of `strategy = {owner}`, not of \
-                     `strategy = {strategy}`; {valid}"
-                ),
-            );
-        }
     }
+}
 
-    let strategy = match strategy_name.as_deref() {
-        Some("state_machine") => strategy::state_machine(&take, &mut errors),
-        Some("record") => strategy::record(&take, &mut errors),
-        Some(_) => strategy::unique_insert(&take, &mut errors),
-        None => None,
+/// Errors for the options given that belong to another strategy than
+/// `strategy`.
+fn foreign_options(strategy: &str, seen: &[Seen], errors: &mut Errors) {
+    let own: &[&str] = match strategy {
+        "state_machine" => STATE_MACHINE,
+        "record" => RECORD,
+        _ => UNIQUE_INSERT,
     };
-
-    errors.finish()?;
-    Ok(Args {
-        key: key.expect("no errors"),
-        validate,
-        strategy: strategy.expect("no errors"),
-    })
+    for (name, span, _) in seen {
+        if COMMON.contains(&name.as_str()) || own.contains(&name.as_str()) {
+            continue;
+        }
+        let owner = if STATE_MACHINE.contains(&name.as_str()) {
+            "state_machine"
+        } else if RECORD.contains(&name.as_str()) {
+            "record"
+        } else {
+            "unique_insert"
+        };
+        let valid = format!("its options are: {}", list(own));
+        errors.at(
+            *span,
+            format!(
+                "`{name}` is an option of `strategy = {owner}`, not of \
+                 `strategy = {strategy}`; {valid}"
+            ),
+        );
+    }
 }
 
 #[cfg(test)]
