@@ -7,9 +7,8 @@
 //! platform does not sign is an explicit, named choice
 //! ([`SerialFrom::UnsignedHeader`]).
 
-use super::key::hex;
 use super::problem::Problem;
-use super::stored::unhex;
+use super::scheme::{SignatureScheme, Verified};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRef, FromRequest, Request};
@@ -22,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 /// A platform's serial format: why a serial is refused.
-type SerialCheck = fn(&str) -> Result<(), String>;
+pub(crate) type SerialCheck = fn(&str) -> Result<(), String>;
 
 /// The longest serial accepted, in bytes.
 pub const MAX_SERIAL_LEN: usize = 128;
@@ -198,7 +197,7 @@ impl IntoResponse for CallbackError {
     }
 }
 
-fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
@@ -267,7 +266,7 @@ impl CallbackVerifier {
     /// [`without_timestamp`](Self::without_timestamp).
     pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
         let ts = self.timestamp_header.as_ref().map(|_| timestamp);
-        hex(&self.mac(ts, body).finalize().into_bytes())
+        hex::encode(self.mac(ts, body).finalize().into_bytes())
     }
 
     /// The headers a platform sends with `body`, signed now.
@@ -300,7 +299,7 @@ impl CallbackVerifier {
             .ok_or(CallbackError::MissingSignature)?;
         let tag = std::str::from_utf8(sig.as_bytes())
             .ok()
-            .and_then(|s| unhex(s.trim()))
+            .and_then(|s| hex::decode(s.trim()).ok())
             .ok_or(CallbackError::MalformedSignature)?;
         let ts = match &self.timestamp_header {
             None => None,
@@ -338,87 +337,160 @@ impl CallbackVerifier {
         let Some((from, check)) = &self.serial else {
             return Ok(None);
         };
-        let bad = |why: String| CallbackError::BadSerial(why);
-        let raw = match from {
-            SerialFrom::BodyDigest => {
-                format!(
-                    "sha256-{}",
-                    hex(&<sha2::Sha256 as sha2::Digest>::digest(body))
-                )
-            }
-            SerialFrom::UnsignedHeader(name) => {
-                let v = headers
-                    .get(name)
-                    .ok_or_else(|| bad(format!("the {name} header is missing")))?;
-                String::from_utf8(v.as_bytes().to_vec())
-                    .map_err(|_| bad("the serial is not printable ASCII".into()))?
-            }
-            SerialFrom::JsonField(field) => {
-                let v: serde_json::Value = serde_json::from_slice(body)
-                    .map_err(|e| bad(format!("the body is not JSON: {e}")))?;
-                match v.get(*field) {
-                    Some(serde_json::Value::String(s)) => s.clone(),
-                    Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-                    Some(_) => return Err(bad(format!("`{field}` is not a string or an integer"))),
-                    None => return Err(bad(format!("the body has no `{field}`"))),
-                }
-            }
-        };
-        if raw.is_empty() || raw.len() > MAX_SERIAL_LEN {
-            return Err(bad(format!(
-                "the serial is {} bytes long; 1 to {MAX_SERIAL_LEN} are accepted",
-                raw.len()
-            )));
+        read_serial(from, *check, headers, body).map(Some)
+    }
+}
+
+/// The serial `from` names, validated: what every scheme with a
+/// [`SerialFrom`] reads.
+pub(crate) fn read_serial(
+    from: &SerialFrom,
+    check: SerialCheck,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<String, CallbackError> {
+    let bad = |why: String| CallbackError::BadSerial(why);
+    let raw = match from {
+        SerialFrom::BodyDigest => {
+            format!(
+                "sha256-{}",
+                hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body))
+            )
         }
-        if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-            return Err(bad("the serial is not printable ASCII".into()));
+        SerialFrom::UnsignedHeader(name) => {
+            let v = headers
+                .get(name)
+                .ok_or_else(|| bad(format!("the {name} header is missing")))?;
+            String::from_utf8(v.as_bytes().to_vec())
+                .map_err(|_| bad("the serial is not printable ASCII".into()))?
         }
-        check(&raw).map_err(bad)?;
-        Ok(Some(raw))
+        SerialFrom::JsonField(field) => {
+            let v: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|e| bad(format!("the body is not JSON: {e}")))?;
+            match v.get(*field) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                Some(_) => return Err(bad(format!("`{field}` is not a string or an integer"))),
+                None => return Err(bad(format!("the body has no `{field}`"))),
+            }
+        }
+    };
+    checked_serial(raw, check)
+}
+
+/// `raw` as a serial: 1 to [`MAX_SERIAL_LEN`] bytes of printable ASCII,
+/// accepted by `check`.
+pub(crate) fn checked_serial(raw: String, check: SerialCheck) -> Result<String, CallbackError> {
+    let bad = |why: String| CallbackError::BadSerial(why);
+    if raw.is_empty() || raw.len() > MAX_SERIAL_LEN {
+        return Err(bad(format!(
+            "the serial is {} bytes long; 1 to {MAX_SERIAL_LEN} are accepted",
+            raw.len()
+        )));
+    }
+    if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Err(bad("the serial is not printable ASCII".into()));
+    }
+    check(&raw).map_err(bad)?;
+    Ok(raw)
+}
+
+/// The verifier as a [`SignatureScheme`]: [`verify_at`](Self::verify_at),
+/// then [`serial_of`](Self::serial_of); the payload is the body.
+impl SignatureScheme for CallbackVerifier {
+    fn verify(
+        &self,
+        headers: &HeaderMap,
+        body: &Bytes,
+        now_unix_secs: i64,
+    ) -> Result<Verified, CallbackError> {
+        let timestamp = self.verify_at(headers, body, now_unix_secs)?;
+        let serial = self.serial_of(headers, body)?;
+        Ok(Verified::new(serial, timestamp, body.clone()))
     }
 }
 
 /// A callback whose signature (and timestamp) checked out, with its raw
-/// body and its serial. An extractor: the [`CallbackVerifier`] comes from
-/// the router's state (`CallbackVerifier: FromRef<S>`). Refused callbacks
-/// are answered with a problem ([`CallbackError`]) before the handler,
-/// and so before the database.
+/// body, its payload and its serial. An extractor: the scheme `V` comes from
+/// the router's state (`V: FromRef<S>`): a [`CallbackVerifier`] by default,
+/// a preset of [`scheme`](crate::scheme) (`SignedCallback<Stripe>`), or any
+/// [`SignatureScheme`] behind a [`Scheme`](crate::scheme::Scheme).
+/// Refused callbacks are answered (the scheme's
+/// [`refused`](SignatureScheme::refused), by default a problem:
+/// [`CallbackError`]) before the handler, and so before the database.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct SignedCallback {
+pub struct SignedCallback<V = CallbackVerifier> {
     /// The raw body, as signed.
     pub body: Bytes,
-    /// The signed timestamp, unless the verifier has none.
+    /// The signed timestamp, unless the scheme has none.
     pub timestamp: Option<i64>,
     serial: Option<String>,
+    payload: Bytes,
+    scheme: V,
 }
 
-impl SignedCallback {
-    /// The platform's serial, validated (present when the verifier names
-    /// one, see [`CallbackVerifier::serial`]): the idempotency key.
+impl<V: SignatureScheme> SignedCallback<V> {
+    /// The platform's serial, validated (present when the scheme names
+    /// one: every preset, a [`CallbackVerifier`] given a
+    /// [`serial`](CallbackVerifier::serial)): the idempotency key.
     pub fn serial(&self) -> &str {
         self.serial.as_deref().unwrap_or_default()
     }
 
-    /// The body as JSON; `Err` is the 400 problem to answer.
+    /// What the handler reads: the body, unless the scheme signs a part of
+    /// it (see [`Verified::payload`]).
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The payload as JSON; `Err` is the 400 problem to answer.
     #[allow(clippy::result_large_err)]
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, Response> {
-        serde_json::from_slice(&self.body).map_err(|e| {
+        serde_json::from_slice(&self.payload).map_err(|e| {
             Problem::new(StatusCode::BAD_REQUEST, "Invalid body", e.to_string()).into_response()
         })
+    }
+
+    /// The answer the platform expects once the callback is booked (or
+    /// found booked): the scheme's [`accepted`](SignatureScheme::accepted).
+    pub fn accepted(&self) -> Response {
+        self.scheme.accepted()
     }
 }
 
 /// Why [`SignedCallback`] refused a request: its answer is a problem
-/// (`application/problem+json`); take `Result<SignedCallback,
-/// CallbackRejection>` to answer in the application's own format.
+/// (`application/problem+json`), or the scheme's own; take
+/// `Result<SignedCallback, CallbackRejection>` to answer in the
+/// application's own format.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum CallbackRejection {
     /// The body could not be read (over the body limit: 413).
     Body(BytesRejection),
-    /// The signature, timestamp or serial was refused.
+    /// The signature, timestamp or serial was refused, answered with the
+    /// problem of [`CallbackError`].
     Refused(CallbackError),
+    /// The same, answered as the scheme's
+    /// [`refused`](SignatureScheme::refused) chose.
+    Answered {
+        /// Why.
+        error: CallbackError,
+        /// The scheme's answer.
+        answer: Response,
+    },
+}
+
+impl CallbackRejection {
+    /// Why the callback was refused, unless its body could not be read.
+    pub fn error(&self) -> Option<&CallbackError> {
+        match self {
+            CallbackRejection::Body(_) => None,
+            CallbackRejection::Refused(error) | CallbackRejection::Answered { error, .. } => {
+                Some(error)
+            }
+        }
+    }
 }
 
 impl IntoResponse for CallbackRejection {
@@ -426,34 +498,37 @@ impl IntoResponse for CallbackRejection {
         match self {
             CallbackRejection::Body(r) => r.into_response(),
             CallbackRejection::Refused(e) => e.into_response(),
+            CallbackRejection::Answered { answer, .. } => answer,
         }
     }
 }
 
-impl<S> FromRequest<S> for SignedCallback
+impl<S, V> FromRequest<S> for SignedCallback<V>
 where
     S: Send + Sync,
-    CallbackVerifier: FromRef<S>,
+    V: SignatureScheme + FromRef<S>,
 {
     type Rejection = CallbackRejection;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, CallbackRejection> {
-        let verifier = CallbackVerifier::from_ref(state);
+        let scheme = V::from_ref(state);
         let headers = req.headers().clone();
         let body = Bytes::from_request(req, state)
             .await
             .map_err(CallbackRejection::Body)?;
-        let timestamp = verifier
-            .verify(&headers, &body)
-            .map_err(CallbackRejection::Refused)?;
-        let serial = verifier
-            .serial_of(&headers, &body)
-            .map_err(CallbackRejection::Refused)?;
-        Ok(SignedCallback {
-            body,
-            timestamp,
-            serial,
-        })
+        match scheme.verify(&headers, &body, unix_now()) {
+            Ok(v) => Ok(SignedCallback {
+                body,
+                timestamp: v.timestamp,
+                serial: v.serial,
+                payload: v.payload,
+                scheme,
+            }),
+            Err(error) => Err(match scheme.refused(&error) {
+                None => CallbackRejection::Refused(error),
+                Some(answer) => CallbackRejection::Answered { error, answer },
+            }),
+        }
     }
 }
 

@@ -134,17 +134,6 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
     v
 }
 
-/// Lower-case hex of `bytes`.
-pub(super) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 0xf)] as char);
-    }
-    s
-}
-
 /// The record's key: `http:` and the hex SHA-256 of the caller's identity
 /// and the client's key, length-prefixed so that no two pairs collide.
 /// Fixed length whatever the identity, and no client byte reaches the
@@ -154,7 +143,7 @@ pub(super) fn record_key(identity: &str, key: &IdempotencyKey) -> String {
     h.update((identity.len() as u64).to_be_bytes());
     h.update(identity.as_bytes());
     h.update(key.0.as_bytes());
-    format!("http:{}", hex(&h.finalize()))
+    format!("http:{}", hex::encode(h.finalize()))
 }
 
 #[cfg(test)]

@@ -25,7 +25,10 @@
 //!   body's digest), so the same signed bytes replayed are one key whatever
 //!   headers come with them; a header the platform does not sign is a
 //!   choice made by name ([`SerialFrom::UnsignedHeader`]). [`SerialFrom`]
-//!   says what Stripe, GitHub, Shopify and Adyen sign.
+//!   says what Stripe, GitHub, Shopify and Adyen sign; [`scheme`] holds
+//!   their formats as presets of a [`SignatureScheme`] (Stripe, Standard
+//!   Webhooks, GitHub, Shopify, Paddle), with key rotation:
+//!   `SignedCallback<Stripe>` checks Stripe's own header.
 //!
 //! ## An `Idempotency-Key` request, step by step
 //!
@@ -221,6 +224,7 @@ mod layer;
 mod policy;
 mod problem;
 mod request;
+pub mod scheme;
 mod stored;
 
 pub use call::RequestCall;
@@ -232,4 +236,5 @@ pub use layer::{DEFAULT_MAX_BODY, IdempotencyLayer, IdempotencyService, RequestT
 pub use policy::Idempotency;
 pub use problem::Problem;
 pub use request::IdempotentRequest;
+pub use scheme::{Scheme, SignatureScheme, Verified};
 pub use stored::IDEMPOTENT_REPLAYED;

@@ -2,7 +2,7 @@
 //! head, its body read whole, its key, and the fingerprint that tells two
 //! requests with one key apart.
 
-use super::key::{IdempotencyKey, KeyError, hex};
+use super::key::{IdempotencyKey, KeyError};
 use super::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -92,7 +92,7 @@ impl IdempotentRequest {
         let fp = Fingerprint {
             method: self.parts.method.as_str(),
             target,
-            body_sha256: hex(&Sha256::digest(&self.body)),
+            body_sha256: hex::encode(Sha256::digest(&self.body)),
         };
         idem_core::fingerprint(&fp).expect("strings serialize")
     }

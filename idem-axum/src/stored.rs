@@ -1,6 +1,5 @@
 //! The answer kept with a key: status, headers and body, byte for byte.
 
-use super::key::hex;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
@@ -22,28 +21,17 @@ impl Octets {
     fn of(bytes: &[u8]) -> Self {
         match std::str::from_utf8(bytes) {
             Ok(s) => Octets::Text(s.to_owned()),
-            Err(_) => Octets::Hex(hex(bytes)),
+            Err(_) => Octets::Hex(hex::encode(bytes)),
         }
     }
 
     fn bytes(&self) -> Option<Vec<u8>> {
         match self {
             Octets::Text(s) => Some(s.as_bytes().to_vec()),
-            Octets::Hex(h) => unhex(h),
+            // Two digits a byte, either case; a sign (`+f`) is refused.
+            Octets::Hex(h) => hex::decode(h).ok(),
         }
     }
-}
-
-/// Hex digits, two a byte, either case; `None` for anything else.
-/// (`u8::from_str_radix` alone would also read a sign: `+f` as `0f`.)
-pub(super) fn unhex(h: &str) -> Option<Vec<u8>> {
-    if !h.len().is_multiple_of(2) || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..h.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// The stored form of an answer (the `result` column, JSON).
