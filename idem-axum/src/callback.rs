@@ -34,15 +34,19 @@ pub const MAX_SERIAL_LEN: usize = 128;
 /// anywhere else lets the same signed bytes be booked once per value.
 ///
 /// What common platforms sign, and so where their key is (as their
-/// documentation describes it at the time of writing; their header formats
-/// differ from this verifier's, only the choice of serial carries over):
+/// documentation describes it at the time of writing). Each has a preset
+/// in [`scheme`](crate::scheme) that checks the platform's own header and
+/// reads its serial there; this verifier's own format is
+/// [`CallbackVerifier`]'s.
 ///
-/// | platform | signature | what it covers | the event's id | serial |
-/// |---|---|---|---|---|
-/// | Stripe | `Stripe-Signature: t=…,v1=…`, hex HMAC-SHA256 | `"{t}.{raw body}"`: timestamp and body | `id` in the body (`evt_…`) | [`JsonField("id")`](Self::JsonField) |
-/// | GitHub | `X-Hub-Signature-256: sha256=…`, hex HMAC-SHA256 | the raw body only, no timestamp | the `X-GitHub-Delivery` header, not signed | [`BodyDigest`](Self::BodyDigest), [`without_timestamp`](CallbackVerifier::without_timestamp) |
-/// | Shopify | `X-Shopify-Hmac-Sha256`, base64 HMAC-SHA256 | the raw body only, no timestamp | the `X-Shopify-Webhook-Id` and `X-Shopify-Event-Id` headers, not signed | [`BodyDigest`](Self::BodyDigest), [`without_timestamp`](CallbackVerifier::without_timestamp) |
-/// | Adyen (standard notifications) | `additionalData.hmacSignature` inside each notification item, base64 HMAC-SHA256 | not the body: a `:`-joined list of the item's fields (`pspReference`, `originalReference`, `merchantAccountCode`, `merchantReference`, amount value and currency, `eventCode`, `success`) | `pspReference` with `eventCode`, both signed | not this verifier's scheme: check the item's signature, then key on those two fields |
+/// | platform | preset | signature | what it covers | the event's id | serial |
+/// |---|---|---|---|---|---|
+/// | Stripe | [`Stripe`](crate::scheme::Stripe) | `Stripe-Signature: t=…,v1=…`, hex HMAC-SHA256 | `"{t}.{raw body}"`: timestamp and body | `id` in the body (`evt_…`) | [`JsonField("id")`](Self::JsonField) |
+/// | Standard Webhooks (Svix) | [`StandardWebhooks`](crate::scheme::StandardWebhooks) | `webhook-signature: v1,…`, base64 HMAC-SHA256 | `"{webhook-id}.{webhook-timestamp}.{raw body}"` | the `webhook-id` header, signed | `webhook-id` |
+/// | GitHub | [`GitHub`](crate::scheme::GitHub) | `X-Hub-Signature-256: sha256=…`, hex HMAC-SHA256 | the raw body only, no timestamp | the `X-GitHub-Delivery` header, not signed | [`BodyDigest`](Self::BodyDigest) |
+/// | Shopify | [`Shopify`](crate::scheme::Shopify) | `X-Shopify-Hmac-Sha256`, base64 HMAC-SHA256 | the raw body only, no timestamp | the `X-Shopify-Webhook-Id` and `X-Shopify-Event-Id` headers, not signed | [`BodyDigest`](Self::BodyDigest) |
+/// | Paddle Billing | [`Paddle`](crate::scheme::Paddle) | `Paddle-Signature: ts=…;h1=…`, hex HMAC-SHA256 | `"{ts}:{raw body}"`: timestamp and body | `event_id` in the body (`evt_…`) | [`JsonField("event_id")`](Self::JsonField) |
+/// | Adyen (standard notifications) | none yet | `additionalData.hmacSignature` inside each notification item, base64 HMAC-SHA256 | not the body: a `:`-joined list of the item's fields (`pspReference`, `originalReference`, `merchantAccountCode`, `merchantReference`, amount value and currency, `eventCode`, `success`) | `pspReference` with `eventCode`, both signed | a [`SignatureScheme`] of one's own: check the item's signature, then key on those two fields |
 ///
 /// A body signed without a timestamp can be replayed at any time: its key
 /// then holds for as long as its record lives (see

@@ -1,7 +1,8 @@
 //! HTTP (`idem-runtime/src/http/`) against the real servers: the
-//! idempotency layer and extractor, signed callbacks, `sqlx::Any` behind
-//! them, and the header parsers over drawn input. One test binary, a
-//! module per file.
+//! idempotency layer and extractor, signed callbacks (and the platforms'
+//! presets, signed by the platforms' own SDKs), `sqlx::Any` behind them,
+//! and the header parsers over drawn input. One test binary, a module per
+//! file.
 
 #[path = "../common"]
 mod common {
@@ -12,3 +13,4 @@ mod any;
 mod callbacks;
 mod idempotency;
 mod parsers;
+mod platforms;

@@ -169,3 +169,109 @@ proptest! {
         prop_assert!(v.verify_at(&headers(&bad, ts), &body, ts).is_err());
     }
 }
+
+/// The presets' header parsers (`idem_runtime::http::scheme`).
+mod presets {
+    use super::*;
+    use idem_runtime::http::SignatureScheme;
+    use idem_runtime::http::scheme::{
+        GitHub, Paddle, Shopify, SignatureHeader, StandardWebhooks, Stripe,
+    };
+
+    type Parse = fn(&str) -> Result<SignatureHeader, idem_runtime::http::CallbackError>;
+    type Format = fn(&SignatureHeader) -> String;
+
+    /// Each preset's parser and writer.
+    fn parsers() -> [(&'static str, Parse, Format); 5] {
+        [
+            ("stripe", Stripe::parse_header, Stripe::format_header),
+            (
+                "standard",
+                StandardWebhooks::parse_header,
+                StandardWebhooks::format_header,
+            ),
+            ("github", GitHub::parse_header, GitHub::format_header),
+            ("shopify", Shopify::parse_header, Shopify::format_header),
+            ("paddle", Paddle::parse_header, Paddle::format_header),
+        ]
+    }
+
+    /// Header-like text: the presets' keys and separators, hex and base64
+    /// digits, and anything else now and then.
+    fn header_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "((t|ts|v0|v1|h1|sha256|x)[=,]?[0-9a-fA-F+/=]{0,70}[,; ]?){0,5}",
+            "(v1,[A-Za-z0-9+/]{42,44}={0,2} ?){0,3}",
+            "sha256=[0-9a-fA-F]{60,66}",
+            ".{0,120}",
+        ]
+    }
+
+    fn tags() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 32), 1..4)
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// No input panics a parser; what one accepts, written back and
+        /// parsed again, is the same header.
+        #[test]
+        fn parsed_headers_round_trip(text in header_text()) {
+            for (name, parse, format) in parsers() {
+                if let Ok(h) = parse(&text) {
+                    let again = parse(&format(&h));
+                    prop_assert_eq!(again.as_ref(), Ok(&h), "{}: {:?} -> {:?}", name, text, format(&h));
+                }
+            }
+        }
+
+        /// A header written from signatures (and a timestamp) parses back
+        /// to them.
+        #[test]
+        fn written_headers_parse_back(sigs in tags(), ts in 0i64..=i64::MAX) {
+            let many = [
+                (Stripe::parse_header as Parse, Stripe::format_header as Format, Some(ts)),
+                (Paddle::parse_header, Paddle::format_header, Some(ts)),
+                (StandardWebhooks::parse_header, StandardWebhooks::format_header, None),
+            ];
+            for (parse, format, ts) in many {
+                let h = SignatureHeader::new(ts, sigs.clone());
+                prop_assert_eq!(parse(&format(&h)), Ok(h));
+            }
+            let one = SignatureHeader::new(None, sigs[..1].to_vec());
+            prop_assert_eq!(GitHub::parse_header(&GitHub::format_header(&one)), Ok(one.clone()));
+            prop_assert_eq!(Shopify::parse_header(&Shopify::format_header(&one)), Ok(one));
+        }
+
+        /// Every preset takes any header values without panicking, and
+        /// refuses them unless they are the real ones.
+        #[test]
+        fn the_presets_take_any_headers(
+            a in header_text(),
+            b in proptest::collection::vec(any::<u8>(), 0..30),
+            body in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let body = axum::body::Bytes::from(body);
+            let schemes: [(Box<dyn SignatureScheme>, &[&str]); 5] = [
+                (Box::new(Stripe::new("k")), &["stripe-signature"]),
+                (Box::new(StandardWebhooks::new("whsec_a2V5").unwrap()), &["webhook-signature", "webhook-timestamp", "webhook-id"]),
+                (Box::new(GitHub::new("k")), &["x-hub-signature-256"]),
+                (Box::new(Shopify::new("k")), &["x-shopify-hmac-sha256"]),
+                (Box::new(Paddle::new("k")), &["paddle-signature"]),
+            ];
+            for (scheme, names) in schemes {
+                let mut headers = HeaderMap::new();
+                if let Ok(v) = HeaderValue::from_str(&a) {
+                    headers.insert(HeaderName::from_static(names[0]), v);
+                }
+                for name in &names[1..] {
+                    if let Ok(v) = HeaderValue::from_bytes(&b) {
+                        headers.insert(HeaderName::from_static(name), v);
+                    }
+                }
+                prop_assert!(scheme.verify(&headers, &body, 1_700_000_000).is_err());
+            }
+        }
+    }
+}
