@@ -41,7 +41,6 @@ pub mod outbox;
 pub mod pooler;
 pub mod probe;
 pub mod requests;
-mod schema;
 mod state;
 mod status;
 mod strategy;
@@ -59,7 +58,6 @@ pub use call::{CallerTx, Outcome, Source};
 pub use error::{BoxError, Error, ErrorKind};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
-pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
 pub use state::{EntityId, EntityIdValue, State};
 pub use strategy::MAX_TTL_SECS;
 

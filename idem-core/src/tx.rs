@@ -14,7 +14,7 @@
 //! transaction, which rolls it back before the connection returns to the
 //! pool. Every transaction idem opens on a pool starts here, through
 //! [`Backend::begin`](crate::Backend::begin): handlers (and so the AMQP
-//! consumer's), the relay's claim, [`migrate`](crate::migrate), the `idem`
+//! consumer's), the relay's claim, `idem_runtime::migrate`, the `idem`
 //! CLI. The archiver's batches, which set their isolation level on the
 //! connection before `BEGIN`, close their connection instead unless the
 //! batch finished (`CloseUnlessDone` in `backend.rs`).

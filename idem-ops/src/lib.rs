@@ -1,6 +1,8 @@
 //! Operating idem: what runs beside the call protocol rather than inside
 //! it, written on [`idem_core`]'s public API only.
 //!
+//! - [`schema`]: idem's tables, created and upgraded in place by
+//!   [`migrate`];
 //! - [`archive`]: the archiver, which moves expired idempotency records
 //!   and finished outbox messages to history tables in small batches
 //!   under live traffic, and the look-up of a record online or archived;
@@ -23,10 +25,12 @@
 
 pub mod admin;
 pub mod archive;
+pub mod schema;
 mod sql;
 mod store;
 pub mod timestamp;
 
+pub use schema::{SCHEMA_VERSION, TABLES, existing_tables, migrate};
 pub use store::Operable;
 /// The `time` crate, whose [`OffsetDateTime`](time::OffsetDateTime) the
 /// timestamps of records and messages are.

@@ -96,7 +96,7 @@
 //!
 //! ## Crates
 //! This crate is a facade: the core (`idem-core`: the call protocol, the
-//! outbox, the relay and the seams), its operations (`idem-ops`: the
+//! outbox, the relay and the seams), its operations (`idem-ops`: [`migrate`], the
 //! [`archive`]r and the operator's [`outbox::admin`] queries, written on
 //! the core's public API) and one crate per entry point
 //! (`idem-amqp`, `idem-nats`, `idem-axum`, `idem-redis`), each built only
@@ -111,7 +111,9 @@
 #[doc(inline)]
 pub use idem_core::*;
 #[doc(inline)]
-pub use idem_ops::{Operable, archive, time, timestamp};
+pub use idem_ops::{
+    Operable, SCHEMA_VERSION, TABLES, archive, existing_tables, migrate, schema, time, timestamp,
+};
 
 /// The local message table (outbox): [`enqueue`](outbox::enqueue) a
 /// message inside the caller's own business transaction, and a

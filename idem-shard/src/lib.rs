@@ -235,7 +235,7 @@ impl<DB: Backend> Shards<DB> {
     /// first failure stops (and is logged with its shard's index).
     pub async fn migrate(&self) -> Result<(), Error> {
         for (i, pool) in self.pools.iter().enumerate() {
-            if let Err(e) = idem_core::migrate(pool).await {
+            if let Err(e) = idem_ops::migrate(pool).await {
                 tracing::error!(shard = i, error = %format_args!("{e:#}"), "idem: migrating a shard failed");
                 return Err(e);
             }

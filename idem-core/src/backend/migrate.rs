@@ -6,7 +6,7 @@ use sqlx::{Database, Pool};
 use std::future::Future;
 
 /// The migration's two primitives, on the connection that holds the
-/// migration's lock (see [`migrate`](crate::migrate)).
+/// migration's lock (see `idem_runtime::migrate`).
 pub trait Migrate: Database {
     /// Runs one statement on a connection; returns the rows it changed.
     fn execute_on<'a>(

@@ -476,12 +476,4 @@ impl Dialect {
     pub fn claim_sql(self, topics: usize) -> ClaimSql {
         self.sql().claim_sql(topics)
     }
-
-    /// The statements creating idem's tables as the first release did
-    /// (schema version 1), in order; each is safe to run twice.
-    /// [`migrate`](crate::migrate) runs them, then upgrades the tables
-    /// to the current version.
-    pub fn schema(self) -> &'static [&'static str] {
-        self.sql().schema
-    }
 }

@@ -3,7 +3,7 @@
 
 use super::class::{Class, PoolerFault};
 use super::dialect::Dialect;
-use super::sql::{Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet};
+use super::sql::{Claim, InsertId, Renew, RequestSql, SqlSet};
 
 /// The PostgreSQL statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -110,98 +110,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
         )
     }),
     index_columns: None,
-    schema: SCHEMA,
-    migrate: MigrateSql {
-        // Concurrent migrations wait for each other instead of racing on
-        // the catalog.
-        lock: MigrateLock::Transaction {
-            begin: None,
-            lock: Some("SELECT pg_advisory_xact_lock(4242424242)"),
-        },
-        flavor_probe: None,
-        upgrades: |_| vec![PG_V2.iter().map(|s| s.to_string()).collect()],
-    },
 };
-
-/// The tables as the first release created them (schema version 1).
-const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS idem_record (
-            id BIGSERIAL PRIMARY KEY,
-            idempotency_key VARCHAR(128) NOT NULL,
-            biz_type VARCHAR(64) NOT NULL,
-            biz_no VARCHAR(128) NOT NULL,
-            fingerprint VARCHAR(64) NOT NULL,
-            result TEXT,
-            create_time TIMESTAMPTZ NOT NULL DEFAULT now(),
-            expire_time TIMESTAMPTZ NOT NULL,
-            CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-    "CREATE TABLE IF NOT EXISTS idem_outbox (
-            id BIGSERIAL PRIMARY KEY,
-            topic VARCHAR(128) NOT NULL,
-            msg_id VARCHAR(128) NOT NULL,
-            payload TEXT NOT NULL,
-            status VARCHAR(16) NOT NULL DEFAULT 'pending',
-            attempts INTEGER NOT NULL DEFAULT 0,
-            next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            lease_owner VARCHAR(64),
-            locked_until TIMESTAMPTZ,
-            last_error TEXT,
-            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id),
-            CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
-    // The relay's claim: pending rows of its topics, oldest first.
-    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
-    // History: the same columns plus archived_at; `id` is the online
-    // row's id. A key may be archived, reused once expired, and
-    // archived again: indexed, not unique.
-    "CREATE TABLE IF NOT EXISTS idem_record_history (
-            id BIGINT PRIMARY KEY,
-            idempotency_key VARCHAR(128) NOT NULL,
-            biz_type VARCHAR(64) NOT NULL,
-            biz_no VARCHAR(128) NOT NULL,
-            fingerprint VARCHAR(64) NOT NULL,
-            result TEXT,
-            create_time TIMESTAMPTZ NOT NULL,
-            expire_time TIMESTAMPTZ NOT NULL,
-            archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
-    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
-            id BIGINT PRIMARY KEY,
-            topic VARCHAR(128) NOT NULL,
-            msg_id VARCHAR(128) NOT NULL,
-            payload TEXT NOT NULL,
-            status VARCHAR(16) NOT NULL,
-            attempts INTEGER NOT NULL,
-            next_attempt_at TIMESTAMPTZ NOT NULL,
-            lease_owner VARCHAR(64),
-            locked_until TIMESTAMPTZ,
-            last_error TEXT,
-            created_at TIMESTAMPTZ NOT NULL,
-            updated_at TIMESTAMPTZ NOT NULL,
-            archived_at TIMESTAMPTZ NOT NULL DEFAULT now()
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
-];
-
-/// Version 2 on PostgreSQL (one transaction).
-const PG_V2: &[&str] = &[
-    "UPDATE idem_record SET expire_time = create_time + interval '3650 days' \
-     WHERE expire_time <= create_time",
-    "ALTER TABLE idem_record DROP CONSTRAINT IF EXISTS uk_idem_record_key",
-    // (key, biz_type): the same uniqueness as (biz_type, key), and the
-    // index also serves the operator's look-up by key alone.
-    "ALTER TABLE idem_record ADD CONSTRAINT uk_idem_record_key_type UNIQUE (idempotency_key, biz_type)",
-    "ALTER TABLE idem_record ADD CONSTRAINT ck_idem_record_expire CHECK (expire_time > create_time)",
-    "DROP INDEX IF EXISTS idx_idem_record_history_key",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
-     ON idem_record_history (idempotency_key, biz_type)",
-];
 
 /// PostgreSQL (and standard SQL) SQLSTATEs a retry of the transaction can
 /// heal.

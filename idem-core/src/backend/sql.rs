@@ -121,11 +121,6 @@ pub(crate) struct SqlSet {
 
     /// SQLite: the columns of a named index (binds: name).
     pub index_columns: Option<&'static str>,
-
-    /// The tables as the first release created them (schema version 1).
-    pub schema: &'static [&'static str],
-    /// How the migration locks and upgrades.
-    pub migrate: MigrateSql,
 }
 
 /// How an insert tells the id it gave the new row.
@@ -191,41 +186,6 @@ pub(crate) enum Renew {
         lock: Render,
         /// The `UPDATE`.
         update: Render,
-    },
-}
-
-/// How the migration serializes with itself, and upgrades.
-#[derive(Debug)]
-pub(crate) struct MigrateSql {
-    /// The lock concurrent migrations wait on.
-    pub lock: MigrateLock,
-    /// A query answering a number that tells server flavours apart
-    /// (MariaDB / MySQL 8), passed to `upgrades`.
-    pub flavor_probe: Option<&'static str>,
-    /// The statements of versions 2, 3, …: `upgrades(probe)[v - 2]`
-    /// brings version `v - 1` to `v`.
-    pub upgrades: fn(i64) -> Vec<Vec<String>>,
-}
-
-/// The migration's lock.
-#[derive(Debug)]
-pub(crate) enum MigrateLock {
-    /// One transaction, begun with `begin` (`None`: `BEGIN`), then `lock`.
-    Transaction {
-        /// The `BEGIN` statement.
-        begin: Option<&'static str>,
-        /// A lock taken first in the transaction.
-        lock: Option<&'static str>,
-    },
-    /// DDL is not transactional: a session lock on a dedicated
-    /// connection (`acquire` answers 1 when taken).
-    Session {
-        /// Answers 1 once the lock is held.
-        acquire: &'static str,
-        /// Releases it.
-        release: &'static str,
-        /// The error when `acquire` gave up.
-        busy: &'static str,
     },
 }
 

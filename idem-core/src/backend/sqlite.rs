@@ -4,7 +4,7 @@
 #[cfg(feature = "sqlite")]
 use super::class::Class;
 use super::dialect::Dialect;
-use super::sql::{Claim, InsertId, MigrateLock, MigrateSql, Renew, RequestSql, SqlSet};
+use super::sql::{Claim, InsertId, Renew, RequestSql, SqlSet};
 
 /// The SQLite statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -105,114 +105,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
         "SELECT m.tbl_name, i.name FROM sqlite_master m, pragma_index_info(m.name) i \
          WHERE m.type = 'index' AND m.name = ? ORDER BY i.seqno",
     ),
-    schema: SCHEMA,
-    migrate: MigrateSql {
-        // One `BEGIN IMMEDIATE` transaction: concurrent runs wait.
-        lock: MigrateLock::Transaction {
-            begin: Some("BEGIN IMMEDIATE"),
-            lock: None,
-        },
-        flavor_probe: None,
-        upgrades: |_| vec![LITE_V2.iter().map(|s| s.to_string()).collect()],
-    },
 };
-
-/// The tables as the first release created them (schema version 1).
-const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS idem_record (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
-            biz_type TEXT NOT NULL,
-            biz_no TEXT NOT NULL,
-            fingerprint TEXT NOT NULL,
-            result TEXT,
-            create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-            expire_time TEXT NOT NULL,
-            CONSTRAINT uk_idem_record_key UNIQUE (idempotency_key)
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-    "CREATE TABLE IF NOT EXISTS idem_outbox (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            topic TEXT NOT NULL,
-            msg_id TEXT NOT NULL,
-            payload TEXT NOT NULL,
-            status TEXT NOT NULL DEFAULT 'pending'
-                CHECK (status IN ('pending', 'success', 'failed')),
-            attempts INTEGER NOT NULL DEFAULT 0,
-            next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-            lease_owner TEXT,
-            locked_until TEXT,
-            last_error TEXT,
-            created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-            updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-            CONSTRAINT uk_idem_outbox_msg UNIQUE (topic, msg_id)
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_due ON idem_outbox (status, next_attempt_at)",
-    // The relay's claim: pending rows of its topics, oldest first.
-    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_pending ON idem_outbox (topic, next_attempt_at, id) WHERE status = 'pending'",
-    "CREATE TABLE IF NOT EXISTS idem_record_history (
-            id INTEGER PRIMARY KEY,
-            idempotency_key TEXT NOT NULL,
-            biz_type TEXT NOT NULL,
-            biz_no TEXT NOT NULL,
-            fingerprint TEXT NOT NULL,
-            result TEXT,
-            create_time TEXT NOT NULL,
-            expire_time TEXT NOT NULL,
-            archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key ON idem_record_history (idempotency_key)",
-    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
-            id INTEGER PRIMARY KEY,
-            topic TEXT NOT NULL,
-            msg_id TEXT NOT NULL,
-            payload TEXT NOT NULL,
-            status TEXT NOT NULL,
-            attempts INTEGER NOT NULL,
-            next_attempt_at TEXT NOT NULL,
-            lease_owner TEXT,
-            locked_until TEXT,
-            last_error TEXT,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            archived_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
-        )",
-    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_history_msg ON idem_outbox_history (topic, msg_id)",
-];
-
-/// Version 2 on SQLite (one `BEGIN IMMEDIATE` transaction): a constraint
-/// cannot be changed in place, so `idem_record` is rebuilt, keeping its
-/// ids and its AUTOINCREMENT sequence (an archived record's id is never
-/// handed out again: the history's primary key is that id).
-const LITE_V2: &[&str] = &[
-    "UPDATE idem_record SET expire_time = strftime('%Y-%m-%d %H:%M:%f', create_time, '+3650 days') \
-     WHERE expire_time <= create_time",
-    "CREATE TABLE idem_record_v2 (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        idempotency_key TEXT NOT NULL CHECK (length(idempotency_key) <= 128),
-        biz_type TEXT NOT NULL,
-        biz_no TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        result TEXT,
-        create_time TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
-        expire_time TEXT NOT NULL,
-        CONSTRAINT uk_idem_record_key_type UNIQUE (idempotency_key, biz_type),
-        CONSTRAINT ck_idem_record_expire CHECK (expire_time > create_time)
-    )",
-    "INSERT INTO idem_record_v2 \
-     (id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-     SELECT id, idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time \
-     FROM idem_record",
-    "DELETE FROM sqlite_sequence WHERE name = 'idem_record_v2'",
-    "INSERT INTO sqlite_sequence (name, seq) \
-     SELECT 'idem_record_v2', seq FROM sqlite_sequence WHERE name = 'idem_record'",
-    "DROP TABLE idem_record",
-    "ALTER TABLE idem_record_v2 RENAME TO idem_record",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_expire ON idem_record (expire_time)",
-    "DROP INDEX IF EXISTS idx_idem_record_history_key",
-    "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
-     ON idem_record_history (idempotency_key, biz_type)",
-];
 
 /// The SQLite statements of `Idempotency-Key` requests (times as the
 /// record strategy writes them: UTC text with milliseconds).

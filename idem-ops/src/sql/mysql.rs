@@ -1,6 +1,6 @@
 //! MariaDB and MySQL: the archiver's statements and the operator's expressions.
 
-use super::{AdminSql, ArchiveSql, OpsSql};
+use super::{AdminSql, ArchiveSql, MigrateLock, MigrateSql, OpsSql};
 
 pub(crate) const SQL: OpsSql = OpsSql {
     numbered: false,
@@ -54,4 +54,137 @@ pub(crate) const SQL: OpsSql = OpsSql {
         floor_int: |e| format!("CAST(FLOOR({e}) AS SIGNED)"),
         ago: "DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
     },
+    schema: SCHEMA,
+    migrate: MigrateSql {
+        // DDL is not transactional: `GET_LOCK` on a connection of its own
+        // (if anything fails it is closed, and the server releases the
+        // lock with the session); each version is recorded as soon as its
+        // statements are done.
+        lock: MigrateLock::Session {
+            acquire: "SELECT CAST(COALESCE(GET_LOCK('idem_migrate', 600), 0) AS SIGNED)",
+            release: "SELECT CAST(COALESCE(RELEASE_LOCK('idem_migrate'), 0) AS SIGNED)",
+            busy: "migrate: another migration held the `idem_migrate` lock for 600 s",
+        },
+        flavor_probe: Some(
+            "SELECT COUNT(*) FROM information_schema.COLLATIONS \
+             WHERE COLLATION_NAME = 'utf8mb4_nopad_bin'",
+        ),
+        upgrades: |mariadb| {
+            let flavor = if mariadb > 0 {
+                MySqlFlavor::MariaDb
+            } else {
+                MySqlFlavor::MySql8
+            };
+            vec![mysql_v2(flavor)]
+        },
+    },
 };
+
+/// The tables as the first release created them (schema version 1).
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_record (
+            id BIGINT AUTO_INCREMENT PRIMARY KEY,
+            idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result MEDIUMTEXT NULL,
+            create_time DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            expire_time DATETIME(6) NOT NULL,
+            UNIQUE KEY uk_idem_record_key (idempotency_key),
+            KEY idx_idem_record_expire (expire_time)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
+            id BIGINT AUTO_INCREMENT PRIMARY KEY,
+            topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            payload MEDIUMTEXT NOT NULL,
+            status VARCHAR(16) NOT NULL DEFAULT 'pending',
+            attempts INT NOT NULL DEFAULT 0,
+            next_attempt_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            lease_owner VARCHAR(64) NULL,
+            locked_until DATETIME(6) NULL,
+            last_error TEXT NULL,
+            created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            UNIQUE KEY uk_idem_outbox_msg (topic, msg_id),
+            KEY idx_idem_outbox_due (status, next_attempt_at),
+            CONSTRAINT ck_idem_outbox_status CHECK (status IN ('pending', 'success', 'failed'))
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    "CREATE TABLE IF NOT EXISTS idem_record_history (
+            id BIGINT PRIMARY KEY,
+            idempotency_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            biz_type VARCHAR(64) NOT NULL,
+            biz_no VARCHAR(128) NOT NULL,
+            fingerprint VARCHAR(64) NOT NULL,
+            result MEDIUMTEXT NULL,
+            create_time DATETIME(6) NOT NULL,
+            expire_time DATETIME(6) NOT NULL,
+            archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            KEY idx_idem_record_history_key (idempotency_key)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    "CREATE TABLE IF NOT EXISTS idem_outbox_history (
+            id BIGINT PRIMARY KEY,
+            topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            msg_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            payload MEDIUMTEXT NOT NULL,
+            status VARCHAR(16) NOT NULL,
+            attempts INT NOT NULL,
+            next_attempt_at DATETIME(6) NOT NULL,
+            lease_owner VARCHAR(64) NULL,
+            locked_until DATETIME(6) NULL,
+            last_error TEXT NULL,
+            created_at DATETIME(6) NOT NULL,
+            updated_at DATETIME(6) NOT NULL,
+            archived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            KEY idx_idem_outbox_history_msg (topic, msg_id)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+];
+
+/// Which MariaDB-protocol server: the collations and the DDL differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MySqlFlavor {
+    /// MariaDB: `utf8mb4_nopad_bin`, `IF [NOT] EXISTS` on indexes and
+    /// constraints.
+    MariaDb,
+    /// MySQL 8: `utf8mb4_0900_bin` (NO PAD); no `IF [NOT] EXISTS` there.
+    MySql8,
+}
+
+/// Version 2 on MariaDB / MySQL: one `ALTER TABLE` per table (each atomic;
+/// on MariaDB each can run again after a crash before the version was
+/// recorded).
+fn mysql_v2(flavor: MySqlFlavor) -> Vec<String> {
+    let (c, if_exists, if_not_exists) = match flavor {
+        MySqlFlavor::MariaDb => ("utf8mb4_nopad_bin", "IF EXISTS ", "IF NOT EXISTS "),
+        MySqlFlavor::MySql8 => ("utf8mb4_0900_bin", "", ""),
+    };
+    let col = |name: &str, len: u32| {
+        format!("MODIFY {name} VARCHAR({len}) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL")
+    };
+    let record_keys = [
+        col("idempotency_key", 128),
+        col("biz_type", 64),
+        col("biz_no", 128),
+    ]
+    .join(", ");
+    let outbox_keys = [col("topic", 128), col("msg_id", 128)].join(", ");
+    vec![
+        "UPDATE idem_record SET expire_time = DATE_ADD(create_time, INTERVAL 3650 DAY) \
+         WHERE expire_time <= create_time"
+            .to_string(),
+        format!(
+            "ALTER TABLE idem_record {record_keys}, \
+             DROP INDEX {if_exists}uk_idem_record_key, \
+             ADD UNIQUE KEY {if_not_exists}uk_idem_record_key_type (idempotency_key, biz_type), \
+             ADD CONSTRAINT {if_not_exists}ck_idem_record_expire CHECK (expire_time > create_time)"
+        ),
+        format!("ALTER TABLE idem_outbox {outbox_keys}"),
+        format!(
+            "ALTER TABLE idem_record_history {record_keys}, \
+             DROP INDEX {if_exists}idx_idem_record_history_key, \
+             ADD KEY {if_not_exists}idx_idem_record_history_key_type (idempotency_key, biz_type)"
+        ),
+        format!("ALTER TABLE idem_outbox_history {outbox_keys}"),
+    ]
+}

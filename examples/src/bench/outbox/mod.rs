@@ -74,8 +74,7 @@ pub async fn prepare(admin: &PgPool) -> Result<(), BoxError> {
         ));
     }
     ddl.extend(
-        Dialect::Postgres
-            .schema()
+        idem_runtime::schema::statements(Dialect::Postgres)
             .iter()
             .filter(|s| {
                 s.contains("idem_outbox") && !s.contains("advisory") && !s.contains("history")

@@ -2,15 +2,14 @@
 //!
 //! The schema is versioned: `idem_schema_version` holds one row per version
 //! applied. Version 1 is the tables as the first release created them
-//! ([`Dialect::schema`]); each later version is an ordered list of upgrade
+//! ([`statements`]); each later version is an ordered list of upgrade
 //! statements. A database without the version table (new, or created by a
 //! release before versioning) gets version 1 (`CREATE … IF NOT EXISTS`,
 //! which leaves existing tables alone) and then every upgrade, so a new
 //! database and an upgraded one end with the same tables.
 
-use crate::Error;
-use crate::backend::Backend;
-use crate::backend::sql::{MigrateLock, SqlSet};
+use crate::sql::{MigrateLock, OpsSql as SqlSet};
+use idem_core::{Backend, Dialect, Error};
 use sqlx::{Connection, Pool};
 
 /// The schema version this release creates and upgrades to.
@@ -24,6 +23,13 @@ use sqlx::{Connection, Pool};
 ///    `biz_no`, `topic`, `msg_id`, online and history) in a NO PAD binary
 ///    collation, so `"k "` and `"k"` are two keys.
 pub const SCHEMA_VERSION: i64 = 2;
+
+/// The statements creating idem's tables as the first release did
+/// (schema version 1) on `dialect`, in order; each is safe to run twice.
+/// [`migrate`] runs them, then upgrades the tables to the current version.
+pub fn statements(dialect: Dialect) -> &'static [&'static str] {
+    crate::sql::of(dialect).schema
+}
 
 /// Creates idem's tables (`idem_record`, `idem_outbox`, and their history
 /// tables `idem_record_history`, `idem_outbox_history`, see
@@ -52,7 +58,7 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// # Ok(()) }
 /// ```
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
-    let sql = DB::pool_dialect(pool).sql();
+    let sql = crate::sql::of(DB::pool_dialect(pool));
     match &sql.migrate.lock {
         MigrateLock::Session {
             acquire,
@@ -163,13 +169,12 @@ pub async fn existing_tables<DB: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Dialect;
 
     #[test]
     fn every_dialect_reaches_the_current_version() {
         for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
             for probe in [0, 1] {
-                let steps = steps(d.sql(), probe);
+                let steps = steps(crate::sql::of(d), probe);
                 assert_eq!(steps.len() as i64, SCHEMA_VERSION, "{d:?}");
                 assert!(steps.iter().all(|s| !s.is_empty()), "{d:?}");
             }
