@@ -109,6 +109,7 @@
 pub use lapin;
 
 mod channel;
+mod connector;
 mod consumer;
 mod error;
 mod fields;
@@ -118,6 +119,7 @@ mod retry;
 mod topology;
 mod worker;
 
+pub use connector::Connector;
 pub use consumer::Consumer;
 pub(crate) use error::from_lapin;
 pub use idem_core::consume::ConsumerStats;

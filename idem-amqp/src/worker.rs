@@ -2,6 +2,7 @@
 //! of the [module documentation](super).
 
 use super::channel::ConfirmChannel;
+use super::consumer::Start;
 use super::error::from_lapin;
 use super::fields::{header_str, header_u32};
 use super::message::Message;
@@ -14,6 +15,7 @@ use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicRejectOptions};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -42,36 +44,48 @@ impl Running for Shared {
     }
 }
 
-/// The consumer's task: a delivery task per delivery, until stopped.
+/// How a consumer's stream of deliveries ended.
+enum Ended {
+    /// A stop request, the handle dropped, or the broker cancelled the
+    /// consumer (the queue was deleted) on a live channel.
+    Stopped,
+    /// The connection or the channel failed.
+    Failed(Error),
+}
+
+/// The consumer's task: a delivery task per delivery, until stopped. When
+/// the connection or the channel dies and the connector reconnects, it
+/// waits for a new connection and consumes again; the deliveries in
+/// flight on the dead channel cannot be acknowledged, and the broker
+/// redelivers them (answered `Duplicate` if their handler had committed).
 pub(super) async fn run(
     shared: Arc<Shared>,
-    channel: Channel,
+    start: Start,
+    mut channel: Channel,
     mut consumer: lapin::Consumer,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let mut tasks = JoinSet::new();
-    let mut failure = None;
-    loop {
-        tokio::select! {
-            biased;
-            // A stop request, or the handle was dropped.
-            _ = stop.changed() => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            next = consumer.next() => match next {
-                Some(Ok(delivery)) => {
-                    let s = shared.clone();
-                    tasks.spawn(async move { s.process(delivery).await });
+    let failure = loop {
+        let ended = consume(&shared, &channel, &mut consumer, &mut tasks, &mut stop).await;
+        match ended {
+            Ended::Stopped => break None,
+            Ended::Failed(e) if start.connector.reconnects_on_failure() => {
+                tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer lost its connection; reconnecting");
+                match reopen(&start, &mut stop).await {
+                    Some((ch, c)) => {
+                        (channel, consumer) = (ch, c);
+                        tracing::warn!(queue = %shared.queue, "AMQP consumer consuming again after a reconnect");
+                    }
+                    None => break None,
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer failed; stopping");
-                    failure = Some(from_lapin("basic.consume", e));
-                    break;
-                }
-                // Cancelled by the broker (the queue was deleted).
-                None => break,
-            },
+            }
+            Ended::Failed(e) => {
+                tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer failed; stopping (a fixed connection: use a Connector to reconnect)");
+                break Some(e);
+            }
         }
-    }
+    };
     if channel.status().connected() {
         let _ = channel
             .basic_cancel(consumer.tag(), BasicCancelOptions::default())
@@ -84,6 +98,58 @@ pub(super) async fn run(
     }
     shared.retry.close().await;
     failure.map_or(Ok(()), Err)
+}
+
+/// Runs one consumer stream: a delivery task per delivery, until it ends.
+async fn consume(
+    shared: &Arc<Shared>,
+    channel: &Channel,
+    consumer: &mut lapin::Consumer,
+    tasks: &mut JoinSet<()>,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    loop {
+        tokio::select! {
+            biased;
+            // A stop request, or the handle was dropped.
+            _ = stop.changed() => return Ended::Stopped,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    let s = shared.clone();
+                    tasks.spawn(async move { s.process(delivery).await });
+                }
+                Some(Err(e)) => return Ended::Failed(from_lapin("basic.consume", e)),
+                // Cancelled: by the broker (the queue was deleted) on a
+                // live channel, else the channel went with its connection.
+                None if channel.status().connected() => return Ended::Stopped,
+                None => return Ended::Failed(Error::broker_unavailable("amqp", "the consumer's channel closed")),
+            },
+        }
+    }
+}
+
+/// Waits for the connector's next connection and consumes on it again;
+/// `None` when stopped meanwhile.
+async fn reopen(
+    start: &Start,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<(Channel, lapin::Consumer)> {
+    let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    for failures in 1.. {
+        let connection = start.connector.wait(stop).await?;
+        match start.open(&connection).await {
+            Ok(opened) => return Some(opened),
+            Err(e) => {
+                tracing::warn!(error = %format_args!("{e:#}"), "AMQP consumer could not consume on the new connection; trying again");
+                tokio::select! {
+                    _ = stop.changed() => return None,
+                    _ = tokio::time::sleep(backoff.jittered(failures, 0)) => {}
+                }
+            }
+        }
+    }
+    None
 }
 
 impl Shared {
