@@ -46,6 +46,8 @@ pub const MAX_SERIAL_LEN: usize = 128;
 /// | GitHub | [`GitHub`](crate::scheme::GitHub) | `X-Hub-Signature-256: sha256=…`, hex HMAC-SHA256 | the raw body only, no timestamp | the `X-GitHub-Delivery` header, not signed | [`BodyDigest`](Self::BodyDigest) |
 /// | Shopify | [`Shopify`](crate::scheme::Shopify) | `X-Shopify-Hmac-Sha256`, base64 HMAC-SHA256 | the raw body only, no timestamp | the `X-Shopify-Webhook-Id` and `X-Shopify-Event-Id` headers, not signed | [`BodyDigest`](Self::BodyDigest) |
 /// | Paddle Billing | [`Paddle`](crate::scheme::Paddle) | `Paddle-Signature: ts=…;h1=…`, hex HMAC-SHA256 | `"{ts}:{raw body}"`: timestamp and body | `event_id` in the body (`evt_…`) | [`JsonField("event_id")`](Self::JsonField) |
+/// | Alipay (asynchronous notifications) | [`Alipay`](crate::scheme::Alipay) | the form's `sign`, base64 SHA256withRSA (`sign_type=RSA2`) | the form's parameters, sorted, but `sign`, `sign_type` and empty ones | `notify_id` in the form, signed (`trade_no`: the trade's) | `notify_id` |
+/// | WeChat Pay API v3 | [`WeChatPay`](crate::scheme::WeChatPay) | `Wechatpay-Signature`, base64 SHA256withRSA, under the key `Wechatpay-Serial` names | `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{raw body}\n"` | `id` in the body (`EV-…`); the payment's `transaction_id` in the encrypted `resource`, both signed | `transaction_id`, decrypted |
 /// | Adyen (standard notifications) | none yet | `additionalData.hmacSignature` inside each notification item, base64 HMAC-SHA256 | not the body: a `:`-joined list of the item's fields (`pspReference`, `originalReference`, `merchantAccountCode`, `merchantReference`, amount value and currency, `eventCode`, `success`) | `pspReference` with `eventCode`, both signed | a [`SignatureScheme`] of one's own: check the item's signature, then key on those two fields |
 ///
 /// A body signed without a timestamp can be replayed at any time: its key
@@ -138,6 +140,9 @@ pub enum CallbackError {
     },
     /// The serial is missing or refused: why.
     BadSerial(String),
+    /// The signed body is not what the platform sends (not its form, not
+    /// its JSON, an encrypted resource missing or not its algorithm): why.
+    MalformedBody(String),
 }
 
 impl std::fmt::Display for CallbackError {
@@ -162,6 +167,7 @@ impl std::fmt::Display for CallbackError {
                 -age_secs
             ),
             CallbackError::BadSerial(why) => write!(f, "bad serial: {why}"),
+            CallbackError::MalformedBody(why) => write!(f, "malformed body: {why}"),
         }
     }
 }
@@ -191,6 +197,7 @@ impl CallbackError {
             }
             CallbackError::StaleTimestamp { .. } => "Stale callback",
             CallbackError::BadSerial(_) => "Bad serial",
+            CallbackError::MalformedBody(_) => "Malformed body",
         }
     }
 }

@@ -11,6 +11,8 @@
 //! | [`GitHub`] | `X-Hub-Signature-256: sha256=<hex>` | the raw body only, no timestamp | the body's digest (`sha256-<hex>`): `X-GitHub-Delivery` is not signed |
 //! | [`Shopify`] | `X-Shopify-Hmac-Sha256: <base64>` | the raw body only, no timestamp | the body's digest: `X-Shopify-Webhook-Id` and `X-Shopify-Event-Id` are not signed |
 //! | [`Paddle`] (Billing) | `Paddle-Signature: ts=…;h1=…[;h1=…]` (other keys ignored) | `"{ts}:{raw body}"`; `ts` within 5 s (Paddle's own SDK's default) | the body's `event_id` (`evt_…`) |
+//! | [`Alipay`] (asynchronous notifications) | none: the form's `sign` (base64 SHA256withRSA under Alipay's key), `sign_type=RSA2` | the form's parameters but `sign`, `sign_type` and empty ones, sorted, `k=v&…` (values decoded); no timestamp checked | the form's `notify_id` ([`serial`](Alipay::serial): `trade_no`…) |
+//! | [`WeChatPay`] (API v3) | `Wechatpay-Timestamp`, `Wechatpay-Nonce`, `Wechatpay-Signature` (base64 SHA256withRSA), `Wechatpay-Serial` (the platform key that signed) | `"{timestamp}\n{nonce}\n{raw body}\n"`; timestamp within 300 s; the body's `resource` decrypted (AES-256-GCM, the APIv3 key): the payload | the resource's `transaction_id` ([`serial`](WeChatPay::serial): the notification's `id`) |
 //!
 //! A platform that signs the body without a timestamp (GitHub, Shopify)
 //! leaves a captured callback replayable at any time: its key then holds
@@ -20,7 +22,12 @@
 //! body with a new delivery id is then booked once; two events whose bodies
 //! are byte for byte the same are one (GitHub's and Shopify's bodies carry
 //! the resource's `id` and `updated_at`: [`serial`](GitHub::serial) can
-//! name a field instead).
+//! name a field instead). Alipay signs a timestamp (`notify_time`) but its
+//! retries keep it: its notifications are told apart by their serial only.
+//!
+//! The answers: 200 with no body, except Alipay's `success` (and `failure`
+//! to a refusal, so that Alipay sends it again) and WeChat Pay's refusals,
+//! `{"code":"FAIL","message":"…"}` with the status below.
 //!
 //! Each preset refuses, before the handler and so before the database:
 //!
@@ -30,11 +37,13 @@
 //! | no signature made with an active secret over these bytes | 401 |
 //! | a signed timestamp outside the tolerance | 401 |
 //! | a serial missing, longer than [`MAX_SERIAL_LEN`](crate::MAX_SERIAL_LEN), not printable ASCII, or refused by the check | 400 |
+//! | a body not the platform's: Alipay's form (a name twice, not UTF-8), WeChat Pay's `resource` (missing, not AES-256-GCM, not decrypted by the APIv3 key) | 400 |
 //!
 //! Rotating a secret: add the new one
-//! ([`Stripe::secret`], on every preset), roll the platform over to it,
-//! then drop the old one once no callback signed with it can still come
-//! (its tolerance, or its retries, later).
+//! ([`Stripe::secret`], on every HMAC preset; [`Alipay::key`] and
+//! [`WeChatPay::key`] for the platform's RSA public keys), roll the
+//! platform over to it, then drop the old one once no callback signed with
+//! it can still come (its tolerance, or its retries, later).
 //!
 //! ```
 //! use axum::{Router, extract::FromRef, response::Response, routing::post};
@@ -61,17 +70,21 @@
 //! # let _ = app;
 //! ```
 
+mod alipay;
 mod github;
 mod paddle;
 mod shopify;
 mod standard;
 mod stripe;
+mod wechat;
 
+pub use alipay::Alipay;
 pub use github::GitHub;
 pub use paddle::Paddle;
 pub use shopify::Shopify;
 pub use standard::StandardWebhooks;
 pub use stripe::Stripe;
+pub use wechat::{WeChatPay, WeChatPaySerial};
 
 use crate::callback::{CallbackError, SerialFrom};
 use axum::body::Bytes;
@@ -300,6 +313,83 @@ fn base64_tag(s: &str) -> Result<Vec<u8>, CallbackError> {
         .ok()
         .filter(|t| t.len() == 32)
         .ok_or(CallbackError::MalformedSignature)
+}
+
+/// An RSA signature from standard, padded base64: 1 to 1024 bytes (keys
+/// up to 8192 bits).
+fn base64_rsa_signature(s: &str) -> Result<Vec<u8>, CallbackError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .ok()
+        .filter(|t| !t.is_empty() && t.len() <= 1024)
+        .ok_or(CallbackError::MalformedSignature)
+}
+
+type RsaVerifyingKey = rsa::pkcs1v15::VerifyingKey<sha2::Sha256>;
+
+/// The platform's RSA public keys (SHA256withRSA, PKCS#1 v1.5), each with
+/// the id the platform names it by (WeChat Pay's `Wechatpay-Serial`; empty
+/// where the platform names none): any of them signs.
+#[derive(Clone)]
+struct RsaKeys(Vec<(String, RsaVerifyingKey)>);
+
+impl std::fmt::Debug for RsaKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.0.iter().map(|(id, _)| id.as_str()).collect();
+        write!(f, "{} public key(s) {ids:?}", self.0.len())
+    }
+}
+
+impl RsaKeys {
+    fn one(id: &str, key: &str) -> Result<Self, SecretError> {
+        Ok(RsaKeys(vec![(id.to_owned(), rsa_public_key(key)?)]))
+    }
+
+    fn add(&mut self, id: &str, key: &str) -> Result<(), SecretError> {
+        self.0.push((id.to_owned(), rsa_public_key(key)?));
+        Ok(())
+    }
+
+    /// Whether `signature` is the SHA256withRSA signature of `message`
+    /// under one of the keys (those named `id`, when given).
+    fn verify(&self, id: Option<&str>, message: &[u8], signature: &[u8]) -> bool {
+        use rsa::signature::Verifier as _;
+        let Ok(sig) = rsa::pkcs1v15::Signature::try_from(signature) else {
+            return false;
+        };
+        self.0
+            .iter()
+            .filter(|(name, _)| id.is_none_or(|id| id == name))
+            .any(|(_, key)| key.verify(message, &sig).is_ok())
+    }
+
+    fn knows(&self, id: &str) -> bool {
+        self.0.iter().any(|(name, _)| name == id)
+    }
+}
+
+/// An RSA public key: PEM (`PUBLIC KEY`, X.509 SubjectPublicKeyInfo, or
+/// `RSA PUBLIC KEY`, PKCS#1), or the bare base64 of the
+/// SubjectPublicKeyInfo DER, as Alipay's console shows it.
+fn rsa_public_key(text: &str) -> Result<RsaVerifyingKey, SecretError> {
+    use rsa::pkcs1::DecodeRsaPublicKey as _;
+    use rsa::pkcs8::DecodePublicKey as _;
+    let text = text.trim();
+    let key = if text.starts_with("-----BEGIN PUBLIC KEY-----") {
+        rsa::PublicKey::from_public_key_pem(text).map_err(|e| e.to_string())
+    } else if text.starts_with("-----BEGIN RSA PUBLIC KEY-----") {
+        rsa::PublicKey::from_pkcs1_pem(text).map_err(|e| e.to_string())
+    } else {
+        use base64::Engine as _;
+        let b64: String = text.split_ascii_whitespace().collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| e.to_string())
+            .and_then(|der| rsa::PublicKey::from_public_key_der(&der).map_err(|e| e.to_string()))
+    };
+    key.map(RsaVerifyingKey::new)
+        .map_err(|e| SecretError(format!("not an RSA public key (PEM or base64 DER): {e}")))
 }
 
 fn base64(bytes: &[u8]) -> String {

@@ -208,3 +208,183 @@ fn a_scheme_behind_an_arc_answers_as_its_platform() {
     assert!(s.refused(&CallbackError::BadSignature).is_none());
     assert_eq!(format!("{s:?}"), "Scheme(…)");
 }
+
+/// Fixed vectors, made once with Python `cryptography` under a test key
+/// pair (never a platform's): the old key signs, the new one is rolled in.
+mod rsa_vectors {
+    /// The old key's SubjectPublicKeyInfo, bare base64 (Alipay's console).
+    pub(super) const OLD_B64: &str = "MIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAn83blUX+9qT4ZWahtdzhG90i+b/oCwFYZuWwGgBmHBJID19MsVVAfYOX4CkIgNXlvyvy2DR5rGke/FkYEIsTHcu4czDaSXC6aQW964B/OhAeELnXVC8fTqDxkYN7IWOiahxhRZbXL8xlkpH8265LLKVZT/LmcvUIAOW2/BibGu6TGlCbcC3plQiUuWVjvN4e3CfpwokLWCeDA0PZWfnG7z+v+/trd6rYaSB3zocjpq6ZZt+ejYI+bKCzeEi0i5QL8R5QZl8WpQQ340uopjlUfJeINGmna7VJoEyU28wqsixwlU3ikuC+XJ34hAJD6/eWn7t72SjfCAWCrERhq/MqYwIDAQAB";
+    pub(super) const OLD_PEM: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAn83blUX+9qT4ZWahtdzh\nG90i+b/oCwFYZuWwGgBmHBJID19MsVVAfYOX4CkIgNXlvyvy2DR5rGke/FkYEIsT\nHcu4czDaSXC6aQW964B/OhAeELnXVC8fTqDxkYN7IWOiahxhRZbXL8xlkpH8265L\nLKVZT/LmcvUIAOW2/BibGu6TGlCbcC3plQiUuWVjvN4e3CfpwokLWCeDA0PZWfnG\n7z+v+/trd6rYaSB3zocjpq6ZZt+ejYI+bKCzeEi0i5QL8R5QZl8WpQQ340uopjlU\nfJeINGmna7VJoEyU28wqsixwlU3ikuC+XJ34hAJD6/eWn7t72SjfCAWCrERhq/Mq\nYwIDAQAB\n-----END PUBLIC KEY-----\n";
+    pub(super) const NEW_PEM: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAzEsDrhrmKUk5scJ77h3Y\noSpJdLT2lgGTE1JdMdgnnkcJd6T4Z0Pauwf+N8ydWil7iF6OfnQvjScKmMDF+cmr\nMdgsWPKqGNmoBzp+IEKbxs99azPLFr/l+Q6rYk8VyzPQXK9TJsTY4EWUL1Kz4aO4\nACYoF6arE4BSUyZdLvOyZ68XC1j1cr3lWaYM38RmvCVHIVCvam4CPvjVTh0oL1qc\nzTqwPuz+UD9WkAwcSbAPZv8cXq01SRd6ROFgsvl0/gfKR4KDhCu18ZL9mjicjhV7\nWoTU49avoz/+NZtnZAGkmw280e0IG9tqikA8pLAEz8EqzV//g8MQwnHELumFyPsB\nJQIDAQAB\n-----END PUBLIC KEY-----\n";
+    /// An Alipay notification (an empty `passback_params`, a subject with
+    /// `&` and non-ASCII), signed with the old key, then the new one.
+    pub(super) const ALIPAY_FORM: &str = "notify_time=2023-11-15+06%3A13%3A20&notify_type=trade_status_sync&notify_id=2023111500222061320012341234&app_id=2021000000000001&charset=utf-8&version=1.0&trade_no=2023111522001400001234567890&out_trade_no=order-7&trade_status=TRADE_SUCCESS&total_amount=88.88&subject=%E5%92%96%E5%95%A1+%26+%E8%8C%B6&passback_params=&sign=MUDBlCroKTZ9VxrPq9mZ6La5hwKETVJxzKb2%2Bo%2Br6mDvgR2Xq4uC7%2FRWTzn9PermcuQ8PyBfXSBMeDNKGi8JKW3mK8xyckw2UAxsMPS7%2B7Zal3MK6pH8s6xjyEb0mNNLnMjar65NHs9BJwv5ZGWnR9yHxcd3n0Xaf0TXZCSnWNv%2FTdswBriXg02z%2FaXDhwEXp6P0AUadVS43RW0zJiCR1X0dZ8y%2BmqXaIEpiWCWtS1lvvYdxbmj5t1YbarcHhcDlzRhvyOZ4Sd0jI89mjUAtkcU9LzZn0YkdzVSMI2jFxNdZABbDaoPjI6Ph%2Fa0Pcn9YNIhlB2hHWPRG7aiu0kj5Ng%3D%3D&sign_type=RSA2";
+    pub(super) const ALIPAY_FORM_NEW: &str = "notify_time=2023-11-15+06%3A13%3A20&notify_type=trade_status_sync&notify_id=2023111500222061320012341234&app_id=2021000000000001&charset=utf-8&version=1.0&trade_no=2023111522001400001234567890&out_trade_no=order-7&trade_status=TRADE_SUCCESS&total_amount=88.88&subject=%E5%92%96%E5%95%A1+%26+%E8%8C%B6&passback_params=&sign=QEMt8xF9zhZ%2F1Zukv1LxhVF6lusC2EJRwwKKODiM0SxvW0rpN3TBIJjKGOtmiPw5u0k4O%2B4x7XQcywD6mM3npq%2FimXz%2BTGMU%2FVRl1iHnlN1xc8AFri6YEBihPW3ipHnAfOSc%2BkXfReFWbzTb8J481oeBJPx9wb%2FBZrAIgfXwxWlju1A7dWe2wS5X2Cpd07fkluptpciIKoNFmvoPCoekZjUBybw2R6ehGX9o3N9Kbu3yKe77SMYiRYCiDWH5Ag3LwmAo7LutRZoITfjrHt%2F%2F%2BZoj5T%2BQ3I4SRdA7gZKp9DekBGNk756ukkbzjKVNTQtcZZ4ZuQXNn3htRQsCF5DoMA%3D%3D&sign_type=RSA2";
+    /// A WeChat Pay notification at 1_700_000_000, nonce
+    /// `5K8264ILTKCH16CQ2502SI8ZNMTM67VS`, APIv3 key `APIV3`.
+    pub(super) const APIV3: &[u8] = b"idem-test-apiv3-key-32-bytes-ok!";
+    pub(super) const WX_BODY: &str = r#"{"id":"EV-2018022511223320873","create_time":"2023-11-15T06:13:20+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"paid 8888","resource":{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"WVzgMVOo3rOTnpXjRd0WVJbN3JoHgxYRw0vaT8fwR6FenTdfJhlQvmxTsgQguAM1nw6ptknNYmnpodAbW+xvmhOlm00tYNRX9zK8ROD8d7lXxzK4gzpFs+GJb4FS8FjQiFzcz/B63jE6578vY+Gssvquws6+olvsPIFq0Le9P7JcbdUyh1KdyiLv1iW3q2Eypu4yzjv8eb5y76Q=","associated_data":"transaction","nonce":"fdasflkja484"}}"#;
+    pub(super) const WX_PLAIN: &str = r#"{"transaction_id":"4200000000202311150000000001","out_trade_no":"order-7","trade_state":"SUCCESS","amount":{"total":8888,"currency":"CNY"}}"#;
+    pub(super) const WX_SIG: &str = "XIaEN7J8vWDiWOkq0yvLqZzKCKASMnTUnsVkDK5Q3v59cKCCfekJv0FTfzKfDl5r/z3VFOOiCu3o6vb0k8UEQvGfNHP23uK/98BU8/jdNlIUBwcNtw69W0137gRldNLQpgJ49sG7kvy7vZ4lJtQFHyAET+AwtPlpbSFHdN9DR2sPwqRVijTEDz7SeRoK7P2ehptO8irOH7+SHAJSnc2e0iTAcjNrGkCllwsRx0taJ1Gy5yq9S5r5SpSbq3DVc0OBJLZmv22O+Mn8+eBw4AtzXtpn3pRSuwwcqbn6HkmpHZRuXqzVnHR+MsHwFet9cUpOr/Kifn4omLKVQi6y+3cH6w==";
+    pub(super) const WX_SIG_NEW: &str = "eiH3SV/vAnv7xxZRVWznhyRHANGHb4z0J+Y78aUB6g5+Vdq0CxLLZVECj02QYLiE90fdIebNq3HJ8TV+n3oOfahkTBmiegxl6hgWtaZ0MKfs70Tq9QrXdGj0iN7bkiYB6xF9Oz+Yeyxl01MFb6bFE0KAc5VRDX7IzgRwok3CDtCxikKf/8GtSY2sZsysgZtG0W+4KCffvisYhgdc5xCHbh89S3fepGdCTB88j02LLxrfSIRiWNycyBWhuGKA5QPZCy2GXtlVHfKNtzbp+Px4RFC0wKYY/+qhg8sGofP8sNRD7VJppVr8Mzt9w2wMIhW0Ra/YfM9KoJmVigP13ghsRA==";
+}
+
+#[test]
+fn alipay_rsa2_form_rotation_and_answers() {
+    use rsa_vectors::*;
+    let form = body(ALIPAY_FORM);
+    let old = Alipay::new(OLD_B64).unwrap();
+    let v = old.verify(&HeaderMap::new(), &form, NOW).unwrap();
+    assert_eq!(v.serial.as_deref(), Some("2023111500222061320012341234"));
+    assert_eq!(v.timestamp, None);
+    assert_eq!(v.payload, form);
+    // The same key as PEM; `trade_no` as the serial.
+    let by_trade = Alipay::new(OLD_PEM).unwrap().serial("trade_no", |_| Ok(()));
+    let v = by_trade.verify(&HeaderMap::new(), &form, NOW).unwrap();
+    assert_eq!(v.serial.as_deref(), Some("2023111522001400001234567890"));
+    // Signed with the new key: the rolling endpoint only.
+    let rolled = body(ALIPAY_FORM_NEW);
+    let rolling = Alipay::new(OLD_B64).unwrap().key(NEW_PEM).unwrap();
+    assert!(rolling.verify(&HeaderMap::new(), &rolled, NOW).is_ok());
+    assert!(rolling.verify(&HeaderMap::new(), &form, NOW).is_ok());
+    assert_eq!(
+        old.verify(&HeaderMap::new(), &rolled, NOW),
+        Err(CallbackError::BadSignature)
+    );
+    // Tampered; the empty parameter is not signed, a filled one is.
+    let tampered = ALIPAY_FORM.replace("total_amount=88.88", "total_amount=0.01");
+    assert_eq!(
+        old.verify(&HeaderMap::new(), &body(&tampered), NOW),
+        Err(CallbackError::BadSignature)
+    );
+    let filled = ALIPAY_FORM.replace("passback_params=", "passback_params=x");
+    assert_eq!(
+        old.verify(&HeaderMap::new(), &body(&filled), NOW),
+        Err(CallbackError::BadSignature)
+    );
+    // Malformed: 400.
+    let unsigned: String = ALIPAY_FORM
+        .split('&')
+        .filter(|p| !p.starts_with("sign="))
+        .collect::<Vec<_>>()
+        .join("&");
+    assert_eq!(
+        old.verify(&HeaderMap::new(), &body(&unsigned), NOW),
+        Err(CallbackError::MissingSignature)
+    );
+    for bad in [
+        format!("{unsigned}&sign=not*base64"),
+        ALIPAY_FORM.replace("sign_type=RSA2", "sign_type=RSA"),
+        ALIPAY_FORM.replace("charset=utf-8", "charset=gbk"),
+        format!("{ALIPAY_FORM}&notify_id=again"),
+        format!("{ALIPAY_FORM}&x=%FF"),
+    ] {
+        let err = old.verify(&HeaderMap::new(), &body(&bad), NOW).unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{bad}: {err}");
+    }
+    // Alipay's answers: `success`, else `failure`.
+    let ok = old.accepted();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let refused = old.refused(&CallbackError::BadSignature).unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert!(Alipay::new("not a key").is_err());
+    // The content: sorted, `sign`, `sign_type` and empty values left out.
+    let params = Alipay::parse_form(b"b=2&sign=x&a=1&sign_type=RSA2&c=&d=%26").unwrap();
+    assert_eq!(Alipay::signed_content(&params), "a=1&b=2&d=&");
+}
+
+#[test]
+fn wechat_pay_signed_encrypted_rotation_and_answers() {
+    use rsa_vectors::*;
+    let wx = WeChatPay::new("PUB_KEY_ID_OLD", OLD_PEM, APIV3).unwrap();
+    let h = |sig: &str, serial: &str, ts: &str| {
+        headers(&[
+            ("wechatpay-timestamp", ts),
+            ("wechatpay-nonce", "5K8264ILTKCH16CQ2502SI8ZNMTM67VS"),
+            ("wechatpay-signature", sig),
+            ("wechatpay-serial", serial),
+            ("wechatpay-signature-type", "WECHATPAY2-SHA256-RSA2048"),
+        ])
+    };
+    let b = body(WX_BODY);
+    let ok = h(WX_SIG, "PUB_KEY_ID_OLD", "1700000000");
+    let v = wx.verify(&ok, &b, NOW).unwrap();
+    assert_eq!(v.serial.as_deref(), Some("4200000000202311150000000001"));
+    assert_eq!(v.timestamp, Some(NOW));
+    assert_eq!(v.payload, body(WX_PLAIN));
+    let by_id = wx
+        .clone()
+        .serial(WeChatPaySerial::NotificationId, |_| Ok(()));
+    let v = by_id.verify(&ok, &b, NOW).unwrap();
+    assert_eq!(v.serial.as_deref(), Some("EV-2018022511223320873"));
+    // Tolerance: 300 s either way.
+    assert!(wx.verify(&ok, &b, NOW + 300).is_ok());
+    assert_eq!(
+        wx.verify(&ok, &b, NOW + 301),
+        Err(CallbackError::StaleTimestamp { age_secs: 301 })
+    );
+    // The key named by Wechatpay-Serial: rolled in, unknown, the other one.
+    let rolling = wx.clone().key("PUB_KEY_ID_NEW", NEW_PEM).unwrap();
+    let new = h(WX_SIG_NEW, "PUB_KEY_ID_NEW", "1700000000");
+    assert!(rolling.verify(&new, &b, NOW).is_ok());
+    assert!(rolling.verify(&ok, &b, NOW).is_ok());
+    assert_eq!(wx.verify(&new, &b, NOW), Err(CallbackError::BadSignature));
+    let misnamed = h(WX_SIG_NEW, "PUB_KEY_ID_OLD", "1700000000");
+    assert_eq!(
+        rolling.verify(&misnamed, &b, NOW),
+        Err(CallbackError::BadSignature)
+    );
+    // The timestamp and the body are signed.
+    let moved = h(WX_SIG, "PUB_KEY_ID_OLD", "1700000001");
+    assert_eq!(wx.verify(&moved, &b, NOW), Err(CallbackError::BadSignature));
+    let tampered = body(&WX_BODY.replace("paid 8888", "paid 1"));
+    assert_eq!(
+        wx.verify(&ok, &tampered, NOW),
+        Err(CallbackError::BadSignature)
+    );
+    // Another APIv3 key: the signature holds, the resource does not open.
+    let other = WeChatPay::new("PUB_KEY_ID_OLD", OLD_PEM, &[7; 32]).unwrap();
+    assert!(matches!(
+        other.verify(&ok, &b, NOW),
+        Err(CallbackError::MalformedBody(_))
+    ));
+    assert!(WeChatPay::new("PUB_KEY_ID_OLD", OLD_PEM, b"short").is_err());
+    // Malformed headers, WeChat Pay's signature probe among them: 400.
+    let mut probe = ok.clone();
+    probe.insert(
+        "wechatpay-signature",
+        HeaderValue::from_static("WECHATPAY/SIGNTEST/abc"),
+    );
+    assert_eq!(
+        wx.verify(&probe, &b, NOW).unwrap_err().status(),
+        StatusCode::BAD_REQUEST
+    );
+    for name in [
+        "wechatpay-timestamp",
+        "wechatpay-nonce",
+        "wechatpay-signature",
+        "wechatpay-serial",
+    ] {
+        let mut missing = ok.clone();
+        missing.remove(name);
+        let err = wx.verify(&missing, &b, NOW).unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{name}: {err}");
+    }
+    let mut md5 = ok.clone();
+    md5.insert(
+        "wechatpay-signature-type",
+        HeaderValue::from_static("WECHATPAY2-MD5"),
+    );
+    assert_eq!(
+        wx.verify(&md5, &b, NOW),
+        Err(CallbackError::MalformedSignature)
+    );
+    // WeChat Pay's answers: 200, or a 4xx with code FAIL.
+    assert_eq!(wx.accepted().status(), StatusCode::OK);
+    let refused = wx.refused(&CallbackError::BadSignature).unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        refused.headers()["content-type"],
+        HeaderValue::from_static("application/json")
+    );
+}

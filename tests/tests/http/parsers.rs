@@ -175,14 +175,26 @@ mod presets {
     use super::*;
     use idem_runtime::http::SignatureScheme;
     use idem_runtime::http::scheme::{
-        GitHub, Paddle, Shopify, SignatureHeader, StandardWebhooks, Stripe,
+        Alipay, GitHub, Paddle, Shopify, SignatureHeader, StandardWebhooks, Stripe, WeChatPay,
     };
+
+    /// A test key (tests/http/keys/README.md), never a platform's.
+    const PUBLIC_KEY: &str = include_str!("keys/old.pub.pem");
+
+    fn wechat() -> WeChatPay {
+        WeChatPay::new(
+            "PUB_KEY_ID_OLD",
+            PUBLIC_KEY,
+            b"idem-test-apiv3-key-32-bytes-ok!",
+        )
+        .unwrap()
+    }
 
     type Parse = fn(&str) -> Result<SignatureHeader, idem_runtime::http::CallbackError>;
     type Format = fn(&SignatureHeader) -> String;
 
     /// Each preset's parser and writer.
-    fn parsers() -> [(&'static str, Parse, Format); 5] {
+    fn parsers() -> [(&'static str, Parse, Format); 7] {
         [
             ("stripe", Stripe::parse_header, Stripe::format_header),
             (
@@ -193,6 +205,8 @@ mod presets {
             ("github", GitHub::parse_header, GitHub::format_header),
             ("shopify", Shopify::parse_header, Shopify::format_header),
             ("paddle", Paddle::parse_header, Paddle::format_header),
+            ("alipay", Alipay::parse_header, Alipay::format_header),
+            ("wechat", WeChatPay::parse_header, WeChatPay::format_header),
         ]
     }
 
@@ -241,7 +255,9 @@ mod presets {
             }
             let one = SignatureHeader::new(None, sigs[..1].to_vec());
             prop_assert_eq!(GitHub::parse_header(&GitHub::format_header(&one)), Ok(one.clone()));
-            prop_assert_eq!(Shopify::parse_header(&Shopify::format_header(&one)), Ok(one));
+            prop_assert_eq!(Shopify::parse_header(&Shopify::format_header(&one)), Ok(one.clone()));
+            prop_assert_eq!(Alipay::parse_header(&Alipay::format_header(&one)), Ok(one.clone()));
+            prop_assert_eq!(WeChatPay::parse_header(&WeChatPay::format_header(&one)), Ok(one));
         }
 
         /// Every preset takes any header values without panicking, and
@@ -253,12 +269,15 @@ mod presets {
             body in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
             let body = axum::body::Bytes::from(body);
-            let schemes: [(Box<dyn SignatureScheme>, &[&str]); 5] = [
+            let schemes: [(Box<dyn SignatureScheme>, &[&str]); 7] = [
                 (Box::new(Stripe::new("k")), &["stripe-signature"]),
                 (Box::new(StandardWebhooks::new("whsec_a2V5").unwrap()), &["webhook-signature", "webhook-timestamp", "webhook-id"]),
                 (Box::new(GitHub::new("k")), &["x-hub-signature-256"]),
                 (Box::new(Shopify::new("k")), &["x-shopify-hmac-sha256"]),
                 (Box::new(Paddle::new("k")), &["paddle-signature"]),
+                // Alipay signs the form alone: the body is its input.
+                (Box::new(Alipay::new(PUBLIC_KEY).unwrap()), &["sign"]),
+                (Box::new(wechat()), &["wechatpay-signature", "wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"]),
             ];
             for (scheme, names) in schemes {
                 let mut headers = HeaderMap::new();
@@ -272,6 +291,64 @@ mod presets {
                 }
                 prop_assert!(scheme.verify(&headers, &body, 1_700_000_000).is_err());
             }
+        }
+
+        /// Any bytes as an Alipay form: an answer, never a panic; a form
+        /// accepted has each name once, and its signed content leaves out
+        /// `sign`, `sign_type` and empty values.
+        #[test]
+        fn alipay_forms_take_any_bytes(body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Ok(params) = Alipay::parse_form(&body) {
+                let content = Alipay::signed_content(&params);
+                for (name, value) in &params {
+                    let signed = name != "sign" && name != "sign_type" && !value.is_empty();
+                    let pair = format!("{name}={value}");
+                    prop_assert!(!signed || content.contains(&pair), "{pair} not in {content}");
+                }
+                let body = axum::body::Bytes::from(body);
+                let alipay = Alipay::new(PUBLIC_KEY).unwrap();
+                prop_assert!(alipay.verify(&HeaderMap::new(), &body, 1_700_000_000).is_err());
+            }
+        }
+
+        /// A form written from parameters parses back to them, and signs
+        /// their content sorted by name.
+        #[test]
+        fn alipay_forms_round_trip(
+            params in proptest::collection::btree_map("[a-z_]{1,12}", "[^\\x{FFFD}]{0,20}", 0..8),
+        ) {
+            let params: Vec<(String, String)> = params
+                .into_iter()
+                .filter(|(n, _)| n != "charset")
+                .collect();
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            // Written in reverse: the content is sorted whatever the order.
+            for (n, v) in params.iter().rev() {
+                form.append_pair(n, v);
+            }
+            let parsed = Alipay::parse_form(form.finish().as_bytes()).expect("a form");
+            let mut sorted = parsed.clone();
+            sorted.sort();
+            prop_assert_eq!(&sorted, &params);
+            let expected: Vec<String> = params
+                .iter()
+                .filter(|(n, v)| n != "sign" && n != "sign_type" && !v.is_empty())
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            prop_assert_eq!(Alipay::signed_content(&parsed), expected.join("&"));
+        }
+
+        /// Any bytes as a WeChat Pay notification: refused without a panic
+        /// (no resource, not AES-256-GCM, not under the APIv3 key).
+        #[test]
+        fn wechat_pay_bodies_take_any_bytes(
+            body in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300),
+                r#"\{"id":"EV-1","resource":\{"algorithm":"AEAD_AES_256_GCM","ciphertext":"[A-Za-z0-9+/]{0,60}={0,2}","nonce":".{0,14}"(,"associated_data":".{0,10}")?\}\}"#
+                    .prop_map(String::into_bytes),
+            ],
+        ) {
+            prop_assert!(wechat().decrypt(&body).is_err());
         }
     }
 }

@@ -11,15 +11,21 @@
 //! | GitHub | `sign` of `@octokit/webhooks-methods` (Node) | its `verify` |
 //! | Shopify | the documented procedure (Python `hmac`, `base64`): no Shopify SDK signs or checks a webhook outside an app's framework | — |
 //! | Paddle Billing | `PaddleSignature.calculate_hmac` of `paddle-python-sdk` over the documented `"{ts}:{body}"` | its `Verifier().verify` |
+//! | Alipay | the documented procedure (Python `cryptography`: SHA256withRSA over the sorted form, `sign_type=RSA2`): Alipay's SDKs are the merchant's side and sign no notification | `AliPay(...).verify` of `python-alipay-sdk` |
+//! | WeChat Pay API v3 | the documented procedure (Python `cryptography`: the resource under AES-256-GCM, SHA256withRSA over `"{ts}\n{nonce}\n{body}\n"`), for the same reason | `Core(..., public_key=…, public_key_id=…).callback` of `wechatpayv3`: signature and decryption |
 //!
 //! Then, for every platform: a callback is booked once; the same callback
 //! replayed is a duplicate (one row); a tampered body, a wrong secret, a
 //! stale timestamp (where the platform signs one) and a malformed header
 //! are refused and book nothing; a second event is booked on its own; a
 //! callback signed with the new secret during a key roll is accepted.
+//! Alipay's and WeChat Pay's keys are RSA key pairs (`keys/`, test keys),
+//! and Alipay's malformed callback is a form whose `sign` is not base64,
+//! or has none.
 //!
-//! The SDKs (`.ci/run` installs them): Python `stripe`, `standardwebhooks`
-//! and `paddle-python-sdk`; Node `@octokit/webhooks-methods` in
+//! The SDKs (`.ci/run` installs them): Python `stripe`, `standardwebhooks`,
+//! `paddle-python-sdk`, `cryptography`, `python-alipay-sdk` and
+//! `wechatpayv3`; Node `@octokit/webhooks-methods` in
 //! `$IDEM_SDK_NODE` (default `/opt/idem-sdk/node`). A missing SDK skips the
 //! test locally and fails it under `CI=true`.
 
@@ -31,7 +37,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_runtime::http::SignedCallback;
-use idem_runtime::http::scheme::{GitHub, Paddle, Shopify, StandardWebhooks, Stripe};
+use idem_runtime::http::scheme::{
+    Alipay, GitHub, Paddle, Shopify, StandardWebhooks, Stripe, WeChatPay,
+};
 use idem_runtime::{Error, Outcome, idempotent};
 use idem_testkit::{ids, sql, unique, unreachable};
 use std::io::Write;
@@ -44,6 +52,23 @@ const NEW: &str = "whsec_bmV3LXNlY3JldC1vZi10aGUtcGxhdGZvcm0=";
 /// A secret the platform never had.
 const WRONG: &str = "whsec_Z3Vlc3NlZC1ieS1hbi1hdHRhY2tlcg==";
 
+/// The RSA platforms' (Alipay, WeChat Pay) key pairs, `old.pem`,
+/// `new.pem`, `wrong.pem` and their `.pub.pem`: test keys generated once
+/// (keys/README.md), standing for `OLD`, `NEW` and `WRONG`.
+const KEYS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/http/keys");
+/// The WeChat Pay merchant's APIv3 key (32 bytes).
+const APIV3: &str = "idem-test-apiv3-key-32-bytes-ok!";
+
+/// The key pair standing for `secret`, as a path without its extension.
+fn rsa_key(secret: &str) -> String {
+    let name = match secret {
+        OLD => "old",
+        NEW => "new",
+        _ => "wrong",
+    };
+    format!("{KEYS}/{name}")
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Platform {
     Stripe,
@@ -51,6 +76,8 @@ enum Platform {
     GitHub,
     Shopify,
     Paddle,
+    Alipay,
+    WeChat,
 }
 
 impl Platform {
@@ -61,11 +88,24 @@ impl Platform {
             Platform::GitHub => "/github",
             Platform::Shopify => "/shopify",
             Platform::Paddle => "/paddle",
+            Platform::Alipay => "/alipay",
+            Platform::WeChat => "/wechat",
         }
     }
 
     fn signs_a_timestamp(self) -> bool {
-        !matches!(self, Platform::GitHub | Platform::Shopify)
+        !matches!(
+            self,
+            Platform::GitHub | Platform::Shopify | Platform::Alipay
+        )
+    }
+
+    /// The body's media type: Alipay posts a form.
+    fn content_type(self) -> &'static str {
+        match self {
+            Platform::Alipay => "application/x-www-form-urlencoded",
+            _ => "application/json",
+        }
     }
 
     /// The SDK's name, for the skip message.
@@ -76,13 +116,20 @@ impl Platform {
             Platform::GitHub => "the Node package `@octokit/webhooks-methods`",
             Platform::Shopify => "Python",
             Platform::Paddle => "the Python SDK `paddle-python-sdk`",
+            Platform::Alipay => "the Python SDK `python-alipay-sdk` (module `alipay`)",
+            Platform::WeChat => "the Python SDK `wechatpayv3`",
         }
     }
 }
 
 /// Python: the payload on stdin, `secret ts id verify` in argv, the
 /// headers out as `name: value` lines. `verify` is `1` when the SDK must
-/// check what it signed (a fresh callback under the right secret).
+/// check what it signed (a fresh callback under the right secret). Alipay
+/// and WeChat Pay build their notification from the event (`secret` is
+/// then a key pair's path, `rsa_key`) and write it out as `=body …`: the
+/// platform's procedure with `cryptography` (neither SDK signs a
+/// notification: they are the merchant's side), checked by the SDK's own
+/// verifier.
 const PYTHON: &str = r#"
 import sys, json
 secret, ts, msg_id, verify = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
@@ -119,6 +166,70 @@ elif platform == "paddle":
                 self.body = payload
         assert Verifier(maximum_variance=60).verify(Request(), Secret(secret)), "Paddle's Verifier refused"
     print("paddle-signature: " + header)
+elif platform in ("alipay", "wechat"):
+    import base64, os, secrets, time
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding
+    event = json.loads(payload)
+    key = serialization.load_pem_private_key(open(secret + ".pem", "rb").read(), None)
+    public = open(secret + ".pub.pem").read()
+    merchant = open(os.path.join(os.path.dirname(secret), "wrong.pem")).read()
+    rsa2 = lambda m: base64.b64encode(key.sign(m, padding.PKCS1v15(), hashes.SHA256())).decode()
+if platform == "alipay":
+    from urllib.parse import urlencode
+    params = {
+        "notify_time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts + 8 * 3600)),
+        "notify_type": "trade_status_sync", "notify_id": event["id"],
+        "app_id": "2021000000000001", "charset": "utf-8", "version": "1.0",
+        "trade_no": "2026" + str(event["amount"]), "out_trade_no": "order-" + event["id"],
+        "trade_status": "TRADE_SUCCESS", "total_amount": str(event["amount"]),
+        "subject": "咖啡 & 茶", "passback_params": "",
+    }
+    # Alipay's procedure: sorted, `sign`, `sign_type` and empty values out.
+    sign = rsa2("&".join(f"{k}={v}" for k, v in sorted(params.items()) if v).encode())
+    if verify:
+        from alipay import AliPay
+        sdk = AliPay(appid=params["app_id"], app_private_key_string=merchant, alipay_public_key_string=public)
+        # The SDK leaves out `sign_type` (it checks it), not empty values.
+        data = {k: v for k, v in params.items() if v}
+        data["sign_type"] = "RSA2"
+        assert sdk.verify(data, sign), "AliPay.verify refused"
+    params["sign"], params["sign_type"] = sign, "RSA2"
+    print("=body " + urlencode(params))
+elif platform == "wechat":
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    apiv3 = "idem-test-apiv3-key-32-bytes-ok!"
+    serial = {"old": "PUB_KEY_ID_OLD", "new": "PUB_KEY_ID_NEW"}.get(os.path.basename(secret), "PUB_KEY_ID_OLD")
+    resource = json.dumps({
+        "transaction_id": event["id"], "out_trade_no": "order-" + event["id"], "trade_state": "SUCCESS",
+        "amount": {"total": event["amount"], "currency": "CNY"},
+    }, separators=(",", ":"))
+    aes_nonce = secrets.token_hex(6)
+    ciphertext = AESGCM(apiv3.encode()).encrypt(aes_nonce.encode(), resource.encode(), b"transaction")
+    body = json.dumps({
+        "id": "EV-" + event["id"], "create_time": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts)),
+        "resource_type": "encrypt-resource", "event_type": "TRANSACTION.SUCCESS",
+        "summary": "paid " + str(event["amount"]),
+        "resource": {
+            "original_type": "transaction", "algorithm": "AEAD_AES_256_GCM",
+            "ciphertext": base64.b64encode(ciphertext).decode(), "associated_data": "transaction", "nonce": aes_nonce,
+        },
+    }, separators=(",", ":"))
+    nonce = secrets.token_hex(16).upper()
+    headers = {
+        "Wechatpay-Timestamp": str(ts), "Wechatpay-Nonce": nonce, "Wechatpay-Serial": serial,
+        "Wechatpay-Signature": rsa2(f"{ts}\n{nonce}\n{body}\n".encode()),
+        "Wechatpay-Signature-Type": "WECHATPAY2-SHA256-RSA2048",
+    }
+    if verify:
+        from wechatpayv3.core import Core
+        core = Core(mchid="1900000001", cert_serial_no="MERCHANT", private_key=merchant, apiv3_key=apiv3,
+                    public_key=public, public_key_id=serial)
+        got = core.callback(headers, body)
+        assert got and got["resource"]["transaction_id"] == event["id"], "wechatpayv3 refused"
+    for k, v in headers.items():
+        print(k + ": " + v)
+    print("=body " + body)
 "#;
 
 /// Node (an ES module: resolved from `$IDEM_SDK_NODE`, its working
@@ -133,7 +244,16 @@ if (check === "1" && !(await verify(secret, payload, sig))) throw new Error("ver
 console.log("x-hub-signature-256: " + sig);
 "#;
 
-/// The headers `platform`'s SDK sends with `body`, or `None` (skipped)
+/// A callback as the platform sends it.
+#[derive(Debug, Clone)]
+struct Signed {
+    headers: Vec<(String, String)>,
+    /// The event's body, or the notification built from it (Alipay's
+    /// form, WeChat Pay's encrypted resource).
+    body: Vec<u8>,
+}
+
+/// The callback `platform`'s SDK sends for `body`, or `None` (skipped)
 /// when the SDK is not installed.
 fn sdk_headers(
     platform: Platform,
@@ -142,7 +262,7 @@ fn sdk_headers(
     msg_id: &str,
     verify: bool,
     body: &[u8],
-) -> Option<Vec<(String, String)>> {
+) -> Option<Signed> {
     let check = if verify { "1" } else { "0" };
     let mut cmd = match platform {
         Platform::GitHub => {
@@ -158,10 +278,16 @@ fn sdk_headers(
                 Platform::Stripe => "stripe",
                 Platform::Standard => "standard",
                 Platform::Shopify => "shopify",
+                Platform::Alipay => "alipay",
+                Platform::WeChat => "wechat",
                 _ => "paddle",
             };
+            let secret = match platform {
+                Platform::Alipay | Platform::WeChat => rsa_key(secret),
+                _ => secret.to_owned(),
+            };
             let mut c = Command::new("python3");
-            c.args(["-c", PYTHON, secret, &ts.to_string(), msg_id, check, name]);
+            c.args(["-c", PYTHON, &secret, &ts.to_string(), msg_id, check, name]);
             c
         }
     };
@@ -195,13 +321,16 @@ fn sdk_headers(
         }
         panic!("{} failed: {stderr}", platform.sdk());
     }
-    let headers = String::from_utf8(out.stdout)
-        .unwrap()
+    let out = String::from_utf8(out.stdout).unwrap();
+    let headers = out
         .lines()
+        .filter(|l| !l.starts_with("=body "))
         .filter_map(|l| l.split_once(": "))
         .map(|(n, v)| (n.to_owned(), v.to_owned()))
         .collect();
-    Some(headers)
+    let built = out.lines().find_map(|l| l.strip_prefix("=body "));
+    let body = built.map_or_else(|| body.to_vec(), |b| b.as_bytes().to_vec());
+    Some(Signed { headers, body })
 }
 
 fn now() -> i64 {
@@ -219,6 +348,8 @@ struct Schemes {
     github: GitHub,
     shopify: Shopify,
     paddle: Paddle,
+    alipay: Alipay,
+    wechat: WeChatPay,
 }
 
 fn schemes() -> Schemes {
@@ -232,6 +363,18 @@ fn schemes() -> Schemes {
         paddle: Paddle::new(OLD)
             .secret(NEW)
             .tolerance(Duration::from_secs(60)),
+        alipay: Alipay::new(include_str!("keys/old.pub.pem"))
+            .unwrap()
+            .key(include_str!("keys/new.pub.pem"))
+            .unwrap(),
+        wechat: WeChatPay::new(
+            "PUB_KEY_ID_OLD",
+            include_str!("keys/old.pub.pem"),
+            APIV3.as_bytes(),
+        )
+        .unwrap()
+        .key("PUB_KEY_ID_NEW", include_str!("keys/new.pub.pem"))
+        .unwrap(),
     }
 }
 
@@ -275,6 +418,12 @@ macro_rules! backend_tests {
             impl FromRef<App> for Paddle {
                 fn from_ref(a: &App) -> Self { a.schemes.paddle.clone() }
             }
+            impl FromRef<App> for Alipay {
+                fn from_ref(a: &App) -> Self { a.schemes.alipay.clone() }
+            }
+            impl FromRef<App> for WeChatPay {
+                fn from_ref(a: &App) -> Self { a.schemes.wechat.clone() }
+            }
 
             /// Books the callback under its serial; the platform's answer,
             /// with `x-booked: executed` or `duplicate` for the test.
@@ -295,6 +444,8 @@ macro_rules! backend_tests {
             async fn github(State(app): State<App>, cb: SignedCallback<GitHub>) -> Response { booked(&app, cb).await }
             async fn shopify(State(app): State<App>, cb: SignedCallback<Shopify>) -> Response { booked(&app, cb).await }
             async fn paddle(State(app): State<App>, cb: SignedCallback<Paddle>) -> Response { booked(&app, cb).await }
+            async fn alipay(State(app): State<App>, cb: SignedCallback<Alipay>) -> Response { booked(&app, cb).await }
+            async fn wechat(State(app): State<App>, cb: SignedCallback<WeChatPay>) -> Response { booked(&app, cb).await }
 
             struct Fixture {
                 base: String,
@@ -318,6 +469,8 @@ macro_rules! backend_tests {
                     .route("/github", post(github))
                     .route("/shopify", post(shopify))
                     .route("/paddle", post(paddle))
+                    .route("/alipay", post(alipay))
+                    .route("/wechat", post(wechat))
                     .with_state(app);
                 Some(Fixture { base: http::serve(router).await, pool, table, platform })
             }
@@ -326,7 +479,7 @@ macro_rules! backend_tests {
                 async fn push(&self, body: &[u8], headers: &[(String, String)]) -> (u16, String) {
                     let mut r = http::client()
                         .post(format!("{}{}", self.base, self.platform.path()))
-                        .header("content-type", "application/json")
+                        .header("content-type", self.platform.content_type())
                         .body(body.to_vec());
                     for (n, v) in headers {
                         r = r.header(n.as_str(), v.as_str());
@@ -381,58 +534,82 @@ macro_rules! backend_tests {
                 }
             }
 
-            async fn scenario(platform: Platform) {
-                let Some(f) = fixture(platform).await else { return };
-                let sign = |secret: &str, ts: i64, id: &str, verify: bool, body: &[u8]| {
-                    sdk_headers(platform, secret, ts, &format!("msg_{id}"), verify, body)
-                };
-                // Booked once; replayed: a duplicate, one row.
-                let (id, body) = event(1999);
-                let Some(first) = sign(OLD, now(), &id, true, &body) else { return };
-                assert_eq!(f.push(&body, &first).await, (200, "executed".into()));
-                assert_eq!(f.push(&body, &first).await, (200, "duplicate".into()));
-                let key = serial(platform, &id, &body);
-                assert_eq!(f.booked(&key).await, 1);
-                assert_eq!(f.records(&key).await, 1);
-
-                // A tampered body under the genuine headers: 401.
-                let tampered = String::from_utf8(body.clone()).unwrap().replace("1999", "1");
-                let (status, text) = f.push(tampered.as_bytes(), &first).await;
-                assert_eq!(status, 401, "{text}");
-                // Signed with a secret the service does not hold: 401.
-                let (other, other_body) = event(5);
-                let forged = sign(WRONG, now(), &other, false, &other_body).unwrap();
-                assert_eq!(f.push(&other_body, &forged).await.0, 401);
-                // Signed an hour ago (captured and sent again): 401.
-                if platform.signs_a_timestamp() {
-                    let stale = sign(OLD, now() - 3600, &other, false, &other_body).unwrap();
-                    let (status, text) = f.push(&other_body, &stale).await;
-                    assert_eq!(status, 401, "{text}");
-                    assert!(text.contains("ago"), "{text}");
+            /// `signed` with its signature malformed (400), and without
+            /// it (400): in its headers, or Alipay's `sign` in the form.
+            fn unsigned(platform: Platform, signed: &Signed) -> [Signed; 2] {
+                if platform == Platform::Alipay {
+                    let form = String::from_utf8(signed.body.clone()).unwrap();
+                    let without: Vec<&str> = form.split('&').filter(|p| !p.starts_with("sign=")).collect();
+                    let without = without.join("&");
+                    let garbage = format!("{without}&sign=garbage");
+                    return [
+                        Signed { headers: vec![], body: garbage.into_bytes() },
+                        Signed { headers: vec![], body: without.into_bytes() },
+                    ];
                 }
-                // A malformed signature header: 400.
-                let malformed: Vec<(String, String)> = first
+                let malformed = signed
+                    .headers
                     .iter()
                     .map(|(n, v)| match n.as_str() {
                         "webhook-timestamp" | "webhook-id" => (n.clone(), v.clone()),
                         _ => (n.clone(), "garbage".into()),
                     })
                     .collect();
-                assert_eq!(f.push(&other_body, &malformed).await.0, 400);
-                assert_eq!(f.push(&other_body, &[]).await.0, 400);
+                [
+                    Signed { headers: malformed, body: signed.body.clone() },
+                    Signed { headers: vec![], body: signed.body.clone() },
+                ]
+            }
+
+            async fn scenario(platform: Platform) {
+                let Some(f) = fixture(platform).await else { return };
+                let sign = |secret: &str, ts: i64, id: &str, verify: bool, body: &[u8]| {
+                    sdk_headers(platform, secret, ts, &format!("msg_{id}"), verify, body)
+                };
+                // Booked once; replayed: a duplicate, one row.
+                let (id, event_body) = event(1999);
+                let Some(first) = sign(OLD, now(), &id, true, &event_body) else { return };
+                assert_eq!(f.push(&first.body, &first.headers).await, (200, "executed".into()));
+                assert_eq!(f.push(&first.body, &first.headers).await, (200, "duplicate".into()));
+                let key = serial(platform, &id, &first.body);
+                assert_eq!(f.booked(&key).await, 1);
+                assert_eq!(f.records(&key).await, 1);
+
+                // A tampered body under the genuine headers: 401.
+                let tampered = String::from_utf8(first.body.clone()).unwrap().replace("1999", "1");
+                let (status, text) = f.push(tampered.as_bytes(), &first.headers).await;
+                assert_eq!(status, 401, "{text}");
+                // Signed with a secret the service does not hold: 401.
+                let (other, other_body) = event(5);
+                let forged = sign(WRONG, now(), &other, false, &other_body).unwrap();
+                let (status, text) = f.push(&forged.body, &forged.headers).await;
+                assert_eq!(status, 401, "{text}");
+                // Signed an hour ago (captured and sent again): 401.
+                if platform.signs_a_timestamp() {
+                    let stale = sign(OLD, now() - 3600, &other, false, &other_body).unwrap();
+                    let (status, text) = f.push(&stale.body, &stale.headers).await;
+                    assert_eq!(status, 401, "{text}");
+                    assert!(text.contains("ago"), "{text}");
+                }
+                // A malformed signature, none at all: 400.
+                let genuine = sign(OLD, now(), &other, false, &other_body).unwrap();
+                for refused in unsigned(platform, &genuine) {
+                    let (status, text) = f.push(&refused.body, &refused.headers).await;
+                    assert_eq!(status, 400, "{text}");
+                }
                 assert_eq!(f.effects().await, 1, "nothing refused was booked");
-                assert_eq!(f.records(&serial(platform, &other, &other_body)).await, 0);
+                assert_eq!(f.records(&serial(platform, &other, &genuine.body)).await, 0);
 
                 // A second event, on its own.
                 let (second, second_body) = event(2500);
                 let h = sign(OLD, now(), &second, true, &second_body).unwrap();
-                assert_eq!(f.push(&second_body, &h).await, (200, "executed".into()));
+                assert_eq!(f.push(&h.body, &h.headers).await, (200, "executed".into()));
                 // The key roll: signed with the new secret alone.
                 let (rolled, rolled_body) = event(3000);
                 let h = sign(NEW, now(), &rolled, true, &rolled_body).unwrap();
-                assert_eq!(f.push(&rolled_body, &h).await, (200, "executed".into()));
-                assert_eq!(f.push(&rolled_body, &h).await, (200, "duplicate".into()));
-                assert_eq!(f.booked(&serial(platform, &rolled, &rolled_body)).await, 1);
+                assert_eq!(f.push(&h.body, &h.headers).await, (200, "executed".into()));
+                assert_eq!(f.push(&h.body, &h.headers).await, (200, "duplicate".into()));
+                assert_eq!(f.booked(&serial(platform, &rolled, &h.body)).await, 1);
                 assert_eq!(f.effects().await, 3);
             }
 
@@ -446,6 +623,10 @@ macro_rules! backend_tests {
             async fn shopify_documented_signature() { scenario(Platform::Shopify).await }
             #[tokio::test]
             async fn paddle_sdk_signed() { scenario(Platform::Paddle).await }
+            #[tokio::test]
+            async fn alipay_sdk_verified() { scenario(Platform::Alipay).await }
+            #[tokio::test]
+            async fn wechat_pay_sdk_verified() { scenario(Platform::WeChat).await }
         }
     };
 }
