@@ -25,9 +25,10 @@
 //!   body's digest), so the same signed bytes replayed are one key whatever
 //!   headers come with them; a header the platform does not sign is a
 //!   choice made by name ([`SerialFrom::UnsignedHeader`]). [`SerialFrom`]
-//!   says what Stripe, GitHub, Shopify and Adyen sign; [`scheme`] holds
-//!   their formats as presets of a [`SignatureScheme`] (Stripe, Standard
-//!   Webhooks, GitHub, Shopify, Paddle), with key rotation:
+//!   says what Stripe, GitHub, Shopify, Alipay, WeChat Pay and Adyen sign;
+//!   [`scheme`] holds their formats as presets of a [`SignatureScheme`]
+//!   (Stripe, Standard Webhooks, GitHub, Shopify, Paddle; Alipay and WeChat
+//!   Pay, RSA; Adyen), with key rotation:
 //!   `SignedCallback<Stripe>` checks Stripe's own header.
 //!
 //! ## An `Idempotency-Key` request, step by step

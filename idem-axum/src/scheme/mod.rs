@@ -12,6 +12,7 @@
 //! | [`Shopify`] | `X-Shopify-Hmac-Sha256: <base64>` | the raw body only, no timestamp | the body's digest: `X-Shopify-Webhook-Id` and `X-Shopify-Event-Id` are not signed |
 //! | [`Paddle`] (Billing) | `Paddle-Signature: ts=…;h1=…[;h1=…]` (other keys ignored) | `"{ts}:{raw body}"`; `ts` within 5 s (Paddle's own SDK's default) | the body's `event_id` (`evt_…`) |
 //! | [`Alipay`] (asynchronous notifications) | none: the form's `sign` (base64 SHA256withRSA under Alipay's key), `sign_type=RSA2` | the form's parameters but `sign`, `sign_type` and empty ones, sorted, `k=v&…` (values decoded); no timestamp checked | the form's `notify_id` ([`serial`](Alipay::serial): `trade_no`…) |
+//! | [`Adyen`] (standard notifications) | none: the item's `additionalData.hmacSignature`, base64 HMAC-SHA256 under the hex-decoded key | not the body: `pspReference:originalReference:merchantAccountCode:merchantReference:value:currency:eventCode:success` of the one `NotificationRequestItem`; no timestamp | `"{pspReference}:{eventCode}"` |
 //! | [`WeChatPay`] (API v3) | `Wechatpay-Timestamp`, `Wechatpay-Nonce`, `Wechatpay-Signature` (base64 SHA256withRSA), `Wechatpay-Serial` (the platform key that signed) | `"{timestamp}\n{nonce}\n{raw body}\n"`; timestamp within 300 s; the body's `resource` decrypted (AES-256-GCM, the APIv3 key): the payload | the resource's `transaction_id` ([`serial`](WeChatPay::serial): the notification's `id`) |
 //!
 //! A platform that signs the body without a timestamp (GitHub, Shopify)
@@ -26,8 +27,10 @@
 //! retries keep it: its notifications are told apart by their serial only.
 //!
 //! The answers: 200 with no body, except Alipay's `success` (and `failure`
-//! to a refusal, so that Alipay sends it again) and WeChat Pay's refusals,
-//! `{"code":"FAIL","message":"…"}` with the status below.
+//! to a refusal, so that Alipay sends it again), Adyen's `[accepted]` and
+//! WeChat Pay's refusals, `{"code":"FAIL","message":"…"}` with the status
+//! below. Adyen signs only some fields of its item: the payload holds the
+//! others too, unsigned (see [`Adyen`]).
 //!
 //! Each preset refuses, before the handler and so before the database:
 //!
@@ -37,10 +40,10 @@
 //! | no signature made with an active secret over these bytes | 401 |
 //! | a signed timestamp outside the tolerance | 401 |
 //! | a serial missing, longer than [`MAX_SERIAL_LEN`](crate::MAX_SERIAL_LEN), not printable ASCII, or refused by the check | 400 |
-//! | a body not the platform's: Alipay's form (a name twice, not UTF-8), WeChat Pay's `resource` (missing, not AES-256-GCM, not decrypted by the APIv3 key) | 400 |
+//! | a body not the platform's: Alipay's form (a name twice, not UTF-8), Adyen's JSON (not one `NotificationRequestItem`), WeChat Pay's `resource` (missing, not AES-256-GCM, not decrypted by the APIv3 key) | 400 |
 //!
 //! Rotating a secret: add the new one
-//! ([`Stripe::secret`], on every HMAC preset; [`Alipay::key`] and
+//! ([`Stripe::secret`], on every HMAC preset, Adyen's included; [`Alipay::key`] and
 //! [`WeChatPay::key`] for the platform's RSA public keys), roll the
 //! platform over to it, then drop the old one once no callback signed with
 //! it can still come (its tolerance, or its retries, later).
@@ -70,6 +73,7 @@
 //! # let _ = app;
 //! ```
 
+mod adyen;
 mod alipay;
 mod github;
 mod paddle;
@@ -78,6 +82,7 @@ mod standard;
 mod stripe;
 mod wechat;
 
+pub use adyen::Adyen;
 pub use alipay::Alipay;
 pub use github::GitHub;
 pub use paddle::Paddle;

@@ -388,3 +388,73 @@ fn wechat_pay_signed_encrypted_rotation_and_answers() {
         HeaderValue::from_static("application/json")
     );
 }
+
+/// Adyen's documented example (its HMAC key and the item of its
+/// documentation and libraries' tests): `coqCmt/…`.
+#[test]
+fn adyen_documented_example() {
+    let key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+    let item = r#"{"pspReference":"7914073381342284","originalReference":"","merchantAccountCode":"TestMerchant","merchantReference":"TestPayment-1407325143704","amount":{"value":1130,"currency":"EUR"},"eventCode":"AUTHORISATION","success":"true","eventDate":"2019-05-06T17:15:34.121+02:00","paymentMethod":"visa","reason":"033899:1111:03/2030","additionalData":{"hmacSignature":"SIG"}}"#;
+    let item_value: serde_json::Value = serde_json::from_str(item).unwrap();
+    assert_eq!(
+        Adyen::signed_content(&item_value),
+        "7914073381342284::TestMerchant:TestPayment-1407325143704:1130:EUR:AUTHORISATION:true"
+    );
+    let adyen = Adyen::new(key).unwrap();
+    let sig = adyen.sign(&item_value);
+    assert_eq!(sig, "coqCmt/IZ4E3CzPvMY8zTjQVL5hYJUiBRg8UU+iCWo0=");
+    let notification = |item: &str| {
+        body(&format!(
+            r#"{{"live":"false","notificationItems":[{{"NotificationRequestItem":{item}}}]}}"#
+        ))
+    };
+    let signed = item.replace("SIG", &sig);
+    let v = adyen
+        .verify(&HeaderMap::new(), &notification(&signed), NOW)
+        .unwrap();
+    assert_eq!(v.serial.as_deref(), Some("7914073381342284:AUTHORISATION"));
+    assert_eq!(v.timestamp, None);
+    let payload: serde_json::Value = serde_json::from_slice(&v.payload).unwrap();
+    assert_eq!(payload["pspReference"], "7914073381342284");
+    // An unsigned field changed: still valid; a signed one: refused.
+    let reason = signed.replace("033899", "000000");
+    assert!(
+        adyen
+            .verify(&HeaderMap::new(), &notification(&reason), NOW)
+            .is_ok()
+    );
+    let amount = signed.replace("1130", "1");
+    assert_eq!(
+        adyen.verify(&HeaderMap::new(), &notification(&amount), NOW),
+        Err(CallbackError::BadSignature)
+    );
+    // A key roll: the new key's signature, accepted by the rolling endpoint.
+    let rolling = Adyen::new("0011").unwrap().secret(key).unwrap();
+    assert!(
+        rolling
+            .verify(&HeaderMap::new(), &notification(&signed), NOW)
+            .is_ok()
+    );
+    assert_eq!(
+        Adyen::new("0011")
+            .unwrap()
+            .verify(&HeaderMap::new(), &notification(&signed), NOW),
+        Err(CallbackError::BadSignature)
+    );
+    assert!(Adyen::new("not hex").is_err());
+    // Malformed: 400.
+    for bad in [
+        notification(&item.replace("SIG", "garbage")),
+        notification(&item.replace(r#","additionalData":{"hmacSignature":"SIG"}"#, "")),
+        body(r#"{"live":"false","notificationItems":[]}"#),
+        body(&format!(
+            r#"{{"notificationItems":[{{"NotificationRequestItem":{signed}}},{{"NotificationRequestItem":{signed}}}]}}"#
+        )),
+        body("[accepted]"),
+    ] {
+        let err = adyen.verify(&HeaderMap::new(), &bad, NOW).unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{err}");
+    }
+    assert_eq!(adyen.accepted().status(), StatusCode::OK);
+    assert!(adyen.refused(&CallbackError::BadSignature).is_none());
+}

@@ -175,7 +175,8 @@ mod presets {
     use super::*;
     use idem_runtime::http::SignatureScheme;
     use idem_runtime::http::scheme::{
-        Alipay, GitHub, Paddle, Shopify, SignatureHeader, StandardWebhooks, Stripe, WeChatPay,
+        Adyen, Alipay, GitHub, Paddle, Shopify, SignatureHeader, StandardWebhooks, Stripe,
+        WeChatPay,
     };
 
     /// A test key (tests/http/keys/README.md), never a platform's.
@@ -194,7 +195,7 @@ mod presets {
     type Format = fn(&SignatureHeader) -> String;
 
     /// Each preset's parser and writer.
-    fn parsers() -> [(&'static str, Parse, Format); 7] {
+    fn parsers() -> [(&'static str, Parse, Format); 8] {
         [
             ("stripe", Stripe::parse_header, Stripe::format_header),
             (
@@ -207,6 +208,7 @@ mod presets {
             ("paddle", Paddle::parse_header, Paddle::format_header),
             ("alipay", Alipay::parse_header, Alipay::format_header),
             ("wechat", WeChatPay::parse_header, WeChatPay::format_header),
+            ("adyen", Adyen::parse_header, Adyen::format_header),
         ]
     }
 
@@ -257,7 +259,8 @@ mod presets {
             prop_assert_eq!(GitHub::parse_header(&GitHub::format_header(&one)), Ok(one.clone()));
             prop_assert_eq!(Shopify::parse_header(&Shopify::format_header(&one)), Ok(one.clone()));
             prop_assert_eq!(Alipay::parse_header(&Alipay::format_header(&one)), Ok(one.clone()));
-            prop_assert_eq!(WeChatPay::parse_header(&WeChatPay::format_header(&one)), Ok(one));
+            prop_assert_eq!(WeChatPay::parse_header(&WeChatPay::format_header(&one)), Ok(one.clone()));
+            prop_assert_eq!(Adyen::parse_header(&Adyen::format_header(&one)), Ok(one));
         }
 
         /// Every preset takes any header values without panicking, and
@@ -269,7 +272,7 @@ mod presets {
             body in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
             let body = axum::body::Bytes::from(body);
-            let schemes: [(Box<dyn SignatureScheme>, &[&str]); 7] = [
+            let schemes: [(Box<dyn SignatureScheme>, &[&str]); 8] = [
                 (Box::new(Stripe::new("k")), &["stripe-signature"]),
                 (Box::new(StandardWebhooks::new("whsec_a2V5").unwrap()), &["webhook-signature", "webhook-timestamp", "webhook-id"]),
                 (Box::new(GitHub::new("k")), &["x-hub-signature-256"]),
@@ -277,6 +280,7 @@ mod presets {
                 (Box::new(Paddle::new("k")), &["paddle-signature"]),
                 // Alipay signs the form alone: the body is its input.
                 (Box::new(Alipay::new(PUBLIC_KEY).unwrap()), &["sign"]),
+                (Box::new(Adyen::new("6b").unwrap()), &["sign"]),
                 (Box::new(wechat()), &["wechatpay-signature", "wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"]),
             ];
             for (scheme, names) in schemes {
@@ -350,5 +354,59 @@ mod presets {
         ) {
             prop_assert!(wechat().decrypt(&body).is_err());
         }
+
+        /// Any item fields: the signed content has the eight fields, and
+        /// the item signed verifies; any change to a signed field, or to a
+        /// signature byte, is refused.
+        #[test]
+        fn adyen_items_sign_and_verify(
+            psp in "[A-Z0-9]{1,20}",
+            merchant in "[ -~]{0,30}",
+            value in any::<i64>(),
+            event in "[A-Z_]{1,20}",
+            flip in any::<usize>(),
+        ) {
+            let adyen = Adyen::new("44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056").unwrap();
+            let mut item = serde_json::json!({
+                "pspReference": psp, "merchantAccountCode": "M", "merchantReference": merchant,
+                "amount": {"value": value, "currency": "EUR"}, "eventCode": event, "success": "true",
+            });
+            let content = Adyen::signed_content(&item);
+            prop_assert_eq!(content.matches(':').count(), 7 + merchant.matches(':').count());
+            let sig = adyen.sign(&item);
+            item["additionalData"] = serde_json::json!({"hmacSignature": sig});
+            let body = |item: &serde_json::Value| {
+                axum::body::Bytes::from(serde_json::json!({"notificationItems": [{"NotificationRequestItem": item}]}).to_string())
+            };
+            let v = adyen.verify(&HeaderMap::new(), &body(&item), 1_700_000_000).expect("signed");
+            prop_assert_eq!(v.serial, Some(format!("{psp}:{event}")));
+            let mut changed = item.clone();
+            changed["amount"]["value"] = serde_json::json!(value.wrapping_add(1));
+            prop_assert!(adyen.verify(&HeaderMap::new(), &body(&changed), 1_700_000_000).is_err());
+            let mut tag = base64_decode(&sig);
+            let at = flip % tag.len();
+            tag[at] ^= 0x01;
+            let mut forged = item.clone();
+            forged["additionalData"]["hmacSignature"] = Adyen::format_header(&SignatureHeader::new(None, vec![tag])).into();
+            prop_assert!(adyen.verify(&HeaderMap::new(), &body(&forged), 1_700_000_000).is_err());
+        }
+
+        /// Any bytes as an Adyen notification: refused without a panic.
+        #[test]
+        fn adyen_bodies_take_any_bytes(
+            body in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300),
+                r#"\{"notificationItems":\[(\{"NotificationRequestItem":\{"pspReference":"[A-Z0-9]{0,5}"(,"additionalData":\{"hmacSignature":"[A-Za-z0-9+/]{40,44}={0,2}"\})?\}\},?){0,2}\]\}"#
+                    .prop_map(String::into_bytes),
+            ],
+        ) {
+            let adyen = Adyen::new("6b").unwrap();
+            let body = axum::body::Bytes::from(body);
+            prop_assert!(adyen.verify(&HeaderMap::new(), &body, 1_700_000_000).is_err());
+        }
+    }
+
+    fn base64_decode(s: &str) -> Vec<u8> {
+        Adyen::parse_header(s).expect("base64").signatures.remove(0)
     }
 }

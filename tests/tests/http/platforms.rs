@@ -13,6 +13,7 @@
 //! | Paddle Billing | `PaddleSignature.calculate_hmac` of `paddle-python-sdk` over the documented `"{ts}:{body}"` | its `Verifier().verify` |
 //! | Alipay | the documented procedure (Python `cryptography`: SHA256withRSA over the sorted form, `sign_type=RSA2`): Alipay's SDKs are the merchant's side and sign no notification | `AliPay(...).verify` of `python-alipay-sdk` |
 //! | WeChat Pay API v3 | the documented procedure (Python `cryptography`: the resource under AES-256-GCM, SHA256withRSA over `"{ts}\n{nonce}\n{body}\n"`), for the same reason | `Core(..., public_key=…, public_key_id=…).callback` of `wechatpayv3`: signature and decryption |
+//! | Adyen (standard notifications) | `generate_notification_sig` of the Python `Adyen` SDK (`Adyen.util`), the item's `additionalData.hmacSignature` | its `is_valid_hmac_notification` |
 //!
 //! Then, for every platform: a callback is booked once; the same callback
 //! replayed is a duplicate (one row); a tampered body, a wrong secret, a
@@ -21,11 +22,12 @@
 //! callback signed with the new secret during a key roll is accepted.
 //! Alipay's and WeChat Pay's keys are RSA key pairs (`keys/`, test keys),
 //! and Alipay's malformed callback is a form whose `sign` is not base64,
-//! or has none.
+//! or has none (Adyen's: an item whose `hmacSignature` is not, or is
+//! missing).
 //!
 //! The SDKs (`.ci/run` installs them): Python `stripe`, `standardwebhooks`,
-//! `paddle-python-sdk`, `cryptography`, `python-alipay-sdk` and
-//! `wechatpayv3`; Node `@octokit/webhooks-methods` in
+//! `paddle-python-sdk`, `cryptography`, `python-alipay-sdk`, `wechatpayv3`
+//! and `Adyen`; Node `@octokit/webhooks-methods` in
 //! `$IDEM_SDK_NODE` (default `/opt/idem-sdk/node`). A missing SDK skips the
 //! test locally and fails it under `CI=true`.
 
@@ -38,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_runtime::http::SignedCallback;
 use idem_runtime::http::scheme::{
-    Alipay, GitHub, Paddle, Shopify, StandardWebhooks, Stripe, WeChatPay,
+    Adyen, Alipay, GitHub, Paddle, Shopify, StandardWebhooks, Stripe, WeChatPay,
 };
 use idem_runtime::{Error, Outcome, idempotent};
 use idem_testkit::{ids, sql, unique, unreachable};
@@ -78,6 +80,7 @@ enum Platform {
     Paddle,
     Alipay,
     WeChat,
+    Adyen,
 }
 
 impl Platform {
@@ -90,13 +93,14 @@ impl Platform {
             Platform::Paddle => "/paddle",
             Platform::Alipay => "/alipay",
             Platform::WeChat => "/wechat",
+            Platform::Adyen => "/adyen",
         }
     }
 
     fn signs_a_timestamp(self) -> bool {
         !matches!(
             self,
-            Platform::GitHub | Platform::Shopify | Platform::Alipay
+            Platform::GitHub | Platform::Shopify | Platform::Alipay | Platform::Adyen
         )
     }
 
@@ -118,6 +122,7 @@ impl Platform {
             Platform::Paddle => "the Python SDK `paddle-python-sdk`",
             Platform::Alipay => "the Python SDK `python-alipay-sdk` (module `alipay`)",
             Platform::WeChat => "the Python SDK `wechatpayv3`",
+            Platform::Adyen => "the Python SDK `Adyen`",
         }
     }
 }
@@ -230,6 +235,22 @@ elif platform == "wechat":
     for k, v in headers.items():
         print(k + ": " + v)
     print("=body " + body)
+elif platform == "adyen":
+    from Adyen.util import generate_notification_sig, is_valid_hmac_notification
+    event = json.loads(payload)
+    # The HMAC key in hex, as Adyen's Customer Area shows it.
+    key = secret.encode().hex().upper()
+    item = {
+        "pspReference": event["id"], "originalReference": "", "merchantAccountCode": "IdemTestECOM",
+        "merchantReference": "order-" + event["id"], "amount": {"value": event["amount"], "currency": "EUR"},
+        "eventCode": "AUTHORISATION", "success": "true", "eventDate": "2026-12-05T12:00:00+01:00",
+        "paymentMethod": "visa", "operations": ["CANCEL", "CAPTURE", "REFUND"], "reason": "033899:1111:03/2030",
+    }
+    item["additionalData"] = {"hmacSignature": generate_notification_sig(item, key).decode()}
+    notification = {"live": "false", "notificationItems": [{"NotificationRequestItem": item}]}
+    if verify:
+        assert is_valid_hmac_notification(notification, key), "Adyen's is_valid_hmac_notification refused"
+    print("=body " + json.dumps(notification, separators=(",", ":")))
 "#;
 
 /// Node (an ES module: resolved from `$IDEM_SDK_NODE`, its working
@@ -280,6 +301,7 @@ fn sdk_headers(
                 Platform::Shopify => "shopify",
                 Platform::Alipay => "alipay",
                 Platform::WeChat => "wechat",
+                Platform::Adyen => "adyen",
                 _ => "paddle",
             };
             let secret = match platform {
@@ -350,6 +372,7 @@ struct Schemes {
     paddle: Paddle,
     alipay: Alipay,
     wechat: WeChatPay,
+    adyen: Adyen,
 }
 
 fn schemes() -> Schemes {
@@ -375,6 +398,11 @@ fn schemes() -> Schemes {
         .unwrap()
         .key("PUB_KEY_ID_NEW", include_str!("keys/new.pub.pem"))
         .unwrap(),
+        // Adyen's HMAC keys are hex: the secrets' bytes, in hex.
+        adyen: Adyen::new(&hex::encode(OLD))
+            .unwrap()
+            .secret(&hex::encode(NEW))
+            .unwrap(),
     }
 }
 
@@ -424,6 +452,9 @@ macro_rules! backend_tests {
             impl FromRef<App> for WeChatPay {
                 fn from_ref(a: &App) -> Self { a.schemes.wechat.clone() }
             }
+            impl FromRef<App> for Adyen {
+                fn from_ref(a: &App) -> Self { a.schemes.adyen.clone() }
+            }
 
             /// Books the callback under its serial; the platform's answer,
             /// with `x-booked: executed` or `duplicate` for the test.
@@ -446,6 +477,7 @@ macro_rules! backend_tests {
             async fn paddle(State(app): State<App>, cb: SignedCallback<Paddle>) -> Response { booked(&app, cb).await }
             async fn alipay(State(app): State<App>, cb: SignedCallback<Alipay>) -> Response { booked(&app, cb).await }
             async fn wechat(State(app): State<App>, cb: SignedCallback<WeChatPay>) -> Response { booked(&app, cb).await }
+            async fn adyen(State(app): State<App>, cb: SignedCallback<Adyen>) -> Response { booked(&app, cb).await }
 
             struct Fixture {
                 base: String,
@@ -471,6 +503,7 @@ macro_rules! backend_tests {
                     .route("/paddle", post(paddle))
                     .route("/alipay", post(alipay))
                     .route("/wechat", post(wechat))
+                    .route("/adyen", post(adyen))
                     .with_state(app);
                 Some(Fixture { base: http::serve(router).await, pool, table, platform })
             }
@@ -509,7 +542,11 @@ macro_rules! backend_tests {
 
                 async fn records(&self, serial: &str) -> i64 {
                     let q = sql($dialect, "SELECT COUNT(*) FROM idem_record WHERE biz_type = 'http_platform_test' AND idempotency_key = ?");
-                    sqlx::query_scalar(q).bind(format!("platform:{serial}")).fetch_one(&self.pool).await.expect("count")
+                    // The key as the macro writes it: the serial percent-encoded
+                    // (Adyen's `psp:EVENT` holds a separator).
+                    let mut key = String::from("platform:");
+                    idem_runtime::escape_part(serial, &mut key);
+                    sqlx::query_scalar(q).bind(key).fetch_one(&self.pool).await.expect("count")
                 }
             }
 
@@ -530,13 +567,27 @@ macro_rules! backend_tests {
                         format!("sha256-{}", hex::encode(sha2::Sha256::digest(body)))
                     }
                     Platform::Standard => format!("msg_{id}"),
+                    Platform::Adyen => format!("{id}:AUTHORISATION"),
                     _ => id.to_owned(),
                 }
             }
 
             /// `signed` with its signature malformed (400), and without
-            /// it (400): in its headers, or Alipay's `sign` in the form.
+            /// it (400): in its headers, Alipay's `sign` in the form, or
+            /// Adyen's `hmacSignature` in the item.
             fn unsigned(platform: Platform, signed: &Signed) -> [Signed; 2] {
+                if platform == Platform::Adyen {
+                    let with = |sig: Option<&str>| {
+                        let mut v: serde_json::Value = serde_json::from_slice(&signed.body).unwrap();
+                        let data = &mut v["notificationItems"][0]["NotificationRequestItem"]["additionalData"];
+                        match sig {
+                            Some(s) => data["hmacSignature"] = s.into(),
+                            None => *data = serde_json::json!({}),
+                        }
+                        Signed { headers: vec![], body: v.to_string().into_bytes() }
+                    };
+                    return [with(Some("garbage")), with(None)];
+                }
                 if platform == Platform::Alipay {
                     let form = String::from_utf8(signed.body.clone()).unwrap();
                     let without: Vec<&str> = form.split('&').filter(|p| !p.starts_with("sign=")).collect();
@@ -627,6 +678,8 @@ macro_rules! backend_tests {
             async fn alipay_sdk_verified() { scenario(Platform::Alipay).await }
             #[tokio::test]
             async fn wechat_pay_sdk_verified() { scenario(Platform::WeChat).await }
+            #[tokio::test]
+            async fn adyen_sdk_signed() { scenario(Platform::Adyen).await }
         }
     };
 }
