@@ -1,18 +1,14 @@
 //! The [`Consumer`] builder.
 
 use super::channel::ConfirmChannel;
-use super::error::from_lapin;
 use super::fields::short;
 use super::message::Message;
-use super::worker::{Shared, run};
+use super::worker::{Shared, Start, run};
 use super::{Connector, ConsumerHandle};
 use idem_core::backoff::Backoff;
 use idem_core::consume::{self, Handling};
 use idem_core::task::TaskHandle;
 use idem_core::{Error, Outcome};
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
 use serde::de::DeserializeOwned;
 use std::fmt;
 use std::future::Future;
@@ -253,55 +249,5 @@ impl Consumer {
         let s = shared.clone();
         let task = TaskHandle::spawn(move |stop| run(s, start, channel, consumer, stop));
         Ok(ConsumerHandle::new(task, shared))
-    }
-}
-
-/// What (re)starts consuming: on the first connection, and on each one
-/// the connector dials after the previous died.
-pub(super) struct Start {
-    pub(super) connector: Connector,
-    queue: String,
-    tag: String,
-    prefetch: u16,
-}
-
-impl Start {
-    /// Opens a channel on `connection`, sets the prefetch and starts
-    /// consuming; the channel is closed again if that fails.
-    pub(super) async fn open(
-        &self,
-        connection: &Connection,
-    ) -> Result<(Channel, lapin::Consumer), Error> {
-        let queue = short("queue", &self.queue)?;
-        let tag = short("consumer tag", &self.tag)?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| from_lapin("channel.open", e))?;
-        let started = async {
-            channel
-                .basic_qos(self.prefetch, BasicQosOptions::default())
-                .await
-                .map_err(|e| from_lapin("basic.qos", e))?;
-            channel
-                .basic_consume(
-                    queue,
-                    tag,
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(|e| from_lapin("basic.consume", e))
-        }
-        .await;
-        match started {
-            Ok(c) => Ok((channel, c)),
-            Err(e) => {
-                if channel.status().connected() {
-                    let _ = channel.close(200, "OK".into()).await;
-                }
-                Err(e)
-            }
-        }
     }
 }

@@ -1,19 +1,21 @@
 //! The running consumer: one task per delivery, each settled by the rules
 //! of the [module documentation](super).
 
+use super::Connector;
 use super::channel::ConfirmChannel;
-use super::consumer::Start;
 use super::error::from_lapin;
-use super::fields::{header_str, header_u32};
+use super::fields::{header_str, header_u32, short};
 use super::message::Message;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use futures_util::StreamExt;
 use idem_core::Error;
 use idem_core::backoff::Backoff;
 use idem_core::consume::{self, ConsumerStats, Counter, Failure, Running, Settle, Verdict};
-use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicRejectOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -251,6 +253,56 @@ impl Settle for Settling<'_> {
                 tracing::warn!(%reason, "AMQP delivery dead-lettered");
             }
             other => self.shared.settle_failed("reject", other),
+        }
+    }
+}
+
+/// What (re)starts consuming: on the first connection, and on each one
+/// the connector dials after the previous died.
+pub(super) struct Start {
+    pub(super) connector: Connector,
+    pub(super) queue: String,
+    pub(super) tag: String,
+    pub(super) prefetch: u16,
+}
+
+impl Start {
+    /// Opens a channel on `connection`, sets the prefetch and starts
+    /// consuming; the channel is closed again if that fails.
+    pub(super) async fn open(
+        &self,
+        connection: &Connection,
+    ) -> Result<(Channel, lapin::Consumer), Error> {
+        let queue = short("queue", &self.queue)?;
+        let tag = short("consumer tag", &self.tag)?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| from_lapin("channel.open", e))?;
+        let started = async {
+            channel
+                .basic_qos(self.prefetch, BasicQosOptions::default())
+                .await
+                .map_err(|e| from_lapin("basic.qos", e))?;
+            channel
+                .basic_consume(
+                    queue,
+                    tag,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| from_lapin("basic.consume", e))
+        }
+        .await;
+        match started {
+            Ok(c) => Ok((channel, c)),
+            Err(e) => {
+                if channel.status().connected() {
+                    let _ = channel.close(200, "OK".into()).await;
+                }
+                Err(e)
+            }
         }
     }
 }

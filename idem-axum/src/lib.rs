@@ -224,18 +224,18 @@ mod key;
 mod layer;
 mod policy;
 mod problem;
+mod refusal;
 mod request;
 pub mod scheme;
 mod stored;
 
 pub use call::RequestCall;
-pub use callback::{
-    CallbackError, CallbackRejection, CallbackVerifier, MAX_SERIAL_LEN, SerialFrom, SignedCallback,
-};
+pub use callback::{CallbackRejection, CallbackVerifier, SignedCallback};
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_IDEMPOTENCY_KEY_LEN};
 pub use layer::{DEFAULT_MAX_BODY, IdempotencyLayer, IdempotencyService, RequestTx};
 pub use policy::Idempotency;
 pub use problem::Problem;
+pub use refusal::{CallbackError, MAX_SERIAL_LEN, SerialFrom};
 pub use request::IdempotentRequest;
 pub use scheme::{Scheme, SignatureScheme, Verified};
 pub use stored::IDEMPOTENT_REPLAYED;

@@ -2,7 +2,7 @@
 //! `additionalData.hmacSignature`.
 
 use super::{SecretError, SignatureHeader, SignatureScheme, Verified, any_serial, base64_tag};
-use crate::callback::{CallbackError, SerialCheck, checked_serial};
+use crate::refusal::{CallbackError, SerialCheck, checked_serial};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -5,7 +5,7 @@ use super::{
     RsaKeys, SecretError, SignatureHeader, SignatureScheme, Verified, any_serial,
     base64_rsa_signature,
 };
-use crate::callback::{CallbackError, SerialCheck, checked_serial};
+use crate::refusal::{CallbackError, SerialCheck, checked_serial};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};

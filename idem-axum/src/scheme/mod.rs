@@ -91,7 +91,7 @@ pub use standard::StandardWebhooks;
 pub use stripe::Stripe;
 pub use wechat::{WeChatPay, WeChatPaySerial};
 
-use crate::callback::{CallbackError, SerialFrom};
+use crate::refusal::{CallbackError, SerialFrom};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -409,7 +409,7 @@ fn any_serial(_: &str) -> Result<(), String> {
 
 /// Where a preset reads its serial, and the platform's format for it.
 #[derive(Clone)]
-struct SerialRule(SerialFrom, crate::callback::SerialCheck);
+struct SerialRule(SerialFrom, crate::refusal::SerialCheck);
 
 impl std::fmt::Debug for SerialRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -419,7 +419,7 @@ impl std::fmt::Debug for SerialRule {
 
 impl SerialRule {
     fn read(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, CallbackError> {
-        crate::callback::read_serial(&self.0, self.1, headers, body)
+        crate::refusal::read_serial(&self.0, self.1, headers, body)
     }
 }
 

@@ -4,7 +4,7 @@ use super::{
     SerialRule, SignatureHeader, SignatureScheme, Verified, any_serial, header_str, hex_tag,
     unix_secs, within,
 };
-use crate::callback::{CallbackError, SerialFrom};
+use crate::refusal::{CallbackError, SerialFrom};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 use super::{
     SerialRule, SignatureHeader, SignatureScheme, Verified, any_serial, base64_tag, header_str,
 };
-use crate::callback::{CallbackError, SerialFrom};
+use crate::refusal::{CallbackError, SerialFrom};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 

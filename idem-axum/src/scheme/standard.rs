@@ -5,7 +5,7 @@ use super::{
     SecretError, SignatureHeader, SignatureScheme, Verified, any_serial, base64_tag, header_str,
     unix_secs, within,
 };
-use crate::callback::{CallbackError, SerialCheck, checked_serial};
+use crate::refusal::{CallbackError, SerialCheck, checked_serial};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use std::time::Duration;

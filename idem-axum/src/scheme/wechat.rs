@@ -6,7 +6,7 @@ use super::{
     RsaKeys, SecretError, SignatureHeader, SignatureScheme, Verified, any_serial,
     base64_rsa_signature, header_str, unix_secs, within,
 };
-use crate::callback::{CallbackError, SerialCheck, checked_serial};
+use crate::refusal::{CallbackError, SerialCheck, checked_serial};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
