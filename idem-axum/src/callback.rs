@@ -38,7 +38,7 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 /// | signature or timestamp header missing, not hex, not a number | 400 |
 /// | signature not the HMAC of this body (and timestamp) | 401 |
 /// | timestamp outside the tolerance | 401 |
-/// | serial missing, longer than [`MAX_SERIAL_LEN`], not printable ASCII, or refused by the check | 400 |
+/// | serial missing, longer than [`MAX_SERIAL_LEN`](crate::MAX_SERIAL_LEN), not printable ASCII, or refused by the check | 400 |
 ///
 /// Where the serial comes from decides what a replay of one captured
 /// callback can do: see [`SerialFrom`].
