@@ -104,6 +104,28 @@ impl Browser {
         let chromium = env_setting("IDEM_TEST_CHROMIUM").unwrap_or(CHROMIUM.into());
         need(test, &[&driver_path, &chromium])?;
 
+        // A start that fails (the port picked was taken meanwhile by
+        // another process, chromedriver or Chromium dying on start-up) is
+        // made again from scratch on a new port, twice at most.
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::try_start(&driver_path, &chromium).await {
+                Ok(browser) => return Some(browser),
+                Err(why) => {
+                    eprintln!("{test}: the browser did not start, starting it again: {why}");
+                    failures.push(why);
+                }
+            }
+        }
+        panic!(
+            "{test}: the browser did not start, 3 times:\n{}",
+            failures.join("\n---\n")
+        );
+    }
+
+    /// One start: `chromedriver` on a free port, then a session; `Err`
+    /// with the end of `chromedriver`'s log (the processes are killed).
+    async fn try_start(driver_path: &str, chromium: &str) -> Result<Browser, String> {
         let scratch = Scratch::new("browser");
         // Chromium's own temporary directories (`.org.chromium.Chromium.*`,
         // its singleton socket and shared memory), which it never removes
@@ -111,7 +133,7 @@ impl Browser {
         let tmp = scratch.join("tmp");
         std::fs::create_dir_all(&tmp).expect("create the browser's temporary directory");
         let port = free_port();
-        let mut cmd = Command::new(&driver_path);
+        let mut cmd = Command::new(driver_path);
         cmd.arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             // Chromium's default config and cache folders (its crash
@@ -138,11 +160,12 @@ impl Browser {
         let listening = tokio::task::spawn_blocking(move || wait_port(port, START_WITHIN))
             .await
             .expect("wait for chromedriver");
-        assert!(
-            listening,
-            "chromedriver did not listen on port {port} within {START_WITHIN:?}\n{}",
-            browser.driver.log_tail(30)
-        );
+        if !listening {
+            return Err(format!(
+                "chromedriver did not listen on port {port} within {START_WITHIN:?}\n{}",
+                browser.driver.log_tail(30)
+            ));
+        }
 
         let profile = browser.scratch.join("profile");
         let (width, height) = WINDOW_SIZE;
@@ -171,17 +194,21 @@ impl Browser {
         let connect = builder.connect(&url);
         let client = match tokio::time::timeout(START_WITHIN, connect).await {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => panic!(
-                "open a Chromium session on chromedriver: {e}\n{}",
-                browser.driver.log_tail(30)
-            ),
-            Err(_) => panic!(
-                "the Chromium session did not open within {START_WITHIN:?}\n{}",
-                browser.driver.log_tail(30)
-            ),
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "open a Chromium session on chromedriver: {e}\n{}",
+                    browser.driver.log_tail(30)
+                ));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "the Chromium session did not open within {START_WITHIN:?}\n{}",
+                    browser.driver.log_tail(30)
+                ));
+            }
         };
         browser.client = Some(client);
-        Some(browser)
+        Ok(browser)
     }
 
     /// The WebDriver client of the session: `goto`, `find`, `form`,
