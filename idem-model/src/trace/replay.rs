@@ -298,7 +298,6 @@ pub(super) fn replay(
             retryable,
             applied,
             in_tx,
-            outage,
             ..
         } => {
             let at_batch_end =
@@ -320,7 +319,7 @@ pub(super) fn replay(
                 }
             }
             let (_, a) = token(&s, x).expect("delivering");
-            let decided = !*outage && (!*retryable || a >= model.max_attempts);
+            let decided = !*retryable || a >= model.max_attempts;
             if decided != *dead {
                 return Err(format!(
                     "the bookkeeping decided {}, but attempt {a} of {} ({}) is {}",
@@ -363,15 +362,6 @@ pub(super) fn replay(
                 let n = take(model, &s, x, o)?;
                 if (n.db.rows[0] != row) == *applied {
                     out.push(n);
-                }
-            }
-            if *outage && *applied {
-                // Given back uncounted: pending, the claim's attempt
-                // taken back, whatever the model's own bookkeeping
-                // decided at this attempt.
-                for n in &mut out {
-                    n.db.rows[0].status = crate::state::Status::Pending;
-                    n.db.rows[0].attempts = row.attempts.saturating_sub(1);
                 }
             }
             match out.is_empty() {

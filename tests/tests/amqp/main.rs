@@ -20,4 +20,3 @@ mod cluster;
 mod end_to_end;
 mod failures;
 mod fanout;
-mod restart;

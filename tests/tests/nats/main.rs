@@ -18,4 +18,3 @@ mod common {
 mod cluster;
 mod end_to_end;
 mod fanout;
-mod restart;

@@ -568,8 +568,7 @@ impl<DB: Backend> Inner<DB> {
         } else {
             failed
         };
-        // An outage's attempt is given back by the relay, uncounted.
-        for (lease, f) in failed.iter().filter(|(_, f)| !f.outage) {
+        for (lease, f) in failed {
             let Some(book) = lease.book.as_ref() else {
                 continue;
             };
