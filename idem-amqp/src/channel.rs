@@ -1,26 +1,26 @@
 //! A publishing channel in confirm mode, reopened after a failure: what
 //! the [`Publisher`](super::Publisher) and the consumer's retries publish on.
 
+use super::Connector;
 use super::error::from_lapin;
 use super::fields::short;
 use idem_core::Error;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
-use std::sync::Arc;
+use lapin::{BasicProperties, Channel, Confirmation};
 use tokio::sync::Mutex;
 
 /// A publishing channel in confirm mode, opened lazily and reopened when it
 /// was closed (a channel-level error such as publishing to a missing
 /// exchange closes it).
 pub(super) struct ConfirmChannel {
-    connection: Arc<Connection>,
+    connector: Connector,
     channel: Mutex<Option<Channel>>,
 }
 
 impl ConfirmChannel {
-    pub(super) fn new(connection: Arc<Connection>) -> Self {
+    pub(super) fn new(connector: Connector) -> Self {
         ConfirmChannel {
-            connection,
+            connector,
             channel: Mutex::new(None),
         }
     }
@@ -32,8 +32,11 @@ impl ConfirmChannel {
         {
             return Ok(ch.clone());
         }
+        // The connector's live connection: dialled again after it died.
         let ch = self
-            .connection
+            .connector
+            .connection()
+            .await?
             .create_channel()
             .await
             .map_err(|e| from_lapin("channel.open", e))?;

@@ -1,18 +1,14 @@
 //! The [`Consumer`] builder.
 
-use super::ConsumerHandle;
 use super::channel::ConfirmChannel;
-use super::error::from_lapin;
 use super::fields::short;
 use super::message::Message;
-use super::worker::{Shared, run};
+use super::worker::{Shared, Start, run};
+use super::{Connector, ConsumerHandle};
 use idem_core::backoff::Backoff;
 use idem_core::consume::{self, Handling};
 use idem_core::task::TaskHandle;
 use idem_core::{Error, Outcome};
-use lapin::Connection;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use serde::de::DeserializeOwned;
 use std::fmt;
 use std::future::Future;
@@ -57,7 +53,7 @@ use std::time::Duration;
 /// # Ok(()) }
 /// ```
 pub struct Consumer {
-    connection: Arc<Connection>,
+    connection: Connector,
     queue: String,
     retry_queue: String,
     consumer_tag: String,
@@ -86,7 +82,7 @@ impl Consumer {
     /// delivery. The handler returns what an `#[idempotent]` function
     /// returns; clone what it needs (the pool) into each call.
     pub fn new<P, F, Fut, T>(
-        connection: Arc<Connection>,
+        connection: impl Into<Connector>,
         queue: impl Into<String>,
         handler: F,
     ) -> Self
@@ -97,7 +93,7 @@ impl Consumer {
         T: Send + 'static,
     {
         Consumer::with(
-            connection,
+            connection.into(),
             queue.into(),
             Handling::One(consume::handler(handler)),
         )
@@ -150,8 +146,12 @@ impl Consumer {
     /// # consumer.shutdown().await?;
     /// # Ok(()) }
     /// ```
-    pub fn fan_out(connection: Arc<Connection>, queue: impl Into<String>) -> Self {
-        Consumer::with(connection, queue.into(), Handling::Fanned(Vec::new()))
+    pub fn fan_out(connection: impl Into<Connector>, queue: impl Into<String>) -> Self {
+        Consumer::with(
+            connection.into(),
+            queue.into(),
+            Handling::Fanned(Vec::new()),
+        )
     }
 
     /// Subscribes `handler`, named `name`, to every delivery of a
@@ -174,7 +174,7 @@ impl Consumer {
         self
     }
 
-    fn with(connection: Arc<Connection>, queue: String, handling: Handling<Message>) -> Self {
+    fn with(connection: Connector, queue: String, handling: Handling<Message>) -> Self {
         Consumer {
             connection,
             retry_queue: format!("{queue}.retry"),
@@ -226,39 +226,17 @@ impl Consumer {
         let handler = self
             .handling
             .into_handler(&format!("AMQP consumer of queue `{}`", self.queue))?;
-        let queue = short("queue", &self.queue)?;
+        short("queue", &self.queue)?;
         short("queue", &self.retry_queue)?;
-        let tag = short("consumer tag", &self.consumer_tag)?;
-        let channel = self
-            .connection
-            .create_channel()
-            .await
-            .map_err(|e| from_lapin("channel.open", e))?;
-        let started = async {
-            channel
-                .basic_qos(self.prefetch, BasicQosOptions::default())
-                .await
-                .map_err(|e| from_lapin("basic.qos", e))?;
-            channel
-                .basic_consume(
-                    queue,
-                    tag,
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(|e| from_lapin("basic.consume", e))
-        }
-        .await;
-        let consumer = match started {
-            Ok(c) => c,
-            Err(e) => {
-                if channel.status().connected() {
-                    let _ = channel.close(200, "OK".into()).await;
-                }
-                return Err(e);
-            }
+        short("consumer tag", &self.consumer_tag)?;
+        let start = Start {
+            connector: self.connection.clone(),
+            queue: self.queue.clone(),
+            tag: self.consumer_tag.clone(),
+            prefetch: self.prefetch,
         };
+        let connection = self.connection.connection().await?;
+        let (channel, consumer) = start.open(&connection).await?;
         let shared = Arc::new(Shared {
             retry: ConfirmChannel::new(self.connection.clone()),
             queue: self.queue,
@@ -269,7 +247,7 @@ impl Consumer {
             stats: Arc::default(),
         });
         let s = shared.clone();
-        let task = TaskHandle::spawn(move |stop| run(s, channel, consumer, stop));
+        let task = TaskHandle::spawn(move |stop| run(s, start, channel, consumer, stop));
         Ok(ConsumerHandle::new(task, shared))
     }
 }

@@ -30,6 +30,13 @@ impl std::error::Error for AmqpError {
 /// create), permanent when retrying cannot help (access refused,
 /// `PRECONDITION_FAILED` — a declaration with other arguments —, message
 /// too large, protocol or authentication errors).
+///
+/// The connection-level failures are an outage
+/// ([`Error::broker_unavailable`]: the outbox relay does not count the
+/// attempt): an I/O error (refused, reset, broken pipe), missed
+/// heartbeats, an operation on a connection or channel that is no longer
+/// open, the broker's `CONNECTION_FORCED` (it is shutting down). A
+/// channel-level refusal (a missing queue or exchange, a nack) is not.
 pub(crate) fn from_lapin(op: &'static str, e: lapin::Error) -> Error {
     let permanent = match e.kind() {
         ErrorKind::ProtocolError(p) => match p.kind() {
@@ -56,6 +63,22 @@ pub(crate) fn from_lapin(op: &'static str, e: lapin::Error) -> Error {
         | ErrorKind::FutureCompleted => true,
         _ => false,
     };
+    let down = match e.kind() {
+        ErrorKind::IOError(_)
+        | ErrorKind::RuntimeShutdownError(_)
+        | ErrorKind::InvalidConnectionState(_)
+        | ErrorKind::InvalidChannelState(..)
+        | ErrorKind::InvalidChannel(_)
+        | ErrorKind::MissingHeartbeatError => true,
+        ErrorKind::ProtocolError(p) => matches!(
+            p.kind(),
+            AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
+        ),
+        _ => false,
+    };
     let err = AmqpError { op, source: e };
-    Error::broker("amqp", err, !permanent)
+    match down {
+        true => Error::broker_unavailable("amqp", err),
+        false => Error::broker("amqp", err, !permanent),
+    }
 }

@@ -30,6 +30,37 @@
 //!
 //! [`Topology::declare`] creates the queues and exchanges this needs.
 //!
+//! # Broker restarts
+//!
+//! Build the [`Publisher`] and the [`Consumer`] on a [`Connector`]
+//! (`Connector::new(uri).topology(t)`) and a broker restart (SIGTERM or
+//! SIGKILL, a network cut, missed heartbeats) stops neither, and
+//! dead-letters nothing:
+//!
+//! - the connector dials again, at most once per back-off delay (100 ms
+//!   doubling to 5 s, jittered; [`Connector::backoff`]), redeclares its
+//!   topologies, and counts and logs the reconnect
+//!   ([`Connector::reconnects`]);
+//! - while the broker is down, a publish fails at once with
+//!   [`Error::broker_unavailable`](idem_core::Error::broker_unavailable),
+//!   an [outage](idem_core::Error::is_outage): the outbox relay puts the
+//!   message back to pending after
+//!   [`Relay::outage_retry`](idem_core::outbox::Relay::outage_retry) with
+//!   its attempts unchanged, so `max_attempts` is spent only on real
+//!   failures;
+//! - the consumer waits for the connector's next connection (no busy loop)
+//!   and consumes again; a delivery it had not acknowledged on the dead
+//!   connection is redelivered by the broker and answered `Duplicate` if
+//!   its handler had committed.
+//!
+//! Which errors are an outage: every connection-level one (an I/O error,
+//! a refused dial, missed heartbeats, a closed connection or channel, the
+//! broker's `CONNECTION_FORCED` on shutdown). A channel-level refusal (a
+//! missing exchange or queue, a nack, an unroutable message) counts as an
+//! attempt. On a fixed `Arc<Connection>` (what [`connect`] returns) nothing
+//! dials again: the consumer stops with its connection, and every publish
+//! keeps failing as an outage until the process is restarted.
+//!
 //! # Retries: a delay queue, not `nack(requeue=true)`
 //!
 //! A plain requeue redelivers at once, to the head of the queue, without
@@ -109,6 +140,7 @@
 pub use lapin;
 
 mod channel;
+mod connector;
 mod consumer;
 mod error;
 mod fields;
@@ -118,6 +150,7 @@ mod retry;
 mod topology;
 mod worker;
 
+pub use connector::Connector;
 pub use consumer::Consumer;
 pub(crate) use error::from_lapin;
 pub use idem_core::consume::ConsumerStats;

@@ -1,5 +1,6 @@
 //! Outbox messages forwarded to an exchange, publisher-confirmed.
 
+use super::Connector;
 use super::TOPIC_HEADER;
 use super::channel::ConfirmChannel;
 use super::fields::{long, short};
@@ -8,8 +9,8 @@ use idem_core::outbox::forward::{self, Forward};
 use idem_core::outbox::{Delivery, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
+use lapin::BasicProperties;
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection};
 use serde::de::IgnoredAny;
 use std::fmt;
 use std::sync::Arc;
@@ -33,6 +34,18 @@ use std::sync::Arc;
 /// the message (connection drop) makes the relay publish it again: the
 /// copy has the same `message_id`, and the consumer's idempotent handler
 /// answers `Duplicate`.
+///
+/// # Broker restarts
+///
+/// Built on a [`Connector::new`], the publisher survives a broker restart:
+/// while the connection is down each publish fails at once with
+/// [`Error::broker_unavailable`], an outage, which the relay does not
+/// count against `max_attempts` (the message is due again after
+/// [`Relay::outage_retry`](idem_core::outbox::Relay::outage_retry), its
+/// attempts unchanged); the connector dials again with back-off,
+/// redeclares its topology, and the next publish goes through. On a fixed
+/// `Arc<Connection>` nothing dials again: every publish keeps failing
+/// (uncounted) until the process is restarted.
 ///
 /// ```no_run
 /// use idem_runtime::amqp::{self, Publisher};
@@ -74,11 +87,12 @@ impl fmt::Debug for Publisher {
 
 impl Publisher {
     /// A publisher to `exchange` (`""`: the default exchange, which routes
-    /// by queue name). Its channel opens at the first publish and reopens
-    /// after a failure.
-    pub fn new(connection: Arc<Connection>, exchange: impl Into<String>) -> Self {
+    /// by queue name) over `connection`: a [`Connector`] (dialled again
+    /// after the broker restarted) or a fixed `Arc<Connection>`. Its
+    /// channel opens at the first publish and reopens after a failure.
+    pub fn new(connection: impl Into<Connector>, exchange: impl Into<String>) -> Self {
         Publisher {
-            channel: Arc::new(ConfirmChannel::new(connection)),
+            channel: Arc::new(ConfirmChannel::new(connection.into())),
             exchange: exchange.into(),
             routing_key: None,
             mandatory: true,

@@ -1,19 +1,23 @@
 //! The running consumer: one task per delivery, each settled by the rules
 //! of the [module documentation](super).
 
+use super::Connector;
 use super::channel::ConfirmChannel;
 use super::error::from_lapin;
-use super::fields::{header_str, header_u32};
+use super::fields::{header_str, header_u32, short};
 use super::message::Message;
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
 use futures_util::StreamExt;
 use idem_core::Error;
 use idem_core::backoff::Backoff;
 use idem_core::consume::{self, ConsumerStats, Counter, Failure, Running, Settle, Verdict};
-use lapin::Channel;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicRejectOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -42,36 +46,48 @@ impl Running for Shared {
     }
 }
 
-/// The consumer's task: a delivery task per delivery, until stopped.
+/// How a consumer's stream of deliveries ended.
+enum Ended {
+    /// A stop request, the handle dropped, or the broker cancelled the
+    /// consumer (the queue was deleted) on a live channel.
+    Stopped,
+    /// The connection or the channel failed.
+    Failed(Error),
+}
+
+/// The consumer's task: a delivery task per delivery, until stopped. When
+/// the connection or the channel dies and the connector reconnects, it
+/// waits for a new connection and consumes again; the deliveries in
+/// flight on the dead channel cannot be acknowledged, and the broker
+/// redelivers them (answered `Duplicate` if their handler had committed).
 pub(super) async fn run(
     shared: Arc<Shared>,
-    channel: Channel,
+    start: Start,
+    mut channel: Channel,
     mut consumer: lapin::Consumer,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let mut tasks = JoinSet::new();
-    let mut failure = None;
-    loop {
-        tokio::select! {
-            biased;
-            // A stop request, or the handle was dropped.
-            _ = stop.changed() => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            next = consumer.next() => match next {
-                Some(Ok(delivery)) => {
-                    let s = shared.clone();
-                    tasks.spawn(async move { s.process(delivery).await });
+    let failure = loop {
+        let ended = consume(&shared, &channel, &mut consumer, &mut tasks, &mut stop).await;
+        match ended {
+            Ended::Stopped => break None,
+            Ended::Failed(e) if start.connector.reconnects_on_failure() => {
+                tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer lost its connection; reconnecting");
+                match reopen(&start, &mut stop).await {
+                    Some((ch, c)) => {
+                        (channel, consumer) = (ch, c);
+                        tracing::warn!(queue = %shared.queue, "AMQP consumer consuming again after a reconnect");
+                    }
+                    None => break None,
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer failed; stopping");
-                    failure = Some(from_lapin("basic.consume", e));
-                    break;
-                }
-                // Cancelled by the broker (the queue was deleted).
-                None => break,
-            },
+            }
+            Ended::Failed(e) => {
+                tracing::warn!(queue = %shared.queue, error = %format_args!("{e:#}"), "AMQP consumer failed; stopping (a fixed connection: use a Connector to reconnect)");
+                break Some(e);
+            }
         }
-    }
+    };
     if channel.status().connected() {
         let _ = channel
             .basic_cancel(consumer.tag(), BasicCancelOptions::default())
@@ -84,6 +100,58 @@ pub(super) async fn run(
     }
     shared.retry.close().await;
     failure.map_or(Ok(()), Err)
+}
+
+/// Runs one consumer stream: a delivery task per delivery, until it ends.
+async fn consume(
+    shared: &Arc<Shared>,
+    channel: &Channel,
+    consumer: &mut lapin::Consumer,
+    tasks: &mut JoinSet<()>,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    loop {
+        tokio::select! {
+            biased;
+            // A stop request, or the handle was dropped.
+            _ = stop.changed() => return Ended::Stopped,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    let s = shared.clone();
+                    tasks.spawn(async move { s.process(delivery).await });
+                }
+                Some(Err(e)) => return Ended::Failed(from_lapin("basic.consume", e)),
+                // Cancelled: by the broker (the queue was deleted) on a
+                // live channel, else the channel went with its connection.
+                None if channel.status().connected() => return Ended::Stopped,
+                None => return Ended::Failed(Error::broker_unavailable("amqp", "the consumer's channel closed")),
+            },
+        }
+    }
+}
+
+/// Waits for the connector's next connection and consumes on it again;
+/// `None` when stopped meanwhile.
+async fn reopen(
+    start: &Start,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<(Channel, lapin::Consumer)> {
+    let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    for failures in 1.. {
+        let connection = start.connector.wait(stop).await?;
+        match start.open(&connection).await {
+            Ok(opened) => return Some(opened),
+            Err(e) => {
+                tracing::warn!(error = %format_args!("{e:#}"), "AMQP consumer could not consume on the new connection; trying again");
+                tokio::select! {
+                    _ = stop.changed() => return None,
+                    _ = tokio::time::sleep(backoff.jittered(failures, 0)) => {}
+                }
+            }
+        }
+    }
+    None
 }
 
 impl Shared {
@@ -185,6 +253,56 @@ impl Settle for Settling<'_> {
                 tracing::warn!(%reason, "AMQP delivery dead-lettered");
             }
             other => self.shared.settle_failed("reject", other),
+        }
+    }
+}
+
+/// What (re)starts consuming: on the first connection, and on each one
+/// the connector dials after the previous died.
+pub(super) struct Start {
+    pub(super) connector: Connector,
+    pub(super) queue: String,
+    pub(super) tag: String,
+    pub(super) prefetch: u16,
+}
+
+impl Start {
+    /// Opens a channel on `connection`, sets the prefetch and starts
+    /// consuming; the channel is closed again if that fails.
+    pub(super) async fn open(
+        &self,
+        connection: &Connection,
+    ) -> Result<(Channel, lapin::Consumer), Error> {
+        let queue = short("queue", &self.queue)?;
+        let tag = short("consumer tag", &self.tag)?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| from_lapin("channel.open", e))?;
+        let started = async {
+            channel
+                .basic_qos(self.prefetch, BasicQosOptions::default())
+                .await
+                .map_err(|e| from_lapin("basic.qos", e))?;
+            channel
+                .basic_consume(
+                    queue,
+                    tag,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| from_lapin("basic.consume", e))
+        }
+        .await;
+        match started {
+            Ok(c) => Ok((channel, c)),
+            Err(e) => {
+                if channel.status().connected() {
+                    let _ = channel.close(200, "OK".into()).await;
+                }
+                Err(e)
+            }
         }
     }
 }

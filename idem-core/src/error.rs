@@ -1,6 +1,6 @@
 //! The one error type of idem, and whether a retry can help.
 
-use crate::backend::classify::{find_sqlx, is_transient, pooler_error};
+use crate::backend::classify::{find_sqlx, is_outage, is_transient, pooler_error};
 use std::error::Error as StdError;
 use std::fmt;
 
@@ -182,6 +182,56 @@ impl Error {
             broker,
             source: source.into(),
             retryable,
+        }
+    }
+
+    /// A broker that cannot be reached (for entry-point crates): its
+    /// connection or channel is gone, or connecting to it failed.
+    /// Retryable, and an [outage](Error::is_outage): the outbox relay does
+    /// not count the attempt against `max_attempts`.
+    ///
+    /// ```
+    /// let e = idem_runtime::Error::broker_unavailable("amqp", "connection refused");
+    /// assert!(e.is_retryable() && e.is_outage());
+    /// assert!(!idem_runtime::Error::broker("amqp", "nack", true).is_outage());
+    /// ```
+    pub fn broker_unavailable(broker: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Broker {
+            broker,
+            source: Box::new(Unavailable(source.into())),
+            retryable: true,
+        }
+    }
+
+    /// Whether this error says that the infrastructure was down rather
+    /// than that the attempt failed: the outbox relay puts the message back
+    /// to pending without counting the attempt (a short, bounded delay,
+    /// its `attempts` restored), so an outage of any length dead-letters
+    /// nothing.
+    ///
+    /// An outage is, exactly:
+    /// - an [`Error::Broker`] made by [`Error::broker_unavailable`]: the
+    ///   entry point found its broker connection or channel gone, or could
+    ///   not connect (the AMQP and NATS publishers and consumers use it for
+    ///   every connection-level error, and only for those);
+    /// - an [`Error::Database`], or an [`Error::Handler`] whose source
+    ///   chain holds a [`sqlx::Error`], that is connection-level: `Io`,
+    ///   `Tls`, `PoolTimedOut`, `WorkerCrashed`, or a server error that
+    ///   ends the session (PostgreSQL `57P01`–`57P05`, class `08` except a
+    ///   pooler's `08P01`; MariaDB/MySQL `1053`, `1927`, `1158`–`1161`,
+    ///   MySQL 8's `4031`).
+    ///
+    /// Everything else counts as an attempt: a broker's refusal (a nack,
+    /// an unroutable message, access refused), a deadlock or lock wait, a
+    /// read-only standby (`25006`), [`Error::CommitUnknown`] (a lost
+    /// commit acknowledgement, the case the relay reads back), any
+    /// handler error without a connection-level cause.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            Error::Broker { source, .. } => source.downcast_ref::<Unavailable>().is_some(),
+            Error::Database(e) => is_outage(e),
+            Error::Handler { source, .. } => find_sqlx(&**source).is_some_and(is_outage),
+            _ => false,
         }
     }
 
@@ -402,6 +452,23 @@ impl ErrorKind {
             ErrorKind::Broker => "broker",
             ErrorKind::Config => "config",
         }
+    }
+}
+
+/// The source of [`Error::broker_unavailable`]: the broker's own error,
+/// marked as an outage.
+#[derive(Debug)]
+struct Unavailable(BoxError);
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unavailable: {}", self.0)
+    }
+}
+
+impl StdError for Unavailable {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
     }
 }
 

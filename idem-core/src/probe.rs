@@ -259,11 +259,15 @@ pub enum Break {
     QueuedRenewal,
     /// A relay batch that lost a conflict does not shrink the batch size.
     AdaptiveBatching,
+    /// An attempt that failed in an outage (the broker or the database
+    /// down) counts against `max_attempts` like any failure: the relay's
+    /// behaviour before issue 38.
+    OutageCounted,
 }
 
 #[cfg(idem_broken)]
-static BROKEN: [std::sync::atomic::AtomicBool; 5] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 5];
+static BROKEN: [std::sync::atomic::AtomicBool; 6] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 6];
 
 /// Turns the broken variant `b` on or off, process-wide (`--cfg
 /// idem_broken` builds only).

@@ -86,6 +86,24 @@
 //! (the record, or the entity's state), and a copy that got past the
 //! window answers `Duplicate` there.
 //!
+//! # Server restarts
+//!
+//! The client ([`connect`]) reconnects on its own, with its own back-off
+//! (async-nats' default: growing delays with jitter, without end), to any
+//! server it knows; the [`Consumer`] keeps pulling (a failed pull waits at
+//! most 1 s before the next) and the stream and its durable consumer are
+//! on the server's store. While no server is reachable, a publish whose
+//! ack does not come (a time-out, a broken pipe) fails with
+//! [`Error::broker_unavailable`](idem_core::Error::broker_unavailable),
+//! an [outage](idem_core::Error::is_outage) that the outbox relay does not
+//! count against `max_attempts`: the message is due again after
+//! [`Relay::outage_retry`](idem_core::outbox::Relay::outage_retry) with its
+//! attempts unchanged. A publish failure while the client is connected (a
+//! stream missing, a stream leader being elected, a time-out of a live
+//! server) counts as an attempt. A publish the client buffered while
+//! disconnected and sent after the reconnect is dropped by the stream's
+//! duplicate window when the relay has published it again meanwhile.
+//!
 //! # Example
 //!
 //! ```no_run

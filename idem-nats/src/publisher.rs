@@ -36,6 +36,9 @@ use std::fmt;
 /// second copy with the same `Nats-Msg-Id`, and the consumer's idempotent
 /// handler answers `Duplicate` (see the
 /// [module documentation](super#the-duplicate-window-a-front-layer)).
+/// A failure while the client is disconnected from every server is an
+/// outage, which the relay does not count (see
+/// [server restarts](super#server-restarts)).
 ///
 /// ```no_run
 /// use idem_runtime::nats::{self, Publisher};
@@ -125,12 +128,29 @@ impl Publisher {
             publish = publish.expected_stream(stream);
         }
         let subject = self.subject.as_deref().unwrap_or(topic).to_owned();
-        self.js
-            .send_publish(subject, publish)
-            .await
-            .map_err(from_publish)?
-            .await
-            .map_err(from_publish)
+        let sent = async {
+            self.js
+                .send_publish(subject, publish)
+                .await
+                .map_err(from_publish)?
+                .await
+                .map_err(from_publish)
+        };
+        sent.await.map_err(|e| self.outage(e))
+    }
+
+    /// A retryable publish failure while the client is not connected to
+    /// any server is an outage
+    /// ([`Error::broker_unavailable`]): the relay does not count it.
+    fn outage(&self, e: Error) -> Error {
+        let down = self.js.client().connection_state() != async_nats::connection::State::Connected;
+        if !down || !e.is_retryable() {
+            return e;
+        }
+        match e {
+            Error::Broker { source, .. } => Error::broker_unavailable("nats", source),
+            e => e,
+        }
     }
 
     /// This publisher as a [`Relay`](idem_core::outbox::Relay) route:

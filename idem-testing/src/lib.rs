@@ -233,3 +233,10 @@ pub fn set_broken_queued_renewal(on: bool) {
 pub fn set_broken_adaptive_batching(on: bool) {
     set_broken(probe::Break::AdaptiveBatching, on);
 }
+
+/// An attempt that failed in an outage (the broker or the database down)
+/// counts against `max_attempts` like any failure, as before issue 38 (a
+/// control; see the [crate documentation](crate)).
+pub fn set_broken_outage_counted(on: bool) {
+    set_broken(probe::Break::OutageCounted, on);
+}

@@ -87,6 +87,28 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether a database error means the database could not be reached: a
+/// connection-level failure ([`sqlx::Error::Io`], `Tls`, `PoolTimedOut`,
+/// `WorkerCrashed`), or the server's answer that it is going away or not
+/// taking sessions (the errors that end a session: PostgreSQL
+/// `57P01`–`57P05` and class `08`, but not `08P01` from a pooler;
+/// MariaDB/MySQL `1053`, `1927`, `1158`–`1161`, MySQL 8's `4031`). A
+/// deadlock, a lock wait, a read-only standby or any error about the
+/// statement itself is not one (see [`Error::is_outage`](crate::Error::is_outage)).
+pub(crate) fn is_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let class = class_of(&**db);
+            class.session_lost && class.pooler.is_none()
+        }
+        _ => false,
+    }
+}
+
 /// Whether a failed `COMMIT` (or a failure right after sending it) leaves
 /// the outcome unknown: the connection failed ([`is_transient`]'s
 /// connection-level errors), or the server answered with an error that

@@ -418,6 +418,21 @@ pub trait OutboxStore: Database {
         error: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
+    /// Gives back the attempt of message `id` that `owner` claimed as
+    /// attempt `attempt` and that failed in an outage
+    /// ([`Error::is_outage`](crate::Error::is_outage)): pending again
+    /// after `delay_secs`, `attempts` back to `attempt - 1`, the lease
+    /// cleared, fenced as
+    /// [`outbox_settle_failure`](OutboxStore::outbox_settle_failure).
+    fn outbox_release<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+        delay_secs: f64,
+        error: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
     /// [`outbox_settle_failure`](OutboxStore::outbox_settle_failure) in
     /// `tx`, which holds the message's row: over the `success` mark of
     /// this transaction's own call (`over_success`), or over a pending row

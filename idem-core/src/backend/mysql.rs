@@ -67,6 +67,10 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_release: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), attempts = attempts - 1, last_error = ?, \
+        lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     outbox_revert: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \

@@ -105,6 +105,11 @@ pub(crate) struct SqlSet {
     /// handler marked before it failed (same binds; the owner matches the
     /// cleared lease or none). Native.
     pub outbox_revert: &'static str,
+    /// An attempt that failed in an outage, given back: pending again
+    /// after the delay, its claim's attempt taken back (`attempts - 1`),
+    /// fenced as `outbox_settle`. Binds: status (always `pending`),
+    /// delay, error, id, owner, attempt. Native.
+    pub outbox_release: &'static str,
     /// The relay's claim.
     pub claim: Claim,
     /// The rows a claim whose commit outcome is unknown leased, if it

@@ -55,6 +55,11 @@ pub(crate) const SQL: SqlSet = SqlSet {
         last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_release: "UPDATE idem_outbox SET status = ?, \
+        next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+        attempts = attempts - 1, last_error = ?, lease_owner = NULL, locked_until = NULL, \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     outbox_revert: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
         last_error = ?, lease_owner = NULL, locked_until = NULL, \

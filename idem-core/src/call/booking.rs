@@ -47,8 +47,11 @@ impl<DB: Backend> CallState<'_, DB> {
         match (tx, lease) {
             // A conflict is not booked: the relay runs the handler again
             // at once under the same attempt (see `CONFLICT_RERUNS`).
+            // Nor is an outage: the relay gives the attempt back uncounted.
             (CallTx::Own(tx), Some(lease))
-                if booking && !crate::backend::classify::is_contention(&err) =>
+                if booking
+                    && !crate::backend::classify::is_contention(&err)
+                    && !(err.is_retryable() && err.is_outage()) =>
             {
                 book_failure(tx, &lease, &err, &span).await
             }

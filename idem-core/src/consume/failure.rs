@@ -18,6 +18,11 @@ pub struct Failure {
     /// in a relay batch, the batch's contention rather than the message's
     /// failure.
     pub conflict: bool,
+    /// Whether the attempt failed because the infrastructure was down
+    /// ([`Error::is_outage`]): a broker connection that is gone, a
+    /// database that cannot be reached. The outbox relay does not count
+    /// such an attempt against `max_attempts`.
+    pub outage: bool,
 }
 
 impl Failure {
@@ -28,6 +33,7 @@ impl Failure {
             reason: reason.into(),
             commit_unknown: false,
             conflict: false,
+            outage: false,
         }
     }
 
@@ -46,6 +52,7 @@ impl Failure {
             reason: format!("{}: {e:#}", e.kind()),
             commit_unknown: matches!(e, Error::CommitUnknown(_)),
             conflict: crate::backend::classify::is_contention(e),
+            outage: e.is_retryable() && e.is_outage(),
         }
     }
 }

@@ -181,6 +181,10 @@ pub enum Event {
         /// `commit` that follows).
         #[serde(default)]
         in_tx: bool,
+        /// An attempt that failed in an outage, given back uncounted:
+        /// pending again with the claim's attempt taken back.
+        #[serde(default)]
+        outage: bool,
     },
     /// The relay-side success mark of a route that did not take its source.
     RelayMark {

@@ -298,6 +298,7 @@ pub(super) fn replay(
             retryable,
             applied,
             in_tx,
+            outage,
             ..
         } => {
             let at_batch_end =
@@ -319,7 +320,7 @@ pub(super) fn replay(
                 }
             }
             let (_, a) = token(&s, x).expect("delivering");
-            let decided = !*retryable || a >= model.max_attempts;
+            let decided = !*outage && (!*retryable || a >= model.max_attempts);
             if decided != *dead {
                 return Err(format!(
                     "the bookkeeping decided {}, but attempt {a} of {} ({}) is {}",
@@ -362,6 +363,15 @@ pub(super) fn replay(
                 let n = take(model, &s, x, o)?;
                 if (n.db.rows[0] != row) == *applied {
                     out.push(n);
+                }
+            }
+            if *outage && *applied {
+                // Given back uncounted: pending, the claim's attempt
+                // taken back, whatever the model's own bookkeeping
+                // decided at this attempt.
+                for n in &mut out {
+                    n.db.rows[0].status = crate::state::Status::Pending;
+                    n.db.rows[0].attempts = row.attempts.saturating_sub(1);
                 }
             }
             match out.is_empty() {

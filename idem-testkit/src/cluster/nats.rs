@@ -219,6 +219,14 @@ impl NatsCluster {
         }
     }
 
+    /// Stops node `i` with SIGTERM (nats-server's orderly shutdown),
+    /// waiting up to 30 s before killing it.
+    pub fn terminate(&self, i: usize) {
+        if let Some(mut p) = self.procs.lock().expect("procs")[i].take() {
+            p.terminate(Duration::from_secs(30));
+        }
+    }
+
     /// Starts node `i` again (after [`kill9`](Self::kill9)) on its store
     /// and waits until it sees the meta leader.
     ///
@@ -262,12 +270,15 @@ impl NatsCluster {
             .arg("-n")
             .arg(self.name(i))
             .arg("-sd")
-            .arg(&n.store)
-            .args(["--cluster_name", "idem-test"])
-            .arg("--cluster")
-            .arg(format!("nats://127.0.0.1:{}", n.route))
-            .arg("--routes")
-            .arg(routes.join(","));
+            .arg(&n.store);
+        // One node is a plain server (JetStream without a cluster).
+        if self.nodes.len() > 1 {
+            cmd.args(["--cluster_name", "idem-test"])
+                .arg("--cluster")
+                .arg(format!("nats://127.0.0.1:{}", n.route))
+                .arg("--routes")
+                .arg(routes.join(","));
+        }
         // A log per run: a restarted node's previous log stays.
         let run = self.runs.fetch_add(1, Ordering::Relaxed);
         let log = self.dir.join(&format!("n{i}-run{run}.log"));

@@ -4,7 +4,7 @@
 //! started again.
 //!
 //! Each node is a `rabbitmq-server` of its own: node name
-//! `idemrmq<pid>n<i>@localhost`, its own AMQP and distribution ports
+//! `idemrmq<pid>c<cluster>n<i>@localhost`, its own AMQP and distribution ports
 //! (`RABBITMQ_NODE_PORT`, `RABBITMQ_DIST_PORT`), data, log and config
 //! under one [`Scratch`] folder (`RABBITMQ_MNESIA_BASE`,
 //! `RABBITMQ_LOG_BASE`, `RABBITMQ_CONFIG_FILE`,
@@ -103,6 +103,10 @@ impl RabbitCluster {
             .expect("write the cookie");
         set_mode(&cookie, 0o400);
         let me = std::process::id();
+        // Several clusters of one test process (tests run in parallel)
+        // need names of their own.
+        static CLUSTERS: AtomicUsize = AtomicUsize::new(0);
+        let c = CLUSTERS.fetch_add(1, Ordering::Relaxed);
         let nodes: Vec<Node> = (0..nodes)
             .map(|i| {
                 let node_dir = dir.join(&format!("n{i}"));
@@ -116,7 +120,7 @@ impl RabbitCluster {
                 )
                 .expect("write rabbitmq.conf");
                 Node {
-                    name: format!("idemrmq{me}n{i}@localhost"),
+                    name: format!("idemrmq{me}c{c}n{i}@localhost"),
                     port: free_port(),
                     dist: free_port(),
                     dir: node_dir,
@@ -174,7 +178,7 @@ impl RabbitCluster {
         self.started_in
     }
 
-    /// Node `i`'s Erlang node name (`idemrmq<pid>n<i>@localhost`), as
+    /// Node `i`'s Erlang node name (`idemrmq<pid>c<cluster>n<i>@localhost`), as
     /// RabbitMQ reports queue leaders.
     pub fn name(&self, i: usize) -> &str {
         &self.nodes[i].name
@@ -213,6 +217,31 @@ impl RabbitCluster {
         if let Some(mut p) = self.procs.lock().expect("procs")[i].take() {
             p.kill9();
         }
+    }
+
+    /// Stops node `i` with SIGTERM (RabbitMQ's orderly shutdown: it closes
+    /// its connections with `CONNECTION_FORCED`), waits up to 60 s for it
+    /// to exit, then kills what is left.
+    pub fn terminate(&self, i: usize) {
+        if let Some(mut p) = self.procs.lock().expect("procs")[i].take() {
+            let pids: Vec<u32> = std::fs::read_to_string(self.nodes[i].dir.join("pid"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .into_iter()
+                .collect();
+            for pid in pids {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .output();
+            }
+            p.terminate(Duration::from_secs(60));
+        }
+        self.kill_beam(i);
+    }
+
+    /// Node `i`'s AMQP port.
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].port
     }
 
     /// Starts node `i` again (after [`kill9`](Self::kill9)) on its data

@@ -20,3 +20,4 @@ mod cluster;
 mod end_to_end;
 mod failures;
 mod fanout;
+mod restart;

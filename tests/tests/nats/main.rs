@@ -18,3 +18,4 @@ mod common {
 mod cluster;
 mod end_to_end;
 mod fanout;
+mod restart;

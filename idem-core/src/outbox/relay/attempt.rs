@@ -193,8 +193,78 @@ impl<DB: Backend> Inner<DB> {
                     false => Settlement::Retried,
                 }
             }
+            Err(f)
+                if f.outage
+                    && f.retryable
+                    && !f.commit_unknown
+                    && !crate::probe::broken(crate::probe::Break::OutageCounted) =>
+            {
+                match self.book_outage(lease, owner, &f.reason, span).await {
+                    Some(settlement) => settlement,
+                    None => self.book_failure(lease, owner, marked, f, span).await,
+                }
+            }
             Err(failure) => self.book_failure(lease, owner, marked, failure, span).await,
         }
+    }
+
+    /// An attempt that failed in an outage (the broker or the database
+    /// could not be reached: [`crate::Error::is_outage`]), given back
+    /// uncounted: pending again after [`Relay::outage_retry`](super::Relay::outage_retry)
+    /// (jittered), `attempts` restored. `None` when the message is not
+    /// pending under this lease (its own call marked it `success` before
+    /// failing): booked as any failure then.
+    async fn book_outage(
+        &self,
+        lease: &OutboxLease,
+        owner: &str,
+        reason: &str,
+        span: &tracing::Span,
+    ) -> Option<Settlement> {
+        let i = self;
+        let (id, attempts) = (lease.id(), lease.attempt());
+        let full = i.policy.outage_retry;
+        let delay = crate::backoff::Backoff::new(full, full).jittered(1, id);
+        let reason: String = format!("outage (attempt not counted): {reason}")
+            .chars()
+            .take(2000)
+            .collect();
+        let at = crate::probe::now();
+        let released = self
+            .fenced(
+                id,
+                || DB::outbox_release(&i.pool, id, owner, attempts, delay.as_secs_f64(), &reason),
+                |s| {
+                    s.status == Status::Pending
+                        && s.lease_owner.is_none()
+                        && s.attempts == attempts - 1
+                },
+            )
+            .await;
+        if matches!(released, Ok(false))
+            && let Ok(Some(s)) = DB::outbox_state_pool(&i.pool, id).await
+            && s.status == Status::Success
+        {
+            return None;
+        }
+        crate::probe::of_lease("settle", lease, || {
+            serde_json::json!({
+                "dead": false,
+                "retryable": true,
+                "outage": true,
+                "applied": matches!(released, Ok(true)),
+                "error": released.is_err(),
+                "at": at,
+            })
+        });
+        if matches!(released, Ok(true)) {
+            i.stats.outages.fetch_add(1, Ordering::Relaxed);
+            i.stats.retried.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::outbox_retry();
+            tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed in an outage; not counted, will retry");
+            return Some(Settlement::Retried);
+        }
+        Some(self.failure_settled(released, false, &reason, delay, span))
     }
 
     /// A handler that ended well: counted, and the message marked `success`

@@ -568,7 +568,8 @@ impl<DB: Backend> Inner<DB> {
         } else {
             failed
         };
-        for (lease, f) in failed {
+        // An outage's attempt is given back by the relay, uncounted.
+        for (lease, f) in failed.iter().filter(|(_, f)| !f.outage) {
             let Some(book) = lease.book.as_ref() else {
                 continue;
             };

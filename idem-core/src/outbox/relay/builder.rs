@@ -80,6 +80,7 @@ impl<DB: Backend> Inner<DB> {
                 poll_interval: Duration::from_millis(100),
                 max_attempts: 10,
                 backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
+                outage_retry: super::DEFAULT_OUTAGE_RETRY,
             },
             batching: Batching {
                 commit_batch: 1,

@@ -44,6 +44,11 @@ pub struct RelayStats {
     /// that failed after its call marked the message counts here: that
     /// success is undone and the message retried.
     pub(crate) retried: AtomicU64,
+    /// Of the `retried` attempts, those that failed in an outage (the
+    /// broker or the database could not be reached:
+    /// [`Error::is_outage`](crate::Error::is_outage)) and were given back
+    /// uncounted, their `attempts` restored.
+    pub(crate) outages: AtomicU64,
     /// Messages dead-lettered (`failed`).
     pub(crate) dead_lettered: AtomicU64,
     /// Failed attempts whose bookkeeping found the message no longer
@@ -137,6 +142,13 @@ impl RelayStats {
         self.retried.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Of the [`retried`](Self::retried) attempts, those that failed in an
+    /// outage and were given back uncounted (see
+    /// [`Relay::outage_retry`](super::Relay::outage_retry)).
+    pub fn outages(&self) -> u64 {
+        self.outages.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Messages dead-lettered (`failed`).
     pub fn dead_lettered(&self) -> u64 {
         self.dead_lettered
@@ -216,6 +228,8 @@ pub struct RelayStatsSnapshot {
     pub duplicates: u64,
     /// See [`RelayStats::retried`].
     pub retried: u64,
+    /// See [`RelayStats::outages`].
+    pub outages: u64,
     /// See [`RelayStats::dead_lettered`].
     pub dead_lettered: u64,
     /// See [`RelayStats::stale`].
@@ -248,6 +262,7 @@ impl RelayStats {
             executed: self.executed(),
             duplicates: self.duplicates(),
             retried: self.retried(),
+            outages: self.outages(),
             dead_lettered: self.dead_lettered(),
             stale: self.stale(),
             landed: self.landed(),
@@ -273,6 +288,7 @@ impl RelayStatsSnapshot {
             executed: self.executed.saturating_sub(earlier.executed),
             duplicates: self.duplicates.saturating_sub(earlier.duplicates),
             retried: self.retried.saturating_sub(earlier.retried),
+            outages: self.outages.saturating_sub(earlier.outages),
             dead_lettered: self.dead_lettered.saturating_sub(earlier.dead_lettered),
             stale: self.stale.saturating_sub(earlier.stale),
             landed: self.landed.saturating_sub(earlier.landed),

@@ -395,6 +395,17 @@ impl<DB: Backend> Relay<DB> {
         self.edit(|i| i.policy.backoff = Backoff::new(base, max))
     }
 
+    /// The delay before a message whose attempt failed in an outage
+    /// ([`Error::is_outage`](crate::Error::is_outage): the broker or the
+    /// database could not be reached) is due again (default 1 s; jittered
+    /// between half and all of it). Such an attempt is not counted: the
+    /// message goes back to pending with its `attempts` as before the
+    /// claim, however long the outage lasts, and the relay delivers it
+    /// again at most this long after the infrastructure is back.
+    pub fn outage_retry(self, d: Duration) -> Self {
+        self.edit(|i| i.policy.outage_retry = d.max(Duration::from_millis(1)))
+    }
+
     /// The lease owner name (default `relay-<pid>-<random>`); unique per
     /// relay. Each claim writes it followed by `#` and a sequence number
     /// (`relay-a#1f3c…`), so a claim whose acknowledgement is lost can be
@@ -606,7 +617,12 @@ struct Policy {
     poll_interval: Duration,
     max_attempts: i32,
     backoff: Backoff,
+    /// See [`Relay::outage_retry`].
+    outage_retry: Duration,
 }
+
+/// The default of [`Relay::outage_retry`].
+const DEFAULT_OUTAGE_RETRY: Duration = Duration::from_secs(1);
 
 /// Commits shared by several messages' handlers.
 struct Batching {
