@@ -61,6 +61,7 @@ pub struct Consumer {
     prefetch: u16,
     max_attempts: u32,
     backoff: Backoff,
+    outage_retry: Duration,
 }
 
 impl fmt::Debug for Consumer {
@@ -73,6 +74,7 @@ impl fmt::Debug for Consumer {
             .field("prefetch", &self.prefetch)
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
+            .field("outage_retry", &self.outage_retry)
             .finish_non_exhaustive()
     }
 }
@@ -184,6 +186,7 @@ impl Consumer {
             prefetch: 16,
             max_attempts: 5,
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            outage_retry: consume::OUTAGE_RETRY,
         }
     }
 
@@ -204,6 +207,15 @@ impl Consumer {
     /// 1 s to 60 s).
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.backoff = Backoff::new(base, max);
+        self
+    }
+
+    /// The longest pause between two tries of a handler that failed in an
+    /// outage (its database down: [`Error::is_outage`]), run again in
+    /// place without counting an attempt (default 1 s; the pauses start
+    /// at 100 ms and double, jittered). See [`consume::through_outages`].
+    pub fn outage_retry(mut self, max: Duration) -> Self {
+        self.outage_retry = max.max(Duration::from_millis(1));
         self
     }
 
@@ -244,6 +256,7 @@ impl Consumer {
             handler,
             max_attempts: self.max_attempts,
             backoff: self.backoff,
+            outage_retry: self.outage_retry,
             stats: Arc::default(),
         });
         let s = shared.clone();

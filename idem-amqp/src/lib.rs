@@ -27,6 +27,7 @@
 //! | retryable `Err`, last attempt | `basic.reject(requeue=false)`: the broker routes it to the queue's dead-letter exchange |
 //! | non-retryable `Err`, unparsable payload, no `message_id` | `basic.reject(requeue=false)`: dead-letter exchange |
 //! | the consumer dies before settling | the broker redelivers (`redelivered = true`); the handler answers `Duplicate` if it had committed |
+//! | `Err` in an outage (the handler's database unreachable: [`Error::is_outage`](idem_core::Error::is_outage), or its commit's outcome unknown) | no attempt: the handler runs again in place, after 100 ms doubling to [`Consumer::outage_retry`] (default 1 s), until the database is back; then settled by that run's result. Never a dead letter |
 //!
 //! [`Topology::declare`] creates the queues and exchanges this needs.
 //!
@@ -51,7 +52,15 @@
 //! - the consumer waits for the connector's next connection (no busy loop)
 //!   and consumes again; a delivery it had not acknowledged on the dead
 //!   connection is redelivered by the broker and answered `Duplicate` if
-//!   its handler had committed.
+//!   its handler had committed. It also notices a channel that closed
+//!   without its delivery stream ending (checked every second), and gives
+//!   a settlement (ack, reject, a retry's confirmed publish) 30 s before
+//!   leaving the delivery to the broker's redelivery;
+//! - a *database* restart under the consumer is no attempt either: each
+//!   delivery whose handler failed in the outage waits in place and runs
+//!   again (see the table above; `ConsumerStats::outage_waits` counts the
+//!   tries), so the deliveries in hand drain within about
+//!   [`Consumer::outage_retry`] of the database's return.
 //!
 //! Which errors are an outage: every connection-level one (an I/O error,
 //! a refused dial, missed heartbeats, a closed connection or channel, the

@@ -2,8 +2,9 @@
 //! TTL (see the [module documentation](super)).
 
 use super::fields::long;
-use super::worker::Shared;
+use super::worker::{SETTLE_TIMEOUT, Shared};
 use super::{ATTEMPTS_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER};
+use idem_core::Error;
 use idem_core::consume::Counter;
 use lapin::BasicProperties;
 use lapin::message::Delivery as AmqpDelivery;
@@ -20,40 +21,41 @@ impl Shared {
         // first-out.
         let delay = self.backoff.delay(attempt);
         let properties = retry_properties(d, attempt, delay);
-        let published = self
+        let publish = self
             .retry
-            .publish("", &self.retry_queue, true, &d.data, properties)
-            .await;
+            .publish("", &self.retry_queue, true, &d.data, properties);
+        let published = match tokio::time::timeout(SETTLE_TIMEOUT, publish).await {
+            Ok(published) => published,
+            Err(_) => Err(Error::broker_unavailable(
+                "amqp",
+                "the retry's publish was not confirmed in time",
+            )),
+        };
         match published {
-            Ok(()) => match d.acker.ack(BasicAckOptions::default()).await {
-                Ok(true) => {
+            Ok(()) => {
+                // The copy in the retry queue and a redelivered original
+                // (an ack that did not go through) both reach the
+                // idempotent handler: one effect.
+                let ack = d.acker.ack(BasicAckOptions::default());
+                if self.settled("ack", ack).await {
                     self.stats.count(Counter::Retried);
                     idem_core::consume::count_retry();
                     tracing::info!(%reason, retry_in = ?delay, "AMQP delivery failed; retry scheduled");
                 }
-                // The copy in the retry queue and the redelivered original
-                // both reach the idempotent handler: one effect.
-                other => self.settle_failed("ack", other),
-            },
+            }
             Err(e) => {
                 // The retry queue is missing or the broker is failing:
                 // requeue in place after the delay (holding one prefetch
                 // slot meanwhile). The attempt count does not advance.
                 tracing::warn!(%reason, error = %format_args!("{e:#}"), retry_in = ?delay, "could not schedule the retry; requeueing in place");
                 tokio::time::sleep(delay).await;
-                match d
-                    .acker
-                    .nack(BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
-                    })
-                    .await
-                {
-                    Ok(true) => {
-                        self.stats.count(Counter::Retried);
-                        idem_core::consume::count_retry();
-                    }
-                    other => self.settle_failed("nack", other),
+                let nack = d.acker.nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                });
+                if self.settled("nack", nack).await {
+                    self.stats.count(Counter::Retried);
+                    idem_core::consume::count_retry();
                 }
             }
         }

@@ -16,6 +16,7 @@ use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicRejectOptions};
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -33,8 +34,20 @@ pub(super) struct Shared {
     pub(super) retry: ConfirmChannel,
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
+    pub(super) outage_retry: Duration,
     pub(super) stats: Arc<ConsumerStats>,
 }
+
+/// How long an acknowledgement, a reject or a retry's publish (with its
+/// confirm) may take before the delivery is left to the broker to deliver
+/// again: a settlement on a connection that died without the client
+/// noticing must not hold a delivery task, and the consumer's end, forever.
+pub(super) const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a consumer checks that its channel is still open, beside
+/// waiting for its next delivery: a stream that does not end when its
+/// connection dies still ends the consume loop within this.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
 impl Running for Shared {
     fn stats(&self) -> &Arc<ConsumerStats> {
@@ -68,8 +81,19 @@ pub(super) async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let mut tasks = JoinSet::new();
+    // Ends the waits of handlers in an outage (`through_outages`) when the
+    // consumer stops or its fixed connection failed.
+    let (ending, ending_rx) = watch::channel(false);
     let failure = loop {
-        let ended = consume(&shared, &channel, &mut consumer, &mut tasks, &mut stop).await;
+        let ended = consume(
+            &shared,
+            &channel,
+            &mut consumer,
+            &mut tasks,
+            &mut stop,
+            &ending_rx,
+        )
+        .await;
         match ended {
             Ended::Stopped => break None,
             Ended::Failed(e) if start.connector.reconnects_on_failure() => {
@@ -77,6 +101,7 @@ pub(super) async fn run(
                 match reopen(&start, &mut stop).await {
                     Some((ch, c)) => {
                         (channel, consumer) = (ch, c);
+                        shared.stats.count(Counter::Reconnect);
                         tracing::warn!(queue = %shared.queue, "AMQP consumer consuming again after a reconnect");
                     }
                     None => break None,
@@ -88,6 +113,7 @@ pub(super) async fn run(
             }
         }
     };
+    ending.send_replace(true);
     if channel.status().connected() {
         let _ = channel
             .basic_cancel(consumer.tag(), BasicCancelOptions::default())
@@ -109,7 +135,10 @@ async fn consume(
     consumer: &mut lapin::Consumer,
     tasks: &mut JoinSet<()>,
     stop: &mut watch::Receiver<bool>,
+    ending: &watch::Receiver<bool>,
 ) -> Ended {
+    let mut alive = tokio::time::interval(LIVENESS_CHECK);
+    alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
@@ -118,14 +147,18 @@ async fn consume(
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
-                    let s = shared.clone();
-                    tasks.spawn(async move { s.process(delivery).await });
+                    let (s, ending) = (shared.clone(), ending.clone());
+                    tasks.spawn(async move { s.process(delivery, ending).await });
                 }
                 Some(Err(e)) => return Ended::Failed(from_lapin("basic.consume", e)),
                 // Cancelled: by the broker (the queue was deleted) on a
                 // live channel, else the channel went with its connection.
                 None if channel.status().connected() => return Ended::Stopped,
                 None => return Ended::Failed(Error::broker_unavailable("amqp", "the consumer's channel closed")),
+            },
+            // A channel that closed without its stream ending.
+            _ = alive.tick() => if !channel.status().connected() {
+                return Ended::Failed(Error::broker_unavailable("amqp", "the consumer's channel closed"));
             },
         }
     }
@@ -155,7 +188,7 @@ async fn reopen(
 }
 
 impl Shared {
-    async fn process(&self, d: AmqpDelivery) {
+    async fn process(&self, d: AmqpDelivery, mut ending: watch::Receiver<bool>) {
         self.stats.count(Counter::Received);
         let failed_before = header_u32(&d.properties, ATTEMPTS_HEADER).unwrap_or(0);
         let attempt = failed_before.saturating_add(1);
@@ -175,7 +208,10 @@ impl Shared {
         async move {
             let verdict = match message_id {
                 None => Err(Failure::unkeyed("message_id property")),
-                Some(message_id) => self.handle(&d, message_id, attempt).await,
+                Some(id) => {
+                    let run = || self.handle(&d, id.clone(), attempt);
+                    consume::through_outages(run, &mut ending, self.outage_retry, &self.stats).await
+                }
             };
             let settling = Settling {
                 shared: self,
@@ -204,19 +240,28 @@ impl Shared {
         consume::run(&self.handler, message).await
     }
 
-    pub(super) fn settle_failed(&self, op: &str, result: lapin::Result<bool>) {
+    /// Awaits a settlement (`op`: "ack", "nack", "reject") for at most
+    /// [`SETTLE_TIMEOUT`]: `true` when the broker took it, else counted as
+    /// failed (the broker delivers the message again).
+    pub(super) async fn settled(
+        &self,
+        op: &str,
+        settlement: impl Future<Output = lapin::Result<bool>>,
+    ) -> bool {
+        let (error, why) = match tokio::time::timeout(SETTLE_TIMEOUT, settlement).await {
+            Ok(Ok(true)) => return true,
+            Ok(Ok(false)) => (None, "the channel closed before settling"),
+            Ok(Err(e)) => (Some(e), "could not settle the delivery"),
+            Err(_) => (None, "the settlement was not sent in time"),
+        };
         self.stats.count(Counter::SettleFailed);
-        match result {
-            Err(e) => {
-                tracing::warn!(op, error = %format_args!("{e:#}"), "could not settle the delivery; the broker will redeliver it")
+        match error {
+            Some(e) => {
+                tracing::warn!(op, error = %format_args!("{e:#}"), "{why}; the broker will redeliver it")
             }
-            Ok(_) => {
-                tracing::warn!(
-                    op,
-                    "channel closed before settling; the broker will redeliver it"
-                )
-            }
+            None => tracing::warn!(op, "{why}; the broker will redeliver it"),
         }
+        false
     }
 }
 
@@ -230,9 +275,9 @@ struct Settling<'a> {
 
 impl Settle for Settling<'_> {
     async fn ack(&self, executed: bool) {
-        match self.d.acker.ack(BasicAckOptions::default()).await {
-            Ok(true) => self.shared.stats.acked(executed),
-            other => self.shared.settle_failed("ack", other),
+        let ack = self.d.acker.ack(BasicAckOptions::default());
+        if self.shared.settled("ack", ack).await {
+            self.shared.stats.acked(executed);
         }
     }
 
@@ -241,18 +286,11 @@ impl Settle for Settling<'_> {
     }
 
     async fn dead_letter(&self, reason: &str) {
-        match self
-            .d
-            .acker
-            .reject(BasicRejectOptions { requeue: false })
-            .await
-        {
-            Ok(true) => {
-                self.shared.stats.count(Counter::DeadLettered);
-                idem_core::consume::count_dead_letter();
-                tracing::warn!(%reason, "AMQP delivery dead-lettered");
-            }
-            other => self.shared.settle_failed("reject", other),
+        let reject = self.d.acker.reject(BasicRejectOptions { requeue: false });
+        if self.shared.settled("reject", reject).await {
+            self.shared.stats.count(Counter::DeadLettered);
+            idem_core::consume::count_dead_letter();
+            tracing::warn!(%reason, "AMQP delivery dead-lettered");
         }
     }
 }

@@ -68,6 +68,7 @@ pub struct Consumer {
     progress: Progress,
     pull_wait: Duration,
     dead_letter_subject: Option<String>,
+    outage_retry: Duration,
 }
 
 /// How often a running handler's delivery is kept alive.
@@ -90,6 +91,7 @@ impl fmt::Debug for Consumer {
             .field("progress", &self.progress)
             .field("pull_wait", &self.pull_wait)
             .field("dead_letter_subject", &self.dead_letter_subject)
+            .field("outage_retry", &self.outage_retry)
             .finish_non_exhaustive()
     }
 }
@@ -211,6 +213,7 @@ impl Consumer {
             progress: Progress::Auto,
             pull_wait: Duration::from_secs(2),
             dead_letter_subject: None,
+            outage_retry: consume::OUTAGE_RETRY,
         }
     }
 
@@ -237,6 +240,19 @@ impl Consumer {
             Some(d) if !d.is_zero() => Progress::Every(d),
             _ => Progress::Off,
         };
+        self
+    }
+
+    /// The longest pause between two tries of a handler that failed in an
+    /// outage (its database down: [`Error::is_outage`]), run again in
+    /// place, the delivery kept with in-progress acks, without a nak that
+    /// the server would count against `max_deliver` (default 1 s; the
+    /// pauses start at 100 ms and double, jittered). With in-progress acks
+    /// turned off ([`progress_every`](Self::progress_every)`(None)`), an
+    /// outage longer than `ack_wait` costs deliveries. See
+    /// [`consume::through_outages`].
+    pub fn outage_retry(mut self, max: Duration) -> Self {
+        self.outage_retry = max.max(Duration::from_millis(1));
         self
     }
 
@@ -284,6 +300,7 @@ impl Consumer {
             pull_wait: self.pull_wait,
             max_in_flight: self.max_in_flight,
             dead_letter_subject: self.dead_letter_subject,
+            outage_retry: self.outage_retry,
             stats: Arc::default(),
         });
         let s = shared.clone();

@@ -104,6 +104,17 @@
 //! disconnected and sent after the reconnect is dropped by the stream's
 //! duplicate window when the relay has published it again meanwhile.
 //!
+//! A *database* outage under the consumer (the handler's database
+//! restarting: [`Error::is_outage`](idem_core::Error::is_outage), or a
+//! commit whose outcome is unknown) costs no delivery: the handler runs
+//! again in place, after 100 ms doubling to [`Consumer::outage_retry`]
+//! (default 1 s), with the delivery kept by in-progress acks, until the
+//! database is back; no nak, which the server would count against
+//! `max_deliver`, and never a dead letter. With in-progress acks off
+//! ([`Consumer::progress_every`]`(None)`) an outage longer than `ack_wait`
+//! costs a delivery per `ack_wait`. A consumer stopped during the outage
+//! naks what it holds (counted by the server, still no dead letter).
+//!
 //! # Example
 //!
 //! ```no_run

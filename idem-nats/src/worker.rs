@@ -14,6 +14,7 @@ use futures_util::{FutureExt, StreamExt};
 use idem_core::Error;
 use idem_core::backoff::Backoff;
 use idem_core::consume::{self, ConsumerStats, Counter, Failure, Running, Settle, Verdict};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -36,6 +37,7 @@ pub(super) struct Shared {
     pub(super) pull_wait: Duration,
     pub(super) max_in_flight: usize,
     pub(super) dead_letter_subject: Option<String>,
+    pub(super) outage_retry: Duration,
     pub(super) stats: Arc<ConsumerStats>,
 }
 
@@ -59,6 +61,9 @@ pub(super) async fn run(
 ) -> Result<(), Error> {
     let slots = Arc::new(Semaphore::new(shared.max_in_flight));
     let mut tasks = JoinSet::new();
+    // Ends the waits of handlers in an outage (`through_outages`) once the
+    // consumer stops.
+    let (ending, ending_rx) = watch::channel(false);
     'pulling: loop {
         while tasks.try_join_next().is_some() {}
         let first = tokio::select! {
@@ -102,8 +107,8 @@ pub(super) async fn run(
                 next = batch.next() => match next {
                     Some(Ok(m)) => match permits.pop() {
                         Some(permit) => {
-                            let s = shared.clone();
-                            tasks.spawn(async move { s.process(m, permit).await });
+                            let (s, ending) = (shared.clone(), ending_rx.clone());
+                            tasks.spawn(async move { s.process(m, permit, ending).await });
                         }
                         // More than asked for: never expected.
                         None => {
@@ -119,6 +124,7 @@ pub(super) async fn run(
             }
         }
     }
+    ending.send_replace(true);
     // In-flight handlers finish and settle their deliveries.
     while tasks.join_next().await.is_some() {}
     Ok(())
@@ -145,7 +151,12 @@ impl Shared {
         tracing::warn!(stream = %self.stream, consumer = %self.consumer, error = %format_args!("{e:#}"), "JetStream pull request failed; pulling again");
     }
 
-    async fn process(&self, m: JsMessage, _slot: OwnedSemaphorePermit) {
+    async fn process(
+        &self,
+        m: JsMessage,
+        _slot: OwnedSemaphorePermit,
+        mut ending: watch::Receiver<bool>,
+    ) {
         self.stats.count(Counter::Received);
         let meta = match m.info() {
             Ok(i) => Meta {
@@ -180,7 +191,14 @@ impl Shared {
         async move {
             let verdict = match message_id {
                 None => Err(Failure::unkeyed("Nats-Msg-Id header")),
-                Some(message_id) => self.handle(&m, message_id, &meta).await,
+                Some(id) => {
+                    // In-progress acks while the handler runs, and while
+                    // it waits out an outage in place.
+                    let run = || self.handle(&m, id.clone(), &meta);
+                    let waited =
+                        consume::through_outages(run, &mut ending, self.outage_retry, &self.stats);
+                    self.in_progress(&m, waited).await
+                }
             };
             let settling = Settling {
                 shared: self,
@@ -212,26 +230,27 @@ impl Shared {
             body: m.payload.to_vec(),
             headers: m.headers.clone().unwrap_or_default(),
         };
-        let mut job = match consume::start(&self.handler, message) {
-            Ok(job) => job,
-            Err(failure) => return Err(failure),
+        consume::run(&self.handler, message).await
+    }
+
+    /// Awaits `work`, sending an in-progress ack (`+WPI`) every
+    /// `progress` meanwhile so that the server does not deliver the
+    /// message again while it is in hand.
+    async fn in_progress(&self, m: &JsMessage, work: impl Future<Output = Verdict>) -> Verdict {
+        let Some(every) = self.progress else {
+            return work.await;
         };
-        let joined = match self.progress {
-            None => job.await,
-            Some(every) => {
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                loop {
-                    tokio::select! {
-                        joined = &mut job => break joined,
-                        _ = tick.tick() => match m.ack_with(AckKind::Progress).await {
-                            Ok(()) => self.stats.count(Counter::ProgressAck),
-                            Err(e) => tracing::debug!(error = %format_args!("{e:#}"), "in-progress ack not sent"),
-                        },
-                    }
-                }
+        let mut work = std::pin::pin!(work);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                verdict = &mut work => return verdict,
+                _ = tick.tick() => match m.ack_with(AckKind::Progress).await {
+                    Ok(()) => self.stats.count(Counter::ProgressAck),
+                    Err(e) => tracing::debug!(error = %format_args!("{e:#}"), "in-progress ack not sent"),
+                },
             }
-        };
-        consume::verdict(joined)
+        }
     }
 
     async fn nak(&self, m: &JsMessage, delay: Duration, reason: &str) {

@@ -73,6 +73,15 @@ pub(crate) struct SqlSet {
     /// Native placeholders.
     pub record_ttl_left: &'static str,
     /// Binds: key, biz_type, biz_no, fingerprint, ttl seconds. Native.
+    #[cfg_attr(
+        not(any(
+            feature = "sqlite",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "any"
+        )),
+        allow(dead_code)
+    )]
     pub claim_record: &'static str,
     /// Inserts a pending message unless `(topic, msg_id)` exists; only the
     /// duplicate is ignored. Binds: topic, msg_id, payload. Native

@@ -20,8 +20,10 @@ pub struct Failure {
     pub conflict: bool,
     /// Whether the attempt failed because the infrastructure was down
     /// ([`Error::is_outage`]): a broker connection that is gone, a
-    /// database that cannot be reached. The outbox relay does not count
-    /// such an attempt against `max_attempts`.
+    /// database that cannot be reached. Not an attempt: the outbox relay
+    /// gives it back uncounted, the broker consumers wait it out in place
+    /// ([`through_outages`](super::through_outages)), and
+    /// [`next`](Self::next) never makes it a dead letter.
     pub outage: bool,
 }
 
@@ -75,10 +77,15 @@ impl Failure {
     /// heals is dead at once; a retryable one is retried, unless `attempt`
     /// (from 1) is the last one allowed, `max` (`0`: no bound), and then
     /// it is dead with a reason that says so, "gave up after {attempt}
-    /// {counted}: …" (`counted`: "attempts", "deliveries").
+    /// {counted}: …" (`counted`: "attempts", "deliveries"). An
+    /// [`outage`](Self::outage) is retried whatever the attempt: the
+    /// infrastructure being down is no reason to dead-letter a message.
     pub fn next(self, attempt: u32, max: u32, counted: &str) -> Next {
+        let outage = self.outage && !crate::probe::broken(crate::probe::Break::OutageCounted);
         match self.retryable {
             false => Next::Dead(self.reason),
+            // An outage is no attempt: never a dead letter.
+            true if outage => Next::Retry(self.reason),
             true if max > 0 && attempt >= max => Next::Dead(format!(
                 "gave up after {attempt} {counted}: {}",
                 self.reason

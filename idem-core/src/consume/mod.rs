@@ -19,6 +19,10 @@
 //!   to: a retry, or a dead letter once no retry heals it or it was the
 //!   last attempt allowed; [`settle`] applies it through the broker's
 //!   [`Settle`];
+//! - an attempt that failed in an outage (the database down:
+//!   [`Failure::outage`]) is no attempt: [`through_outages`] runs the
+//!   handler again in place until the outage ends, and an outage is never
+//!   a dead letter;
 //! - a fan-out ([`fan_out`], [`Handling`]) makes one handler of several
 //!   subscribers: one message, several handlers, each acting once in its
 //!   own scope;
@@ -106,6 +110,7 @@
 mod failure;
 mod fan_out;
 mod handle;
+mod outage;
 mod run;
 mod settle;
 mod stats;
@@ -113,6 +118,7 @@ mod stats;
 pub use failure::{Failure, Next, Verdict};
 pub use fan_out::{Handling, Subscriber, add, fan_out};
 pub use handle::{ConsumerHandle, Running};
+pub use outage::{OUTAGE_RETRY, through_outages};
 pub use run::{Handler, Incoming, Inline, handler, inline, run, start, verdict};
 pub use settle::{Settle, settle};
 pub use stats::{ConsumerStats, Counter};

@@ -37,6 +37,14 @@ pub struct ConsumerStats {
     /// NATS: pull requests that failed (no responders, a connection
     /// gone); each was made again after a pause.
     pub(crate) pull_failures: AtomicU64,
+    /// Tries of a handler that failed in an outage (its database down)
+    /// and were run again in place, uncounted
+    /// ([`through_outages`](super::through_outages)).
+    pub(crate) outage_waits: AtomicU64,
+    /// AMQP: connections dialled again after the consumer's died (a
+    /// `Connector` with a URI). The NATS client reconnects on its own and
+    /// counts it itself (async-nats' `Client::statistics().connects`).
+    pub(crate) reconnects: AtomicU64,
 }
 
 impl ConsumerStats {
@@ -100,6 +108,20 @@ impl ConsumerStats {
         self.pull_failures
             .load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// Tries of a handler that failed in an outage (its database down)
+    /// and were run again in place, uncounted
+    /// ([`through_outages`](super::through_outages)).
+    pub fn outage_waits(&self) -> u64 {
+        self.outage_waits.load(Ordering::Relaxed)
+    }
+
+    /// AMQP: connections dialled again after the consumer's died (a
+    /// `Connector` with a URI). The NATS client reconnects on its own and
+    /// counts it itself (async-nats' `Client::statistics().connects`).
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
 }
 
 impl ConsumerStats {
@@ -113,6 +135,8 @@ impl ConsumerStats {
             Counter::ProgressAck => &self.progress_acks,
             Counter::SettleFailed => &self.settle_failed,
             Counter::PullFailure => &self.pull_failures,
+            Counter::OutageWait => &self.outage_waits,
+            Counter::Reconnect => &self.reconnects,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -146,4 +170,8 @@ pub enum Counter {
     SettleFailed,
     /// A pull request that failed.
     PullFailure,
+    /// A handler's try that failed in an outage, run again in place.
+    OutageWait,
+    /// A connection dialled again after the consumer's died.
+    Reconnect,
 }

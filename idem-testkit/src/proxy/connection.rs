@@ -60,6 +60,11 @@ async fn through_the_hole(shared: &Shared) {
 }
 
 async fn proxy_connection(mut client: TcpStream, shared: Arc<Shared>) {
+    let mut down = shared.down.subscribe();
+    if *down.borrow() {
+        // The server is down: the connection closes at once.
+        return;
+    }
     through_the_hole(&shared).await;
     let mut server = match TcpStream::connect(&shared.upstream).await {
         Ok(s) => s,
@@ -70,8 +75,11 @@ async fn proxy_connection(mut client: TcpStream, shared: Arc<Shared>) {
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    if let Err(e) = run_connection(&mut client, &mut server, &shared).await {
-        tracing::debug!("fault proxy: connection ended: {e}");
+    tokio::select! {
+        ended = run_connection(&mut client, &mut server, &shared) => if let Err(e) = ended {
+            tracing::debug!("fault proxy: connection ended: {e}");
+        },
+        _ = down.wait_for(|d| *d) => tracing::debug!("fault proxy: connection cut (the server is down)"),
     }
     // Both sockets are closed when dropped here.
 }

@@ -7,6 +7,8 @@
 //! `COMMIT`, lets the server commit and reply, then throws the reply away and
 //! closes both connections. The client sees an I/O error on commit while the
 //! server has in fact committed.
+//! It can take the server down as its clients see a restart
+//! ([`FaultProxy::set_down`]: every connection closed, new ones refused).
 //! It can also black-hole the path to the server
 //! ([`FaultProxy::set_black_hole`]): nothing delivered either way, nothing
 //! closed, until the hole is lifted.
@@ -126,6 +128,9 @@ struct Shared {
     /// Whether the path to the server is black-holed: nothing is
     /// delivered either way until it is lifted.
     black_hole: AtomicBool,
+    /// Whether the server is down: every connection closed, new ones
+    /// closed when accepted.
+    down: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -186,6 +191,7 @@ impl FaultProxy {
             begins_seen: AtomicU64::new(0),
             begins_held: AtomicU64::new(0),
             black_hole: AtomicBool::new(false),
+            down: tokio::sync::watch::Sender::new(false),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(FaultProxy {
@@ -264,6 +270,16 @@ impl FaultProxy {
     /// lifted, the connections go on where they were.
     pub fn set_black_hole(&self, on: bool) {
         self.shared.black_hole.store(on, Ordering::SeqCst);
+    }
+
+    /// Takes the server down (`true`) or brings it back (`false`), as its
+    /// clients see a restart: while it is down, every proxied connection
+    /// is closed at once (mid-statement, mid-transaction) and each new one
+    /// is closed as soon as it is accepted, so the client reads an I/O
+    /// error, never a reply; the server itself keeps running and rolls
+    /// back what the closed connections left open.
+    pub fn set_down(&self, down: bool) {
+        self.shared.down.send_replace(down);
     }
 
     /// How many `BEGIN`s (and `START TRANSACTION`s) were forwarded.

@@ -409,6 +409,7 @@ fn print(what: &str, f: &Figures) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn quorum_leader_killed_mid_run_double_0_lost_0_and_the_plain_control_doubles() {
     let _hooks = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
     let begun = Instant::now();
     let Some(cluster) = tokio::task::block_in_place(|| RabbitCluster::start(3)) else {
         return;

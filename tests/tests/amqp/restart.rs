@@ -238,6 +238,7 @@ fn check(r: &Run) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_sigterm_restart_dead_letters_nothing_and_acts_once() {
     let _hooks = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
     if let Some(r) = run(false).await {
         check(&r);
     }
@@ -246,6 +247,7 @@ async fn broker_sigterm_restart_dead_letters_nothing_and_acts_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_sigkill_restart_dead_letters_nothing_and_acts_once() {
     let _hooks = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
     if let Some(r) = run(true).await {
         check(&r);
     }
@@ -260,6 +262,7 @@ async fn broker_sigkill_restart_dead_letters_nothing_and_acts_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_outage_counted_as_attempts_dead_letters() {
     let _hooks = hooks::exclusive().await;
+    let _servers = hooks::own_servers().await;
     idem_runtime::testing::set_broken_outage_counted(true);
     let r = run(true).await;
     idem_runtime::testing::set_broken_outage_counted(false);

@@ -53,3 +53,14 @@ pub(crate) async fn exclusive() -> Exclusive {
 pub(crate) async fn shared() -> RwLockReadGuard<'static, ()> {
     SWITCHES.read().await
 }
+
+static SERVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Held (after [`shared`] or [`exclusive`]) by a test that starts server
+/// instances of its own (a cluster, a node it stops and starts again): one
+/// such test at a time in a binary, so that on a 2-core machine their
+/// servers do not starve each other into time-outs.
+#[allow(dead_code)] // the binaries without such tests (outbox)
+pub(crate) async fn own_servers() -> tokio::sync::MutexGuard<'static, ()> {
+    SERVERS.lock().await
+}

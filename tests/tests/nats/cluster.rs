@@ -16,6 +16,7 @@ use idem_testkit::cluster::nats::NatsCluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_stream_leader_mid_run_loses_nothing_and_doubles_nothing() {
     let _hooks = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
     let Some(pool) = idem_testkit::postgres(12).await else {
         return;
     };

@@ -16,6 +16,7 @@ mod common {
 }
 
 mod cluster;
+mod db_outage;
 mod end_to_end;
 mod fanout;
 mod restart;

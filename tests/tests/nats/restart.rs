@@ -169,6 +169,7 @@ fn check((dead, success, double, lost): (i64, i64, i64, i64)) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_sigterm_restart_dead_letters_nothing_and_acts_once() {
     let _hooks = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
     if let Some(r) = run(false).await {
         check(r);
     }
@@ -177,6 +178,7 @@ async fn server_sigterm_restart_dead_letters_nothing_and_acts_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_sigkill_restart_dead_letters_nothing_and_acts_once() {
     let _hooks = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
     if let Some(r) = run(true).await {
         check(r);
     }
@@ -191,6 +193,7 @@ async fn server_sigkill_restart_dead_letters_nothing_and_acts_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_outage_counted_as_attempts_dead_letters() {
     let _hooks = hooks::exclusive().await;
+    let _servers = hooks::own_servers().await;
     idem_runtime::testing::set_broken_outage_counted(true);
     let r = run(true).await;
     idem_runtime::testing::set_broken_outage_counted(false);
