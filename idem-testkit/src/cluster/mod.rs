@@ -12,7 +12,8 @@
 //! [`rabbitmq::RabbitCluster`], a RabbitMQ cluster (quorum queues);
 //! [`pg_standby::PgStandby`], a PostgreSQL primary and a standby promoted
 //! by hand; [`patroni::Patroni`], three PostgreSQL members managed by
-//! Patroni over etcd; both behind haproxy.
+//! Patroni over etcd; both behind haproxy; [`redis::RedisServer`], one
+//! `redis-server` to stop and start again.
 
 pub mod galera;
 #[cfg(feature = "nats")]
@@ -22,6 +23,7 @@ pub mod patroni;
 pub mod pg_standby;
 pub mod pgbouncer;
 pub mod rabbitmq;
+pub mod redis;
 
 use std::collections::HashMap;
 use std::fs::File;

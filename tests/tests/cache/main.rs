@@ -1,6 +1,6 @@
 //! The front cache (`idem-runtime/src/cache.rs`) on the real Redis: its
 //! markers answering duplicates, its time bound on a faulty Redis, its
-//! ttl, its metrics. One test binary, a module per file. Redis stopped
+//! ttl, its metrics. One test binary, a module per file. Redis restarted
 //! mid-run is `cache_outage.rs`, a binary of its own.
 
 #[path = "../common"]
