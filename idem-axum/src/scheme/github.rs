@@ -1,8 +1,7 @@
 //! GitHub: `X-Hub-Signature-256: sha256=<hex>`.
 
-use super::{
-    SerialRule, SignatureHeader, SignatureScheme, Verified, any_serial, header_str, hex_tag,
-};
+use super::keyed::body_signed;
+use super::{SerialRule, SignatureHeader, SignatureScheme, Verified, any_serial, hex_tag};
 use crate::refusal::{CallbackError, SerialFrom};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
@@ -77,17 +76,13 @@ impl SignatureScheme for GitHub {
         body: &Bytes,
         _now_unix_secs: i64,
     ) -> Result<Verified, CallbackError> {
-        let value = header_str(
-            headers,
+        body_signed(
             Self::HEADER,
-            CallbackError::MissingSignature,
-            CallbackError::MalformedSignature,
-        )?;
-        let header = Self::parse_header(value)?;
-        if !self.secrets.verify(&[body], &header.signatures) {
-            return Err(CallbackError::BadSignature);
-        }
-        let serial = self.serial.read(headers, body)?;
-        Ok(Verified::new(Some(serial), None, body.clone()))
+            Self::parse_header,
+            &self.secrets,
+            &self.serial,
+            headers,
+            body,
+        )
     }
 }

@@ -76,6 +76,7 @@
 mod adyen;
 mod alipay;
 mod github;
+mod keyed;
 mod paddle;
 mod shopify;
 mod standard;

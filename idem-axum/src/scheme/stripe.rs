@@ -1,9 +1,7 @@
 //! Stripe: `Stripe-Signature: t=…,v1=…`.
 
-use super::{
-    SerialRule, SignatureHeader, SignatureScheme, Verified, any_serial, header_str, hex_tag,
-    unix_secs, within,
-};
+use super::keyed::TimedHex;
+use super::{SerialRule, SignatureHeader, SignatureScheme, Verified, any_serial};
 use crate::refusal::{CallbackError, SerialFrom};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
@@ -28,6 +26,15 @@ pub struct Stripe {
 impl Stripe {
     /// The header's name.
     pub const HEADER: &'static str = "stripe-signature";
+
+    /// The header's spelling and the signed bytes' joint.
+    const LAYOUT: TimedHex = TimedHex {
+        header: Self::HEADER,
+        items: ',',
+        time: "t",
+        tag: "v1",
+        joint: b".",
+    };
 
     /// Callbacks signed with the endpoint's `secret` (`whsec_…`).
     pub fn new(secret: impl Into<Vec<u8>>) -> Self {
@@ -60,42 +67,18 @@ impl Stripe {
     /// Parses a `Stripe-Signature` value: `t` once, every `v1`, other
     /// schemes skipped.
     pub fn parse_header(value: &str) -> Result<SignatureHeader, CallbackError> {
-        let mut t = None;
-        let mut v1 = Vec::new();
-        for item in value.split(',') {
-            let (k, v) = item
-                .split_once('=')
-                .ok_or(CallbackError::MalformedSignature)?;
-            match k {
-                "t" if t.is_some() => return Err(CallbackError::MalformedTimestamp),
-                "t" => t = Some(unix_secs(v).ok_or(CallbackError::MalformedTimestamp)?),
-                "v1" => v1.push(hex_tag(v)?),
-                _ => {}
-            }
-        }
-        let t = t.ok_or(CallbackError::MissingTimestamp)?;
-        if v1.is_empty() {
-            return Err(CallbackError::MissingSignature);
-        }
-        Ok(SignatureHeader::new(Some(t), v1))
+        Self::LAYOUT.parse(value)
     }
 
     /// Writes a `Stripe-Signature` value (lower-case hex).
     pub fn format_header(header: &SignatureHeader) -> String {
-        let mut s = format!("t={}", header.timestamp.unwrap_or_default());
-        for sig in &header.signatures {
-            s.push_str(",v1=");
-            s.push_str(&hex::encode(sig));
-        }
-        s
+        Self::LAYOUT.format(header)
     }
 
     /// The header Stripe sends with `body` at `timestamp`, one `v1` per
     /// active secret (the platform's side: for simulators and tests).
     pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
-        let t = timestamp.to_string();
-        let sigs = self.secrets.sign(&[t.as_bytes(), b".", body]);
-        Self::format_header(&SignatureHeader::new(Some(timestamp), sigs))
+        Self::LAYOUT.sign(&self.secrets, timestamp, body)
     }
 }
 
@@ -106,23 +89,13 @@ impl SignatureScheme for Stripe {
         body: &Bytes,
         now_unix_secs: i64,
     ) -> Result<Verified, CallbackError> {
-        let value = header_str(
+        Self::LAYOUT.verify(
+            &self.secrets,
+            self.tolerance,
+            &self.serial,
             headers,
-            Self::HEADER,
-            CallbackError::MissingSignature,
-            CallbackError::MalformedSignature,
-        )?;
-        let header = Self::parse_header(value)?;
-        let t = header.timestamp.unwrap_or_default();
-        let ts = t.to_string();
-        if !self
-            .secrets
-            .verify(&[ts.as_bytes(), b".", body], &header.signatures)
-        {
-            return Err(CallbackError::BadSignature);
-        }
-        within(t, now_unix_secs, self.tolerance)?;
-        let serial = self.serial.read(headers, body)?;
-        Ok(Verified::new(Some(serial), Some(t), body.clone()))
+            body,
+            now_unix_secs,
+        )
     }
 }
