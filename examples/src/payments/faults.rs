@@ -1,6 +1,6 @@
 //! A lossy network between the platform and the merchant.
 
-use super::service::error;
+use super::protocol::error;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;

@@ -1,7 +1,7 @@
 //! The `#[idempotent]` handler: the record, and the order's state as
 //! secondary verification, in one transaction.
 
-use super::protocol::{Callback, Receipt, validate_serial};
+use super::protocol::{Payment, Receipt, validate_key};
 use super::{PAID, PENDING_PAYMENT};
 use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
@@ -27,11 +27,11 @@ pub enum PaymentError {
         /// The callback's amount.
         got: i64,
     },
-    /// The order is already paid by another serial.
+    /// The order is already paid by another serial (or platform).
     AlreadyPaid {
         /// The order.
         order_id: i64,
-        /// The serial that paid it.
+        /// Who paid it: `<platform>:<serial>`.
         by_serial: String,
     },
     /// The order is neither awaiting payment nor paid.
@@ -96,117 +96,135 @@ impl From<sqlx::Error> for PaymentError {
     }
 }
 
-/// Books a payment callback once, whatever the number of deliveries.
+/// Books a verified payment once, whatever the number of deliveries.
 ///
-/// Generated signature: `apply_callback(source: impl Into<Source<'_,
-/// Postgres>>, cb: &Callback) -> Result<Outcome<Receipt>, idem_runtime::Error>`.
-/// The key `pay-callback:<serial>` is validated ([`validate_serial`]) before
-/// the transaction begins. Then, in ONE transaction: the idempotency record
-/// (a repeat answers `Duplicate(Some(stored receipt))`, another payload
-/// under the same serial `KeyConflict`), this body — the order's state as
-/// secondary verification, the guarded `PENDING_PAYMENT → PAID` flip, the
-/// ledger row — the stored receipt, the commit.
+/// Generated signature: `apply_payment(source: impl Into<Source<'_,
+/// Postgres>>, p: &Payment) -> Result<Outcome<Receipt>, idem_runtime::Error>`.
+/// The key `pay-callback:<platform>:<serial>` is validated
+/// ([`validate_key`]) before the transaction begins. Then, in ONE
+/// transaction: the idempotency record (a repeat answers
+/// `Duplicate(Some(stored receipt))`, another payment under the same serial
+/// `KeyConflict`), this body — the order's state as secondary verification,
+/// the guarded `PENDING_PAYMENT → PAID` flip, the ledger row — the stored
+/// receipt, the commit.
 #[idempotent(
-    key = "pay-callback:{cb.serial}",
+    key = "pay-callback:{p.platform}:{p.serial}",
     strategy = record,
     biz_type = "payment_callback",
-    biz_no = cb.order_id,
-    validate = validate_serial,
+    biz_no = p.order_id,
+    validate = validate_key,
     ttl = "30d",
-    fingerprint = [cb],
+    fingerprint = [p],
 )]
-pub async fn apply_callback(
+pub async fn apply_payment(
     tx: &mut Transaction<'_, Postgres>,
-    cb: &Callback,
+    p: &Payment,
 ) -> Result<Receipt, PaymentError> {
+    let by = paid_by(p);
     // The order, locked: concurrent callbacks for the same order (other
-    // serials) queue here.
+    // serials, other platforms) queue here.
     let order: Option<(i64, String, Option<String>)> = sqlx::query_as(
-        "SELECT amount_cents, status, paid_serial FROM pay_orders WHERE id = $1 FOR UPDATE",
+        "SELECT amount_cents, status, paid_by FROM merchant_orders WHERE id = $1 FOR UPDATE",
     )
-    .bind(cb.order_id)
+    .bind(p.order_id)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((amount, status, paid_serial)) = order else {
+    let Some((amount, status, paid)) = order else {
         return Err(PaymentError::UnknownOrder {
-            order_id: cb.order_id,
+            order_id: p.order_id,
         });
     };
     if status == PAID {
-        let by_serial = paid_serial.unwrap_or_default();
-        if by_serial != cb.serial {
-            return Err(PaymentError::AlreadyPaid {
-                order_id: cb.order_id,
-                by_serial,
-            });
-        }
-        // Paid by this very serial, yet no idempotency record (it was
-        // archived): the order's state is the proof the action happened.
-        // Answer with the same receipt, rebuilt from the ledger.
-        let booked: (i64, i64, String) = sqlx::query_as(
-            r#"SELECT order_id, amount_cents,
-                      to_char(paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-                 FROM pay_payments WHERE serial = $1"#,
-        )
-        .bind(&cb.serial)
-        .fetch_one(&mut **tx)
-        .await?;
-        if (booked.0, booked.1) != (cb.order_id, cb.amount_cents) {
-            return Err(PaymentError::SerialReused {
-                serial: cb.serial.clone(),
-            });
-        }
-        return Ok(receipt(cb, booked.2));
+        return already_paid(tx, p, paid.unwrap_or_default()).await;
     }
     if status != PENDING_PAYMENT {
         return Err(PaymentError::NotPayable {
-            order_id: cb.order_id,
+            order_id: p.order_id,
             status,
         });
     }
-    if amount != cb.amount_cents {
+    if amount != p.amount_cents {
         return Err(PaymentError::AmountMismatch {
-            order_id: cb.order_id,
+            order_id: p.order_id,
             expected: amount,
-            got: cb.amount_cents,
+            got: p.amount_cents,
         });
     }
     // The guarded transition: exactly one row, or roll everything back.
     let flipped = sqlx::query(
-        "UPDATE pay_orders SET status = $1, paid_serial = $2, updated_at = now() \
+        "UPDATE merchant_orders SET status = $1, paid_by = $2, updated_at = now() \
          WHERE id = $3 AND status = $4",
     )
     .bind(PAID)
-    .bind(&cb.serial)
-    .bind(cb.order_id)
+    .bind(&by)
+    .bind(p.order_id)
     .bind(PENDING_PAYMENT)
     .execute(&mut **tx)
     .await?
     .rows_affected();
     if flipped != 1 {
         return Err(PaymentError::NotPayable {
-            order_id: cb.order_id,
+            order_id: p.order_id,
             status: format!("changed concurrently ({flipped} rows flipped)"),
         });
     }
     let paid_at: String = sqlx::query_scalar(
-        r#"INSERT INTO pay_payments (serial, order_id, amount_cents) VALUES ($1, $2, $3)
+        r#"INSERT INTO merchant_payments (platform, serial, order_id, amount_cents)
+           VALUES ($1, $2, $3, $4)
            RETURNING to_char(paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"#,
     )
-    .bind(&cb.serial)
-    .bind(cb.order_id)
-    .bind(cb.amount_cents)
+    .bind(&p.platform)
+    .bind(&p.serial)
+    .bind(p.order_id)
+    .bind(p.amount_cents)
     .fetch_one(&mut **tx)
     .await?;
-    Ok(receipt(cb, paid_at))
+    Ok(receipt(p, paid_at))
 }
 
-fn receipt(cb: &Callback, paid_at: String) -> Receipt {
+/// `<platform>:<serial>`: who paid an order (`merchant_orders.paid_by`).
+pub fn paid_by(p: &Payment) -> String {
+    format!("{}:{}", p.platform, p.serial)
+}
+
+/// A payment for an order already `PAID` (by `paid`): a second payment
+/// unless it is this very one, found without its idempotency record (it
+/// was archived): then the order's state is the proof the action happened,
+/// and the answer the same receipt, rebuilt from the ledger.
+async fn already_paid(
+    tx: &mut Transaction<'_, Postgres>,
+    p: &Payment,
+    paid: String,
+) -> Result<Receipt, PaymentError> {
+    if paid != paid_by(p) {
+        return Err(PaymentError::AlreadyPaid {
+            order_id: p.order_id,
+            by_serial: paid,
+        });
+    }
+    let booked: (i64, i64, String) = sqlx::query_as(
+        r#"SELECT order_id, amount_cents,
+                  to_char(paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+             FROM merchant_payments WHERE platform = $1 AND serial = $2"#,
+    )
+    .bind(&p.platform)
+    .bind(&p.serial)
+    .fetch_one(&mut **tx)
+    .await?;
+    if (booked.0, booked.1) != (p.order_id, p.amount_cents) {
+        return Err(PaymentError::SerialReused {
+            serial: p.serial.clone(),
+        });
+    }
+    Ok(receipt(p, booked.2))
+}
+
+fn receipt(p: &Payment, paid_at: String) -> Receipt {
     Receipt {
-        result: "SUCCESS".into(),
-        serial: cb.serial.clone(),
-        order_id: cb.order_id,
-        amount_cents: cb.amount_cents,
+        platform: p.platform.clone(),
+        serial: p.serial.clone(),
+        order_id: p.order_id,
+        amount_cents: p.amount_cents,
         order_status: PAID.into(),
         paid_at,
     }

@@ -1,7 +1,8 @@
-//! The simulated payment platform: it signs, pushes, and retries.
+//! The simulated payment platforms' delivery: each attempt signed, pushed,
+//! and retried.
 
-use super::protocol::{Callback, verifier};
-use super::{CALLBACK_PATH, REPLAY_HEADER};
+use super::REPLAY_HEADER;
+use super::notify::{Charge, Notification, PlatformKeys};
 use idem_runtime::backoff::Backoff;
 use std::time::Duration;
 
@@ -56,17 +57,19 @@ impl std::fmt::Display for GaveUp {
 
 impl std::error::Error for GaveUp {}
 
-/// A simulated third-party payment platform: it signs each callback with
-/// the shared secret and the time of the attempt, POSTs it to the
-/// merchant, and — its retry policy — pushes it again after any non-200
-/// answer, a time-out or a connection error, with exponential back-off, at
+/// The simulated third-party payment platforms (Stripe, Alipay, WeChat
+/// Pay): each builds its notification of a [`Charge`] as that platform does
+/// ([`Notification`]), signs each attempt with `keys` and the time of the
+/// attempt, POSTs it to the merchant's route for that platform, and — the
+/// platforms' retry policy — pushes it again after any answer that is not
+/// 200, a time-out or a connection error, with exponential back-off, at
 /// most `max_retries` more times.
 #[derive(Debug, Clone)]
 pub struct Platform {
     /// The merchant's base URL, e.g. `http://127.0.0.1:8080`.
     pub base_url: String,
-    /// The HMAC key shared with the merchant.
-    pub secret: Vec<u8>,
+    /// The platforms' signing keys.
+    pub keys: PlatformKeys,
     /// Retries after the first attempt.
     pub max_retries: u32,
     /// How long one attempt may take (connect and answer).
@@ -77,34 +80,42 @@ pub struct Platform {
 }
 
 impl Platform {
-    /// A platform calling `base_url`: 5 retries, 2 s time-out, 100 ms back-off.
-    pub fn new(base_url: impl Into<String>, secret: impl Into<Vec<u8>>) -> Self {
+    /// The platforms calling `base_url` with the demo's keys: 5 retries,
+    /// 2 s time-out, 100 ms back-off.
+    pub fn new(base_url: impl Into<String>) -> Self {
         Platform {
             base_url: base_url.into(),
-            secret: secret.into(),
+            keys: PlatformKeys::demo(),
             max_retries: 5,
             timeout: Duration::from_secs(2),
             backoff: Duration::from_millis(100),
         }
     }
 
-    /// Delivers `callback` until the merchant answers 200 or the retries
-    /// run out. Every attempt sends the same bytes, signed anew with the
-    /// time of the attempt.
-    pub async fn deliver(&self, callback: &Callback) -> Result<Delivered, GaveUp> {
-        let body = serde_json::to_vec(callback).expect("a callback serializes");
-        self.deliver_raw(body).await
+    /// The notification of `charge`, as its platform builds it now.
+    pub fn notification(&self, charge: &Charge) -> Notification {
+        Notification::new(&self.keys, charge, unix_now())
     }
 
-    /// Delivers a raw body, signed with this platform's secret (to send
-    /// malformed callbacks in tests and demos).
-    pub async fn deliver_raw(&self, body: Vec<u8>) -> Result<Delivered, GaveUp> {
+    /// Delivers the notification of `charge` until the merchant answers 200
+    /// or the retries run out.
+    pub async fn deliver(&self, charge: &Charge) -> Result<Delivered, GaveUp> {
+        self.deliver_notification(&self.notification(charge)).await
+    }
+
+    /// Delivers `notification`: every attempt sends the same body, its
+    /// headers signed anew with the time of the attempt where the platform
+    /// signs one (Stripe, WeChat Pay).
+    pub async fn deliver_notification(
+        &self,
+        notification: &Notification,
+    ) -> Result<Delivered, GaveUp> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .build()
             .expect("an HTTP client without TLS builds");
-        let url = format!("{}{CALLBACK_PATH}", self.base_url.trim_end_matches('/'));
-        let signer = verifier(self.secret.clone());
+        let base = self.base_url.trim_end_matches('/');
+        let url = format!("{base}{}", notification.path);
         // The `k`-th retry waits `backoff · 2^(k-1)`, at most 32 times `backoff`.
         let backoff = Backoff::new(self.backoff, self.backoff.saturating_mul(32));
         let mut history = Vec::new();
@@ -116,11 +127,11 @@ impl Platform {
             let mut req = client
                 .post(&url)
                 .timeout(self.timeout)
-                .header(reqwest::header::CONTENT_TYPE, "application/json");
-            for (name, value) in signer.signed_headers(&body) {
+                .header(reqwest::header::CONTENT_TYPE, notification.content_type);
+            for (name, value) in notification.headers(unix_now()) {
                 req = req.header(name, value);
             }
-            let sent = req.body(body.clone()).send().await;
+            let sent = req.body(notification.body.clone()).send().await;
             // The answer's body is read under the same time-out.
             let answer = match sent {
                 Ok(resp) => {
@@ -164,4 +175,10 @@ impl Platform {
             history,
         })
     }
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0, |d| d.as_secs() as i64)
 }

@@ -1,48 +1,46 @@
-//! The callback, its answers, and the checks of externally supplied data:
-//! the serial's format, and the platform's signature (the runtime's
-//! [`CallbackVerifier`], configured).
+//! The merchant's vocabulary: one [`Payment`] whatever the platform, its
+//! answers, and the formats of the platforms' serials (the checks the
+//! presets run before anything touches the database).
 
-use super::{KEY_PREFIX, SERIAL_DIGITS, SERIAL_PREFIX, SIGNATURE_HEADER, TIMESTAMP_HEADER};
-use axum::http::HeaderName;
-use idem_runtime::http::{CallbackVerifier, SerialFrom};
+use super::KEY_PREFIX;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-// ---- the callback and the answers ------------------------------------------
+/// Stripe, in keys and in the ledger's `platform` column.
+pub const STRIPE: &str = "stripe";
+/// Alipay.
+pub const ALIPAY: &str = "alipay";
+/// WeChat Pay.
+pub const WECHATPAY: &str = "wechatpay";
 
-/// A payment platform's callback: "order `order_id` was paid
-/// `amount_cents` under `serial`". Unknown JSON fields are ignored (and not
-/// part of the fingerprint).
+// ---- the payment and the answers -------------------------------------------
+
+/// What a verified success notification says, read from the platform's
+/// signed payload: "order `order_id` was paid `amount_cents` under the
+/// platform's `serial`". The idempotency key is the platform and its
+/// serial; the whole payment is the record's fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Callback {
-    /// The platform's payment serial: `PAY` + 20 digits. The idempotency key.
+pub struct Payment {
+    /// [`STRIPE`], [`ALIPAY`] or [`WECHATPAY`].
+    pub platform: String,
+    /// The platform's serial as its preset read it: Stripe's event id
+    /// (`evt_…`), Alipay's `trade_no`, WeChat Pay's `transaction_id`.
     pub serial: String,
     /// The merchant's order.
     pub order_id: i64,
-    /// The amount paid, in cents.
+    /// The amount paid, in cents (fen: the orders are priced in CNY).
     pub amount_cents: i64,
-    /// The payment's status; only `"SUCCESS"` is accepted.
-    pub status: String,
 }
 
-impl Callback {
-    /// A successful payment of `amount_cents` for `order_id` under `serial`.
-    pub fn success(serial: impl Into<String>, order_id: i64, amount_cents: i64) -> Self {
-        Callback {
-            serial: serial.into(),
-            order_id,
-            amount_cents,
-            status: "SUCCESS".into(),
-        }
-    }
-}
-
-/// The 200 answer: what was booked. Stored by the `record` strategy and
-/// replayed, unchanged, to every repetition of the callback.
+/// What was booked: stored by the `record` strategy and replayed, unchanged,
+/// to every repetition of the callback (the body of Stripe's and WeChat
+/// Pay's 200; Alipay reads `success` instead).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Receipt {
-    /// Always `"SUCCESS"` (what payment platforms expect to read).
-    pub result: String,
-    /// The payment serial.
+    /// The platform that notified.
+    pub platform: String,
+    /// Its serial.
     pub serial: String,
     /// The order paid.
     pub order_id: i64,
@@ -54,7 +52,9 @@ pub struct Receipt {
     pub paid_at: String,
 }
 
-/// The body of every non-200 answer.
+/// The body of the service's own refusals (WeChat Pay's documented
+/// failure shape, `{"code":…,"message":…}`; Stripe and Alipay only read
+/// the status, or that the body is not `success`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     /// A stable machine-readable code (see the module's table).
@@ -63,54 +63,113 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-// ---- validation of externally supplied data ---------------------------------
+/// A verified callback turned away before the database: the answer's
+/// status, its [`ErrorBody`] code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// 400 or 422.
+    pub status: StatusCode,
+    /// `BAD_REQUEST`, `UNSUPPORTED_STATUS`, `OTHER_MERCHANT` or
+    /// `AMOUNT_MISMATCH`.
+    pub code: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
 
-/// The serial format: `PAY` followed by exactly [`SERIAL_DIGITS`] ASCII
-/// digits, e.g. `PAY00000000000000000042`. Anything else — path fragments,
-/// over-long strings, other alphabets, control characters — is rejected.
-pub fn check_serial(serial: &str) -> Result<(), String> {
-    let shown: String = serial
-        .chars()
+impl Rejection {
+    /// A 400 `BAD_REQUEST`: the signed payload is not what the platform
+    /// documents.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Rejection::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
+    }
+
+    /// A 422: the payload is well-formed but not a payment of ours.
+    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+        Rejection::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+    }
+
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Rejection {
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        error(self.status, self.code, self.message)
+    }
+}
+
+/// An error answer: `status` with an [`ErrorBody`].
+pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = ErrorBody {
+        code: code.into(),
+        message: message.into(),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// At most 40 characters of `text`, escaped: what a message may echo of an
+/// input.
+pub(super) fn shown(text: &str) -> String {
+    text.chars()
         .take(40)
         .flat_map(char::escape_default)
-        .collect();
-    let Some(digits) = serial.strip_prefix(SERIAL_PREFIX) else {
-        return Err(format!(
-            "serial `{shown}` does not start with `{SERIAL_PREFIX}`"
-        ));
+        .collect()
+}
+
+// ---- the platforms' serials --------------------------------------------------
+
+/// Stripe's event ids: `evt_` and 1 to 64 ASCII letters and digits.
+pub fn check_stripe_serial(serial: &str) -> Result<(), String> {
+    match serial.strip_prefix("evt_") {
+        Some(rest)
+            if (1..=64).contains(&rest.len())
+                && rest.bytes().all(|b| b.is_ascii_alphanumeric()) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "`{}` is not a Stripe event id (evt_ and 1 to 64 letters or digits)",
+            shown(serial)
+        )),
+    }
+}
+
+/// Alipay's `trade_no` and WeChat Pay's `transaction_id`: 16 to 32 ASCII
+/// digits.
+pub fn check_digits_serial(serial: &str) -> Result<(), String> {
+    if (16..=32).contains(&serial.len()) && serial.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(());
+    }
+    Err(format!("`{}` is not 16 to 32 ASCII digits", shown(serial)))
+}
+
+/// The `validate` function of [`apply_payment`](super::apply_payment): the
+/// whole key, `pay-callback:<platform>:<serial>`, checked again before the
+/// transaction begins.
+pub fn validate_key(key: &str) -> Result<(), String> {
+    let Some(rest) = key.strip_prefix(KEY_PREFIX) else {
+        return Err(format!("key does not start with `{KEY_PREFIX}`"));
     };
-    if digits.len() != SERIAL_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "serial `{shown}` is not `{SERIAL_PREFIX}` followed by {SERIAL_DIGITS} digits"
-        ));
-    }
-    Ok(())
-}
-
-/// The `validate` function of [`apply_callback`](super::apply_callback): it receives the whole
-/// derived key (`pay-callback:<serial>`), not the serial alone.
-pub fn validate_serial(key: &str) -> Result<(), String> {
-    match key.strip_prefix(KEY_PREFIX) {
-        Some(serial) => check_serial(serial),
-        None => Err(format!("key does not start with `{KEY_PREFIX}`")),
+    match rest.split_once(':') {
+        Some((STRIPE, serial)) => check_stripe_serial(serial),
+        Some((ALIPAY | WECHATPAY, serial)) => check_digits_serial(serial),
+        _ => Err(format!("`{}` names no platform", shown(rest))),
     }
 }
 
-/// The serial numbered `n`: `PAY` and `n` on 20 digits.
-pub fn serial(n: u64) -> String {
-    format!("{SERIAL_PREFIX}{n:0width$}", width = SERIAL_DIGITS)
-}
-
-/// The merchant's check of the platform's callbacks, the runtime's
-/// [`CallbackVerifier`]: `X-Signature: hex(hmac_sha256(secret,
-/// "{X-Timestamp}.{raw body}"))`, compared in constant time; a timestamp
-/// more than 5 minutes from now refused (an old callback sent again); the
-/// serial read from the body's `serial` field and checked by
-/// [`check_serial`] before anything touches the database.
-pub fn verifier(secret: impl Into<Vec<u8>>) -> CallbackVerifier {
-    CallbackVerifier::new(secret)
-        .signature_header(HeaderName::from_static(SIGNATURE_HEADER))
-        .timestamp_header(HeaderName::from_static(TIMESTAMP_HEADER))
-        .tolerance(std::time::Duration::from_secs(300))
-        .serial(SerialFrom::JsonField("serial"), check_serial)
+/// The `n`-th serial of `platform`, as the simulated platform numbers them:
+/// `evt_` and `n` on 24 digits for Stripe, `2026` (Alipay) or `4200`
+/// (WeChat Pay) and `n` on 24 digits.
+pub fn serial(platform: &str, n: u64) -> String {
+    match platform {
+        STRIPE => format!("evt_{n:024}"),
+        ALIPAY => format!("2026{n:024}"),
+        _ => format!("4200{n:024}"),
+    }
 }

@@ -3,7 +3,7 @@
 use super::PENDING_PAYMENT;
 use sqlx::PgPool;
 
-/// Creates idem's tables and the example's (`pay_orders`, `pay_payments`)
+/// Creates idem's tables and the example's (`merchant_orders`, `merchant_payments`)
 /// if they do not exist. Safe to run twice, and concurrently.
 pub async fn migrate(pool: &PgPool) -> Result<(), idem_runtime::Error> {
     idem_runtime::migrate(pool).await?;
@@ -14,26 +14,29 @@ pub async fn migrate(pool: &PgPool) -> Result<(), idem_runtime::Error> {
         .execute(&mut *tx)
         .await?;
     sqlx::query(
-        "CREATE TABLE IF NOT EXISTS pay_orders (
+        "CREATE TABLE IF NOT EXISTS merchant_orders (
             id BIGINT PRIMARY KEY,
             amount_cents BIGINT NOT NULL CHECK (amount_cents > 0),
             status VARCHAR(32) NOT NULL DEFAULT 'PENDING_PAYMENT',
-            paid_serial VARCHAR(32),
+            paid_by VARCHAR(96),
             created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
             updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            CONSTRAINT ck_pay_orders_status CHECK (status IN ('PENDING_PAYMENT', 'PAID', 'CANCELLED')),
-            CONSTRAINT ck_pay_orders_paid CHECK ((status = 'PAID') = (paid_serial IS NOT NULL))
+            CONSTRAINT ck_merchant_orders_status
+                CHECK (status IN ('PENDING_PAYMENT', 'PAID', 'CANCELLED')),
+            CONSTRAINT ck_merchant_orders_paid CHECK ((status = 'PAID') = (paid_by IS NOT NULL))
         )",
     )
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "CREATE TABLE IF NOT EXISTS pay_payments (
-            serial VARCHAR(32) PRIMARY KEY,
-            order_id BIGINT NOT NULL REFERENCES pay_orders (id),
+        "CREATE TABLE IF NOT EXISTS merchant_payments (
+            platform VARCHAR(16) NOT NULL,
+            serial VARCHAR(80) NOT NULL,
+            order_id BIGINT NOT NULL REFERENCES merchant_orders (id),
             amount_cents BIGINT NOT NULL,
             paid_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            CONSTRAINT uk_pay_payments_order UNIQUE (order_id)
+            PRIMARY KEY (platform, serial),
+            CONSTRAINT uk_merchant_payments_order UNIQUE (order_id)
         )",
     )
     .execute(&mut *tx)
@@ -44,7 +47,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), idem_runtime::Error> {
 
 /// Places an order awaiting a payment of `amount_cents`.
 pub async fn create_order(pool: &PgPool, id: i64, amount_cents: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO pay_orders (id, amount_cents, status) VALUES ($1, $2, $3)")
+    sqlx::query("INSERT INTO merchant_orders (id, amount_cents, status) VALUES ($1, $2, $3)")
         .bind(id)
         .bind(amount_cents)
         .bind(PENDING_PAYMENT)

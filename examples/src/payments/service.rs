@@ -1,145 +1,162 @@
-//! The HTTP service: `POST` [`CALLBACK_PATH`] and its answers.
+//! The HTTP service: one route per platform, each checked by idem's preset
+//! for that platform, and their answers.
 
-use super::handler::{PaymentError, apply_callback};
-use super::protocol::{Callback, ErrorBody, verifier};
-use super::{CALLBACK_PATH, MAX_BODY, REPLAY_HEADER};
-use axum::Router;
+use super::handler::{PaymentError, apply_payment};
+use super::keys::{
+    ALIPAY_PUBLIC_PEM, STRIPE_NEXT_SECRET, STRIPE_SECRET, WECHATPAY_APIV3_KEY, WECHATPAY_KEYS,
+};
+use super::protocol::{
+    Payment, Receipt, Rejection, check_digits_serial, check_stripe_serial, error,
+};
+use super::read::{alipay_payment, stripe_payment, wechatpay_payment};
+use super::{ALIPAY_PATH, MAX_BODY, REPLAY_HEADER, STRIPE_PATH, WECHATPAY_PATH};
 use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Json, Router};
 use idem_runtime::Outcome;
-use idem_runtime::http::{CallbackError, CallbackRejection, CallbackVerifier, SignedCallback};
+use idem_runtime::http::scheme::{Alipay, Stripe, WeChatPay, WeChatPaySerial};
+use idem_runtime::http::{SerialFrom, SignedCallback};
 use sqlx::PgPool;
 
-/// An error answer: `status` with an [`ErrorBody`].
-pub(super) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = ErrorBody {
-        code: code.into(),
-        message: message.into(),
-    };
-    (status, axum::Json(body)).into_response()
+/// What the merchant holds to check each platform's callbacks: idem's
+/// presets, configured.
+#[derive(Debug, Clone)]
+pub struct Merchant {
+    /// Stripe's endpoint secrets.
+    pub stripe: Stripe,
+    /// Alipay's public key.
+    pub alipay: Alipay,
+    /// WeChat Pay's platform keys and the APIv3 key.
+    pub wechatpay: WeChatPay,
+}
+
+impl Merchant {
+    /// The presets with the demo's keys ([`keys`](super::keys)).
+    pub fn demo() -> Self {
+        let [(id1, _, public1), (id2, _, public2)] = WECHATPAY_KEYS;
+        // README: payment_presets
+        // Stripe: both endpoint secrets while one rolls; the serial is the event's id.
+        let stripe = Stripe::new(STRIPE_SECRET)
+            .secret(STRIPE_NEXT_SECRET)
+            .serial(SerialFrom::JsonField("id"), check_stripe_serial);
+        // Alipay: its public key (RSA2); the serial is the trade's `trade_no`,
+        // one booking per trade whatever its notifications.
+        let alipay = Alipay::new(ALIPAY_PUBLIC_PEM)
+            .expect("an RSA public key")
+            .serial("trade_no", check_digits_serial);
+        // WeChat Pay: its platform keys by the name Wechatpay-Serial gives them
+        // (two during a rotation), the APIv3 key that decrypts the resource;
+        // the serial is the decrypted transaction_id.
+        let wechatpay = WeChatPay::new(id1, public1, WECHATPAY_APIV3_KEY)
+            .and_then(|w| w.key(id2, public2))
+            .expect("RSA public keys and a 32-byte APIv3 key")
+            .serial(
+                WeChatPaySerial::Resource("transaction_id"),
+                check_digits_serial,
+            );
+        // README: end
+        Merchant {
+            stripe,
+            alipay,
+            wechatpay,
+        }
+    }
 }
 
 #[derive(Clone)]
-struct AppState {
+struct App {
     pool: PgPool,
-    verifier: CallbackVerifier,
+    merchant: Merchant,
 }
 
-impl FromRef<AppState> for CallbackVerifier {
-    fn from_ref(app: &AppState) -> Self {
-        app.verifier.clone()
+impl FromRef<App> for Stripe {
+    fn from_ref(app: &App) -> Self {
+        app.merchant.stripe.clone()
     }
 }
 
-/// The service: `POST` [`CALLBACK_PATH`] (see the module's table of status
-/// codes). `secret` is the HMAC key shared with the payment platform.
-pub fn app(pool: PgPool, secret: impl Into<Vec<u8>>) -> Router {
-    let state = AppState {
-        pool,
-        verifier: verifier(secret),
-    };
+impl FromRef<App> for Alipay {
+    fn from_ref(app: &App) -> Self {
+        app.merchant.alipay.clone()
+    }
+}
+
+impl FromRef<App> for WeChatPay {
+    fn from_ref(app: &App) -> Self {
+        app.merchant.wechatpay.clone()
+    }
+}
+
+/// The service: `POST` [`STRIPE_PATH`], [`ALIPAY_PATH`] and
+/// [`WECHATPAY_PATH`] (see the module's table of answers).
+pub fn app(pool: PgPool, merchant: Merchant) -> Router {
     Router::new()
-        .route(CALLBACK_PATH, post(callback))
+        .route(STRIPE_PATH, post(stripe))
+        .route(ALIPAY_PATH, post(alipay))
+        .route(WECHATPAY_PATH, post(wechatpay))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state)
+        .with_state(App { pool, merchant })
 }
 
-/// A callback turned away before the database: the answer's status, its
-/// [`ErrorBody`] code and message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    /// 400, 401 or 422.
-    pub status: StatusCode,
-    /// `BAD_SIGNATURE`, `BAD_SERIAL`, `BAD_REQUEST` or `UNSUPPORTED_STATUS`.
-    pub code: &'static str,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl Rejection {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        let message = message.into();
-        Rejection {
-            status,
-            code,
-            message,
-        }
-    }
-
-    /// The runtime verifier's refusal (400 or 401) with this service's codes.
-    pub fn refused(e: &CallbackError) -> Self {
-        let code = if matches!(e, CallbackError::BadSerial(_)) {
-            "BAD_SERIAL"
-        } else {
-            "BAD_SIGNATURE"
-        };
-        Rejection::new(e.status(), code, e.to_string())
+// README: payment_routes
+// Each route's extractor checks its platform's signature before the handler (a refusal is
+// answered in the platform's format, before the database) and reads its serial.
+async fn stripe(State(app): State<App>, cb: SignedCallback<Stripe>) -> Response {
+    match book(&app.pool, stripe_payment(cb.serial(), cb.payload())).await {
+        Ok((receipt, replayed)) => answer(Json(receipt), replayed), // any 2xx stops Stripe
+        Err(refused) => refused,
     }
 }
 
-/// The callback in a verified body: the JSON ([`Callback`]) and its status
-/// (`SUCCESS`).
-pub fn read_callback(body: &[u8]) -> Result<Callback, Rejection> {
-    let cb: Callback = serde_json::from_slice(body)
-        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.to_string()))?;
-    if cb.status != "SUCCESS" {
-        let shown: String = cb
-            .status
-            .chars()
-            .take(40)
-            .flat_map(char::escape_default)
-            .collect();
-        return Err(Rejection::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "UNSUPPORTED_STATUS",
-            format!("status `{shown}` is not SUCCESS"),
-        ));
+async fn alipay(State(app): State<App>, cb: SignedCallback<Alipay>) -> Response {
+    match book(&app.pool, alipay_payment(cb.serial(), cb.payload())).await {
+        Ok((_, replayed)) => answer(cb.accepted(), replayed), // `success`, or Alipay retries
+        Err(refused) => refused,
     }
-    Ok(cb)
 }
 
-async fn callback(
-    State(app): State<AppState>,
-    signed: Result<SignedCallback, CallbackRejection>,
-) -> Response {
-    // 1. The signature and timestamp over the raw bytes, then the serial's
-    //    format (the runtime's extractor); the JSON; the status.
-    let signed = match signed {
-        Ok(signed) => signed,
-        Err(CallbackRejection::Refused(e)) => {
-            let r = Rejection::refused(&e);
-            return error(r.status, r.code, r.message);
-        }
-        // Over the body limit: axum's 413.
-        Err(other) => return other.into_response(),
-    };
-    let cb = match read_callback(&signed.body) {
-        Ok(cb) => cb,
-        Err(r) => return error(r.status, r.code, r.message),
-    };
-    // 2. The record and the order's state (the key's format checked again
-    //    by `validate`).
-    match apply_callback(&app.pool, &cb).await {
-        Ok(Outcome::Executed(r)) => (StatusCode::OK, axum::Json(r)).into_response(),
-        Ok(Outcome::Duplicate(Some(r))) => (
-            StatusCode::OK,
-            [(REPLAY_HEADER, HeaderValue::from_static("true"))],
-            axum::Json(r),
-        )
-            .into_response(),
-        // The record strategy always stores the receipt: not reached.
-        Ok(Outcome::Duplicate(None)) => error(
+async fn wechatpay(State(app): State<App>, cb: SignedCallback<WeChatPay>) -> Response {
+    // The payload is the resource, decrypted with the APIv3 key.
+    match book(&app.pool, wechatpay_payment(cb.serial(), cb.payload())).await {
+        Ok((receipt, replayed)) => answer(Json(receipt), replayed), // 200 stops WeChat Pay
+        Err(refused) => refused,
+    }
+}
+
+/// The payment booked once (`#[idempotent(strategy = record)]`, the order's state checked in
+/// the same transaction): its receipt, and whether it was stored by an earlier delivery.
+async fn book(
+    pool: &PgPool,
+    read: Result<Payment, Rejection>,
+) -> Result<(Receipt, bool), Response> {
+    let payment = read.map_err(IntoResponse::into_response)?;
+    match apply_payment(pool, &payment).await {
+        Ok(Outcome::Executed(receipt)) => Ok((receipt, false)),
+        Ok(Outcome::Duplicate(Some(receipt))) => Ok((receipt, true)),
+        Ok(Outcome::Duplicate(None)) => Err(error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "INTERNAL",
-            "duplicate without a stored receipt",
-        ),
-        Err(e) => error_response(&e),
+            "no receipt",
+        )),
+        Err(e) => Err(error_response(&e)), // 409 / 422 / 503 (the platform retries)
     }
 }
+// README: end
 
-/// The HTTP answer for an error of [`apply_callback`].
+/// `accepted`, marked `X-Idempotent-Replay: true` when an earlier delivery
+/// booked the payment.
+fn answer(accepted: impl IntoResponse, replayed: bool) -> Response {
+    let mut response = accepted.into_response();
+    if replayed {
+        let true_ = HeaderValue::from_static("true");
+        response.headers_mut().insert(REPLAY_HEADER, true_);
+    }
+    response
+}
+
+/// The HTTP answer for an error of [`apply_payment`].
 pub fn error_response(e: &idem_runtime::Error) -> Response {
     use idem_runtime::Error as E;
     let msg = e.to_string();
@@ -152,24 +169,24 @@ pub fn error_response(e: &idem_runtime::Error) -> Response {
         E::IllegalState { .. } => error(StatusCode::CONFLICT, "ORDER_NOT_PAYABLE", msg),
         E::Handler { source, .. } => match source.downcast_ref::<PaymentError>() {
             Some(p) => {
-                let (status, code) = match p {
-                    PaymentError::UnknownOrder { .. } => {
-                        (StatusCode::UNPROCESSABLE_ENTITY, "UNKNOWN_ORDER")
-                    }
-                    PaymentError::AmountMismatch { .. } => {
-                        (StatusCode::UNPROCESSABLE_ENTITY, "AMOUNT_MISMATCH")
-                    }
-                    PaymentError::AlreadyPaid { .. } => {
-                        (StatusCode::CONFLICT, "ORDER_ALREADY_PAID")
-                    }
-                    PaymentError::NotPayable { .. } => (StatusCode::CONFLICT, "ORDER_NOT_PAYABLE"),
-                    PaymentError::SerialReused { .. } => (StatusCode::CONFLICT, "SERIAL_REUSED"),
-                    PaymentError::Database(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
-                };
+                let (status, code) = payment_error_code(p);
                 error(status, code, p.to_string())
             }
             None => error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", msg),
         },
         _ => error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", msg),
+    }
+}
+
+fn payment_error_code(p: &PaymentError) -> (StatusCode, &'static str) {
+    match p {
+        PaymentError::UnknownOrder { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "UNKNOWN_ORDER"),
+        PaymentError::AmountMismatch { .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "AMOUNT_MISMATCH")
+        }
+        PaymentError::AlreadyPaid { .. } => (StatusCode::CONFLICT, "ORDER_ALREADY_PAID"),
+        PaymentError::NotPayable { .. } => (StatusCode::CONFLICT, "ORDER_NOT_PAYABLE"),
+        PaymentError::SerialReused { .. } => (StatusCode::CONFLICT, "SERIAL_REUSED"),
+        PaymentError::Database(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
     }
 }
