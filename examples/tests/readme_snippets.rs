@@ -3,7 +3,8 @@
 //! - Every ```rust block of `README.md` and of the guide's chapters
 //!   (`idem-runtime/src/guide/*.md`, but the `*.doctest.md` files, which
 //!   rustdoc runs as doctests) must be, byte for byte, a marked region of
-//!   `src/readme/` (`// README: <name>` … `// README: end`, without the
+//!   `src/readme/` or of the payment-callbacks example, `src/payments/`
+//!   (`// README: <name>` … `// README: end`, without the
 //!   region's common indentation), and every region must be shown by one
 //!   of them: an edit that drifts from the compiled code fails here,
 //!   listing the blocks.
@@ -140,16 +141,22 @@ fn shown_blocks() -> Vec<(String, usize, String)> {
     blocks
 }
 
+/// Where the regions are: the README's and the guide's own files, and the
+/// payment-callbacks example, whose routes the guide shows as they are
+/// (tested by `tests/payments.rs`).
+const REGION_DIRS: [&str; 2] = ["src/readme", "src/payments"];
+
 #[test]
 fn every_readme_and_guide_rust_block_is_a_compiled_region() {
     let blocks = shown_blocks();
     let mut marked = BTreeMap::new();
-    let dir = root().join("src/readme");
-    for entry in std::fs::read_dir(&dir).expect("src/readme") {
-        let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            let source = std::fs::read_to_string(&path).expect("source");
-            regions(&path, &source, &mut marked);
+    for dir in REGION_DIRS {
+        for entry in std::fs::read_dir(root().join(dir)).expect(dir) {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                let source = std::fs::read_to_string(&path).expect("source");
+                regions(&path, &source, &mut marked);
+            }
         }
     }
     let mut drifted = Vec::new();

@@ -35,8 +35,10 @@
 //!   run by `cargo test --doc`.
 //! - The examples that need a server (PostgreSQL, Redis, RabbitMQ, NATS)
 //!   are, byte for byte, marked regions of the repository's
-//!   `examples/src/readme/` files, compiled there and run against the real
-//!   servers by `examples/tests/readme_snippets.rs`, which also fails when
+//!   `examples/src/readme/` files (and of the payment-callbacks example,
+//!   `examples/src/payments/`, run by `examples/tests/payments.rs`),
+//!   compiled there and run against the real servers by
+//!   `examples/tests/readme_snippets.rs`, which also fails when
 //!   a ```` ```rust ```` block of a chapter is not such a region. These
 //!   chapters (the `.md` files beside this module) are therefore shown in
 //!   the documentation but not handed to rustdoc's doctest runner
