@@ -18,8 +18,8 @@
 //! 1. **The platform's own signature first.** Each platform has its route,
 //!    and each route's [`SignedCallback`](idem_runtime::http::SignedCallback)
 //!    extractor is idem's preset for that platform
-//!    ([`Merchant::demo`] configures them), which checks the *raw bytes*
-//!    before anything is parsed or touches the database:
+//!    ([`Merchant::demo`] configures them), which checks the platform's
+//!    signature before the handler runs, and so before the database:
 //!    - **Stripe** (`SignedCallback<Stripe>`): `Stripe-Signature: t=…,v1=…`,
 //!      the hex HMAC-SHA256 of `"{t}.{body}"` under an endpoint secret
 //!      (two are active while one rolls: Stripe sends a `v1` for each), `t`

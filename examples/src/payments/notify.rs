@@ -164,7 +164,7 @@ impl Notification {
             }
             Signing::InBody => Vec::new(),
             Signing::WeChatPay(serial, key) => {
-                let nonce = format!("{:032X}", fresh() as u128 * 0x9E37_79B9_7F4A_7C15);
+                let nonce = format!("{:032X}", fresh());
                 let mut message = format!("{now}\n{nonce}\n").into_bytes();
                 message.extend_from_slice(&self.body);
                 message.push(b'\n');
