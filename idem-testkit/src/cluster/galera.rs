@@ -439,7 +439,7 @@ const INNODB: [&str; 5] = [
     "--skip-name-resolve",
 ];
 
-fn system_user_exists(user: &str) -> bool {
+pub(super) fn system_user_exists(user: &str) -> bool {
     Command::new("id")
         .arg("-u")
         .arg(user)
@@ -447,7 +447,7 @@ fn system_user_exists(user: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn running_as_root() -> bool {
+pub(super) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

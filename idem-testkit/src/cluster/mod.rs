@@ -13,7 +13,8 @@
 //! [`pg_standby::PgStandby`], a PostgreSQL primary and a standby promoted
 //! by hand; [`patroni::Patroni`], three PostgreSQL members managed by
 //! Patroni over etcd; both behind haproxy; [`redis::RedisServer`], one
-//! `redis-server` to stop and start again.
+//! `redis-server` to stop and start again; [`single::Single`], one
+//! PostgreSQL or MariaDB server to stop and start again under a service.
 
 pub mod galera;
 #[cfg(feature = "nats")]
@@ -24,6 +25,7 @@ pub mod pg_standby;
 pub mod pgbouncer;
 pub mod rabbitmq;
 pub mod redis;
+pub mod single;
 
 use std::collections::HashMap;
 use std::fs::File;

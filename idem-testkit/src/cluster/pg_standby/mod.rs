@@ -50,11 +50,11 @@
 //! ```
 
 mod haproxy;
-mod node;
+pub(super) mod node;
 
 use super::{Proc, Scratch, as_user, free_port, need, wait_port};
 use haproxy::haproxy_config;
-use node::{Node, psql, server_command, wait_ready};
+use node::{Node, initdb, psql, run, server_command, wait_ready};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use std::path::Path;
@@ -98,20 +98,6 @@ pub struct PgStandby {
     scratch: Scratch,
 }
 
-/// Runs `cmd` to completion; panics with its output when it fails.
-fn run(what: &str, mut cmd: Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start ({cmd:?}): {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 impl PgStandby {
     /// Starts the primary, the standby (streaming, and for
     /// [`Replication::Synchronous`] the primary's synchronous standby) and
@@ -143,16 +129,7 @@ impl PgStandby {
         let sockets = scratch.path().to_owned();
         let (primary_data, standby_data) = (scratch.join("primary"), scratch.join("standby"));
 
-        let mut initdb = as_user("postgres", &format!("{BIN}/initdb"));
-        initdb.arg("-D").arg(&primary_data).args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        ]);
-        run("initdb", initdb);
+        initdb(&primary_data);
 
         let sync_names = match replication {
             Replication::Synchronous => STANDBY_NAME,

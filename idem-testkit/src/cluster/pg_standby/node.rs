@@ -56,7 +56,7 @@ impl Node {
 
 /// The postmaster of the data directory `data` (from `postmaster.pid`)
 /// and its children.
-fn instance_pids(data: &Path) -> Vec<u32> {
+pub(in crate::cluster) fn instance_pids(data: &Path) -> Vec<u32> {
     let Some(postmaster) = std::fs::read_to_string(data.join("postmaster.pid"))
         .ok()
         .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
@@ -70,7 +70,12 @@ fn instance_pids(data: &Path) -> Vec<u32> {
 }
 
 /// The settings both servers start with (`-c name=value`), and the port.
-pub(super) fn server_command(data: &Path, port: u16, sockets: &Path, extra: &[String]) -> Command {
+pub(in crate::cluster) fn server_command(
+    data: &Path,
+    port: u16,
+    sockets: &Path,
+    extra: &[String],
+) -> Command {
     let mut cmd = as_user("postgres", &format!("{BIN}/postgres"));
     cmd.arg("-D").arg(data).arg("-p").arg(port.to_string());
     let mut settings = vec![
@@ -98,7 +103,7 @@ pub(super) fn server_command(data: &Path, port: u16, sockets: &Path, extra: &[St
 
 /// Waits until the server on `port` accepts connections (past its start
 /// up), for at most `within`.
-pub(super) fn wait_ready(port: u16, within: Duration) -> bool {
+pub(in crate::cluster) fn wait_ready(port: u16, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         let ok = Command::new(format!("{BIN}/pg_isready"))
@@ -132,4 +137,29 @@ pub(super) fn psql(port: u16, query: &str) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default()
+}
+
+/// Runs `cmd` to completion; panics with its output when it fails.
+pub(in crate::cluster) fn run(what: &str, mut cmd: Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start ({cmd:?}): {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A new cluster's data directory in `data` (`initdb` as `postgres`, trust
+/// authentication, UTF-8, no sync).
+pub(in crate::cluster) fn initdb(data: &Path) {
+    let mut initdb = as_user("postgres", &format!("{BIN}/initdb"));
+    initdb
+        .arg("-D")
+        .arg(data)
+        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"]);
+    run("initdb", initdb);
 }
