@@ -13,6 +13,8 @@ pub(crate) struct Hold {
     /// Handlers held so far.
     held: AtomicUsize,
     open: Semaphore,
+    /// Attempts whose bookkeeping the relay could not write.
+    unrecorded: AtomicUsize,
 }
 
 impl Default for Hold {
@@ -21,6 +23,7 @@ impl Default for Hold {
             left: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             open: Semaphore::new(0),
+            unrecorded: AtomicUsize::new(0),
         }
     }
 }
@@ -34,6 +37,16 @@ impl Hold {
     /// How many handlers were held.
     pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Counts an attempt whose bookkeeping the relay could not write.
+    pub(crate) fn unrecorded(&self) {
+        self.unrecorded.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many attempts' bookkeeping the relay could not write.
+    pub(crate) fn unrecorded_count(&self) -> usize {
+        self.unrecorded.load(Ordering::SeqCst)
     }
 
     /// Lets every held handler (and every later one) go on.

@@ -74,7 +74,9 @@ macro_rules! restart_run {
         /// than twice the leases, the HTTP clients were refused (503)
         /// and, with the outbox up, 30 of the relay's attempts failed in
         /// it; the held handlers then let go (they fail in the outage,
-        /// their leases long gone), and the server started again on the
+        /// their leases long gone; with the outbox down, the server stays
+        /// down until the relay gave up booking their attempts), and the
+        /// server started again on the
         /// same port and data. Returns the outage's length.
         async fn outage(f: &Fixture, kill: bool, relay: &RelayHandle, hold: &Hold, seen: &Seen) -> Duration {
             let failed = |s: &idem_runtime::outbox::RelayStats| s.retried() + s.dead_lettered();
@@ -90,9 +92,16 @@ macro_rules! restart_run {
             })
             .await;
             hold.open();
-            // Their calls wait out the pool's acquire time-out (1 s) in
-            // the outage (coverage only: the checks hold either way).
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            // Their calls fail in the outage; with the outbox down too,
+            // so does the bookkeeping that gives their attempts back,
+            // until the relay gives up on it.
+            if !outbox_up {
+                wait_for("the held attempts unrecorded", Duration::from_secs(60), || {
+                    let n = hold.unrecorded_count();
+                    async move { n >= HELD }
+                })
+                .await;
+            }
             let s = f.server.clone();
             tokio::task::spawn_blocking(move || s.restart()).await.expect("restart");
             stopped.elapsed()
@@ -180,6 +189,8 @@ macro_rules! restart_run {
                 Seen::get(&r.seen.in_flight),
             );
             assert_eq!(r.dead, 0, "dead letters");
+            // Only the outage interrupted them: not one attempt counted.
+            assert_eq!(r.rerun, 0, "messages counted a second attempt");
             assert_eq!(r.settled, N as i64, "messages settled success");
             assert_eq!(distinct, N as i64, "lost effects");
             assert_eq!(rows, N as i64, "double effects");

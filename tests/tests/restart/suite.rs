@@ -14,7 +14,7 @@ macro_rules! restart_suite {
         use axum::response::{IntoResponse, Response};
         use axum::{Json, Router, http::StatusCode, routing::post};
         use idem_runtime::http::{Idempotency, RequestTx};
-        use idem_runtime::outbox::{Relay, RelayHandle, enqueue};
+        use idem_runtime::outbox::{Relay, RelayHandle, Settlement, enqueue};
         use idem_runtime::{Dialect, Error, idempotent};
         use idem_testkit::cluster::single::Single;
         use idem_testkit::{ids, sql, unique};
@@ -134,12 +134,18 @@ macro_rules! restart_suite {
         }
 
         /// The relay: `max_attempts` 3 with a back-off budget of a few
-        /// hundred milliseconds. `handler`: the handler's own database
+        /// hundred milliseconds; its attempts whose bookkeeping could not
+        /// be written counted in `hold`. `handler`: the handler's own database
         /// (its call in a transaction of its own there), else the
         /// outbox's (its call marks the message).
         fn relay(outbox: &Pool<Db>, handler: Option<Pool<Db>>, topic: &str, hold: &Arc<Hold>) -> RelayHandle {
-            let hold = hold.clone();
+            let (hold, unrecorded) = (hold.clone(), hold.clone());
             Relay::new(outbox.clone())
+                .on_settled(move |s| {
+                    if matches!(s.settlement, Settlement::Unrecorded) {
+                        unrecorded.unrecorded();
+                    }
+                })
                 .route(topic.to_owned(), move |d, m: Deduct| {
                     let (hold, handler) = (hold.clone(), handler.clone());
                     async move {

@@ -257,6 +257,13 @@ impl<DB: Backend> Inner<DB> {
                 "at": at,
             })
         });
+        if let Err(e) = &released
+            && crate::backend::classify::is_transient(e)
+        {
+            // Written before the relay's next claim once the database
+            // answers (see `unreleased`): not counted by a re-claim.
+            i.keep_release(lease, owner, delay.as_secs_f64(), &reason);
+        }
         if matches!(released, Ok(true)) {
             i.stats.outages.fetch_add(1, Ordering::Relaxed);
             i.stats.retried.fetch_add(1, Ordering::Relaxed);

@@ -62,6 +62,7 @@ pub mod forward;
 mod handle;
 mod progress;
 mod run;
+mod unreleased;
 mod wake;
 
 pub use builder::RelaySettings;
@@ -578,6 +579,8 @@ struct Inner<DB: Backend> {
     /// See [`Relay::on_settled`].
     on_settled: Option<progress::Hook>,
     stats: RelayStats,
+    /// Outage attempts whose release is still to be written.
+    unreleased: unreleased::Unreleased,
 }
 
 /// The topics and their handlers.

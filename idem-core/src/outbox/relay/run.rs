@@ -32,6 +32,7 @@ pub struct DrainReport {
 impl<DB: Backend> Inner<DB> {
     /// See [`Relay::run_once`](super::Relay::run_once).
     pub(super) async fn run_once(self: &Arc<Self>) -> Result<usize, Error> {
+        self.release_kept().await;
         let batch = self.claim_up_to(self.policy.concurrency as i64).await?;
         let n = batch.rows.len();
         if self.batched() {
@@ -97,6 +98,7 @@ impl<DB: Backend> Inner<DB> {
                 true => room.min(self.policy.concurrency),
                 false => room,
             };
+            self.release_kept().await;
             let Some(batch) = self
                 .claim_or_recover(room, &mut tasks, &permits, &waiting)
                 .await
@@ -129,8 +131,10 @@ impl<DB: Backend> Inner<DB> {
                 }
             }
         }
-        // Graceful shutdown: claim nothing more, finish what is in flight.
+        // Graceful shutdown: claim nothing more, finish what is in flight,
+        // give back what an outage left.
         while tasks.join_next().await.is_some() {}
+        self.release_kept().await;
         // The listener saw the same stop signal.
         if let Some(listener) = listener {
             let _ = listener.await;

@@ -1,0 +1,117 @@
+//! Attempts that failed in an outage and whose release could not be
+//! written: the database was down longer than the bookkeeping's retries.
+//!
+//! Left alone, such a message waits out its lease and the next claim
+//! counts it again (a claim increments `attempts`): every outage longer
+//! than the bookkeeping's retries would spend an attempt of each message
+//! in flight, and a few of them would dead-letter a healthy message. So
+//! the relay keeps each one (its lease, in memory) and writes its release
+//! before each of its claims once the database answers again: fenced by
+//! the lease owner and the attempt, as the first try was, it restores the
+//! attempt unless another relay took the message over meanwhile (which
+//! counts it, as any take-over of an expired lease does) or the message
+//! was settled.
+
+use super::Inner;
+use crate::backend::Backend;
+use crate::lease::OutboxLease;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+/// One release to write again.
+#[derive(Debug)]
+struct Release {
+    lease: OutboxLease,
+    owner: String,
+    delay_secs: f64,
+    reason: String,
+}
+
+/// The releases a relay still has to write (see the [module](self)).
+#[derive(Debug, Default)]
+pub(super) struct Unreleased {
+    kept: Mutex<Vec<Release>>,
+}
+
+impl Unreleased {
+    fn take(&self) -> Vec<Release> {
+        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn put_back(&self, left: Vec<Release>) {
+        self.kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(left);
+    }
+}
+
+impl<DB: Backend> Inner<DB> {
+    /// Keeps the release of the outage attempt `lease` (owner `owner`),
+    /// which could not be written, for [`release_kept`](Self::release_kept).
+    pub(super) fn keep_release(
+        &self,
+        lease: &OutboxLease,
+        owner: &str,
+        delay_secs: f64,
+        reason: &str,
+    ) {
+        self.unreleased.put_back(vec![Release {
+            lease: lease.clone(),
+            owner: owner.to_owned(),
+            delay_secs,
+            reason: reason.to_owned(),
+        }]);
+    }
+
+    /// Writes the kept releases, oldest first, until one fails with a
+    /// transient error (the database is still down: the rest wait for the
+    /// next round). Run before each claim.
+    pub(super) async fn release_kept(&self) {
+        let kept = self.unreleased.take();
+        if kept.is_empty() {
+            return;
+        }
+        let mut left = Vec::new();
+        for r in kept {
+            if !left.is_empty() {
+                left.push(r);
+                continue;
+            }
+            let (id, attempts) = (r.lease.id(), r.lease.attempt());
+            let released =
+                DB::outbox_release(&self.pool, id, &r.owner, attempts, r.delay_secs, &r.reason)
+                    .await;
+            crate::probe::of_lease("settle", &r.lease, || {
+                serde_json::json!({
+                    "dead": false,
+                    "retryable": true,
+                    "outage": true,
+                    "applied": matches!(released, Ok(true)),
+                    "error": released.is_err(),
+                    "at": crate::probe::now(),
+                })
+            });
+            match released {
+                Ok(true) => {
+                    self.stats.outages.fetch_add(1, Ordering::Relaxed);
+                    self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::outbox_retry();
+                    tracing::info!(
+                        id,
+                        attempts,
+                        "outbox attempt that failed in an outage given back after the outage; not counted"
+                    );
+                }
+                // Taken over by another relay, or settled: its holder
+                // settles it.
+                Ok(false) => {}
+                Err(e) if crate::backend::classify::is_transient(&e) => left.push(r),
+                Err(e) => {
+                    tracing::warn!(id, error = %format_args!("{e:#}"), "could not give back an outbox attempt that failed in an outage; its lease runs out and the next claim counts it");
+                }
+            }
+        }
+        self.unreleased.put_back(left);
+    }
+}
