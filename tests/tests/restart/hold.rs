@@ -13,8 +13,10 @@ pub(crate) struct Hold {
     /// Handlers held so far.
     held: AtomicUsize,
     open: Semaphore,
-    /// Attempts whose bookkeeping the relay could not write.
+    /// Held handlers' attempts whose bookkeeping the relay could not write.
     unrecorded: AtomicUsize,
+    /// The held handlers' messages.
+    ids: std::sync::Mutex<Vec<i64>>,
 }
 
 impl Default for Hold {
@@ -24,6 +26,7 @@ impl Default for Hold {
             held: AtomicUsize::new(0),
             open: Semaphore::new(0),
             unrecorded: AtomicUsize::new(0),
+            ids: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -39,9 +42,17 @@ impl Hold {
         self.held.load(Ordering::SeqCst)
     }
 
-    /// Counts an attempt whose bookkeeping the relay could not write.
-    pub(crate) fn unrecorded(&self) {
-        self.unrecorded.fetch_add(1, Ordering::SeqCst);
+    /// Counts an attempt of message `id` whose bookkeeping the relay
+    /// could not write, if its handler was held.
+    pub(crate) fn unrecorded(&self, id: i64) {
+        if self.held_ids().contains(&id) {
+            self.unrecorded.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The held handlers' messages.
+    pub(crate) fn held_ids(&self) -> Vec<i64> {
+        self.ids.lock().expect("ids").clone()
     }
 
     /// How many attempts' bookkeeping the relay could not write.
@@ -55,14 +66,15 @@ impl Hold {
         self.open.add_permits(Semaphore::MAX_PERMITS / 2);
     }
 
-    /// A handler's way through: held while armed.
-    pub(crate) async fn pass(&self) {
+    /// The way through of message `id`'s handler: held while armed.
+    pub(crate) async fn pass(&self, id: i64) {
         let take = |n: usize| n.checked_sub(1);
         if self
             .left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take)
             .is_ok()
         {
+            self.ids.lock().expect("ids").push(id);
             self.held.fetch_add(1, Ordering::SeqCst);
             self.open.acquire().await.expect("open").forget();
         }

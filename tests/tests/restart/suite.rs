@@ -73,12 +73,12 @@ macro_rules! restart_suite {
             parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
         }
 
-        /// A pool on `url` whose acquire fails after 1 s while the server
-        /// is down (`PoolTimedOut`, an outage), opened lazily.
-        fn lazy_pool(url: &str) -> Pool<Db> {
+        /// A pool on `url` whose acquire fails after `acquire` while the
+        /// server is down (`PoolTimedOut`, an outage), opened lazily.
+        fn lazy_pool(url: &str, acquire: Duration) -> Pool<Db> {
             sqlx::pool::PoolOptions::<Db>::new()
                 .max_connections(10)
-                .acquire_timeout(Duration::from_secs(1))
+                .acquire_timeout(acquire)
                 .connect_lazy(url)
                 .expect("a valid URL")
         }
@@ -143,13 +143,13 @@ macro_rules! restart_suite {
             Relay::new(outbox.clone())
                 .on_settled(move |s| {
                     if matches!(s.settlement, Settlement::Unrecorded) {
-                        unrecorded.unrecorded();
+                        unrecorded.unrecorded(s.id);
                     }
                 })
                 .route(topic.to_owned(), move |d, m: Deduct| {
                     let (hold, handler) = (hold.clone(), handler.clone());
                     async move {
-                        hold.pass().await;
+                        hold.pass(d.message().id).await;
                         let Some(pool) = handler else {
                             return deduct(d.source(), &m).await;
                         };
