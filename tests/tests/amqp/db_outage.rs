@@ -83,22 +83,24 @@ async fn run() -> Option<Run> {
     // The outage: every connection cut, new ones refused, until the
     // handlers have failed in it 40 times (20 times their max_attempts)
     // and it has lasted 2 s. The second half arrives meanwhile.
-    proxy.set_down(true);
-    let down = Instant::now();
-    for d in second {
-        publish_json(&publisher, &routing_key, &format!("dbo-{}", d.coupon_id), d).await;
-    }
     let failed = |h: &ConsumerHandle| {
         let s = h.stats();
         s.outage_waits() + s.retried() + s.dead_lettered()
     };
     let before = failed(&consumer);
+    proxy.set_down(true);
+    let down = Instant::now();
+    for d in second {
+        publish_json(&publisher, &routing_key, &format!("dbo-{}", d.coupon_id), d).await;
+    }
+    // (Or, in the control, until every message not yet done is dead.)
     wait_for(
         "the handlers to fail in the outage",
         Duration::from_secs(60),
-        || {
-            let seen = failed(&consumer) >= before + 40 && down.elapsed() >= Duration::from_secs(2);
-            async move { seen }
+        || async {
+            let settled = effects(&pool, &ids).await.1 as u64 + counts(&consumer).3 >= N as u64;
+            let seen = failed(&consumer) >= before + 40 || settled;
+            seen && down.elapsed() >= Duration::from_secs(2)
         },
     )
     .await;

@@ -78,22 +78,25 @@ async fn run() -> Option<Run> {
     // The outage: every connection cut, new ones refused, until the
     // handlers have failed in it 40 times (20 times max_deliver) and it
     // has lasted 4 s (beyond ack_wait). The second half arrives meanwhile.
-    proxy.set_down(true);
-    let down = Instant::now();
-    for &i in two {
-        publish(&js, &t.subjects[0], &format!("dbo-{i}"), &Job::new(i)).await;
-    }
     let failed = |h: &ConsumerHandle| {
         let s = h.stats();
         s.outage_waits() + s.retried() + s.dead_lettered()
     };
     let before = failed(&consumer);
+    proxy.set_down(true);
+    let down = Instant::now();
+    for &i in two {
+        publish(&js, &t.subjects[0], &format!("dbo-{i}"), &Job::new(i)).await;
+    }
+    // (Or, in the control, until every job not yet done is dead.)
     wait_for(
         "the handlers to fail in the outage",
         Duration::from_secs(60),
-        || {
-            let seen = failed(&consumer) >= before + 40 && down.elapsed() >= Duration::from_secs(4);
-            async move { seen }
+        || async {
+            let (_, lost) = double_and_lost(&pool, &table, &items).await;
+            let settled = lost as u64 <= counts(&consumer).4;
+            let seen = failed(&consumer) >= before + 40 || settled;
+            seen && down.elapsed() >= Duration::from_secs(4)
         },
     )
     .await;
