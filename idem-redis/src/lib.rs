@@ -25,7 +25,11 @@
 //!   50 ms), waiting for a connection included: connections are made in
 //!   the background, one attempt at a time and at most one a second; a
 //!   call that finds an attempt under way waits for it within its bound,
-//!   one that finds none falls through at once. An error, a time-out or
+//!   one that finds none falls through at once. Once connected, the
+//!   connection dials again by itself after Redis restarts (redis-rs's
+//!   connection manager); while Redis is down then, each call waits out
+//!   its bound (a handler's call makes a lookup and a marker write: up to
+//!   twice the bound). An error, a time-out or
 //!   no connection falls through to the database path and is counted, per
 //!   call ([`CacheStats`]: hits, misses, fall-throughs, errors). Redis
 //!   being down slows idem down by at most the bound; it never makes it

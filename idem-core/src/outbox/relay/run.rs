@@ -32,7 +32,10 @@ pub struct DrainReport {
 impl<DB: Backend> Inner<DB> {
     /// See [`Relay::run_once`](super::Relay::run_once).
     pub(super) async fn run_once(self: &Arc<Self>) -> Result<usize, Error> {
-        self.release_kept().await;
+        if !self.release_kept().await {
+            // The database is not back yet: claim nothing this round.
+            return Ok(0);
+        }
         let batch = self.claim_up_to(self.policy.concurrency as i64).await?;
         let n = batch.rows.len();
         if self.batched() {
@@ -98,7 +101,15 @@ impl<DB: Backend> Inner<DB> {
                 true => room.min(self.policy.concurrency),
                 false => room,
             };
-            self.release_kept().await;
+            if !self.release_kept().await {
+                // The database is not back yet: no claim until every
+                // outage attempt is given back.
+                tokio::select! {
+                    _ = tokio::time::sleep(self.policy.poll_interval) => {}
+                    changed = stop.changed() => if changed.is_err() { break },
+                }
+                continue;
+            }
             let Some(batch) = self
                 .claim_or_recover(room, &mut tasks, &permits, &waiting)
                 .await

@@ -66,11 +66,14 @@ impl<DB: Backend> Inner<DB> {
 
     /// Writes the kept releases, oldest first, until one fails with a
     /// transient error (the database is still down: the rest wait for the
-    /// next round). Run before each claim.
-    pub(super) async fn release_kept(&self) {
+    /// next round). Run before each claim, which waits while any is left
+    /// (`false`): a claim that got through just after a release failed (the
+    /// database coming back between the two) would take the message over
+    /// its run-out lease and count the attempt.
+    pub(super) async fn release_kept(&self) -> bool {
         let kept = self.unreleased.take();
         if kept.is_empty() {
-            return;
+            return true;
         }
         let mut left = Vec::new();
         for r in kept {
@@ -112,6 +115,8 @@ impl<DB: Backend> Inner<DB> {
                 }
             }
         }
+        let written = left.is_empty();
         self.unreleased.put_back(left);
+        written
     }
 }
