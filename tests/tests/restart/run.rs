@@ -78,12 +78,24 @@ macro_rules! restart_run {
         /// down until the relay gave up booking their attempts), and the
         /// server started again on the
         /// same port and data. Returns the outage's length.
-        async fn outage(f: &Fixture, kill: bool, relay: &RelayHandle, hold: &Hold, seen: &Seen) -> Duration {
+        async fn outage(
+            f: &Fixture,
+            kill: bool,
+            relay: &RelayHandle,
+            hold: &Hold,
+            seen: &Arc<Seen>,
+            late: &[i64],
+        ) -> (Duration, tokio::task::JoinSet<()>) {
             let failed = |s: &idem_runtime::outbox::RelayStats| s.retried() + s.dead_lettered();
             let before = failed(relay.stats());
             let outbox_up = f.layout == Layout::HandlerOnly;
             let stopped = Instant::now();
             stop(&f.server, kill).await;
+            // The second half of the requests, sent once the server is
+            // down (before, they could all be answered before a clean
+            // shutdown closed the pool's sessions, and no 503 be seen):
+            // each retried with its key until the server is back.
+            let during = clients::send(&f.base, "key", late, 4, seen);
             wait_for("the outage to be seen", Duration::from_secs(90), || {
                 let long = stopped.elapsed() >= 2 * LEASE + Duration::from_secs(1);
                 let refused = Seen::get(&seen.unavailable) > 0;
@@ -104,7 +116,7 @@ macro_rules! restart_run {
             }
             let s = f.server.clone();
             tokio::task::spawn_blocking(move || s.restart()).await.expect("restart");
-            stopped.elapsed()
+            (stopped.elapsed(), during)
         }
 
         async fn run(layout: Layout, kill: bool) -> Option<Run> {
@@ -131,8 +143,7 @@ macro_rules! restart_run {
                 async move { held >= HELD }
             })
             .await;
-            let during = clients::send(&f.base, "key", late, 4, &seen);
-            let outage = outage(&f, kill, &relay, &hold, &seen).await;
+            let (outage, during) = outage(&f, kill, &relay, &hold, &seen, late).await;
             let back = Instant::now();
             producer.await.expect("producer");
             wait_for("the drain after the restart", Duration::from_secs(120), || async {
