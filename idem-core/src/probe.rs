@@ -263,11 +263,15 @@ pub enum Break {
     /// down) counts against `max_attempts` like any failure: the relay's
     /// behaviour before issue 38.
     OutageCounted,
+    /// An attempt that failed in an outage closes no gate: the relay keeps
+    /// claiming (and giving back) the topic's whole backlog while the
+    /// outage lasts.
+    OutageUngated,
 }
 
 #[cfg(idem_broken)]
-static BROKEN: [std::sync::atomic::AtomicBool; 6] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 6];
+static BROKEN: [std::sync::atomic::AtomicBool; 7] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 7];
 
 /// Turns the broken variant `b` on or off, process-wide (`--cfg
 /// idem_broken` builds only).

@@ -240,3 +240,10 @@ pub fn set_broken_adaptive_batching(on: bool) {
 pub fn set_broken_outage_counted(on: bool) {
     set_broken(probe::Break::OutageCounted, on);
 }
+
+/// An attempt that failed in an outage closes no gate on its topic: the
+/// relay keeps claiming and giving back the topic's backlog while the
+/// outage lasts (a control; see the [crate documentation](crate)).
+pub fn set_broken_outage_ungated(on: bool) {
+    set_broken(probe::Break::OutageUngated, on);
+}

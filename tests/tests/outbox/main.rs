@@ -27,6 +27,7 @@ mod enqueue;
 mod fanout;
 mod faults;
 mod leases;
+mod outage_gate;
 mod push;
 mod recovery;
 mod relay;

@@ -229,6 +229,8 @@ impl<DB: Backend> Inner<DB> {
             .chars()
             .take(2000)
             .collect();
+        // Its topic's next claims wait as long (see `gate`).
+        i.gates.close(lease.topic(), delay);
         let at = crate::probe::now();
         let released = self
             .fenced(

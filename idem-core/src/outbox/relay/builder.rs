@@ -95,6 +95,7 @@ impl<DB: Backend> Inner<DB> {
             on_settled: None,
             stats: RelayStats::default(),
             unreleased: Default::default(),
+            gates: Default::default(),
         }
     }
 

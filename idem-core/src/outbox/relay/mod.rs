@@ -59,6 +59,7 @@ mod builder;
 mod claim;
 mod delivery;
 pub mod forward;
+mod gate;
 mod handle;
 mod progress;
 mod run;
@@ -402,7 +403,11 @@ impl<DB: Backend> Relay<DB> {
     /// between half and all of it). Such an attempt is not counted: the
     /// message goes back to pending with its `attempts` as before the
     /// claim, however long the outage lasts, and the relay delivers it
-    /// again at most this long after the infrastructure is back.
+    /// again at most this long after the infrastructure is back. The
+    /// outage also closes its topic's gate for as long: until then the
+    /// relay's claims leave that topic alone (the other topics go on), so
+    /// an outage costs a claimed batch of the topic per `outage_retry`,
+    /// not the whole backlog claimed and given back over and over.
     pub fn outage_retry(self, d: Duration) -> Self {
         self.edit(|i| i.policy.outage_retry = d.max(Duration::from_millis(1)))
     }
@@ -581,6 +586,8 @@ struct Inner<DB: Backend> {
     stats: RelayStats,
     /// Outage attempts whose release is still to be written.
     unreleased: unreleased::Unreleased,
+    /// Topics held back after an outage.
+    gates: gate::Gates,
 }
 
 /// The topics and their handlers.
