@@ -62,6 +62,7 @@ pub mod proxy;
 mod redis_server;
 pub mod servers;
 mod sql;
+mod wait;
 
 pub use burst::concurrently;
 pub use env::env_setting;
@@ -73,6 +74,7 @@ pub use servers::{
     scratch_file, sqlite, sqlite_url, unreachable,
 };
 pub use sql::sql;
+pub use wait::wait_for;
 
 /// What [`for_each_backend!`] names in its expansion, so that a test
 /// crate needs no dependency for it.

@@ -10,6 +10,7 @@
 use crate::common::amqp::*;
 use crate::common::hooks;
 use idem_testkit::proxy::FaultProxy;
+use idem_testkit::wait_for;
 use sqlx::postgres::PgPoolOptions;
 
 const N: usize = 120;
@@ -29,18 +30,6 @@ async fn effects(pool: &PgPool, coupons: &[i64]) -> (i64, i64) {
     .fetch_one(pool)
     .await
     .expect("effects")
-}
-
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn run() -> Option<Run> {

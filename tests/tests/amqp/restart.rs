@@ -12,6 +12,7 @@ use crate::common::hooks;
 use idem_runtime::amqp::Connector;
 use idem_runtime::outbox::{Relay, RelayHandle};
 use idem_testkit::cluster::rabbitmq::RabbitCluster;
+use idem_testkit::wait_for;
 use sqlx::Postgres as Pg;
 
 const N: usize = 300;
@@ -71,19 +72,6 @@ async fn effects(pool: &PgPool, coupons: &[i64]) -> (i64, i64) {
     .fetch_one(pool)
     .await
     .expect("effects")
-}
-
-/// Waits (on conditions, generous deadlines) until `cond` holds.
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn relay(pool: &PgPool, topic: &str, publisher: &Publisher) -> RelayHandle {

@@ -11,6 +11,7 @@
 use crate::common::hooks;
 use crate::common::nats::*;
 use idem_testkit::proxy::FaultProxy;
+use idem_testkit::wait_for;
 use sqlx::postgres::PgPoolOptions;
 
 const N: i64 = 120;
@@ -20,18 +21,6 @@ struct Run {
     double: i64,
     lost: i64,
     outage_waits: u64,
-}
-
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn run() -> Option<Run> {

@@ -12,6 +12,7 @@ use crate::common::hooks;
 use crate::common::nats::*;
 use idem_runtime::outbox::{Relay, RelayHandle, enqueue};
 use idem_testkit::cluster::nats::NatsCluster;
+use idem_testkit::wait_for;
 
 const N: usize = 300;
 
@@ -21,19 +22,6 @@ async fn scalar(pool: &PgPool, sql: &'static str, topic: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count")
-}
-
-/// Waits (on conditions, generous deadlines) until `cond` holds.
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The items' messages enqueued one every 15 ms (about 4.5 s for all).

@@ -35,17 +35,5 @@ mod hold;
 mod mariadb;
 mod postgres;
 
+pub(crate) use idem_testkit::wait_for;
 pub(crate) use std::time::{Duration, Instant};
-
-/// Waits (on conditions, generous deadlines) until `cond` holds.
-pub(crate) async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
