@@ -69,8 +69,9 @@
 //!   always beside the entity's data), [`pooler`] (behind pgbouncer in
 //!   transaction mode: unnamed statements, autocommit statements in
 //!   transactions), [`cache`] (feature `redis`), [`amqp`] (feature `amqp`),
-//!   `nats` (feature `nats`), `consume` (the consumer handle and counters
-//!   both brokers share; features `amqp`, `nats`), `http` (feature
+//!   `nats` (feature `nats`), `kafka` (feature `kafka`), `consume` (the
+//!   consumer handle and counters the brokers share; features `amqp`,
+//!   `nats`, `kafka`), `http` (feature
 //!   `axum`), `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
@@ -88,6 +89,10 @@
 //!   of several per queue) and outbox publisher.
 //! - `nats`: the NATS JetStream consumption adapter (one handler or a
 //!   fan-out) and outbox publisher.
+//! - `kafka`: the Kafka consumer-group adapter (one handler or a fan-out;
+//!   offsets committed only after the handler's transaction; retry and
+//!   dead-letter topics) and outbox publisher on the idempotent producer;
+//!   builds librdkafka from source (a C compiler and `make`).
 //! - `axum`: the HTTP entry points ([`http`]): `Idempotency-Key` requests,
 //!   by hand or behind a tower layer, their `#[idempotent]` calls and
 //!   outbox messages in the request's transaction, and signed third-party
@@ -99,7 +104,7 @@
 //! outbox, the relay and the seams), its operations (`idem-ops`: [`migrate`], the
 //! [`archive`]r and the operator's [`outbox::admin`] queries, written on
 //! the core's public API) and one crate per entry point
-//! (`idem-amqp`, `idem-nats`, `idem-axum`, `idem-redis`), each built only
+//! (`idem-amqp`, `idem-nats`, `idem-kafka`, `idem-axum`, `idem-redis`), each built only
 //! on the core's public seams ([`consume`], [`outbox::forward`],
 //! [`requests`], [`front`]) and re-exported here under its feature. A new
 //! entry point is a crate of the same shape: see [`consume`] for one
@@ -135,6 +140,9 @@ pub use idem_amqp as amqp;
 #[cfg(feature = "axum")]
 #[doc(inline)]
 pub use idem_axum as http;
+#[cfg(feature = "kafka")]
+#[doc(inline)]
+pub use idem_kafka as kafka;
 #[cfg(feature = "nats")]
 #[doc(inline)]
 pub use idem_nats as nats;

@@ -1,0 +1,45 @@
+//! What the consumer learns from librdkafka's rebalance callbacks: which
+//! partition assignments ended.
+
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The consumer's librdkafka context: an epoch per partition, moved on
+/// when the partition is revoked, so that the worker of an assignment
+/// that ended stops storing offsets and taking records (the partition's
+/// new owner, or this consumer's next assignment of it, starts from the
+/// committed offset).
+#[derive(Debug, Default)]
+pub(crate) struct Ctx {
+    epochs: Mutex<HashMap<(String, i32), u64>>,
+}
+
+impl Ctx {
+    /// The partition's current assignment epoch.
+    pub(crate) fn epoch(&self, topic: &str, partition: i32) -> u64 {
+        let epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        epochs
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(revoked) = rebalance else {
+            return;
+        };
+        let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        for e in revoked.elements() {
+            *epochs
+                .entry((e.topic().to_owned(), e.partition()))
+                .or_default() += 1;
+        }
+        tracing::info!(partitions = revoked.count(), "Kafka partitions revoked");
+    }
+}

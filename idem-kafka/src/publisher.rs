@@ -1,0 +1,271 @@
+//! Outbox messages written to Kafka by the idempotent producer, each
+//! confirmed by the broker.
+
+use super::error::{self, from_kafka};
+use super::{MSG_ID_HEADER, TOPIC_HEADER};
+use idem_core::Backend;
+use idem_core::outbox::forward::{self, Forward};
+use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::task::BoxFuture;
+use idem_core::{Error, Outcome};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::util::Timeout;
+use serde::de::IgnoredAny;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Publishes outbox messages to Kafka: the relay as a producer.
+///
+/// The producer is librdkafka's idempotent producer
+/// (`enable.idempotence=true`, `acks=all`): its own retries of a send
+/// (a lost response, a leader moving) never store a second copy, and the
+/// records of one partition keep their order. Each message is written to
+/// the topic = its outbox topic (or a fixed [`topic`](Publisher::topic))
+/// with:
+///
+/// - the record key from the message (default its `msg_id`; name the
+///   entity with [`key_field`](Publisher::key_field) or
+///   [`key_with`](Publisher::key_with) so that one entity's messages go
+///   to one partition, in order);
+/// - the headers [`MSG_ID_HEADER`] (the outbox `msg_id`: the consumer's
+///   key, the same on every copy), [`TOPIC_HEADER`] and
+///   `content-type: application/json`.
+///
+/// It returns only after the broker acknowledged the write (from every
+/// in-sync replica). As a [`Relay`](idem_core::outbox::Relay) route
+/// ([`Publisher::route`]) it answers `Ok(Outcome::Executed(()))` then, and
+/// the relay marks the outbox message `success`. An acknowledgement lost
+/// after the broker stored the record (a time-out, a relay that dies
+/// before marking the row) makes the relay publish it again: a second
+/// copy with the same `msg_id`, which the consumer's handler answers
+/// `Duplicate`. No broker answering within the send time-out (default
+/// 10 s) is an [outage](idem_core::Error::is_outage), which the relay
+/// does not count against `max_attempts`; a record the broker can never
+/// take (too large, not authorized) is a permanent error.
+///
+/// ```no_run
+/// use idem_runtime::kafka::{Publisher, Topology};
+/// use idem_runtime::outbox::{enqueue, Relay};
+///
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// Topology::new("orders").partitions(6).declare("127.0.0.1:9092").await?;
+///
+/// let mut tx = pool.begin().await?;
+/// // … the business change …
+/// enqueue(&mut tx, "orders", "order-7-paid", &serde_json::json!({ "order_id": 7 })).await?;
+/// tx.commit().await?;
+///
+/// // One order's messages in one partition, in order.
+/// let publisher = Publisher::new("127.0.0.1:9092")?.key_field("order_id");
+/// let relay = Relay::new(pool).route("orders", publisher.route()).spawn();
+/// # relay.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Publisher {
+    producer: Arc<RwLock<FutureProducer>>,
+    brokers: String,
+    config: Arc<Vec<(String, String)>>,
+    topic: Option<String>,
+    key: RecordKey,
+    timeout: Duration,
+}
+
+/// Where a record's key comes from.
+#[derive(Clone)]
+enum RecordKey {
+    MsgId,
+    Field(String),
+    With(Arc<dyn Fn(&OutboxRow) -> Option<String> + Send + Sync>),
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = match &self.key {
+            RecordKey::MsgId => "msg_id".to_owned(),
+            RecordKey::Field(name) => format!("payload field `{name}`"),
+            RecordKey::With(_) => "a function".to_owned(),
+        };
+        f.debug_struct("Publisher")
+            .field("brokers", &self.brokers)
+            .field("topic", &self.topic)
+            .field("key", &key)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher on `brokers` (`host:port`, or several separated by
+    /// commas). Errors when librdkafka refuses the configuration.
+    pub fn new(brokers: impl Into<String>) -> Result<Self, Error> {
+        Publisher::with_config(brokers, std::iter::empty::<(String, String)>())
+    }
+
+    /// A publisher with librdkafka properties of its own
+    /// (`security.protocol`, `linger.ms`, `message.timeout.ms`, …). The
+    /// idempotent producer's `enable.idempotence` and `acks` cannot be
+    /// changed.
+    pub fn with_config<K: Into<String>, V: Into<String>>(
+        brokers: impl Into<String>,
+        config: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, Error> {
+        let brokers = brokers.into();
+        let config: Vec<(String, String)> = config
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let producer = crate::producer_config(&brokers, &config)
+            .create()
+            .map_err(error::config)?;
+        Ok(Publisher {
+            producer: Arc::new(RwLock::new(producer)),
+            brokers,
+            config: Arc::new(config),
+            topic: None,
+            key: RecordKey::MsgId,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// A fixed topic instead of the outbox topic.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+
+    /// The record key from a field of the JSON payload (a top-level name,
+    /// or a JSON pointer such as `"/order/id"`; a string or a number):
+    /// the entity the message is about, so that its messages share a
+    /// partition and keep their order. A payload without it is sent with
+    /// its `msg_id` as the key.
+    pub fn key_field(mut self, name: impl Into<String>) -> Self {
+        self.key = RecordKey::Field(name.into());
+        self
+    }
+
+    /// The record key from the outbox message, by `f` (`None`: its
+    /// `msg_id`).
+    pub fn key_with(
+        mut self,
+        f: impl Fn(&OutboxRow) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = RecordKey::With(Arc::new(f));
+        self
+    }
+
+    /// How long a send may wait for the broker's acknowledgement before
+    /// it is an outage (default 10 s; librdkafka's `message.timeout.ms`
+    /// is set to it unless given).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Writes one record and waits for the broker's acknowledgement;
+    /// answers the partition and offset it was stored at.
+    pub async fn publish(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        key: Option<&str>,
+        payload: &[u8],
+    ) -> Result<(i32, i64), Error> {
+        if msg_id.is_empty() {
+            return Err(Error::InvalidMessage {
+                topic: topic.to_owned(),
+                msg_id: String::new(),
+                reason: "empty msg_id: the consumer could not key it".to_owned(),
+            });
+        }
+        let headers = OwnedHeaders::new_with_capacity(3)
+            .insert(Header {
+                key: MSG_ID_HEADER,
+                value: Some(msg_id),
+            })
+            .insert(Header {
+                key: TOPIC_HEADER,
+                value: Some(topic),
+            })
+            .insert(Header {
+                key: "content-type",
+                value: Some("application/json"),
+            });
+        let to = self.topic.as_deref().unwrap_or(topic);
+        let record = FutureRecord::to(to)
+            .payload(payload)
+            .key(key.unwrap_or(msg_id))
+            .headers(headers);
+        let producer = self.producer();
+        match producer.send(record, Timeout::After(self.timeout)).await {
+            Ok(delivery) => Ok((delivery.partition, delivery.offset)),
+            Err((e, _)) => Err(self.failed(&producer, e)),
+        }
+    }
+
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `e` as an [`Error`]; a producer that failed fatally (its
+    /// idempotence broken: a sequence the broker refused) is replaced,
+    /// and the send is retryable.
+    fn failed(&self, producer: &FutureProducer, e: rdkafka::error::KafkaError) -> Error {
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            tracing::error!(?code, %reason, "Kafka producer failed fatally; making a new one");
+            if let Ok(fresh) = crate::producer_config(&self.brokers, &self.config).create() {
+                *self.producer.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+            }
+            return Error::broker(
+                "kafka",
+                format!("producer failed fatally ({code:?}): {reason}"),
+                true,
+            );
+        }
+        from_kafka("publish", e)
+    }
+
+    /// The record key of `message`.
+    fn key_of(&self, message: &OutboxRow) -> Option<String> {
+        match &self.key {
+            RecordKey::MsgId => None,
+            RecordKey::Field(name) => crate::message::KeyFrom::field(name.clone()).id_of(
+                &[],
+                message.payload.as_bytes(),
+                0,
+                0,
+            ),
+            RecordKey::With(f) => f(message),
+        }
+    }
+
+    /// This publisher as a [`Relay`](idem_core::outbox::Relay) route:
+    /// `relay.route(topic, publisher.route())`. The payload is forwarded as
+    /// stored (JSON text).
+    #[allow(clippy::type_complexity)]
+    pub fn route<DB: Backend>(
+        &self,
+    ) -> impl Fn(Delivery<DB>, IgnoredAny) -> BoxFuture<Result<Outcome<()>, Error>> + Send + Sync + 'static
+    {
+        forward::route(self)
+    }
+}
+
+impl Forward for Publisher {
+    async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
+        let key = self.key_of(message);
+        self.publish(
+            &message.topic,
+            &message.msg_id,
+            key.as_deref(),
+            message.payload.as_bytes(),
+        )
+        .await
+        .map(|_| ())
+    }
+}
