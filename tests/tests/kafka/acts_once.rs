@@ -1,0 +1,179 @@
+//! A consumer group acting once, against a Kafka-protocol broker of the
+//! test's own and each database: a state machine and a record subscribed
+//! to one consumer (fan-out), every message published twice (a
+//! producer's retry after a lost acknowledgement), a quarter of the
+//! handlers' commit acknowledgements lost, records that fail their first
+//! attempt (through the retry topic) and a poison record (dead-lettered
+//! with its reason while its partition goes on). Counted in the database:
+//! each coupon used once and awarded once; every record's offset
+//! committed. The control runs a plain handler on the same records and
+//! counts the doubled effects the assertions would catch.
+
+use crate::common::hooks;
+use crate::common::kafka::*;
+use idem_testkit::cluster::kafka::KafkaBroker;
+
+const PARTITIONS: i32 = 3;
+
+async fn acts_once(backend: &str) {
+    let _one = hooks::exclusive().await;
+    let _servers = hooks::own_servers().await;
+    let Some(broker) = KafkaBroker::start() else {
+        return;
+    };
+    let Some((pool, d)) = database(backend).await else {
+        return;
+    };
+    let brokers = broker.bootstrap();
+    let t = Topology::new(unique("k_once")).partitions(PARTITIONS);
+    t.declare(&brokers).await.expect("declare");
+    let coupons = coupons(&pool, d, 60).await;
+    let publisher = Publisher::new(&brokers).expect("publisher");
+    // Every message twice; one coupon in six fails its first attempt.
+    publish(&publisher, &t.topic, &coupons, 2, |c| Use {
+        coupon_id: c,
+        fail_attempts: u32::from(c % 6 == 0),
+        ..Use::default()
+    })
+    .await;
+    // A poison record in partition 0, between the others.
+    publisher
+        .publish(&t.topic, "poison-1", Some("poison"), b"{not json")
+        .await
+        .expect("publish the poison record");
+    let first = &coupons[..10];
+    publish(&publisher, &t.topic, first, 1, |c| Use {
+        coupon_id: c,
+        ..Use::default()
+    })
+    .await;
+
+    idem_runtime::testing::set_lost_ack_rate(0.25);
+    let group = unique("k_once_group");
+    let running = consumer(&brokers, &group, &t.topic, &pool, d, "solo")
+        .spawn()
+        .await
+        .expect("consumer");
+    until_db(
+        "every coupon used and awarded",
+        Duration::from_secs(90),
+        || {
+            let (pool, coupons) = (&pool, &coupons);
+            async move { done(pool, d, coupons).await == coupons.len() }
+        },
+    )
+    .await;
+    let letters = dead_letters(&brokers, &t, 1);
+    // Every record settled: the three copies of the first ten, two of the
+    // rest, the retries and the poison record.
+    let expected = (coupons.len() * 2 + first.len()) as u64;
+    until_db("every record settled", Duration::from_secs(30), || {
+        let (_, e, dup, _, dead, _) = counts(&running);
+        async move { e + dup + dead > expected }
+    })
+    .await;
+    idem_runtime::testing::set_lost_ack_rate(0.0);
+    let c = counts(&running);
+    running.shutdown().await.expect("clean shutdown");
+    eprintln!(
+        "kafka acts once ({backend}): (received, executed, duplicates, retried, dead, settle_failed) = {c:?}, lost acks {}",
+        idem_runtime::testing::lost_acks()
+    );
+
+    assert_once(&pool, d, &coupons).await;
+    assert_eq!(letters.len(), 1, "one dead letter: {letters:?}");
+    assert_eq!(letters[0].0, b"{not json");
+    assert!(
+        letters[0].1.contains("unparsable payload"),
+        "the reason: {}",
+        letters[0].1
+    );
+    let retried = coupons.iter().filter(|c| *c % 6 == 0).count() as u64;
+    assert!(c.3 >= retried, "each failing coupon retried: {c:?}");
+    assert!(
+        c.2 >= coupons.len() as u64,
+        "the copies answered Duplicate: {c:?}"
+    );
+    // Nothing left behind: every record of the topic and of its retry
+    // topic is committed.
+    assert_committed(&brokers, &group, &t.topic, PARTITIONS);
+    assert_committed(&brokers, &group, &t.retry_topic, PARTITIONS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acts_once_on_postgres() {
+    acts_once("postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acts_once_on_mariadb() {
+    acts_once("mysql").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acts_once_on_sqlite() {
+    acts_once("sqlite").await;
+}
+
+/// The control: a plain handler (no idem) on the same copies counts a
+/// coupon once per copy: the duplicates the tests above would catch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_plain_handler_acts_on_every_copy() {
+    let _one = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
+    let Some(broker) = KafkaBroker::start() else {
+        return;
+    };
+    let Some((pool, d)) = database("sqlite").await else {
+        return;
+    };
+    let brokers = broker.bootstrap();
+    let t = Topology::new(unique("k_control")).partitions(PARTITIONS);
+    t.declare(&brokers).await.expect("declare");
+    let coupons = coupons(&pool, d, 20).await;
+    let publisher = Publisher::new(&brokers).expect("publisher");
+    publish(&publisher, &t.topic, &coupons, 2, |c| Use {
+        coupon_id: c,
+        ..Use::default()
+    })
+    .await;
+    let p = pool.clone();
+    let running = Consumer::new(
+        &brokers,
+        unique("k_control_group"),
+        &t.topic,
+        move |_m: Message, u: Use| {
+            let pool = p.clone();
+            async move {
+                sqlx::query(sql(
+                    d,
+                    "INSERT INTO idem_k_award (coupon_id, owner) VALUES (?, 'plain')",
+                ))
+                .bind(u.coupon_id)
+                .execute(&pool)
+                .await?;
+                Ok::<_, Error>(Outcome::Executed(()))
+            }
+        },
+    )
+    .spawn()
+    .await
+    .expect("consumer");
+    let copies = coupons.len() as u64 * 2;
+    until_db("every copy handled", Duration::from_secs(60), || {
+        let (_, e, ..) = counts(&running);
+        async move { e >= copies }
+    })
+    .await;
+    running.shutdown().await.expect("clean shutdown");
+    let doubled = effects(&pool, d, &coupons)
+        .await
+        .iter()
+        .filter(|(.., awards)| *awards > 1)
+        .count();
+    assert_eq!(
+        doubled,
+        coupons.len(),
+        "every coupon awarded twice without idem"
+    );
+}
