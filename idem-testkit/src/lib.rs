@@ -25,6 +25,9 @@
 //! - With the `browser` feature: [`browser::Browser`], a headless
 //!   Chromium on a `chromedriver` of its own (WebDriver, through the
 //!   re-exported `fantoccini`), for tests of web pages.
+//! - With the `kafka` feature: [`cluster::kafka::KafkaBroker`], a
+//!   Kafka-protocol broker (nisshi) of the test's own, with the
+//!   re-exported `rdkafka` client.
 //! - [`env_setting`]: an environment variable, where set-but-empty
 //!   (`DATABASE_URL=`) means unset.
 //!

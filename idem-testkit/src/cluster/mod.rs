@@ -14,9 +14,13 @@
 //! by hand; [`patroni::Patroni`], three PostgreSQL members managed by
 //! Patroni over etcd; both behind haproxy; [`redis::RedisServer`], one
 //! `redis-server` to stop and start again; [`single::Single`], one
-//! PostgreSQL or MariaDB server to stop and start again under a service.
+//! PostgreSQL or MariaDB server to stop and start again under a service;
+//! with the `kafka` feature, [`kafka::KafkaBroker`], one Kafka-protocol
+//! broker (nisshi) to kill and start again on the same storage.
 
 pub mod galera;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 
