@@ -73,12 +73,15 @@ pub struct Publisher {
     timeout: Duration,
 }
 
+/// A function naming a message's record key.
+type KeyFn = Arc<dyn Fn(&OutboxRow) -> Option<String> + Send + Sync>;
+
 /// Where a record's key comes from.
 #[derive(Clone)]
 enum RecordKey {
     MsgId,
     Field(String),
-    With(Arc<dyn Fn(&OutboxRow) -> Option<String> + Send + Sync>),
+    With(KeyFn),
 }
 
 impl fmt::Debug for Publisher {

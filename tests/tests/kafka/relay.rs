@@ -1,7 +1,9 @@
 //! The outbox relay publishing to Kafka (`kafka::Publisher` as its route)
 //! and a consumer group acting on what it published, on PostgreSQL: with
-//! a quarter of the relay's commit acknowledgements lost (each a second
-//! copy of its message in the topic, answered `Duplicate`), and with the
+//! the broker's acknowledgement of a quarter of the messages' first sends
+//! lost after the broker stored them (each a second copy of its message in
+//! the topic, answered `Duplicate`) and a quarter of the relay's and the
+//! handlers' commit acknowledgements lost, and with the
 //! broker killed (SIGKILL) and restarted on its own storage mid-run (the
 //! relay's sends in the outage given back uncounted, nothing
 //! dead-lettered). Counted in the database: each coupon used and awarded
@@ -9,7 +11,7 @@
 
 use crate::common::hooks;
 use crate::common::kafka::*;
-use idem_runtime::outbox::{Relay, enqueue};
+use idem_runtime::outbox::{Delivery, Relay, enqueue};
 use idem_testkit::cluster::kafka::KafkaBroker;
 
 const PARTITIONS: i32 = 3;
@@ -23,9 +25,14 @@ async fn enqueued(pool: &AnyPool, d: Dialect, topic: &str, n: usize) -> Vec<i64>
             coupon_id: *c,
             ..Use::default()
         };
-        enqueue(&mut tx, topic, &format!("m-{c}"), &u)
-            .await
-            .expect("enqueue");
+        enqueue(
+            &mut tx,
+            topic,
+            &format!("m-{c}"),
+            &serde_json::to_value(&u).unwrap(),
+        )
+        .await
+        .expect("enqueue");
     }
     tx.commit().await.expect("commit");
     coupons
@@ -58,11 +65,23 @@ async fn the_publisher_loses_acknowledgements() {
     let coupons = enqueued(&pool, d, &t.topic, 80).await;
     let lost_before = idem_runtime::testing::lost_acks();
     idem_runtime::testing::set_lost_ack_rate(0.25);
-    let publisher = Publisher::new(&brokers)
-        .expect("publisher")
-        .key_field("coupon_id");
+    // The broker's acknowledgement of every fourth coupon's first send is
+    // lost after the broker stored the record: the relay sends it again.
+    let publisher = Publisher::new(&brokers).expect("publisher");
     let relay = Relay::new(pool.clone())
-        .route(&t.topic, publisher.route())
+        .route(&t.topic, move |d: Delivery<Any>, u: Use| {
+            let p = publisher.clone();
+            async move {
+                let m = d.message();
+                let key = u.coupon_id.to_string();
+                p.publish(&m.topic, &m.msg_id, Some(&key), m.payload.as_bytes())
+                    .await?;
+                if m.attempts == 1 && u.coupon_id % 4 == 0 {
+                    return Err(Error::retryable("the broker's acknowledgement was lost"));
+                }
+                Ok(Outcome::Executed(()))
+            }
+        })
         .poll_interval(Duration::from_millis(20))
         .backoff(Duration::from_millis(20), Duration::from_millis(100))
         .spawn();
@@ -93,11 +112,12 @@ async fn the_publisher_loses_acknowledgements() {
     })
     .await;
     let c = counts(&running);
+    let r = relay.stats().snapshot();
     relay.shutdown().await;
     running.shutdown().await.expect("clean shutdown");
     let lost = idem_runtime::testing::lost_acks() - lost_before;
     eprintln!(
-        "kafka publisher, lost acks: {} messages, {copies} records in the topic, {lost} acks lost; consumer (received, executed, duplicates, retried, dead, settle_failed) = {c:?}",
+        "kafka publisher, lost acks: {} messages, {copies} records in the topic, {lost} acks lost; relay {r:?}; consumer (received, executed, duplicates, retried, dead, settle_failed) = {c:?}",
         coupons.len()
     );
     assert!(
