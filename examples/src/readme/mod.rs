@@ -35,6 +35,8 @@ pub mod fanout;
 #[rustfmt::skip]
 pub mod http;
 #[rustfmt::skip]
+pub mod kafka;
+#[rustfmt::skip]
 pub mod nats;
 #[rustfmt::skip]
 pub mod outbox;
