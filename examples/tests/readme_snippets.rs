@@ -17,8 +17,8 @@
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, console, http, kafka, nats, outbox, quick_start, rabbitmq, record, shards,
-    transaction, unique_insert, using,
+    archive, by_hand, cache, console, http, kafka, nats, outbox, quick_start, rabbitmq, record,
+    shards, transaction, unique_insert, using,
 };
 use idem_runtime::archive::RetentionPolicy;
 use idem_runtime::outbox::{Relay, enqueue};

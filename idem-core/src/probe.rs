@@ -267,17 +267,29 @@ pub enum Break {
     /// claiming (and giving back) the topic's whole backlog while the
     /// outage lasts.
     OutageUngated,
+    /// A broker consumer settles a delivery when it receives it, before
+    /// its handler ran (the Kafka consumer stores the record's offset
+    /// first, as an auto-committing consumer does): at most once, so a
+    /// consumer that dies loses what it had received but not handled.
+    SettleFirst,
 }
 
 #[cfg(idem_broken)]
-static BROKEN: [std::sync::atomic::AtomicBool; 7] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 7];
+static BROKEN: [std::sync::atomic::AtomicBool; 8] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 8];
 
 /// Turns the broken variant `b` on or off, process-wide (`--cfg
 /// idem_broken` builds only).
 #[cfg(idem_broken)]
 pub fn set_broken(b: Break, on: bool) {
     BROKEN[b as usize].store(on, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether the broken variant `b` is on, for an entry-point crate that
+/// has a broken variant of its own (the Kafka consumer's
+/// [`Break::SettleFirst`]): never, outside a `--cfg idem_broken` build.
+pub fn is_broken(b: Break) -> bool {
+    broken(b)
 }
 
 /// Whether the broken variant `b` is on: never, outside a `--cfg

@@ -171,6 +171,13 @@ impl Shared {
             topic: m.topic().to_owned(),
             partition: m.partition(),
         };
+        if idem_core::probe::is_broken(idem_core::probe::Break::SettleFirst) {
+            // The control's at-most-once consumer: the offset stored as
+            // the record arrives (`enable.auto.offset.store`).
+            let _ = self
+                .consumer
+                .store_offset(&tp.topic, tp.partition, m.offset());
+        }
         let epoch = self.ctx().epoch(&tp.topic, tp.partition);
         let mut m = m;
         loop {
@@ -242,34 +249,37 @@ impl Shared {
             if *ending.borrow() || self.stale(&tp, epoch) {
                 break;
             }
+            self.stats.count(Counter::Received);
+            let record = Record::of(&m);
+            let origin = self.origin_of(&record);
+            // A retry copy waits until it is due without a handler slot.
+            if let Some(due) = origin.not_before
+                && !self.wait_until(due, &tp, epoch, &mut ending).await
+            {
+                break;
+            }
             let slot = tokio::select! {
                 _ = ending.changed() => break,
                 slot = self.slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
             };
-            self.process(&m, &tp, epoch, &mut ending).await;
+            self.process(&record, &origin, &tp, epoch, &mut ending)
+                .await;
             drop(slot);
         }
     }
 
-    /// One record: waits until a retry copy is due, runs the handler
-    /// (again in place while its database is down), settles it.
+    /// One record: runs the handler (again in place while its database
+    /// is down) and settles it.
     async fn process(
         &self,
-        m: &OwnedMessage,
+        record: &Record,
+        copy: &Origin,
         tp: &Tp,
         epoch: u64,
         ending: &mut watch::Receiver<bool>,
     ) {
-        self.stats.count(Counter::Received);
-        let record = Record::of(m);
-        let copy = self.origin_of(&record);
         if copy.attempt > 1 {
             self.stats.count(Counter::Redelivered);
-        }
-        if let Some(due) = copy.not_before
-            && !self.wait_until(due, tp, epoch, ending).await
-        {
-            return;
         }
         let span = tracing::info_span!(
             "kafka_record",
@@ -285,8 +295,8 @@ impl Shared {
             loop {
                 let settling = Settling {
                     shared: self,
-                    record: &record,
-                    origin: &copy,
+                    record,
+                    origin: copy,
                     tp,
                     epoch,
                     attempt,
@@ -372,6 +382,10 @@ impl Shared {
     /// Stores the offset after `record` (committed with the next commit),
     /// unless the assignment ended.
     fn store(&self, record: &Record, tp: &Tp, epoch: u64) -> bool {
+        if idem_core::probe::is_broken(idem_core::probe::Break::SettleFirst) {
+            // The control stored it on arrival (see `route`).
+            return true;
+        }
         if self.stale(tp, epoch) {
             self.stats.count(Counter::SettleFailed);
             tracing::debug!(

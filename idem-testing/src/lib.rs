@@ -241,6 +241,13 @@ pub fn set_broken_outage_counted(on: bool) {
     set_broken(probe::Break::OutageCounted, on);
 }
 
+/// A broker consumer settles each delivery when it receives it, before
+/// its handler ran (the Kafka consumer stores the offset first): at most
+/// once (a control; see the [crate documentation](crate)).
+pub fn set_broken_settle_first(on: bool) {
+    set_broken(probe::Break::SettleFirst, on);
+}
+
 /// An attempt that failed in an outage closes no gate on its topic: the
 /// relay keeps claiming and giving back the topic's backlog while the
 /// outage lasts (a control; see the [crate documentation](crate)).

@@ -6,6 +6,10 @@
 //! uncommitted: the partitions' next owner reads them again.
 //!
 //! Usage: kafka_consumer BROKERS GROUP TOPIC DATABASE_URL OWNER
+//!
+//! `IDEM_KAFKA_CONTROL=settle-first` (a `--cfg idem_broken` build): the
+//! control's consumer, storing each offset before its handler and
+//! committing every 100 ms.
 
 #[path = "../../tests/common/kafka.rs"]
 mod kafka;
@@ -21,8 +25,18 @@ async fn main() {
     };
     let pool = idem_testkit::any(url, 8).await.expect("the database");
     let d = <Any as Backend>::pool_dialect(&pool);
+    let control = std::env::var("IDEM_KAFKA_CONTROL").is_ok_and(|c| c == "settle-first");
+    #[cfg(idem_broken)]
+    idem_runtime::testing::set_broken_settle_first(control);
+    #[cfg(not(idem_broken))]
+    assert!(!control, "the control needs a --cfg idem_broken build");
+    let every = if control {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_secs(60)
+    };
     let running = consumer(brokers, group, topic, &pool, d, owner)
-        .commit_interval(Duration::from_secs(60))
+        .commit_interval(every)
         .spawn()
         .await
         .expect("consumer");

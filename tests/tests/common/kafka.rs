@@ -9,7 +9,7 @@ pub(crate) use idem_runtime::kafka::{
     self, Consumer, ConsumerHandle, DEAD_REASON_HEADER, KeyFrom, Message, Publisher, Topology,
 };
 pub(crate) use idem_runtime::{Backend, Dialect, Error, Outcome, idempotent};
-pub(crate) use idem_testkit::{ids, sql, unique};
+pub(crate) use idem_testkit::{ids, sql, unique, wait_for};
 pub(crate) use serde::{Deserialize, Serialize};
 pub(crate) use sqlx::{Any, AnyPool, Transaction};
 pub(crate) use std::time::{Duration, Instant};
@@ -247,19 +247,6 @@ pub(crate) async fn assert_once(pool: &AnyPool, d: Dialect, coupons: &[i64]) {
             ("USED", 1, 1),
             "coupon {c}: (status, uses, awards)"
         );
-    }
-}
-
-/// Waits (polling the database) until `cond` holds, at most `within`.
-pub(crate) async fn until_db<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -54,7 +54,7 @@ async fn acts_once(backend: &str) {
         .spawn()
         .await
         .expect("consumer");
-    until_db(
+    wait_for(
         "every coupon used and awarded",
         Duration::from_secs(90),
         || {
@@ -67,7 +67,7 @@ async fn acts_once(backend: &str) {
     // Every record settled: the three copies of the first ten, two of the
     // rest, the retries and the poison record.
     let expected = (coupons.len() * 2 + first.len()) as u64;
-    until_db("every record settled", Duration::from_secs(30), || {
+    wait_for("every record settled", Duration::from_secs(30), || {
         let (_, e, dup, _, dead, _) = counts(&running);
         async move { e + dup + dead > expected }
     })
@@ -160,7 +160,7 @@ async fn control_a_plain_handler_acts_on_every_copy() {
     .await
     .expect("consumer");
     let copies = coupons.len() as u64 * 2;
-    until_db("every copy handled", Duration::from_secs(60), || {
+    wait_for("every copy handled", Duration::from_secs(60), || {
         let (_, e, ..) = counts(&running);
         async move { e >= copies }
     })

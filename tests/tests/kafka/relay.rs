@@ -90,12 +90,12 @@ async fn the_publisher_loses_acknowledgements() {
         .spawn()
         .await
         .expect("consumer");
-    until_db("the outbox drained", Duration::from_secs(60), || {
+    wait_for("the outbox drained", Duration::from_secs(60), || {
         let (pool, topic) = (&pool, &t.topic);
         async move { pending(pool, d, topic).await == 0 }
     })
     .await;
-    until_db(
+    wait_for(
         "every coupon used and awarded",
         Duration::from_secs(60),
         || {
@@ -106,7 +106,7 @@ async fn the_publisher_loses_acknowledgements() {
     .await;
     idem_runtime::testing::set_lost_ack_rate(0.0);
     let copies = records(&brokers, &t.topic, PARTITIONS);
-    until_db("every copy settled", Duration::from_secs(30), || {
+    wait_for("every copy settled", Duration::from_secs(30), || {
         let (_, e, dup, ..) = counts(&running);
         async move { (e + dup) as i64 >= copies }
     })
@@ -160,7 +160,7 @@ async fn the_broker_restarts_mid_run() {
         .spawn()
         .await
         .expect("consumer");
-    until_db(
+    wait_for(
         "a third of the coupons used",
         Duration::from_secs(60),
         || {
@@ -174,7 +174,7 @@ async fn the_broker_restarts_mid_run() {
     // Messages enqueued while the broker is down: the relay's sends fail
     // in the outage until it is back.
     coupons.extend(enqueued(&pool, d, &t.topic, 150).await);
-    until_db(
+    wait_for(
         "the relay seeing the outage",
         Duration::from_secs(60),
         || {
@@ -184,7 +184,7 @@ async fn the_broker_restarts_mid_run() {
     )
     .await;
     broker.restart();
-    until_db(
+    wait_for(
         "every coupon used and awarded",
         Duration::from_secs(120),
         || {
@@ -193,13 +193,13 @@ async fn the_broker_restarts_mid_run() {
         },
     )
     .await;
-    until_db("the outbox drained", Duration::from_secs(60), || {
+    wait_for("the outbox drained", Duration::from_secs(60), || {
         let (pool, topic) = (&pool, &t.topic);
         async move { pending(pool, d, topic).await == 0 }
     })
     .await;
     let copies = records(&brokers, &t.topic, PARTITIONS);
-    until_db("every record settled", Duration::from_secs(30), || {
+    wait_for("every record settled", Duration::from_secs(30), || {
         let (_, e, dup, ..) = counts(&running);
         async move { (e + dup) as i64 >= copies }
     })
