@@ -56,12 +56,8 @@ struct Run {
 /// The scenario; `settle_first`: the control's process stores each
 /// offset before the handler.
 async fn member_killed(settle_first: bool) -> Option<Run> {
-    let Some(broker) = KafkaBroker::start() else {
-        return None;
-    };
-    let Some((pool, d)) = database("postgres").await else {
-        return None;
-    };
+    let broker = KafkaBroker::start()?;
+    let (pool, d) = database("postgres").await?;
     let brokers = broker.bootstrap();
     let t = Topology::new(unique("k_rebalance")).partitions(PARTITIONS);
     t.declare(&brokers).await.expect("declare");
