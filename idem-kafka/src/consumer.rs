@@ -352,9 +352,10 @@ impl Consumer {
         let mut topics = vec![self.topic.as_str()];
         topics.extend(self.retry_topic.as_deref());
         consumer.subscribe(&topics).map_err(error::config)?;
-        let producer: FutureProducer = crate::producer_config(&self.brokers, &self.producer_config)
-            .create()
-            .map_err(error::config)?;
+        let producer: FutureProducer =
+            crate::producer_config(&self.brokers, &self.producer_config, self.send_timeout)
+                .create()
+                .map_err(error::config)?;
         let stats = Arc::<ConsumerStats>::default();
         let info = Arc::new(Info {
             topic: self.topic.clone(),

@@ -196,11 +196,16 @@ impl ConsumerHandle {
 }
 
 /// The idempotent producer's configuration: `extra` first, then what the
-/// publishing rules rest on.
-pub(crate) fn producer_config(brokers: &str, extra: &[(String, String)]) -> ClientConfig {
+/// publishing rules rest on; a send waits `timeout` for the broker's
+/// acknowledgement unless `extra` says otherwise.
+pub(crate) fn producer_config(
+    brokers: &str,
+    extra: &[(String, String)],
+    timeout: std::time::Duration,
+) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
-        .set("message.timeout.ms", "10000");
+        .set("message.timeout.ms", timeout.as_millis().to_string());
     for (k, v) in extra {
         c.set(k, v);
     }

@@ -120,7 +120,8 @@ impl Publisher {
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
-        let producer = crate::producer_config(&brokers, &config)
+        let timeout = Duration::from_secs(10);
+        let producer = crate::producer_config(&brokers, &config, timeout)
             .create()
             .map_err(error::config)?;
         Ok(Publisher {
@@ -129,7 +130,7 @@ impl Publisher {
             config: Arc::new(config),
             topic: None,
             key: RecordKey::MsgId,
-            timeout: Duration::from_secs(10),
+            timeout,
         })
     }
 
@@ -160,11 +161,18 @@ impl Publisher {
     }
 
     /// How long a send may wait for the broker's acknowledgement before
-    /// it is an outage (default 10 s; librdkafka's `message.timeout.ms`
-    /// is set to it unless given).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    /// it is an outage (default 10 s): librdkafka's `message.timeout.ms`,
+    /// unless [`with_config`](Publisher::with_config) set that.
+    ///
+    /// # Errors
+    /// When librdkafka refuses the configuration.
+    pub fn timeout(mut self, timeout: Duration) -> Result<Self, Error> {
         self.timeout = timeout.max(Duration::from_millis(100));
-        self
+        let producer = crate::producer_config(&self.brokers, &self.config, self.timeout)
+            .create()
+            .map_err(error::config)?;
+        self.producer = Arc::new(RwLock::new(producer));
+        Ok(self)
     }
 
     /// Writes one record and waits for the broker's acknowledgement;
@@ -221,7 +229,9 @@ impl Publisher {
     fn failed(&self, producer: &FutureProducer, e: rdkafka::error::KafkaError) -> Error {
         if let Some((code, reason)) = producer.client().fatal_error() {
             tracing::error!(?code, %reason, "Kafka producer failed fatally; making a new one");
-            if let Ok(fresh) = crate::producer_config(&self.brokers, &self.config).create() {
+            if let Ok(fresh) =
+                crate::producer_config(&self.brokers, &self.config, self.timeout).create()
+            {
                 *self.producer.write().unwrap_or_else(|p| p.into_inner()) = fresh;
             }
             return Error::broker(

@@ -147,7 +147,8 @@ async fn the_broker_restarts_mid_run() {
     let publisher = Publisher::new(&brokers)
         .expect("publisher")
         .key_field("coupon_id")
-        .timeout(Duration::from_secs(2));
+        .timeout(Duration::from_secs(2))
+        .expect("publisher");
     // Three attempts: an outage counted as attempts would dead-letter.
     let relay = Relay::new(pool.clone())
         .route(&t.topic, publisher.route())
