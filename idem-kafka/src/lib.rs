@@ -132,6 +132,8 @@ mod context;
 mod error;
 mod message;
 mod publisher;
+mod settle;
+mod shared;
 mod topology;
 mod worker;
 
