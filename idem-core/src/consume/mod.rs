@@ -1,12 +1,14 @@
 //! The consumer core every entry point shares, and the seam a new one is
-//! written on: the outbox relay, the RabbitMQ consumer (`idem-amqp`) and
-//! the NATS JetStream consumer (`idem-nats`) are built on it, and so is a
-//! Kafka, SQS or in-house queue consumer written outside these crates.
+//! written on: the outbox relay, the RabbitMQ consumer (`idem-amqp`), the
+//! NATS JetStream consumer (`idem-nats`) and the Kafka consumer
+//! (`idem-kafka`) are built on it, and so is an SQS or in-house queue
+//! consumer written outside these crates.
 //!
 //! Each entry point has its own message type (the relay's `Delivery`, an
-//! AMQP or a NATS `Message`), its own topology and its own way to settle
-//! a message (mark the outbox row; ack, retry queue or reject; ack, nak or
-//! term), but one handler shape, one way to run it and one reading of
+//! AMQP, a NATS or a Kafka `Message`), its own topology and its own way to
+//! settle a message (mark the outbox row; ack, retry queue or reject; ack,
+//! nak or term; the offset stored, after a copy to the retry or
+//! dead-letter topic), but one handler shape, one way to run it and one reading of
 //! what it came to:
 //!
 //! - a [`Handler`] parses the payload of the message's body ([`Incoming`];

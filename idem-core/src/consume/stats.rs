@@ -2,8 +2,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Counters of one consumer, since it started: the same for the AMQP and
-/// the NATS consumer, each counter counted by the consumers it names.
+/// Counters of one consumer, since it started: the same for the AMQP, the
+/// NATS and the Kafka consumer, each counter counted by the consumers it
+/// names.
 #[derive(Debug, Default)]
 #[non_exhaustive]
 pub struct ConsumerStats {
@@ -11,8 +12,8 @@ pub struct ConsumerStats {
     pub(crate) received: AtomicU64,
     /// NATS: of those, redeliveries (`delivered > 1`): nak'd, ack wait run
     /// out, or handed out again after a consumer or a server failed.
-    /// The AMQP consumer does not count them (see its `Message`'s
-    /// `redelivered`).
+    /// Kafka: records read back from the retry topic. The AMQP consumer
+    /// does not count them (see its `Message`'s `redelivered`).
     pub(crate) redelivered: AtomicU64,
     /// Acknowledged after the handler executed the action.
     pub(crate) executed: AtomicU64,
@@ -20,22 +21,26 @@ pub struct ConsumerStats {
     pub(crate) duplicates: AtomicU64,
     /// Failed attempts requeued for a retry. AMQP: through the retry
     /// queue, or requeued in place when the retry queue could not take
-    /// them. NATS: nak'd with a back-off delay, for a redelivery.
+    /// them. NATS: nak'd with a back-off delay, for a redelivery. Kafka:
+    /// copied to the retry topic (or run again in place).
     pub(crate) retried: AtomicU64,
     /// Dead letters: non-retryable, unparsable, without a message id
     /// (AMQP `message_id`, NATS `Nats-Msg-Id`), or out of attempts (NATS:
     /// of deliveries). AMQP: rejected to the dead-letter exchange. NATS:
     /// terminated (`+TERM`, after the copy to the dead-letter subject
-    /// when one is set).
+    /// when one is set). Kafka: copied to the dead-letter topic.
     pub(crate) dead_lettered: AtomicU64,
     /// NATS: in-progress acks sent while a handler ran.
     pub(crate) progress_acks: AtomicU64,
     /// Deliveries whose settlement could not be sent (AMQP ack, nack or
     /// reject: a channel or a connection gone) or was not confirmed (NATS:
-    /// a connection or a server gone): the broker delivers them again.
+    /// a connection or a server gone), or (Kafka) whose offset was not
+    /// stored (its partition revoked first): the broker delivers them
+    /// again.
     pub(crate) settle_failed: AtomicU64,
     /// NATS: pull requests that failed (no responders, a connection
-    /// gone); each was made again after a pause.
+    /// gone); each was made again after a pause. Kafka: errors the
+    /// consumer reported while reading (a broker down, a topic missing).
     pub(crate) pull_failures: AtomicU64,
     /// Tries of a handler that failed in an outage (its database down)
     /// and were run again in place, uncounted
@@ -55,8 +60,8 @@ impl ConsumerStats {
 
     /// NATS: of those, redeliveries (`delivered > 1`): nak'd, ack wait run
     /// out, or handed out again after a consumer or a server failed.
-    /// The AMQP consumer does not count them (see its `Message`'s
-    /// `redelivered`).
+    /// Kafka: records read back from the retry topic. The AMQP consumer
+    /// does not count them (see its `Message`'s `redelivered`).
     pub fn redelivered(&self) -> u64 {
         self.redelivered.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -73,7 +78,8 @@ impl ConsumerStats {
 
     /// Failed attempts requeued for a retry. AMQP: through the retry
     /// queue, or requeued in place when the retry queue could not take
-    /// them. NATS: nak'd with a back-off delay, for a redelivery.
+    /// them. NATS: nak'd with a back-off delay, for a redelivery. Kafka:
+    /// copied to the retry topic (or run again in place).
     pub fn retried(&self) -> u64 {
         self.retried.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -82,7 +88,7 @@ impl ConsumerStats {
     /// (AMQP `message_id`, NATS `Nats-Msg-Id`), or out of attempts (NATS:
     /// of deliveries). AMQP: rejected to the dead-letter exchange. NATS:
     /// terminated (`+TERM`, after the copy to the dead-letter subject
-    /// when one is set).
+    /// when one is set). Kafka: copied to the dead-letter topic.
     pub fn dead_lettered(&self) -> u64 {
         self.dead_lettered
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -96,14 +102,17 @@ impl ConsumerStats {
 
     /// Deliveries whose settlement could not be sent (AMQP ack, nack or
     /// reject: a channel or a connection gone) or was not confirmed (NATS:
-    /// a connection or a server gone): the broker delivers them again.
+    /// a connection or a server gone), or (Kafka) whose offset was not
+    /// stored (its partition revoked first): the broker delivers them
+    /// again.
     pub fn settle_failed(&self) -> u64 {
         self.settle_failed
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// NATS: pull requests that failed (no responders, a connection
-    /// gone); each was made again after a pause.
+    /// gone); each was made again after a pause. Kafka: errors the
+    /// consumer reported while reading (a broker down, a topic missing).
     pub fn pull_failures(&self) -> u64 {
         self.pull_failures
             .load(std::sync::atomic::Ordering::Relaxed)
