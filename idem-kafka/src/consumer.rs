@@ -68,6 +68,7 @@ pub struct Consumer {
     handling: Handling<Message>,
     key_from: KeyFrom,
     max_in_flight: usize,
+    buffer: usize,
     max_attempts: u32,
     backoff: Backoff,
     retry_topic: Option<String>,
@@ -88,6 +89,7 @@ impl fmt::Debug for Consumer {
             .field("subscribers", &self.handling.names())
             .field("key_from", &self.key_from)
             .field("max_in_flight", &self.max_in_flight)
+            .field("buffer", &self.buffer)
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("retry_topic", &self.retry_topic)
@@ -217,6 +219,7 @@ impl Consumer {
             handling,
             key_from: KeyFrom::default(),
             max_in_flight: 16,
+            buffer: 8 << 20,
             max_attempts: 5,
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             commit_interval: Duration::from_secs(1),
@@ -240,6 +243,22 @@ impl Consumer {
     /// partition records run one at a time, in offset order.
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Bytes of records (values, keys and headers, plus 256 per record) a
+    /// partition may have read ahead of its handler before the consumer
+    /// pauses fetching it, so that a slow partition holds back only
+    /// itself (default 8 MiB; fetching resumes when a quarter is left).
+    ///
+    /// A pause makes librdkafka drop what it had fetched of the partition
+    /// and fetch it again on the resume, up to `max.partition.fetch.bytes`
+    /// (1 MiB by default): keep the buffer well above that. With a bound
+    /// of 512 records instead, a backlog of small records was fetched
+    /// again on every pause: `bench_kafka` ran at 0.56 of a plain consumer
+    /// on 5,000 records per partition.
+    pub fn buffer(mut self, bytes: usize) -> Self {
+        self.buffer = bytes.max(1024);
         self
     }
 
@@ -379,6 +398,7 @@ impl Consumer {
             outage_retry: self.outage_retry,
             send_timeout: self.send_timeout,
             slots: Arc::new(Semaphore::new(self.max_in_flight)),
+            buffer: self.buffer,
             stats,
         });
         let task = TaskHandle::spawn(move |stop| run(shared, stop));

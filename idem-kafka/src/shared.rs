@@ -30,6 +30,9 @@ pub(super) struct Shared {
     pub(super) outage_retry: Duration,
     pub(super) send_timeout: Duration,
     pub(super) slots: Arc<Semaphore>,
+    /// Bytes of records a partition's worker may hold before the
+    /// partition is paused.
+    pub(super) buffer: usize,
     pub(super) stats: Arc<ConsumerStats>,
 }
 

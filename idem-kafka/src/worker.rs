@@ -14,7 +14,7 @@ use idem_core::Error;
 use idem_core::consume::{self, Counter, Failure};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer as _;
-use rdkafka::message::{Message as _, OwnedMessage};
+use rdkafka::message::{Headers as _, Message as _, OwnedMessage};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,10 +23,16 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-/// Records a partition's worker may hold before the partition is paused
-/// (fetching resumes when a quarter are left): a slow partition holds
-/// back only itself.
-const BUFFER: usize = 512;
+/// What a record weighs in its worker's buffer: its value, key and
+/// headers, and what holding it costs besides.
+fn weight(m: &OwnedMessage) -> usize {
+    let headers = m.headers().map_or(0, |h| {
+        h.iter()
+            .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+            .sum()
+    });
+    m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len) + headers + 256
+}
 
 /// One partition's worker, as the reading task knows it.
 struct Worker {
@@ -36,8 +42,8 @@ struct Worker {
     task: JoinHandle<()>,
 }
 
-/// A partition's buffer: how many records wait, and whether fetching it
-/// is paused.
+/// A partition's buffer: what its waiting records weigh, and whether
+/// fetching it is paused.
 #[derive(Default)]
 struct Flow {
     queued: AtomicUsize,
@@ -100,7 +106,7 @@ fn one_partition(tp: &Tp) -> TopicPartitionList {
 impl Shared {
     /// Hands `m` to its partition's worker (started for the current
     /// assignment if there is none), pausing the partition when its
-    /// worker holds [`BUFFER`] records.
+    /// worker holds its buffer ([`Consumer::buffer`](crate::Consumer::buffer)).
     fn route(
         self: &Arc<Self>,
         workers: &mut HashMap<Tp, Worker>,
@@ -119,6 +125,7 @@ impl Shared {
                 .store_offset(&tp.topic, tp.partition, m.offset());
         }
         let epoch = self.ctx().epoch(&tp.topic, tp.partition);
+        let weight = weight(&m);
         let mut m = m;
         loop {
             let current = workers
@@ -128,19 +135,20 @@ impl Shared {
                 workers.insert(tp.clone(), self.start_worker(&tp, epoch, ending));
             }
             let w = workers.get(&tp).expect("inserted above");
-            w.flow.queued.fetch_add(1, Ordering::AcqRel);
+            w.flow.queued.fetch_add(weight, Ordering::AcqRel);
             match w.tx.send(m) {
                 Ok(()) => break,
                 // The worker ended (it never does while it is current):
                 // a new one takes the record, which is never skipped.
                 Err(mpsc::error::SendError(back)) => {
+                    w.flow.queued.fetch_sub(weight, Ordering::AcqRel);
                     m = back;
                     workers.remove(&tp);
                 }
             }
         }
         let w = &workers[&tp];
-        if w.flow.queued.load(Ordering::Acquire) >= BUFFER {
+        if w.flow.queued.load(Ordering::Acquire) >= self.buffer {
             let mut paused = w.flow.paused.lock().unwrap_or_else(|p| p.into_inner());
             if !*paused && self.consumer.pause(&one_partition(&tp)).is_ok() {
                 *paused = true;
@@ -178,8 +186,12 @@ impl Shared {
         mut ending: watch::Receiver<bool>,
     ) {
         while let Some(m) = rx.recv().await {
-            let left = flow.queued.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-            if left <= BUFFER / 4 {
+            let weight = weight(&m);
+            let left = flow
+                .queued
+                .fetch_sub(weight, Ordering::AcqRel)
+                .saturating_sub(weight);
+            if left <= self.buffer / 4 {
                 let mut paused = flow.paused.lock().unwrap_or_else(|p| p.into_inner());
                 if *paused {
                     let _ = self.consumer.resume(&one_partition(&tp));

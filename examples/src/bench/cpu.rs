@@ -87,6 +87,16 @@ impl Cpu {
     }
 }
 
+/// The CPU time (user + system, all its threads) of the process `pid`
+/// so far, as `/proc/<pid>/stat` reads now; `None` when it cannot be read
+/// (the process gone, no `/proc`). For a server the benchmark started
+/// itself (a broker), whose share of the machine's time it reports apart.
+pub fn of_process(pid: u32) -> Option<Duration> {
+    let line = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, [u, s, _, _]) = stat_fields(&line)?;
+    Some(ticks(u + s))
+}
+
 /// Microseconds of `d` per one of `n` messages.
 pub fn per_message_us(d: Duration, n: i64) -> f64 {
     d.as_secs_f64() * 1e6 / n.max(1) as f64
@@ -115,5 +125,7 @@ mod tests {
         }
         assert!(x > 0);
         assert!(Cpu::now().since(&a).own > Duration::ZERO);
+        assert!(of_process(std::process::id()).is_some());
+        assert_eq!(of_process(u32::MAX), None);
     }
 }

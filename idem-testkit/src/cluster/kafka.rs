@@ -134,6 +134,12 @@ impl KafkaBroker {
         self.port
     }
 
+    /// The running broker's process id (`None`: stopped), for a benchmark
+    /// that counts its CPU time.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Proc::pid)
+    }
+
     /// The bootstrap servers for a client, `127.0.0.1:<port>`.
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)

@@ -4,7 +4,8 @@
 //! acting once under duplicates and lost acknowledgements on the three
 //! backends, a member killed (SIGKILL) so its partitions move, the broker
 //! killed and restarted mid-run, the outbox publisher losing its
-//! acknowledgements, the consumer's database down under load. One test binary, a module per file.
+//! acknowledgements, the consumer's database down under load, a slow
+//! partition paused without holding back the others. One test binary, a module per file.
 //!
 //! Every test but the control turns lost acknowledgements on or starts a
 //! broker it kills: they run one at a time ([`common::hooks::exclusive`]
@@ -18,5 +19,6 @@ mod common {
 
 mod acts_once;
 mod db_outage;
+mod flow;
 mod rebalance;
 mod relay;

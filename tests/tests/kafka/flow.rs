@@ -1,0 +1,127 @@
+//! A slow partition holds back only itself: two partitions, the first
+//! one's records held by their handler (a gate the test opens), the
+//! second's free. With a 16 KiB read-ahead per partition, the consumer
+//! pauses fetching the held one and the free one's records all land
+//! while none of the held one's has; then the gate opens and the held
+//! partition, paused and resumed many times over, lands every record
+//! once. Counted in the database; every offset committed.
+
+use crate::common::hooks;
+use crate::common::kafka::*;
+use idem_testkit::cluster::kafka::KafkaBroker;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::sync::watch;
+
+/// Writes `u` to `partition` of `topic`, with its message id.
+async fn send(p: &FutureProducer, topic: &str, partition: i32, u: &Use) {
+    let body = serde_json::to_vec(u).unwrap();
+    let id = format!("m-{}", u.coupon_id);
+    let headers = OwnedHeaders::new().insert(Header {
+        key: kafka::MSG_ID_HEADER,
+        value: Some(&id),
+    });
+    let record = FutureRecord::<(), _>::to(topic)
+        .partition(partition)
+        .payload(&body)
+        .headers(headers);
+    p.send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("send");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_partition_holds_back_only_itself() {
+    let _one = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
+    let Some(broker) = KafkaBroker::start() else {
+        return;
+    };
+    let Some((pool, d)) = database("postgres").await else {
+        return;
+    };
+    let brokers = broker.bootstrap();
+    let t = Topology::new(unique("k_flow")).partitions(2);
+    t.declare(&brokers).await.expect("declare");
+    let held = coupons(&pool, d, 400).await;
+    let free = coupons(&pool, d, 100).await;
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .expect("producer");
+    for c in &held {
+        let u = Use {
+            coupon_id: *c,
+            slow_ms: 1,
+            ..Use::default()
+        };
+        send(&producer, &t.topic, 0, &u).await;
+    }
+    for c in &free {
+        let u = Use {
+            coupon_id: *c,
+            ..Use::default()
+        };
+        send(&producer, &t.topic, 1, &u).await;
+    }
+    let (gate, opened) = watch::channel(false);
+    let p = pool.clone();
+    let group = unique("k_flow_group");
+    let running = Consumer::new(&brokers, &group, &t.topic, move |m: Message, u: Use| {
+        let (pool, mut opened) = (p.clone(), opened.clone());
+        async move {
+            if u.slow_ms > 0 {
+                let _ = opened.wait_for(|open| *open).await;
+            }
+            award(&pool, &m, &u, d, "flow").await
+        }
+    })
+    .buffer(16 * 1024)
+    .max_in_flight(4)
+    .spawn()
+    .await
+    .expect("consumer");
+    let awarded = |coupons: &[i64]| {
+        let (pool, lo, hi) = (pool.clone(), coupons[0], coupons[coupons.len() - 1]);
+        async move {
+            let n: i64 = sqlx::query_scalar(sql(
+                d,
+                "SELECT COUNT(*) FROM idem_k_award WHERE coupon_id BETWEEN ? AND ?",
+            ))
+            .bind(lo)
+            .bind(hi)
+            .fetch_one(&pool)
+            .await
+            .expect("awards");
+            n as usize
+        }
+    };
+    wait_for(
+        "the free partition's records, the held one paused",
+        Duration::from_secs(60),
+        || async { awarded(&free).await == free.len() },
+    )
+    .await;
+    assert_eq!(awarded(&held).await, 0, "the held partition's gate is shut");
+    gate.send_replace(true);
+    wait_for(
+        "the held partition's records",
+        Duration::from_secs(120),
+        || async { awarded(&held).await == held.len() },
+    )
+    .await;
+    until_committed(&brokers, &group, &t.topic, 2, Duration::from_secs(30)).await;
+    let c = counts(&running);
+    running.shutdown().await.expect("clean shutdown");
+    eprintln!(
+        "kafka flow: {} held and {} free records; (received, executed, duplicates, retried, dead, settle_failed) = {c:?}",
+        held.len(),
+        free.len()
+    );
+    assert_eq!(
+        c.1,
+        (held.len() + free.len()) as u64,
+        "each record once: {c:?}"
+    );
+}
