@@ -2,7 +2,7 @@
 //! partition assignments ended.
 
 use rdkafka::ClientContext;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -30,10 +30,15 @@ impl Ctx {
 impl ClientContext for Ctx {}
 
 impl ConsumerContext for Ctx {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(revoked) = rebalance else {
             return;
         };
+        // A partition the consumer paused (its worker's buffer full) stays
+        // paused in librdkafka across a revocation: assigned to this
+        // member again, it would never be fetched. Its next worker starts
+        // unpaused, and so must the partition.
+        let _ = consumer.resume(revoked);
         let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
         for e in revoked.elements() {
             *epochs
