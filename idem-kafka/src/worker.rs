@@ -314,7 +314,14 @@ impl Shared {
                     .and_then(|a| u32::try_from(a).ok())
                     .unwrap_or(2)
                     .max(1),
-                not_before: number(NOT_BEFORE_HEADER),
+                // Never later than the longest back-off from now: a copy
+                // written with a far-off time (by hand, or a clock that
+                // jumped) does not hold its retry partition for longer.
+                not_before: number(NOT_BEFORE_HEADER).map(|due| {
+                    let longest =
+                        i64::try_from(self.backoff.delay(u32::MAX).as_millis()).unwrap_or(i64::MAX);
+                    due.min(now_ms().saturating_add(longest))
+                }),
                 partition: number(ORIGIN_PARTITION_HEADER).unwrap_or(-1),
                 offset: number(ORIGIN_OFFSET_HEADER).unwrap_or(-1),
             };

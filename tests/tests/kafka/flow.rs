@@ -10,6 +10,8 @@
 //! back: librdkafka keeps a partition the application paused paused
 //! across a revocation, so the consumer resumes what is revoked (without
 //! it, the held partition never came back: the second test timed out).
+//! And a retry copy due far off waits no longer than the longest
+//! back-off (without the bound, its partition waited for the day).
 
 use crate::common::hooks;
 use crate::common::kafka::*;
@@ -258,4 +260,82 @@ async fn assert_once_awarded(pool: &AnyPool, d: Dialect, coupons: &[i64]) {
     for (c, _, _, awards) in effects(pool, d, coupons).await {
         assert_eq!(awards, 1, "coupon {c} awarded {awards} times");
     }
+}
+
+/// A retry copy due in a day (written by hand, or by a clock that jumped)
+/// runs after the consumer's longest back-off, not a day later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_copy_due_far_off_waits_no_longer_than_the_longest_back_off() {
+    let _one = hooks::shared().await;
+    let _servers = hooks::own_servers().await;
+    let Some(broker) = KafkaBroker::start() else {
+        return;
+    };
+    let Some((pool, d)) = database("postgres").await else {
+        return;
+    };
+    let brokers = broker.bootstrap();
+    let t = Topology::new(unique("k_far_off"));
+    t.declare(&brokers).await.expect("declare");
+    let coupon = coupons(&pool, d, 1).await;
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .expect("producer");
+    let in_a_day = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 86_400_000;
+    let (id, due) = (format!("m-{}", coupon[0]), in_a_day.to_string());
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: kafka::MSG_ID_HEADER,
+            value: Some(&id),
+        })
+        .insert(Header {
+            key: kafka::ORIGIN_TOPIC_HEADER,
+            value: Some(&t.topic),
+        })
+        .insert(Header {
+            key: kafka::ATTEMPT_HEADER,
+            value: Some("2"),
+        })
+        .insert(Header {
+            key: kafka::NOT_BEFORE_HEADER,
+            value: Some(&due),
+        });
+    let body = serde_json::to_vec(&Use {
+        coupon_id: coupon[0],
+        ..Use::default()
+    })
+    .unwrap();
+    producer
+        .send(
+            FutureRecord::<(), _>::to(&t.retry_topic)
+                .payload(&body)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("send");
+    let running = consumer(
+        &brokers,
+        &unique("k_far_off_group"),
+        &t.topic,
+        &pool,
+        d,
+        "far",
+    )
+    .spawn()
+    .await
+    .expect("consumer");
+    // The longest back-off is 200 ms (`consumer`): a day is cut to it.
+    wait_for("the copy's effects", Duration::from_secs(30), || async {
+        done(&pool, d, &coupon).await == 1
+    })
+    .await;
+    running.shutdown().await.expect("clean shutdown");
+    assert_once(&pool, d, &coupon).await;
 }
