@@ -93,6 +93,10 @@
 //!   offsets committed only after the handler's transaction; retry and
 //!   dead-letter topics) and outbox publisher on the idempotent producer;
 //!   builds librdkafka from source (a C compiler and `make`).
+//! - `rocketmq`: the RocketMQ consumer-group adapter (one handler or a
+//!   fan-out; the article's `{topic}:{msgId}` key; offsets committed only
+//!   after the handler's transaction; dead letters in `%DLQ%{group}`) and
+//!   outbox publisher, on `rocketmq-client-rust`.
 //! - `axum`: the HTTP entry points ([`http`]): `Idempotency-Key` requests,
 //!   by hand or behind a tower layer, their `#[idempotent]` calls and
 //!   outbox messages in the request's transaction, and signed third-party
@@ -104,7 +108,7 @@
 //! outbox, the relay and the seams), its operations (`idem-ops`: [`migrate`], the
 //! [`archive`]r and the operator's [`outbox::admin`] queries, written on
 //! the core's public API) and one crate per entry point
-//! (`idem-amqp`, `idem-nats`, `idem-kafka`, `idem-axum`, `idem-redis`), each built only
+//! (`idem-amqp`, `idem-nats`, `idem-kafka`, `idem-rocketmq`, `idem-axum`, `idem-redis`), each built only
 //! on the core's public seams ([`consume`], [`outbox::forward`],
 //! [`requests`], [`front`]) and re-exported here under its feature. A new
 //! entry point is a crate of the same shape: see [`consume`] for one
@@ -146,6 +150,9 @@ pub use idem_kafka as kafka;
 #[cfg(feature = "nats")]
 #[doc(inline)]
 pub use idem_nats as nats;
+#[cfg(feature = "rocketmq")]
+#[doc(inline)]
+pub use idem_rocketmq as rocketmq;
 #[cfg(feature = "redis")]
 #[doc(inline)]
 pub use idem_redis as cache;

@@ -1,0 +1,202 @@
+//! Outbox messages written to RocketMQ, each marked published only once
+//! the broker answered `SEND_OK`.
+
+use super::error::{self, from_client};
+use super::message::field_text;
+use super::{MSG_ID_PROPERTY, TOPIC_PROPERTY};
+use idem_core::Backend;
+use idem_core::outbox::forward::{self, Forward};
+use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::task::BoxFuture;
+use idem_core::{Error, Outcome};
+use rocketmq_client_rust::{ClientRuntime, DefaultMQProducer, SendStatus};
+use rocketmq_model::common::message::message_single::Message;
+use serde::de::IgnoredAny;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Writes outbox messages to RocketMQ as a [`Relay`](idem_core::outbox::Relay)
+/// route: each message's `msg_id` in the [`MSG_ID_PROPERTY`] property (the
+/// consumer's key, the same on every copy) and as its `KEYS` (indexed by
+/// the broker: an operator finds it by id), the outbox topic in
+/// [`TOPIC_PROPERTY`], the payload as the body. The outbox row is marked
+/// published only after the broker stored the message (`SEND_OK`); a send
+/// the broker did not answer is an outage, which the relay does not count
+/// as an attempt, and a copy written before a lost answer is answered
+/// `Duplicate` by the consumer.
+///
+/// ```no_run
+/// use idem_runtime::rocketmq::Publisher;
+/// use idem_runtime::outbox::Relay;
+///
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), idem_runtime::Error> {
+/// let publisher = Publisher::connect("127.0.0.1:9876").await?;
+/// let relay = Relay::new(pool).route("coupon.deduct", publisher.topic("coupon_deduct").route()).spawn();
+/// # relay.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Publisher {
+    producer: Arc<DefaultMQProducer>,
+    topic: Option<String>,
+    tag: Option<String>,
+    keys_field: Option<String>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher")
+            .field("topic", &self.topic)
+            .field("tag", &self.tag)
+            .field("keys_field", &self.keys_field)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher through the name server(s) at `namesrv` (`host:port`,
+    /// several separated by `;`), in producer group `idem-outbox`, on the
+    /// process's [shared client runtime](crate::runtime::shared).
+    pub async fn connect(namesrv: impl Into<String>) -> Result<Self, Error> {
+        Publisher::connect_in(namesrv, "idem-outbox", crate::runtime::shared()?).await
+    }
+
+    /// A publisher in producer group `group` on the application's own
+    /// client runtime.
+    pub async fn connect_in(
+        namesrv: impl Into<String>,
+        group: impl Into<String>,
+        runtime: Arc<ClientRuntime>,
+    ) -> Result<Self, Error> {
+        let timeout = Duration::from_secs(3);
+        let producer =
+            crate::start_producer(runtime, namesrv.into(), group.into(), timeout).await?;
+        Ok(Publisher::with_producer(producer))
+    }
+
+    /// A publisher on a producer the application made and started.
+    pub fn with_producer(producer: DefaultMQProducer) -> Self {
+        Publisher {
+            producer: Arc::new(producer),
+            topic: None,
+            tag: None,
+            keys_field: None,
+            timeout: Duration::from_secs(3),
+        }
+    }
+
+    /// Publishes every message to this RocketMQ topic instead of its
+    /// outbox topic (RocketMQ topic names allow letters, digits, `_`, `-`
+    /// and `%`: an outbox topic such as `coupon.deduct` needs one).
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+
+    /// The tag every message carries (a consumer can subscribe to tags).
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = Some(tag.into());
+        self
+    }
+
+    /// The message's `KEYS` from a payload field (default: its `msg_id`).
+    pub fn keys_field(mut self, name: impl Into<String>) -> Self {
+        self.keys_field = Some(name.into());
+        self
+    }
+
+    /// How long a send waits for the broker's answer (default 3 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Sends one message and waits for the broker to store it; returns
+    /// RocketMQ's message id. The id must not be empty.
+    pub async fn publish(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        payload: &[u8],
+    ) -> Result<String, Error> {
+        if msg_id.is_empty() {
+            return Err(Error::InvalidMessage {
+                topic: topic.to_owned(),
+                msg_id: String::new(),
+                reason: "empty msg_id: the consumer could not key it".to_owned(),
+            });
+        }
+        let key = self
+            .keys_field
+            .as_deref()
+            .and_then(|f| field_text(payload, f))
+            .unwrap_or_else(|| msg_id.to_owned());
+        let to = self.topic.as_deref().unwrap_or(topic);
+        let message = outgoing(
+            to,
+            self.tag.as_deref(),
+            &key,
+            payload,
+            &[(MSG_ID_PROPERTY, msg_id), (TOPIC_PROPERTY, topic)],
+        )?;
+        let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        let sent = self
+            .producer
+            .send_with_timeout(message, timeout)
+            .await
+            .map_err(|e| from_client("send", e))?;
+        match sent {
+            Some(r) if r.send_status == SendStatus::SendOk => {
+                Ok(r.msg_id.map(|id| id.to_string()).unwrap_or_default())
+            }
+            Some(r) => Err(error::not_stored(r.send_status)),
+            None => Err(error::not_stored("no send result")),
+        }
+    }
+
+    /// The relay route that forwards each outbox message.
+    #[allow(clippy::type_complexity)]
+    pub fn route<DB: Backend>(
+        &self,
+    ) -> impl Fn(Delivery<DB>, IgnoredAny) -> BoxFuture<Result<Outcome<()>, Error>> + Send + Sync + 'static
+    {
+        forward::route(self)
+    }
+}
+
+impl Forward for Publisher {
+    async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
+        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
+            .await
+            .map(|_| ())
+    }
+}
+
+/// A message to `topic` with `body`, its `KEYS`, a tag and properties.
+pub(crate) fn outgoing(
+    topic: &str,
+    tag: Option<&str>,
+    key: &str,
+    body: &[u8],
+    properties: &[(&str, &str)],
+) -> Result<Message, Error> {
+    let mut b = Message::builder().topic(topic).body_slice(body).key(key);
+    if let Some(t) = tag {
+        b = b.tags(t);
+    }
+    for (k, v) in properties {
+        b = b.raw_property(*k, *v).map_err(|e| invalid(topic, e))?;
+    }
+    b.build().map_err(|e| invalid(topic, e))
+}
+
+fn invalid(topic: &str, e: impl fmt::Display) -> Error {
+    Error::InvalidMessage {
+        topic: topic.to_owned(),
+        msg_id: String::new(),
+        reason: e.to_string(),
+    }
+}
