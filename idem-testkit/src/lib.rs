@@ -28,6 +28,9 @@
 //! - With the `kafka` feature: [`cluster::kafka::KafkaBroker`], a
 //!   Kafka-protocol broker (nisshi) of the test's own, with the
 //!   re-exported `rdkafka` client.
+//! - With the `rocketmq` feature: [`cluster::rocketmq::RocketMq`], a
+//!   RocketMQ name server, broker master and slave (rocketmq-rust) of the
+//!   test's own, with the re-exported `rocketmq-client-rust` client.
 //! - [`env_setting`]: an environment variable, where set-but-empty
 //!   (`DATABASE_URL=`) means unset.
 //!

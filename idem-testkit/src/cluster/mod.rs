@@ -16,7 +16,9 @@
 //! `redis-server` to stop and start again; [`single::Single`], one
 //! PostgreSQL or MariaDB server to stop and start again under a service;
 //! with the `kafka` feature, [`kafka::KafkaBroker`], one Kafka-protocol
-//! broker (nisshi) to kill and start again on the same storage.
+//! broker (nisshi) to kill and start again on the same storage; with the
+//! `rocketmq` feature, [`rocketmq::RocketMq`], a RocketMQ name server and
+//! broker master (and slave) to kill and start again on the same store.
 
 pub mod galera;
 #[cfg(feature = "kafka")]
@@ -29,6 +31,8 @@ pub mod pg_standby;
 pub mod pgbouncer;
 pub mod rabbitmq;
 pub mod redis;
+#[cfg(feature = "rocketmq")]
+pub mod rocketmq;
 pub mod single;
 
 use std::collections::HashMap;
