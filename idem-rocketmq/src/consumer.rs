@@ -9,7 +9,7 @@ use idem_core::backoff::Backoff;
 use idem_core::consume::{self, ConsumerStats, Handling, Running};
 use idem_core::task::TaskHandle;
 use idem_core::{Error, Outcome};
-use rocketmq_client_rust::{ClientRuntime, DefaultLitePullConsumer};
+use rocketmq_client_rust::{ClientOptions, ClientRuntime, DefaultLitePullConsumer};
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use serde::de::DeserializeOwned;
 use std::fmt;
@@ -72,6 +72,7 @@ pub struct Consumer {
     outage_retry: Duration,
     send_timeout: Duration,
     runtime: Option<Arc<ClientRuntime>>,
+    options: Option<ClientOptions>,
 }
 
 impl fmt::Debug for Consumer {
@@ -219,6 +220,7 @@ impl Consumer {
             outage_retry: consume::OUTAGE_RETRY,
             send_timeout: Duration::from_secs(3),
             runtime: None,
+            options: None,
         }
     }
 
@@ -299,6 +301,16 @@ impl Consumer {
         self
     }
 
+    /// The RocketMQ clients' options (route and heartbeat intervals, TLS,
+    /// …; the name server is the consumer's whatever they say), for the
+    /// consumer and its dead-letter producer. RocketMQ's defaults refresh
+    /// a topic's route from the name server every 30 s: a consumer learns
+    /// of a dead or restarted master that late.
+    pub fn client_options(mut self, options: ClientOptions) -> Self {
+        self.options = Some(options);
+        self
+    }
+
     /// Joins the group and runs the consumer as a tokio task. Errors when
     /// the configuration is refused, the name server cannot be reached,
     /// or no handler was subscribed.
@@ -314,7 +326,11 @@ impl Consumer {
             Some(r) => r,
             None => crate::runtime::shared()?,
         };
-        let consumer = DefaultLitePullConsumer::builder(runtime.clone())
+        let mut builder = DefaultLitePullConsumer::builder(runtime.clone());
+        if let Some(o) = self.options.clone() {
+            builder = builder.client_options(o);
+        }
+        let consumer = builder
             .consumer_group(self.group.clone())
             .name_server_addr(self.namesrv.clone())
             .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
@@ -331,8 +347,14 @@ impl Consumer {
             .await
             .map_err(|e| error::from_client("consumer start", e))?;
         let group = format!("{}-dlq", self.group);
-        let producer =
-            crate::start_producer(runtime, self.namesrv, group, self.send_timeout).await?;
+        let producer = crate::start_producer(
+            runtime,
+            self.options,
+            self.namesrv,
+            group,
+            self.send_timeout,
+        )
+        .await?;
         let stats = Arc::<ConsumerStats>::default();
         let info = Arc::new(Info {
             topic: self.topic.clone(),

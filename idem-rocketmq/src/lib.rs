@@ -144,7 +144,7 @@ pub use message::{KeyFrom, Message};
 pub use publisher::Publisher;
 
 use idem_core::Error;
-use rocketmq_client_rust::{ClientRuntime, DefaultMQProducer};
+use rocketmq_client_rust::{ClientOptions, ClientRuntime, DefaultMQProducer};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -205,12 +205,17 @@ impl ConsumerHandle {
 /// dead-letter loop).
 pub(crate) async fn start_producer(
     runtime: Arc<ClientRuntime>,
+    options: Option<ClientOptions>,
     namesrv: String,
     group: String,
     timeout: Duration,
 ) -> Result<DefaultMQProducer, Error> {
     let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-    let mut producer = DefaultMQProducer::builder(runtime)
+    let mut builder = DefaultMQProducer::builder(runtime);
+    if let Some(o) = options {
+        builder = builder.client_options(o);
+    }
+    let mut producer = builder
         .producer_group(group)
         .name_server_addr(namesrv)
         .send_msg_timeout(ms)

@@ -9,7 +9,7 @@ use idem_core::outbox::forward::{self, Forward};
 use idem_core::outbox::{Delivery, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
-use rocketmq_client_rust::{ClientRuntime, DefaultMQProducer, SendStatus};
+use rocketmq_client_rust::{ClientOptions, ClientRuntime, DefaultMQProducer, SendStatus};
 use rocketmq_model::common::message::message_single::Message;
 use serde::de::IgnoredAny;
 use std::fmt;
@@ -61,19 +61,23 @@ impl Publisher {
     /// several separated by `;`), in producer group `idem-outbox`, on the
     /// process's [shared client runtime](crate::runtime::shared).
     pub async fn connect(namesrv: impl Into<String>) -> Result<Self, Error> {
-        Publisher::connect_in(namesrv, "idem-outbox", crate::runtime::shared()?).await
+        Publisher::connect_with(namesrv, "idem-outbox", None, crate::runtime::shared()?).await
     }
 
-    /// A publisher in producer group `group` on the application's own
-    /// client runtime.
-    pub async fn connect_in(
+    /// A publisher in producer group `group`, with the client's `options`
+    /// (its route and heartbeat intervals, TLS, …; the name server is
+    /// `namesrv` whatever they say) on the application's own client
+    /// runtime. Its send time-out is 3 s and the client's own send
+    /// retries are off: the relay retries.
+    pub async fn connect_with(
         namesrv: impl Into<String>,
         group: impl Into<String>,
+        options: Option<ClientOptions>,
         runtime: Arc<ClientRuntime>,
     ) -> Result<Self, Error> {
         let timeout = Duration::from_secs(3);
         let producer =
-            crate::start_producer(runtime, namesrv.into(), group.into(), timeout).await?;
+            crate::start_producer(runtime, options, namesrv.into(), group.into(), timeout).await?;
         Ok(Publisher::with_producer(producer))
     }
 
@@ -155,6 +159,12 @@ impl Publisher {
             Some(r) => Err(error::not_stored(r.send_status)),
             None => Err(error::not_stored("no send result")),
         }
+    }
+
+    /// Shuts the producer down (it is shared by every clone of this
+    /// publisher: call it once the relays using it stopped).
+    pub async fn shutdown(&self) {
+        (*self.producer).clone().shutdown().await;
     }
 
     /// The relay route that forwards each outbox message.

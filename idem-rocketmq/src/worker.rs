@@ -111,7 +111,8 @@ pub(super) async fn run(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Res
     let (ending, ending_rx) = watch::channel(false);
     let mut workers: HashMap<MessageQueue, Worker> = HashMap::new();
     let mut last_commit = Instant::now();
-    while !*stop.borrow() {
+    // A stop, or the handle dropped (the sender gone).
+    while !*stop.borrow() && stop.has_changed().is_ok() {
         let polled = shared.consumer.poll_with_timeout(200).await;
         for m in &polled {
             shared.route(&mut workers, Record::of(m), &ending_rx);
@@ -129,6 +130,9 @@ pub(super) async fn run(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Res
     }
     shared.commit().await;
     shared.consumer.shutdown().await;
+    // A clone shares the producer's client: shutting it down stops the
+    // dead-letter producer's background tasks.
+    shared.producer.clone().shutdown().await;
     Ok(())
 }
 
