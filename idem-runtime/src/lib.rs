@@ -150,12 +150,12 @@ pub use idem_kafka as kafka;
 #[cfg(feature = "nats")]
 #[doc(inline)]
 pub use idem_nats as nats;
-#[cfg(feature = "rocketmq")]
-#[doc(inline)]
-pub use idem_rocketmq as rocketmq;
 #[cfg(feature = "redis")]
 #[doc(inline)]
 pub use idem_redis as cache;
+#[cfg(feature = "rocketmq")]
+#[doc(inline)]
+pub use idem_rocketmq as rocketmq;
 #[doc(inline)]
 pub use idem_shard as shard;
 #[cfg(feature = "testing")]
