@@ -19,3 +19,4 @@ mod common {
 
 mod acts_once;
 mod incident;
+mod relay;
