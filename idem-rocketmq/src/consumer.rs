@@ -338,12 +338,10 @@ impl Consumer {
             .poll_timeout_millis(200)
             .build()
             .map_err(|e| error::config("consumer configuration", e))?;
-        consumer
-            .subscribe_with_expression(&self.topic, &self.tags)
+        crate::boxed(consumer.subscribe_with_expression(&self.topic, &self.tags))
             .await
             .map_err(|e| error::config("subscribe", e))?;
-        consumer
-            .start()
+        crate::boxed(consumer.start())
             .await
             .map_err(|e| error::from_client("consumer start", e))?;
         let group = format!("{}-dlq", self.group);

@@ -200,6 +200,16 @@ impl ConsumerHandle {
     }
 }
 
+/// `f`, boxed: the client's futures nest deep enough that a caller's
+/// future awaiting one inline overflows rustc's default query depth
+/// (`recursion_limit`, 128) in the caller's crate. Boxed at every public
+/// boundary, they cost the caller nothing to compile.
+pub(crate) fn boxed<'a, T>(
+    f: impl std::future::Future<Output = T> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>> {
+    Box::pin(f)
+}
+
 /// A started producer in `group`, sends answered within `timeout`, the
 /// client's own send retries off (the caller retries: a relay, or the
 /// dead-letter loop).
@@ -221,8 +231,7 @@ pub(crate) async fn start_producer(
         .send_msg_timeout(ms)
         .retry_times_when_send_failed(0)
         .build();
-    producer
-        .start()
+    boxed(producer.start())
         .await
         .map_err(|e| error::from_client("producer start", e))?;
     Ok(producer)

@@ -147,9 +147,7 @@ impl Publisher {
             &[(MSG_ID_PROPERTY, msg_id), (TOPIC_PROPERTY, topic)],
         )?;
         let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        let sent = self
-            .producer
-            .send_with_timeout(message, timeout)
+        let sent = crate::boxed(self.producer.send_with_timeout(message, timeout))
             .await
             .map_err(|e| from_client("send", e))?;
         match sent {
@@ -164,7 +162,8 @@ impl Publisher {
     /// Shuts the producer down (it is shared by every clone of this
     /// publisher: call it once the relays using it stopped).
     pub async fn shutdown(&self) {
-        (*self.producer).clone().shutdown().await;
+        let mut producer = (*self.producer).clone();
+        crate::boxed(async move { producer.shutdown().await }).await;
     }
 
     /// The relay route that forwards each outbox message.

@@ -132,7 +132,8 @@ pub(super) async fn run(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Res
     shared.consumer.shutdown().await;
     // A clone shares the producer's client: shutting it down stops the
     // dead-letter producer's background tasks.
-    shared.producer.clone().shutdown().await;
+    let mut producer = shared.producer.clone();
+    crate::boxed(async move { producer.shutdown().await }).await;
     Ok(())
 }
 

@@ -76,6 +76,14 @@ use std::process::Command;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+/// `f`, boxed: the client's futures nest deep enough that a test's future
+/// awaiting them inline overflows rustc's default query depth (128).
+fn boxed<'a, T>(
+    f: impl std::future::Future<Output = T> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>> {
+    Box::pin(f)
+}
+
 /// Where `.ci/run` installs rocketmq-rust (`cargo install
 /// rocketmq-namesrv@1.0.0 rocketmq-broker@1.0.0 --root
 /// /opt/idem-brokers/rocketmq`).
@@ -302,6 +310,10 @@ impl RocketMq {
     ///
     /// When it does not start.
     pub async fn producer(&self, group: &str) -> DefaultMQProducer {
+        boxed(self.start_producer(group)).await
+    }
+
+    async fn start_producer(&self, group: &str) -> DefaultMQProducer {
         let mut producer = DefaultMQProducer::builder(client_runtime("idem-rocketmq-producer"))
             .client_options(self.client_options())
             .producer_group(group)
@@ -320,6 +332,10 @@ impl RocketMq {
     ///
     /// When a broker refuses it or the route does not show within 30 s.
     pub async fn create_topic(&self, name: &str, queues: u32) {
+        boxed(self.create_topic_now(name, queues)).await
+    }
+
+    async fn create_topic_now(&self, name: &str, queues: u32) {
         let mut admin = DefaultMQAdminExt::new(client_runtime("idem-rocketmq-admin"));
         admin.set_namesrv_addr(self.namesrv_addr());
         admin.start().await.expect("start the admin client");

@@ -234,8 +234,7 @@ pub(crate) async fn read_topic(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     reader.shutdown().await.expect("reader shutdown");
-    let got = out.lock().unwrap().clone();
-    got
+    out.lock().unwrap().clone()
 }
 /// Per coupon of `coupons`: (status, `idem_r_use` rows, `idem_r_award` rows).
 pub(crate) async fn effects(
