@@ -28,7 +28,7 @@
 //! it maps to the TOML sections): `autoCreateTopicEnable`,
 //! `autoCreateSubscriptionGroup`, `slaveReadEnable` on, `ASYNC_FLUSH`,
 //! the master `ASYNC_MASTER`, the slave `SLAVE` with `haMasterAddress`
-//! set to the master's HA port; commit log files of 64 MiB instead of
+//! set to the master's HA port; commit log files of 16 MiB instead of
 //! 1 GiB.
 //!
 //! [`RocketMq::create_topic`] creates a topic with N queues on every
@@ -43,8 +43,9 @@
 //! [`client`], with [`model`] (`Message`, `MessageExt`) and [`runtime`];
 //! its producers and consumers are built on a [`client_runtime`], and
 //! [`RocketMq::client_options`] points them at the name server with
-//! route and heartbeat intervals of a second (the defaults, 30 s, would
-//! leave a client on a dead master's route for up to 30 s).
+//! route and heartbeat intervals of 10 s, the least the client accepts
+//! (the defaults, 30 s, would leave a client on a dead master's route for
+//! up to 30 s).
 //!
 //! ```no_run
 //! # async fn run() {
@@ -103,8 +104,9 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 const TERMINATE_WITHIN: Duration = Duration::from_secs(15);
 /// How long a created topic may take to show in the name server's route.
 const TOPIC_WITHIN: Duration = Duration::from_secs(30);
-/// The clients' route and heartbeat intervals.
-const CLIENT_INTERVAL_MS: u32 = 1000;
+/// The clients' route and heartbeat intervals: the least the client
+/// accepts (its start fails with `core.configuration.invalid` below 10 s).
+const CLIENT_INTERVAL_MS: u32 = 10_000;
 
 /// The runtime every [`client_runtime`] runs on: built once per test
 /// process and never dropped, so that clients outlive any one test's
@@ -293,7 +295,7 @@ impl RocketMq {
 
     /// Client options for a producer or consumer of this cluster (their
     /// builders' `client_options`): the name server, and route and
-    /// heartbeat intervals of a second.
+    /// heartbeat intervals of 10 s.
     pub fn client_options(&self) -> ClientOptions {
         let config = ClientConfig::builder()
             .namesrv_addr(self.namesrv_addr())
@@ -525,6 +527,7 @@ storePathRootDir = "{store}"
 autoCreateTopicEnable = true
 autoCreateSubscriptionGroup = true
 slaveReadEnable = true
+brokerRole = "{role}"
 
 [broker.brokerServerConfig]
 bindAddress = "127.0.0.1"
@@ -540,7 +543,7 @@ flushDiskType = "ASYNC_FLUSH"
 haListenAddress = "127.0.0.1"
 haListenPort = {ha}
 storePathRootDir = "{store}"
-mappedFileSizeCommitLog = 67108864
+mappedFileSizeCommitLog = 16777216
 {ha_master}"#,
         port = node.port,
         id = node.broker_id,
