@@ -336,6 +336,10 @@ impl Consumer {
             .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
             .auto_commit(false)
             .poll_timeout_millis(200)
+            // A pull parked at the broker holds a shutdown for its whole
+            // suspension (20 s by default): 2 s.
+            .broker_suspend_max_time_millis(2000)
+            .consumer_timeout_millis_when_suspend(5000)
             .build()
             .map_err(|e| error::config("consumer configuration", e))?;
         crate::boxed(consumer.subscribe_with_expression(&self.topic, &self.tags))

@@ -18,5 +18,6 @@ mod common {
 }
 
 mod acts_once;
+mod db_outage;
 mod incident;
 mod relay;
