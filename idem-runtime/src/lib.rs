@@ -69,9 +69,10 @@
 //!   always beside the entity's data), [`pooler`] (behind pgbouncer in
 //!   transaction mode: unnamed statements, autocommit statements in
 //!   transactions), [`cache`] (feature `redis`), [`amqp`] (feature `amqp`),
-//!   `nats` (feature `nats`), `kafka` (feature `kafka`), `consume` (the
-//!   consumer handle and counters the brokers share; features `amqp`,
-//!   `nats`, `kafka`), `http` (feature
+//!   `nats` (feature `nats`), `kafka` (feature `kafka`), `rocketmq`
+//!   (feature `rocketmq`), `redis_streams` (feature `redis-streams`),
+//!   `consume` (the consumer handle and counters the brokers share;
+//!   features `amqp`, `nats`, `kafka`, `rocketmq`, `redis-streams`), `http` (feature
 //!   `axum`), `testing` (feature `testing`).
 //!
 //! What only the generated code calls (the call protocol, the strategies'
@@ -97,6 +98,10 @@
 //!   fan-out; the article's `{topic}:{msgId}` key; offsets committed only
 //!   after the handler's transaction; dead letters in `%DLQ%{group}`) and
 //!   outbox publisher, on `rocketmq-client-rust`.
+//! - `redis-streams`: the Redis Streams consumer-group adapter (one
+//!   handler or a fan-out; `XACK` only after the handler's transaction,
+//!   a dead consumer's entries taken over with `XAUTOCLAIM`, a
+//!   dead-letter stream) and outbox publisher on `XADD`.
 //! - `axum`: the HTTP entry points ([`http`]): `Idempotency-Key` requests,
 //!   by hand or behind a tower layer, their `#[idempotent]` calls and
 //!   outbox messages in the request's transaction, and signed third-party
@@ -108,7 +113,8 @@
 //! outbox, the relay and the seams), its operations (`idem-ops`: [`migrate`], the
 //! [`archive`]r and the operator's [`outbox::admin`] queries, written on
 //! the core's public API) and one crate per entry point
-//! (`idem-amqp`, `idem-nats`, `idem-kafka`, `idem-rocketmq`, `idem-axum`, `idem-redis`), each built only
+//! (`idem-amqp`, `idem-nats`, `idem-kafka`, `idem-rocketmq`, `idem-redis-streams`,
+//! `idem-axum`, `idem-redis`), each built only
 //! on the core's public seams ([`consume`], [`outbox::forward`],
 //! [`requests`], [`front`]) and re-exported here under its feature. A new
 //! entry point is a crate of the same shape: see [`consume`] for one
@@ -156,6 +162,9 @@ pub use idem_redis as cache;
 #[cfg(feature = "rocketmq")]
 #[doc(inline)]
 pub use idem_rocketmq as rocketmq;
+#[cfg(feature = "redis-streams")]
+#[doc(inline)]
+pub use idem_redis_streams as redis_streams;
 #[doc(inline)]
 pub use idem_shard as shard;
 #[cfg(feature = "testing")]
