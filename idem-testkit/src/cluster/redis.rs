@@ -1,12 +1,15 @@
 //! One `redis-server` of the test's own, for the tests that stop it: its
 //! own port on 127.0.0.1 and its own directory under the temporary folder,
-//! no persistence (`--save ""`, `--appendonly no`), killed and removed on
+//! no persistence (`--save ""`, `--appendonly no`; see below), killed and removed on
 //! drop, also when the test panics. Never the machine's shared Redis.
 //!
 //! [`RedisServer::terminate`] stops it with SIGTERM (Redis's orderly
 //! shutdown), [`RedisServer::kill9`] with SIGKILL (a crash);
 //! [`RedisServer::restart`] starts it again on the same port and
-//! directory, empty: nothing was saved.
+//! directory, empty: nothing was saved. [`RedisServer::start_persistent`]
+//! starts one with the append-only file on instead (`appendonly yes`,
+//! `appendfsync always`: every write on disk before its reply), which a
+//! restart, even after SIGKILL, reads back whole.
 //!
 //! ```no_run
 //! use idem_testkit::cluster::redis::RedisServer;
@@ -42,6 +45,8 @@ pub struct RedisServer {
     dir: Scratch,
     /// Servers started so far (names the log files).
     runs: usize,
+    /// The append-only file on (every write fsynced before its reply).
+    persistent: bool,
 }
 
 impl RedisServer {
@@ -54,12 +59,28 @@ impl RedisServer {
     /// When the server does not answer within 30 s (its log tail is in
     /// the message).
     pub fn start() -> Option<RedisServer> {
+        RedisServer::start_with(false)
+    }
+
+    /// [`start`](Self::start), with the append-only file on
+    /// (`appendonly yes`, `appendfsync always`): a [`restart`](Self::restart),
+    /// also after [`kill9`](Self::kill9), finds every write it answered.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_persistent() -> Option<RedisServer> {
+        RedisServer::start_with(true)
+    }
+
+    fn start_with(persistent: bool) -> Option<RedisServer> {
         need("redis server", &[REDIS_SERVER])?;
         let mut server = RedisServer {
             proc: None,
             port: free_port(),
             dir: Scratch::new("redis"),
             runs: 0,
+            persistent,
         };
         server.spawn();
         eprintln!("redis server: up on port {}", server.port);
@@ -98,7 +119,8 @@ impl RedisServer {
 
     /// Starts it again on the same port and directory (killing it first
     /// if it still runs) and waits until it answers `PING`. It starts
-    /// empty: nothing was saved.
+    /// empty (nothing was saved), unless it was started
+    /// [persistent](Self::start_persistent).
     ///
     /// # Panics
     ///
@@ -124,8 +146,13 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--protected-mode", "yes"])
             .arg("--dir")
             .arg(self.dir.path())
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--logfile", ""]);
+            .args(["--save", "", "--daemonize", "no"]);
+        if self.persistent {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        cmd.args(["--logfile", ""]);
         let log = self.dir.join(&format!("run-{}.log", self.runs));
         self.proc = Some(Proc::spawn("redis-server", cmd, log));
         let start = Instant::now();
