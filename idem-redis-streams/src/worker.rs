@@ -203,6 +203,10 @@ impl Shared {
             .await?;
             claims.cursor = next;
             claims.last = Some(Instant::now());
+            // Entries this consumer holds already (their idle time not
+            // reset while Redis was away) are not claimed again.
+            let mut entries = entries;
+            entries.retain(|e| !self.hand().contains(&e.id));
             if !entries.is_empty() {
                 let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
                 // Claimed: handed out twice at least.
