@@ -18,7 +18,7 @@
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
     archive, by_hand, cache, console, http, kafka, nats, outbox, quick_start, rabbitmq, record,
-    rocketmq, shards, transaction, unique_insert, using,
+    redis_streams, rocketmq, shards, transaction, unique_insert, using,
 };
 use idem_runtime::archive::RetentionPolicy;
 use idem_runtime::outbox::{Relay, enqueue};
@@ -926,6 +926,54 @@ async fn the_kafka_consumer_deducts_what_the_relay_published() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     kafka::consume_and_publish(pool.clone(), &broker.bootstrap(), until)
+        .await
+        .expect("consume");
+    assert_eq!(
+        (deductions(&pool, c).await, coupon_status(&pool, c).await),
+        (1, "USED".into())
+    );
+}
+
+/// The Redis Streams snippet on the shared Redis: the relay writes two
+/// outbox messages for one coupon (two ids: a second delivery of the same
+/// deduction) to the stream, the consumer's handler deducts once and
+/// answers the second `Duplicate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_streams_consumer_deducts_what_the_relay_published() {
+    if !idem_testkit::redis_up().await {
+        return;
+    }
+    let Some(pool) = pool().await else { return };
+    let c = coupon(&pool, "UNUSED").await;
+    let msg = DeductCoupon {
+        coupon_id: c,
+        order_id: ids(1),
+    };
+    let ids = [unique("readme-rs"), unique("readme-rs")];
+    for msg_id in &ids {
+        enqueue_one(&pool, "readme.rs.deduct", msg_id, &msg).await;
+    }
+    let db = pool.clone();
+    let until = async move {
+        let start = Instant::now();
+        loop {
+            let mut done = deductions(&db, c).await == 1;
+            for msg_id in &ids {
+                done &= outbox_status(&db, "readme.rs.deduct", msg_id)
+                    .await
+                    .as_deref()
+                    == Some("success");
+            }
+            if done {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "not consumed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Time for a second deduction, if there were one.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    redis_streams::consume_and_publish(pool.clone(), &idem_testkit::redis_url(), until)
         .await
         .expect("consume");
     assert_eq!(

@@ -8,7 +8,7 @@
 //!
 //! `tests/readme_snippets.rs` fails when a block is not such a region, or
 //! a region is shown nowhere, and runs the flows against the real servers
-//! (PostgreSQL, Redis, RabbitMQ, NATS; the quick start on SQLite),
+//! (PostgreSQL, Redis, RabbitMQ, NATS, Kafka; the quick start on SQLite),
 //! asserting their effects in the database.
 //!
 //! The files are not formatted by rustfmt (`#[rustfmt::skip]` on each
@@ -47,6 +47,8 @@ pub mod quick_start;
 pub mod rabbitmq;
 #[rustfmt::skip]
 pub mod record;
+#[rustfmt::skip]
+pub mod redis_streams;
 #[rustfmt::skip]
 pub mod shards;
 #[rustfmt::skip]

@@ -14,8 +14,8 @@
 //! 4. [`composition`]: one message for several handlers (fan-out), and a
 //!    handler inside a transaction the caller holds.
 //! 5. [`entry_points`]: the front layers of each entry point: the Redis
-//!    cache, RabbitMQ, NATS JetStream, payment callbacks, `Idempotency-Key`
-//!    requests over HTTP.
+//!    cache, RabbitMQ, NATS JetStream, Kafka, RocketMQ, Redis Streams, payment
+//!    callbacks, `Idempotency-Key` requests over HTTP.
 //! 6. [`operating`]: metrics and spans, record expiry and archiving, the
 //!    retention check, the `idem` command-line tool and the web console.
 //! 7. [`deployments`]: the backends and their features, standbys, Galera,
