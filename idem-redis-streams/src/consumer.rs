@@ -4,7 +4,8 @@ use super::ConsumerHandle;
 use super::commands::{create_group, manager};
 use super::error::from_redis;
 use super::message::Message;
-use super::worker::{Shared, run};
+use super::shared::Shared;
+use super::worker::run;
 use idem_core::backoff::Backoff;
 use idem_core::consume::{self, Handling};
 use idem_core::task::TaskHandle;
@@ -258,9 +259,11 @@ impl Consumer {
         }
     }
 
-    /// This consumer's name in the group (default `{hostname}-{pid}`).
-    /// Names need not be stable: a consumer's entries left pending are
-    /// claimed by whichever consumer of the group runs `XAUTOCLAIM` first.
+    /// This consumer's name in the group (default `{hostname}-{pid}`;
+    /// two consumers of one group in one process need names of their
+    /// own). Names need not be stable: a consumer's entries left pending
+    /// are claimed by whichever consumer of the group runs `XAUTOCLAIM`
+    /// first.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self

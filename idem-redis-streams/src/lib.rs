@@ -174,6 +174,7 @@ mod error;
 mod message;
 mod publisher;
 mod settle;
+mod shared;
 mod worker;
 
 pub use consumer::{Consumer, Start};

@@ -4,7 +4,7 @@
 
 use super::commands::{self, Entry};
 use super::message::Message;
-use super::worker::Shared;
+use super::shared::Shared;
 use super::{
     DEAD_CONSUMER_FIELD, DEAD_DELIVERED_FIELD, DEAD_ENTRY_ID_FIELD, DEAD_GROUP_FIELD,
     DEAD_REASON_FIELD, DEAD_STREAM_FIELD,
