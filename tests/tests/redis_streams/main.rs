@@ -7,7 +7,8 @@
 //! unacknowledged entries that a survivor claims, Redis killed and
 //! restarted mid-run under the consumer and the outbox publisher, the
 //! consumer's database down under load, poison entries dead-lettered with
-//! their reasons, and a control without idem under the same kill.
+//! their reasons, the stream lost under the consumer (its group created
+//! again), and a control without idem under the same kill.
 //!
 //! Every test that turns lost acknowledgements on holds
 //! [`common::hooks::exclusive`]; the others hold
@@ -24,4 +25,5 @@ mod acts_once;
 mod db_outage;
 mod dead_letter;
 mod killed;
+mod lost_stream;
 mod restart;
