@@ -159,12 +159,12 @@ pub use idem_nats as nats;
 #[cfg(feature = "redis")]
 #[doc(inline)]
 pub use idem_redis as cache;
-#[cfg(feature = "rocketmq")]
-#[doc(inline)]
-pub use idem_rocketmq as rocketmq;
 #[cfg(feature = "redis-streams")]
 #[doc(inline)]
 pub use idem_redis_streams as redis_streams;
+#[cfg(feature = "rocketmq")]
+#[doc(inline)]
+pub use idem_rocketmq as rocketmq;
 #[doc(inline)]
 pub use idem_shard as shard;
 #[cfg(feature = "testing")]
