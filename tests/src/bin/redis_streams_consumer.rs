@@ -5,7 +5,7 @@
 //! every later one blocks after its commit, holding its entry pending
 //! (committed, unacknowledged) until the kill.
 //!
-//! Usage: redis_streams_consumer REDIS_URL STREAM GROUP DATABASE_URL OWNER HOLD [plain]
+//! Usage: redis_streams_consumer REDIS_URL STREAM GROUP DATABASE_URL OWNER HOLD `[plain]`
 //!
 //! `plain`: the control's handler, without idem.
 
