@@ -36,6 +36,7 @@ pub mod fanout;
 pub mod http;
 #[rustfmt::skip]
 pub mod kafka;
+#[rustfmt::skip]
 pub mod rocketmq;
 #[rustfmt::skip]
 pub mod nats;

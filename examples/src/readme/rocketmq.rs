@@ -54,26 +54,19 @@ pub async fn consume_and_publish(
     // Consumer: a queue's offset is committed only after its messages'
     // handlers committed (or answered Duplicate), in order per queue.
     let db = pool.clone();
-    let consumer = Consumer::new(
-        namesrv,
-        "deduct",
-        topic,
-        move |m: rocketmq::Message, msg: DeductCoupon| {
-            let pool = db.clone();
-            async move { deduct_from_rocketmq(&pool, &m, &msg).await } // key = "rocketmq:{m.topic}:{m.msg_id}"
-        },
-    )
-    .max_attempts(16) // then %DLQ%deduct
-    .backoff(Duration::from_secs(1), Duration::from_secs(60)) // retried in place, as orderly consumption does
+    let consumer = Consumer::new(namesrv, "deduct", topic, move |m: rocketmq::Message, msg: DeductCoupon| {
+        let pool = db.clone();
+        async move { deduct_from_rocketmq(&pool, &m, &msg).await }   // key = "rocketmq:{m.topic}:{m.msg_id}"
+    })
+    .max_attempts(16)                                                // then %DLQ%deduct
+    .backoff(Duration::from_secs(1), Duration::from_secs(60))        // retried in place, as orderly consumption does
     .spawn()
     .await?;
 
     // Publisher: each outbox message marked only after the broker's SEND_OK;
     // the outbox topic "readme.rocketmq.deduct" published to `topic`.
     let publisher = Publisher::connect(namesrv).await?.topic(topic);
-    let relay = Relay::new(pool.clone())
-        .route("readme.rocketmq.deduct", publisher.route())
-        .spawn();
+    let relay = Relay::new(pool.clone()).route("readme.rocketmq.deduct", publisher.route()).spawn();
     // README: end
     until.await;
     relay.shutdown().await;
