@@ -60,6 +60,22 @@ impl Scratch {
         Scratch { path }
     }
 
+    /// A new empty directory under `/dev/shm` (memory, a file system of
+    /// its own) when there is one, else as [`Scratch::new`]: for a server
+    /// that refuses to start on a disk fuller than it likes, whatever the
+    /// machine's builds have taken.
+    pub fn in_memory(what: &str) -> Scratch {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return Scratch::new(what);
+        }
+        let path = shm.join(crate::unique(&format!("idem-{what}")));
+        match std::fs::create_dir_all(&path) {
+            Ok(()) => Scratch { path },
+            Err(_) => Scratch::new(what),
+        }
+    }
+
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path

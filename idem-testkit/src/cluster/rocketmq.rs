@@ -2,8 +2,10 @@
 //! group (`broker-a`) of a master and, when asked for, a slave that
 //! replicates it (same `brokerName`, `brokerId` 1, HA to the master), all
 //! rocketmq-rust (the Rust re-implementation of Apache RocketMQ) on their
-//! own ports on 127.0.0.1 and their own directory under the temporary
-//! folder, killed and removed on drop, also when the test panics.
+//! own ports on 127.0.0.1 and their own directory under `/dev/shm`
+//! (memory: a rocketmq-rust broker refuses to start on a file system more
+//! than 75% used, and no setting of its configuration lifts that), killed
+//! and removed on drop, also when the test panics.
 //!
 //! The programs are `rocketmq-namesrv-rust` and `rocketmq-broker-rust` in
 //! `$IDEM_ROCKETMQ_HOME/bin` when that is set, else in
@@ -284,7 +286,11 @@ impl RocketMq {
             master: Node::new("master", 0),
             slave: with_slave.then(|| Node::new("slave", 1)),
             programs,
-            dir: Scratch::new("rocketmq"),
+            // Memory, not the disk: a rocketmq-rust broker refuses to
+            // start when its store's file system is more than 75% used
+            // (its `diskMaxUsedSpaceRatio`, which its configuration does
+            // not lift), as a machine full of builds can be.
+            dir: Scratch::in_memory("rocketmq"),
         };
         mq.spawn_namesrv();
         mq.spawn_broker(false);
