@@ -1,7 +1,9 @@
 //! One RocketMQ message, as the handler sees it, and where its key comes
 //! from.
 
-use super::{MSG_ID_PROPERTY, UNIQ_KEY_PROPERTY};
+use super::{KEYS_PROPERTY, MSG_ID_PROPERTY, TAGS_PROPERTY, UNIQ_KEY_PROPERTY};
+use rocketmq_model::common::message::message_ext::MessageExt;
+use rocketmq_model::message::MessageQueue;
 
 /// A message read from a RocketMQ queue, given to the handler with its
 /// parsed payload.
@@ -74,6 +76,73 @@ impl serde::Serialize for Message {
         st.serialize_field("topic", &self.topic)?;
         st.serialize_field("msg_id", &self.msg_id)?;
         st.end()
+    }
+}
+
+/// One message as read, owned by its worker.
+pub(super) struct Record {
+    pub(super) queue: MessageQueue,
+    pub(super) offset: i64,
+    pub(super) rocketmq_msg_id: Option<String>,
+    pub(super) keys: Vec<String>,
+    pub(super) tags: Option<String>,
+    pub(super) born_timestamp: i64,
+    pub(super) properties: Vec<(String, String)>,
+    pub(super) body: Vec<u8>,
+}
+
+impl Record {
+    pub(super) fn of(m: &MessageExt) -> Record {
+        let properties: Vec<(String, String)> = m
+            .properties()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let prop = |name: &str| {
+            properties
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let keys = prop(KEYS_PROPERTY)
+            .map(|k| {
+                k.split(' ')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let uniq = prop(UNIQ_KEY_PROPERTY).or_else(|| {
+            let id = m.msg_id().to_string();
+            (!id.is_empty()).then_some(id)
+        });
+        Record {
+            queue: MessageQueue::from_parts(m.topic().clone(), m.broker_name(), m.queue_id()),
+            offset: m.queue_offset(),
+            rocketmq_msg_id: uniq,
+            tags: prop(TAGS_PROPERTY),
+            keys,
+            born_timestamp: m.born_timestamp(),
+            properties,
+            body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
+        }
+    }
+
+    pub(super) fn message(&self, msg_id: &str, attempt: u32) -> Message {
+        Message {
+            topic: self.queue.topic().to_string(),
+            msg_id: msg_id.to_owned(),
+            rocketmq_msg_id: self.rocketmq_msg_id.clone(),
+            broker_name: self.queue.broker_name().to_string(),
+            queue_id: self.queue.queue_id(),
+            queue_offset: self.offset,
+            attempt,
+            keys: self.keys.clone(),
+            tags: self.tags.clone(),
+            born_timestamp: self.born_timestamp,
+            properties: self.properties.clone(),
+            body: self.body.clone(),
+        }
     }
 }
 

@@ -3,9 +3,9 @@
 //! or written to the dead-letter topic), by the rules of the
 //! [crate documentation](crate#settlement).
 
+use super::message::Record;
 use super::publisher::outgoing;
 use super::shared::{Shared, sleep_unless_ending};
-use super::worker::{DEAD_LETTER_RETRY, Record};
 use super::{
     ATTEMPT_PROPERTY, DEAD_GROUP_PROPERTY, DEAD_REASON_PROPERTY, MSG_ID_PROPERTY,
     ORIGIN_OFFSET_PROPERTY, ORIGIN_QUEUE_PROPERTY, ORIGIN_TOPIC_PROPERTY,
@@ -13,7 +13,11 @@ use super::{
 use idem_core::consume::{self, Counter, Settle};
 use rocketmq_client_rust::SendStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tokio::sync::watch;
+
+/// How long the dead-letter producer waits between two tries.
+const DEAD_LETTER_RETRY: Duration = Duration::from_millis(500);
 
 /// One attempt's settlement of a message.
 pub(super) struct Settling<'a> {

@@ -3,88 +3,19 @@
 //! its messages in offset order, each settled by the rules of the
 //! [crate documentation](crate#settlement).
 
-use super::message::Message;
+use super::message::Record;
 use super::settle::Settling;
 use super::shared::{Shared, sleep_unless_ending};
-use super::{KEYS_PROPERTY, TAGS_PROPERTY, UNIQ_KEY_PROPERTY};
 use idem_core::Error;
 use idem_core::consume::{self, Counter, Failure};
-use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::message::MessageQueue;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
-
-/// One message as read, owned by its worker.
-pub(super) struct Record {
-    pub(super) queue: MessageQueue,
-    pub(super) offset: i64,
-    pub(super) rocketmq_msg_id: Option<String>,
-    pub(super) keys: Vec<String>,
-    pub(super) tags: Option<String>,
-    pub(super) born_timestamp: i64,
-    pub(super) properties: Vec<(String, String)>,
-    pub(super) body: Vec<u8>,
-}
-
-impl Record {
-    fn of(m: &MessageExt) -> Record {
-        let properties: Vec<(String, String)> = m
-            .properties()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let prop = |name: &str| {
-            properties
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let keys = prop(KEYS_PROPERTY)
-            .map(|k| {
-                k.split(' ')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let uniq = prop(UNIQ_KEY_PROPERTY).or_else(|| {
-            let id = m.msg_id().to_string();
-            (!id.is_empty()).then_some(id)
-        });
-        Record {
-            queue: MessageQueue::from_parts(m.topic().clone(), m.broker_name(), m.queue_id()),
-            offset: m.queue_offset(),
-            rocketmq_msg_id: uniq,
-            tags: prop(TAGS_PROPERTY),
-            keys,
-            born_timestamp: m.born_timestamp(),
-            properties,
-            body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
-        }
-    }
-
-    pub(super) fn message(&self, msg_id: &str, attempt: u32) -> Message {
-        Message {
-            topic: self.queue.topic().to_string(),
-            msg_id: msg_id.to_owned(),
-            rocketmq_msg_id: self.rocketmq_msg_id.clone(),
-            broker_name: self.queue.broker_name().to_string(),
-            queue_id: self.queue.queue_id(),
-            queue_offset: self.offset,
-            attempt,
-            keys: self.keys.clone(),
-            tags: self.tags.clone(),
-            born_timestamp: self.born_timestamp,
-            properties: self.properties.clone(),
-            body: self.body.clone(),
-        }
-    }
-}
 
 /// One queue's worker, as the polling task knows it.
 struct Worker {
@@ -271,6 +202,3 @@ impl Shared {
         .await
     }
 }
-
-/// How long the dead-letter producer waits between two tries.
-pub(super) const DEAD_LETTER_RETRY: Duration = Duration::from_millis(500);
