@@ -22,7 +22,10 @@ use sqlx::{Connection, Pool};
 ///    `biz_type`; MariaDB: every key column (`idempotency_key`, `biz_type`,
 ///    `biz_no`, `topic`, `msg_id`, online and history) in a NO PAD binary
 ///    collation, so `"k "` and `"k"` are two keys.
-pub const SCHEMA_VERSION: i64 = 2;
+/// 3. Outbox messages' `ordering_key` and `headers` (online and history),
+///    the index of a key's messages by id; MariaDB: `idem_outbox_key`,
+///    whose rows serialize the enqueues of one ordering key.
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The statements creating idem's tables as the first release did
 /// (schema version 1) on `dialect`, in order; each is safe to run twice.
@@ -58,6 +61,15 @@ pub fn statements(dialect: Dialect) -> &'static [&'static str] {
 /// # Ok(()) }
 /// ```
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
+    migrate_to(pool, SCHEMA_VERSION).await
+}
+
+/// [`migrate`] to version `target` only (at most [`SCHEMA_VERSION`]): a
+/// database as an earlier release's `migrate` left it, for tests of the
+/// upgrade from it.
+#[doc(hidden)]
+pub async fn migrate_to<DB: Backend>(pool: &Pool<DB>, target: i64) -> Result<(), Error> {
+    let target = target.min(SCHEMA_VERSION);
     let sql = crate::sql::of(DB::pool_dialect(pool));
     match &sql.migrate.lock {
         MigrateLock::Session {
@@ -71,7 +83,7 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
             if DB::fetch_i64(&mut conn, acquire).await? != 1 {
                 return Err(Error::Database(sqlx::Error::Protocol(busy.to_string())));
             }
-            let result = upgrade::<DB>(&mut conn, sql).await;
+            let result = upgrade::<DB>(&mut conn, sql, target).await;
             let released = DB::fetch_i64(&mut conn, release).await;
             let _ = conn.close().await;
             result?;
@@ -87,15 +99,19 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
             if let Some(lock) = lock {
                 DB::execute_on(&mut *tx, lock).await?;
             }
-            upgrade::<DB>(&mut *tx, sql).await?;
+            upgrade::<DB>(&mut *tx, sql, target).await?;
             tx.commit().await?;
             Ok(())
         }
     }
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`], under the caller's lock.
-async fn upgrade<DB: Backend>(conn: &mut DB::Connection, sql: &SqlSet) -> Result<(), Error> {
+/// Brings the schema to version `target`, under the caller's lock.
+async fn upgrade<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &SqlSet,
+    target: i64,
+) -> Result<(), Error> {
     DB::execute_on(
         conn,
         "CREATE TABLE IF NOT EXISTS idem_schema_version (version BIGINT NOT NULL PRIMARY KEY)",
@@ -114,7 +130,7 @@ async fn upgrade<DB: Backend>(conn: &mut DB::Connection, sql: &SqlSet) -> Result
             ),
         });
     }
-    if current == SCHEMA_VERSION {
+    if current >= target {
         return Ok(());
     }
     let probe = match sql.migrate.flavor_probe {
@@ -123,7 +139,7 @@ async fn upgrade<DB: Backend>(conn: &mut DB::Connection, sql: &SqlSet) -> Result
     };
     for (n, step) in steps(sql, probe).iter().enumerate() {
         let version = n as i64 + 1;
-        if version <= current {
+        if version <= current || version > target {
             continue;
         }
         for stmt in step {

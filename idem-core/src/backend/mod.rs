@@ -46,7 +46,7 @@ pub use dialect::Dialect;
 // crate: their methods and argument types are not API.
 pub(crate) use migrate::Migrate;
 pub(crate) use sql::{ClaimSql, StateSql};
-pub(crate) use types::{ClaimError, Claimed, OutboxInsert, OutboxState, StoredRecord};
+pub(crate) use types::{ClaimError, Claimed, NewMessage, OutboxInsert, OutboxState, StoredRecord};
 pub use types::{ClaimedRow, NewRecord, OutboxRow};
 
 pub(crate) mod sealed {
@@ -294,11 +294,12 @@ pub trait OutboxStore: Database {
     /// (never a unique-violation error, which would abort a PostgreSQL
     /// transaction); then reads the existing one. `notify`: in the same
     /// statement, notify a new message where the dialect can.
+    ///
+    /// A message with an ordering key first takes the key's enqueue lock
+    /// (see `SqlSet::outbox_order_lock`) until the transaction ends.
     fn outbox_insert<'a>(
         conn: &'a mut Self::Connection,
-        topic: &'a str,
-        msg_id: &'a str,
-        payload: &'a str,
+        message: &'a NewMessage<'a>,
         notify: bool,
     ) -> impl Future<Output = Result<OutboxInsert, sqlx::Error>> + Send + 'a;
 
@@ -329,6 +330,15 @@ pub trait OutboxStore: Database {
         pool: &'a Pool<Self>,
         id: i64,
     ) -> impl Future<Output = Result<Option<OutboxState>, sqlx::Error>> + Send + 'a;
+
+    /// Seconds until the earliest pending message of `topics` is due
+    /// (negative: due already; `None`: none pending), by `next_due` (see
+    /// `ClaimSql::next_due`).
+    fn next_due<'a>(
+        pool: &'a Pool<Self>,
+        next_due: &'a str,
+        topics: &'a [String],
+    ) -> impl Future<Output = Result<Option<f64>, sqlx::Error>> + Send + 'a;
 
     /// Claims up to `limit` due pending messages of `topics` under a lease
     /// of `lease_secs` for `owner` (attempts + 1 each), oldest first after
@@ -487,8 +497,9 @@ impl Dialect {
             .state_sql(table, id_column, state_column, key_column)
     }
 
-    /// Renders the claim statement for `topics` topics.
-    pub fn claim_sql(self, topics: usize) -> ClaimSql {
-        self.sql().claim_sql(topics)
+    /// Renders the claim statement for `topics` topics; `hold_after_dead`:
+    /// a dead-lettered message holds back the rest of its ordering key.
+    pub fn claim_sql(self, topics: usize, hold_after_dead: bool) -> ClaimSql {
+        self.sql().claim_sql(topics, hold_after_dead)
     }
 }

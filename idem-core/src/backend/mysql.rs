@@ -44,8 +44,19 @@ pub(crate) const SQL: SqlSet = SqlSet {
     // errors on MariaDB. If a row is still not found afterwards, `enqueue`
     // says so rather than answering "already enqueued".
     outbox_insert: "INSERT IGNORE INTO idem_outbox \
-        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
-        VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+        (topic, msg_id, payload, ordering_key, headers, next_attempt_at, created_at, updated_at) \
+        VALUES (?, ?, ?, ?, ?, DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), \
+        UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    // The key's row, inserted or updated: either way locked exclusively
+    // until the transaction ends (a plain `INSERT IGNORE` would take only
+    // a shared lock on an existing row, and two such enqueuers would
+    // deadlock on their inserts).
+    outbox_order_lock: Some(
+        "INSERT INTO idem_outbox_key (ordering_key) VALUES (?) \
+         ON DUPLICATE KEY UPDATE ordering_key = VALUES(ordering_key)",
+    ),
+    now: "UTC_TIMESTAMP(6)",
+    next_due: None,
     // A locking read: it sees the latest committed row, which a plain
     // read under repeatable read may not (its snapshot can predate the
     // other producer's commit that made the insert a duplicate).
@@ -82,16 +93,16 @@ pub(crate) const SQL: SqlSet = SqlSet {
     claim: Claim::LockThenLease {
         render: |topics| {
             format!(
-                "SELECT id FROM idem_outbox \
+                "SELECT id FROM idem_outbox q \
                  WHERE status = 'pending' AND topic IN ({topics}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
-                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) /*order*/ \
                  ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },
         lock: Some(|ids| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
-                 WHERE id IN ({ids}) AND status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, lease_owner \
+                 FROM idem_outbox WHERE id IN ({ids}) AND status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) \
                  AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
                  ORDER BY next_attempt_at, id FOR UPDATE SKIP LOCKED"
             )
@@ -106,7 +117,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     claim_recover: |ids| {
         format!(
-            "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+            "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers FROM idem_outbox \
              WHERE lease_owner = ? AND status = 'pending' AND locked_until > UTC_TIMESTAMP(6) \
              AND id IN ({ids})"
         )

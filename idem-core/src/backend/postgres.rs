@@ -36,9 +36,31 @@ pub(crate) const SQL: SqlSet = SqlSet {
     // same message; read committed then sees that row in `outbox_find`
     // (repeatable read fails with 40001, which is retryable).
     outbox_insert: "INSERT INTO idem_outbox \
-        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
-        VALUES ($1, $2, $3, now(), now(), now()) \
+        (topic, msg_id, payload, ordering_key, headers, next_attempt_at, created_at, updated_at) \
+        VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8), now(), now()) \
         ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id",
+    // A transaction-scoped lock on the key's 64-bit hash: two keys that
+    // share a hash only wait for each other.
+    outbox_order_lock: Some("SELECT 1 FROM pg_advisory_xact_lock(hashtextextended($1, 4242))"),
+    now: "now()",
+    // Per topic, the first row of the pending index: one index probe
+    // each, however many messages wait.
+    next_due: Some(|topics| {
+        let firsts: Vec<String> = topics
+            .split(", ")
+            .map(|t| {
+                format!(
+                    "(SELECT next_attempt_at AS t FROM idem_outbox \
+                     WHERE status = 'pending' AND topic = {t} ORDER BY next_attempt_at LIMIT 1)"
+                )
+            })
+            .collect();
+        format!(
+            "SELECT CAST(EXTRACT(EPOCH FROM MIN(d.t) - now()) AS DOUBLE PRECISION) \
+             FROM ({}) d",
+            firsts.join(" UNION ALL ")
+        )
+    }),
     // The insert and its notification in one statement (no extra round
     // trip): the lateral `pg_notify` runs once per inserted row, so a
     // duplicate notifies nobody. The channel is `outbox::NOTIFY_CHANNEL`
@@ -46,8 +68,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     // rollback, and works through a transaction-mode pooler.
     outbox_insert_notify: Some(
         "WITH ins AS (INSERT INTO idem_outbox \
-        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
-        VALUES ($1, $2, $3, now(), now(), now()) \
+        (topic, msg_id, payload, ordering_key, headers, next_attempt_at, created_at, updated_at) \
+        VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8), now(), now()) \
         ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id, topic) \
         SELECT ins.id FROM ins, LATERAL pg_notify('idem_outbox', ins.topic::text) AS n",
     ),
@@ -83,12 +105,13 @@ pub(crate) const SQL: SqlSet = SqlSet {
                 "UPDATE idem_outbox o SET lease_owner = ?, \
                  locked_until = now() + make_interval(secs => ?::float8), \
                  attempts = o.attempts + 1, updated_at = now() \
-                 FROM (SELECT id, lease_owner AS prev FROM idem_outbox WHERE status = 'pending' \
+                 FROM (SELECT id, lease_owner AS prev FROM idem_outbox q WHERE status = 'pending' \
                    AND topic IN ({topics}) \
                    AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
+                   /*order*/ \
                    ORDER BY next_attempt_at, id LIMIT ? OFFSET ? FOR UPDATE SKIP LOCKED) c \
                  WHERE o.id = c.id \
-                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, c.prev"
+                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, o.ordering_key, o.headers, c.prev"
             )
         },
         // A claim lost in a crash only means the message is claimed
@@ -99,7 +122,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     claim_recover: |ids| {
         format!(
-            "SELECT id, topic::text, msg_id::text, payload, attempts FROM idem_outbox \
+            "SELECT id, topic::text, msg_id::text, payload, attempts, ordering_key::text, headers \
+             FROM idem_outbox \
              WHERE lease_owner = ? AND status = 'pending' AND locked_until > now() AND id IN ({ids})"
         )
     },

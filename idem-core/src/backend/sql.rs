@@ -28,6 +28,29 @@ pub struct ClaimSql {
     /// `SELECT`. MariaDB: the `SELECT id …` picking the due rows (then
     /// locked by id).
     pub claim: String,
+    /// See [`SqlSet::next_due`], rendered for the relay's topics.
+    pub next_due: Option<String>,
+}
+
+/// Where each dialect's claim statement places the ordering guard
+/// ([`order_guard`]); its scan of `idem_outbox` is aliased `q`.
+pub(crate) const ORDER_GUARD: &str = "/*order*/";
+
+/// The claim's ordering guard: a row with an ordering key is due only as
+/// its key's head, when no other pending row of the key has a smaller id
+/// or holds a running lease (and, `hold_after_dead`, no dead-lettered row
+/// of the key has a smaller id). So one key has at most one message in
+/// flight, and its messages are settled in id order.
+pub(crate) fn order_guard(now: &str, hold_after_dead: bool) -> String {
+    let dead = match hold_after_dead {
+        true => " OR (p.status = 'failed' AND p.id < q.id)",
+        false => "",
+    };
+    format!(
+        "AND (q.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
+         WHERE p.ordering_key = q.ordering_key AND p.id <> q.id \
+         AND ((p.status = 'pending' AND (p.id < q.id OR p.locked_until > {now})){dead})))"
+    )
 }
 
 /// A statement rendered for a number of ids or topics: given the list of
@@ -84,9 +107,23 @@ pub(crate) struct SqlSet {
     )]
     pub claim_record: &'static str,
     /// Inserts a pending message unless `(topic, msg_id)` exists; only the
-    /// duplicate is ignored. Binds: topic, msg_id, payload. Native
-    /// placeholders.
+    /// duplicate is ignored. Binds: topic, msg_id, payload, ordering key
+    /// (or NULL), headers (JSON text, or NULL), delay (seconds; whole
+    /// microseconds where `micros`) before it is due. Native placeholders.
     pub outbox_insert: &'static str,
+    /// Serializes the enqueues of one ordering key until their
+    /// transactions end (binds: the key), so that the key's messages get
+    /// their ids in commit order: PostgreSQL a transaction-scoped advisory
+    /// lock on the key's hash, MariaDB a row lock on the key's row in
+    /// `idem_outbox_key`; `None` on SQLite, whose writers are serialized
+    /// already. Native placeholders.
+    pub outbox_order_lock: Option<&'static str>,
+    /// The database's clock, as the claim's ordering guard reads it.
+    pub now: &'static str,
+    /// Where the relay listens (PostgreSQL): the seconds until the
+    /// earliest pending message of the topics' list is due (NULL: none),
+    /// for the topics' list (binds: topics…).
+    pub next_due: Option<Render>,
     /// The id and payload of the message `(topic, msg_id)`, read after an
     /// ignored insert. Binds: topic, msg_id. Native placeholders.
     pub outbox_find: &'static str,
@@ -252,13 +289,16 @@ impl SqlSet {
     }
 
     /// See [`Dialect::claim_sql`].
-    pub(crate) fn claim_sql(&self, topics: usize) -> ClaimSql {
+    pub(crate) fn claim_sql(&self, topics: usize, hold_after_dead: bool) -> ClaimSql {
         let list = vec!["?"; topics.max(1)].join(", ");
         let render = match self.claim {
             Claim::Returning { render, .. } | Claim::LockThenLease { render, .. } => render,
         };
+        let claim = render(&list).replace(ORDER_GUARD, &order_guard(self.now, hold_after_dead));
+        let next_due = self.next_due.map(|render| self.render(&render(&list)));
         ClaimSql {
-            claim: self.render(&render(&list)),
+            claim: self.render(&claim),
+            next_due,
         }
     }
 }

@@ -72,7 +72,7 @@ fn placeholder_lists() {
 
 #[test]
 fn claim_sql_numbers_topics_after_owner_and_lease() {
-    let pg = Dialect::Postgres.claim_sql(2).claim;
+    let pg = Dialect::Postgres.claim_sql(2, false).claim;
     assert!(pg.contains("SET lease_owner = $1"), "{pg}");
     assert!(pg.contains("make_interval(secs => $2::float8)"), "{pg}");
     assert!(pg.contains("topic IN ($3, $4)"), "{pg}");
@@ -81,15 +81,18 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
         "{pg}"
     );
     assert!(pg.contains("RETURNING o.id"), "{pg}");
-    assert!(pg.ends_with("o.attempts, c.prev"), "{pg}");
+    assert!(
+        pg.ends_with("o.attempts, o.ordering_key, o.headers, c.prev"),
+        "{pg}"
+    );
     // No topics yet: one placeholder, so the statement still parses.
     assert!(
         Dialect::Postgres
-            .claim_sql(0)
+            .claim_sql(0, false)
             .claim
             .contains("topic IN ($3)")
     );
-    let my = Dialect::MySql.claim_sql(3).claim;
+    let my = Dialect::MySql.claim_sql(3, false).claim;
     // MariaDB picks without locking, then locks the picked rows by id.
     assert!(my.starts_with("SELECT id FROM"), "{my}");
     assert!(my.contains("topic IN (?, ?, ?)"), "{my}");
@@ -106,12 +109,31 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
         "{lock}"
     );
     assert!(lock.ends_with("FOR UPDATE SKIP LOCKED"), "{lock}");
-    let lite = Dialect::Sqlite.claim_sql(1).claim;
+    let lite = Dialect::Sqlite.claim_sql(1, false).claim;
     assert!(lite.contains("topic IN (?)"), "{lite}");
     assert!(
         lite.ends_with("ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"),
         "{lite}"
     );
+}
+
+#[test]
+fn every_claim_takes_only_the_heads_of_ordering_keys() {
+    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+        let go_on = d.claim_sql(2, false).claim;
+        assert!(!go_on.contains("/*order*/"), "{go_on}");
+        assert!(
+            go_on.contains("q.ordering_key IS NULL OR NOT EXISTS"),
+            "{go_on}"
+        );
+        assert!(go_on.contains("p.id < q.id OR p.locked_until >"), "{go_on}");
+        assert!(!go_on.contains("p.status = 'failed'"), "{go_on}");
+        let hold = d.claim_sql(2, true).claim;
+        assert!(
+            hold.contains("OR (p.status = 'failed' AND p.id < q.id)"),
+            "{hold}"
+        );
+    }
 }
 
 #[test]

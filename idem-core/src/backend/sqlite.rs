@@ -31,10 +31,14 @@ pub(crate) const SQL: SqlSet = SqlSet {
         strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds')) \
         ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
     outbox_insert: "INSERT INTO idem_outbox \
-        (topic, msg_id, payload, next_attempt_at, created_at, updated_at) \
-        VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-        strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+        (topic, msg_id, payload, ordering_key, headers, next_attempt_at, created_at, updated_at) \
+        VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
+        strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now')) \
         ON CONFLICT (topic, msg_id) DO NOTHING RETURNING id",
+    // One writer at a time: enqueues are serialized already.
+    outbox_order_lock: None,
+    now: "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    next_due: None,
     outbox_find: "SELECT id, payload FROM idem_outbox WHERE topic = ? AND msg_id = ?",
     outbox_insert_notify: None,
     outbox_success: "UPDATE idem_outbox SET status = 'success', \
@@ -70,10 +74,11 @@ pub(crate) const SQL: SqlSet = SqlSet {
     claim: Claim::LockThenLease {
         render: |topics| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts, lease_owner FROM idem_outbox \
+                "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, lease_owner \
+                 FROM idem_outbox q \
                  WHERE status = 'pending' AND topic IN ({topics}) \
                  AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                 AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                 AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) /*order*/ \
                  ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },
@@ -89,7 +94,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     claim_recover: |ids| {
         format!(
-            "SELECT id, topic, msg_id, payload, attempts FROM idem_outbox \
+            "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers FROM idem_outbox \
              WHERE lease_owner = ? AND status = 'pending' \
              AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN ({ids})"
         )

@@ -72,6 +72,7 @@ pub struct StoredRecord {
 
 /// A claimed outbox row.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct OutboxRow {
     /// Primary key.
     pub id: i64,
@@ -83,6 +84,30 @@ pub struct OutboxRow {
     pub payload: String,
     /// Attempts so far, this one included.
     pub attempts: i32,
+    /// The ordering key it was enqueued with, if any (see
+    /// [`EnqueueOptions::ordering_key`](crate::outbox::EnqueueOptions::ordering_key)).
+    pub ordering_key: Option<String>,
+    /// The headers it was enqueued with (see
+    /// [`EnqueueOptions::header`](crate::outbox::EnqueueOptions::header)).
+    pub headers: crate::outbox::Headers,
+}
+
+/// A message to insert into the outbox (see
+/// [`OutboxStore::outbox_insert`](super::OutboxStore::outbox_insert)).
+#[derive(Debug)]
+pub struct NewMessage<'a> {
+    /// Its topic.
+    pub topic: &'a str,
+    /// The producer's id of it.
+    pub msg_id: &'a str,
+    /// The payload's JSON text.
+    pub payload: &'a str,
+    /// Its ordering key, if any.
+    pub ordering_key: Option<&'a str>,
+    /// The headers' JSON object, `None` without headers.
+    pub headers: Option<&'a str>,
+    /// Seconds from now until it is due.
+    pub delay_secs: f64,
 }
 
 /// What one claim leased: the rows, and how many of them were taken

@@ -1,8 +1,9 @@
 //! The producer's side: [`enqueue`] a message in the caller's transaction,
 //! idempotently.
 
+use super::options::EnqueueOptions;
 use crate::Error;
-use crate::backend::{Backend, OutboxInsert};
+use crate::backend::{Backend, NewMessage, OutboxInsert};
 use sqlx::Transaction;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -180,8 +181,47 @@ pub async fn enqueue<DB: Backend, T: InTransaction<DB> + ?Sized>(
     msg_id: &str,
     payload: &serde_json::Value,
 ) -> Result<Enqueued, Error> {
+    enqueue_with(tx, topic, msg_id, payload, &EnqueueOptions::new()).await
+}
+
+/// [`enqueue`] with options: an **ordering key** (the key's messages
+/// delivered one at a time, in enqueue order), a **delay** (not delivered
+/// before it), **headers** (read by handlers, carried by the publishers to
+/// the broker). See [`EnqueueOptions`].
+///
+/// A message enqueued again (the same `topic` and `msg_id`, the same
+/// payload) is [`Enqueued::Already`] whatever its options: the first
+/// enqueue's key, delay and headers stand.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// use idem_runtime::outbox::{enqueue_with, EnqueueOptions};
+/// use std::time::Duration;
+///
+/// let mut tx = pool.begin().await?;
+/// // "Cancel the order if still unpaid in 30 minutes", after its other
+/// // messages (same key), with the tenant for the handler.
+/// let options = EnqueueOptions::new()
+///     .ordering_key("order-42")
+///     .delay(Duration::from_secs(30 * 60))
+///     .header("tenant", "acme");
+/// let payload = serde_json::json!({ "order_id": 42 });
+/// enqueue_with(&mut tx, "order.cancel_unpaid", "cancel-42", &payload, &options).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn enqueue_with<DB: Backend, T: InTransaction<DB> + ?Sized>(
+    tx: &mut T,
+    topic: &str,
+    msg_id: &str,
+    payload: &serde_json::Value,
+    options: &EnqueueOptions,
+) -> Result<Enqueued, Error> {
     let answer = match tx.in_transaction() {
-        Ok(conn) => enqueue_once::<DB>(conn, topic, msg_id, payload).await,
+        Ok(conn) => enqueue_once::<DB>(conn, topic, msg_id, payload, options).await,
         Err(e) => Err(e),
     };
     match &answer {
@@ -197,8 +237,13 @@ async fn enqueue_once<DB: Backend>(
     topic: &str,
     msg_id: &str,
     payload: &serde_json::Value,
+    options: &EnqueueOptions,
 ) -> Result<Enqueued, Error> {
     check_message(topic, msg_id)?;
+    options
+        .check()
+        .map_err(|reason| invalid(topic, msg_id, reason))?;
+    let headers = options.headers_json();
     let text = serde_json::to_string(payload).map_err(Error::Serialization)?;
     if text.len() > MAX_PAYLOAD_LEN {
         return Err(invalid(
@@ -218,8 +263,17 @@ async fn enqueue_once<DB: Backend>(
     let coalesced = notify && super::notifier::covers(topic);
     // Twice at most: a message found to exist, then gone before it could
     // be read (the archiver moved it), is inserted anew.
+    let message = NewMessage {
+        topic,
+        msg_id,
+        payload: &text,
+        ordering_key: options.get_ordering_key(),
+        headers: headers.as_deref(),
+        // Whole milliseconds: SQLite reads the bound seconds as text.
+        delay_secs: options.delay_now().as_millis() as f64 / 1000.0,
+    };
     for _ in 0..2 {
-        match DB::outbox_insert(conn, topic, msg_id, &text, notify && !coalesced).await? {
+        match DB::outbox_insert(conn, &message, notify && !coalesced).await? {
             OutboxInsert::New(id) => {
                 if coalesced {
                     // `false`: the relay stopped meanwhile; polling finds
@@ -265,22 +319,26 @@ fn same_json(stored: &str, new: &str) -> bool {
 
 /// The run-time checks of a message's `topic` and `msg_id`.
 fn check_message(topic: &str, msg_id: &str) -> Result<(), Error> {
-    for (what, value) in [("topic", topic), ("msg_id", msg_id)] {
-        let reason = if value.is_empty() {
-            format!("the {what} is empty")
-        } else if value.len() > MAX_ID_LEN {
-            format!(
-                "the {what} is {} bytes long, at most {MAX_ID_LEN} are allowed",
-                value.len()
-            )
-        } else if let Some(c) = value.chars().find(|c| c.is_control()) {
-            format!("the {what} contains the control character {c:?}")
-        } else {
-            continue;
-        };
-        return Err(invalid(topic, msg_id, reason));
+    check_text("topic", topic)
+        .and_then(|()| check_text("msg_id", msg_id))
+        .map_err(|reason| invalid(topic, msg_id, reason))
+}
+
+/// The check of an identifier `what` of a message (its topic, its id, its
+/// ordering key): 1 to [`MAX_ID_LEN`] bytes, no control characters.
+pub(super) fn check_text(what: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        Err(format!("the {what} is empty"))
+    } else if value.len() > MAX_ID_LEN {
+        Err(format!(
+            "the {what} is {} bytes long, at most {MAX_ID_LEN} are allowed",
+            value.len()
+        ))
+    } else if let Some(c) = value.chars().find(|c| c.is_control()) {
+        Err(format!("the {what} contains the control character {c:?}"))
+    } else {
+        Ok(())
     }
-    Ok(())
 }
 
 fn invalid(topic: &str, msg_id: &str, reason: String) -> Error {

@@ -48,19 +48,24 @@
 mod enqueue;
 pub(crate) mod mark;
 mod notifier;
+mod options;
 mod relay;
 pub use crate::backend::OutboxRow;
 pub use crate::lease::OutboxLease;
 pub use crate::status::Status;
 pub use enqueue::{
-    Enqueued, InTransaction, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue,
+    Enqueued, InTransaction, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, enqueue_with,
     notify_on_enqueue, notify_on_enqueue_enabled,
 };
 pub use notifier::{
     DENSE as NOTIFIER_DENSE, GIVE_UP as NOTIFIER_GIVE_UP, MIN_GAP as NOTIFIER_MIN_GAP, NOTIFIER_APP,
 };
+pub(crate) use options::headers_of;
+pub use options::{
+    EnqueueOptions, Headers, MAX_DELAY, MAX_HEADER_NAME_LEN, MAX_HEADERS, MAX_HEADERS_LEN,
+};
 pub use relay::forward;
 pub use relay::{
-    Delivery, DrainReport, LISTENER_APP, Relay, RelayHandle, RelaySettings, RelayStats,
-    RelayStatsSnapshot, Settled, Settlement,
+    Delivery, DrainReport, LISTENER_APP, OnDeadHead, Relay, RelayHandle, RelaySettings, RelayStats,
+    RelayStatsSnapshot, Settled, Settlement, TopicLimit,
 };

@@ -24,9 +24,9 @@ pub(crate) const SQL: OpsSql = OpsSql {
             AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, archived_at) \
+            locked_until, last_error, created_at, updated_at, ordering_key, headers, archived_at) \
             SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, UTC_TIMESTAMP(6) FROM idem_outbox \
+            locked_until, last_error, created_at, updated_at, ordering_key, headers, UTC_TIMESTAMP(6) FROM idem_outbox \
             WHERE status IN ('success', 'failed') \
             AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND) AND id IN (",
         delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
@@ -75,7 +75,7 @@ pub(crate) const SQL: OpsSql = OpsSql {
             } else {
                 MySqlFlavor::MySql8
             };
-            vec![mysql_v2(flavor)]
+            vec![mysql_v2(flavor), mysql_v3(flavor)]
         },
     },
 };
@@ -186,5 +186,33 @@ fn mysql_v2(flavor: MySqlFlavor) -> Vec<String> {
              ADD KEY {if_not_exists}idx_idem_record_history_key_type (idempotency_key, biz_type)"
         ),
         format!("ALTER TABLE idem_outbox_history {outbox_keys}"),
+    ]
+}
+
+/// Version 3 on MariaDB / MySQL: the ordering key and the headers of
+/// outbox messages, online and archived, the index the claim's ordering
+/// guard reads, and `idem_outbox_key`, the rows that serialize the
+/// enqueues of one ordering key (one per key ever used). One statement
+/// per table, each atomic; on MariaDB each can run again.
+fn mysql_v3(flavor: MySqlFlavor) -> Vec<String> {
+    let (c, if_not_exists) = match flavor {
+        MySqlFlavor::MariaDb => ("utf8mb4_nopad_bin", "IF NOT EXISTS "),
+        MySqlFlavor::MySql8 => ("utf8mb4_0900_bin", ""),
+    };
+    let columns = format!(
+        "ADD COLUMN {if_not_exists}ordering_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE {c} NULL, \
+         ADD COLUMN {if_not_exists}headers MEDIUMTEXT NULL"
+    );
+    vec![
+        format!(
+            "ALTER TABLE idem_outbox {columns}, \
+             ADD KEY {if_not_exists}idx_idem_outbox_order (ordering_key, id)"
+        ),
+        format!("ALTER TABLE idem_outbox_history {columns}"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS idem_outbox_key ( \
+             ordering_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL PRIMARY KEY \
+             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        ),
     ]
 }

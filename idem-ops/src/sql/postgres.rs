@@ -26,9 +26,9 @@ pub(crate) const SQL: OpsSql = OpsSql {
             AND updated_at < now() - make_interval(secs => $1::float8)",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, archived_at) \
+            locked_until, last_error, created_at, updated_at, ordering_key, headers, archived_at) \
             SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, now() FROM idem_outbox \
+            locked_until, last_error, created_at, updated_at, ordering_key, headers, now() FROM idem_outbox \
             WHERE status IN ('success', 'failed') \
             AND updated_at < now() - make_interval(secs => $1::float8) AND id IN (",
         delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
@@ -63,7 +63,7 @@ pub(crate) const SQL: OpsSql = OpsSql {
             lock: Some("SELECT pg_advisory_xact_lock(4242424242)"),
         },
         flavor_probe: None,
-        upgrades: |_| vec![PG_V2.iter().map(|s| s.to_string()).collect()],
+        upgrades: |_| vec![owned(PG_V2), owned(PG_V3)],
     },
 };
 
@@ -146,3 +146,21 @@ const PG_V2: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
      ON idem_record_history (idempotency_key, biz_type)",
 ];
+
+/// Version 3 on PostgreSQL (one transaction): the ordering key and the
+/// headers of outbox messages, online and archived, and the index the
+/// claim's ordering guard reads (a key's rows by id, whatever their
+/// status: a dead-lettered head holds its key in `OnDeadHead::Hold`).
+const PG_V3: &[&str] = &[
+    "ALTER TABLE idem_outbox ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(128), \
+     ADD COLUMN IF NOT EXISTS headers TEXT",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_order ON idem_outbox (ordering_key, id) \
+     WHERE ordering_key IS NOT NULL",
+    "ALTER TABLE idem_outbox_history ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(128), \
+     ADD COLUMN IF NOT EXISTS headers TEXT",
+];
+
+/// A version's statements, owned.
+fn owned(step: &[&str]) -> Vec<String> {
+    step.iter().map(|s| s.to_string()).collect()
+}

@@ -25,9 +25,9 @@ pub(crate) const SQL: OpsSql = OpsSql {
             AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds')",
         copy: "INSERT INTO idem_outbox_history \
             (id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, archived_at) \
+            locked_until, last_error, created_at, updated_at, ordering_key, headers, archived_at) \
             SELECT id, topic, msg_id, payload, status, attempts, next_attempt_at, lease_owner, \
-            locked_until, last_error, created_at, updated_at, strftime('%Y-%m-%d %H:%M:%f', 'now') \
+            locked_until, last_error, created_at, updated_at, ordering_key, headers, strftime('%Y-%m-%d %H:%M:%f', 'now') \
             FROM idem_outbox WHERE status IN ('success', 'failed') \
             AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds') AND id IN (",
         delete: "DELETE FROM idem_outbox WHERE status IN ('success', 'failed') \
@@ -59,7 +59,7 @@ pub(crate) const SQL: OpsSql = OpsSql {
             lock: None,
         },
         flavor_probe: None,
-        upgrades: |_| vec![LITE_V2.iter().map(|s| s.to_string()).collect()],
+        upgrades: |_| vec![owned(LITE_V2), owned(LITE_V3)],
     },
 };
 
@@ -159,3 +159,20 @@ const LITE_V2: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS idx_idem_record_history_key_type \
      ON idem_record_history (idempotency_key, biz_type)",
 ];
+
+/// Version 3 on SQLite (one `BEGIN IMMEDIATE` transaction): the ordering
+/// key and the headers of outbox messages, online and archived, and the
+/// index the claim's ordering guard reads.
+const LITE_V3: &[&str] = &[
+    "ALTER TABLE idem_outbox ADD COLUMN ordering_key TEXT",
+    "ALTER TABLE idem_outbox ADD COLUMN headers TEXT",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_order ON idem_outbox (ordering_key, id) \
+     WHERE ordering_key IS NOT NULL",
+    "ALTER TABLE idem_outbox_history ADD COLUMN ordering_key TEXT",
+    "ALTER TABLE idem_outbox_history ADD COLUMN headers TEXT",
+];
+
+/// A version's statements, owned.
+fn owned(step: &[&str]) -> Vec<String> {
+    step.iter().map(|s| s.to_string()).collect()
+}

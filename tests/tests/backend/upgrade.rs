@@ -245,6 +245,75 @@ macro_rules! upgrade_tests {
                 pool.close().await;
                 $drop(&name).await;
             }
+
+            /// Version 2 (what the release before ordering keys, delays
+            /// and headers created) to 3: the outbox keeps its rows, its
+            /// pending messages are delivered by the new relay, and new
+            /// messages carry keys and headers.
+            #[tokio::test]
+            async fn migrate_upgrades_a_version_2_outbox_in_place() {
+                use idem_runtime::Outcome;
+                use idem_runtime::outbox::{EnqueueOptions, Relay, enqueue_with};
+                use std::sync::{Arc, Mutex};
+                let Some((pool, name)) = $fresh else { return };
+                idem_runtime::schema::migrate_to(&pool, 2).await.expect("version 2");
+                let version: i64 = sqlx::query_scalar("SELECT MAX(version) FROM idem_schema_version")
+                    .fetch_one(&pool)
+                    .await
+                    .expect("version");
+                assert_eq!(version, 2);
+                let v3_insert = "INSERT INTO idem_outbox (topic, msg_id, payload, ordering_key) \
+                    VALUES ('up', 'k', '{}', 'key')";
+                assert!(exec(&pool, v3_insert.into()).await.is_err(), "version 2 has no ordering_key");
+                for (msg, status) in [("m-1", "pending"), ("m-2", "pending"), ("m-0", "success")] {
+                    exec(&pool, format!(
+                        "INSERT INTO idem_outbox (topic, msg_id, payload, status) \
+                         VALUES ('up', '{msg}', '{{\"n\": 1}}', '{status}')"
+                    )).await.expect("a version 2 row");
+                }
+                let (a, b) = tokio::join!(idem_runtime::migrate(&pool), idem_runtime::migrate(&pool));
+                a.expect("first migrate");
+                b.expect("concurrent migrate");
+                idem_runtime::migrate(&pool).await.expect("migrate again");
+                let version: i64 = sqlx::query_scalar("SELECT MAX(version) FROM idem_schema_version")
+                    .fetch_one(&pool)
+                    .await
+                    .expect("version");
+                assert_eq!(version, SCHEMA_VERSION);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_outbox WHERE ordering_key IS NULL AND headers IS NULL").await, 3);
+                // New messages with a key and headers, then the old ones
+                // and the new delivered by the new relay.
+                let mut tx = pool.begin().await.expect("begin");
+                for n in 0..2 {
+                    let options = EnqueueOptions::new().ordering_key("order-1").header("n", n.to_string());
+                    enqueue_with(&mut tx, "up", &format!("new-{n}"), &serde_json::json!({ "n": n }), &options)
+                        .await
+                        .expect("enqueue with options");
+                }
+                tx.commit().await.expect("commit");
+                let seen = Arc::new(Mutex::new(Vec::new()));
+                let log = seen.clone();
+                let relay = Relay::new(pool.clone()).route("up", move |d, _m: serde_json::Value| {
+                    let log = log.clone();
+                    async move {
+                        let entry = (d.msg_id.clone(), d.ordering_key().map(str::to_owned), d.header("n").map(str::to_owned));
+                        log.lock().unwrap().push(entry);
+                        Ok(Outcome::Executed(()))
+                    }
+                });
+                while relay.run_once().await.expect("a round") > 0 {}
+                let mut seen = seen.lock().unwrap().clone();
+                seen.sort();
+                assert_eq!(seen, [
+                    ("m-1".to_owned(), None, None),
+                    ("m-2".to_owned(), None, None),
+                    ("new-0".to_owned(), Some("order-1".to_owned()), Some("0".to_owned())),
+                    ("new-1".to_owned(), Some("order-1".to_owned()), Some("1".to_owned())),
+                ]);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_outbox WHERE status = 'success'").await, 5);
+                pool.close().await;
+                $drop(&name).await;
+            }
         }
     };
 }

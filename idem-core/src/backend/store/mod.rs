@@ -25,6 +25,7 @@ macro_rules! for_every_backend {
             usize: sqlx::ColumnIndex<<DB as Database>::Row>,
             str: sqlx::Type<DB>,
             for<'q> &'q str: sqlx::Encode<'q, DB>,
+            for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
             String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
             i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
             i32: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,

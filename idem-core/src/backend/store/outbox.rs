@@ -2,7 +2,7 @@
 //! read back outbox messages, with the dialect's statements.
 
 use super::super::sql::{Claim, InsertId, Renew, marks};
-use super::super::types::{ClaimError, Claimed, OutboxInsert, OutboxRow, OutboxState};
+use super::super::types::{ClaimError, Claimed, NewMessage, OutboxInsert, OutboxRow, OutboxState};
 use super::super::{ClaimSql, OutboxStore, sealed::Sealed};
 use super::{begin, persist, sql_of, stmt};
 use crate::lease::OutboxLease;
@@ -36,10 +36,29 @@ macro_rules! settle_query {
     }};
 }
 
-type RowTuple = (i64, String, String, String, i32);
+/// A row as read back: id, topic, msg_id, payload, attempts, ordering
+/// key, headers.
+type RowTuple = (
+    i64,
+    String,
+    String,
+    String,
+    i32,
+    Option<String>,
+    Option<String>,
+);
 
 /// A claimed row and its lease owner before the claim.
-type ClaimTuple = (i64, String, String, String, i32, Option<String>);
+type ClaimTuple = (
+    i64,
+    String,
+    String,
+    String,
+    i32,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 /// `outbox_state`'s columns: topic, status, lease owner, attempts.
 type StateRow = (String, String, Option<String>, i32);
@@ -59,48 +78,61 @@ fn to_state((topic, status, lease_owner, attempts): StateRow) -> Result<OutboxSt
     })
 }
 
-fn to_row((id, topic, msg_id, payload, attempts): RowTuple) -> OutboxRow {
+fn to_row((id, topic, msg_id, payload, attempts, ordering_key, headers): RowTuple) -> OutboxRow {
     OutboxRow {
+        headers: crate::outbox::headers_of(id, headers.as_deref()),
         id,
         topic,
         msg_id,
         payload,
         attempts,
+        ordering_key,
     }
+}
+
+/// A claimed row's lease owner before the claim, and the row.
+fn split_claimed(
+    (id, topic, msg_id, payload, attempts, key, headers, prev): ClaimTuple,
+) -> (Option<String>, OutboxRow) {
+    (
+        prev,
+        to_row((id, topic, msg_id, payload, attempts, key, headers)),
+    )
 }
 
 for_every_backend! {
 impl OutboxStore for DB {
     async fn outbox_insert<'a>(
         conn: &'a mut Self::Connection,
-        topic: &'a str,
-        msg_id: &'a str,
-        payload: &'a str,
+        m: &'a NewMessage<'a>,
         notify: bool,
     ) -> Result<OutboxInsert, sqlx::Error> {
         let sql = DB::dialect_of_conn(conn).sql();
+        if let (Some(key), Some(lock)) = (m.ordering_key, sql.outbox_order_lock) {
+            sqlx::query(stmt(lock)).persistent(persist()).bind(key).execute(&mut *conn).await?;
+        }
         let insert = match sql.outbox_insert_notify {
             Some(with_notify) if notify => with_notify,
             _ => sql.outbox_insert,
         };
+        macro_rules! bound {
+            ($q:expr) => {{
+                let q = $q
+                    .persistent(persist())
+                    .bind(m.topic)
+                    .bind(m.msg_id)
+                    .bind(m.payload)
+                    .bind(m.ordering_key)
+                    .bind(m.headers);
+                bind_secs!(q, sql, m.delay_secs)
+            }};
+        }
         let new = match sql.insert_id {
             InsertId::Returning => {
-                sqlx::query_scalar(stmt(insert))
-                    .persistent(persist())
-                    .bind(topic)
-                    .bind(msg_id)
-                    .bind(payload)
-                    .fetch_optional(&mut *conn)
-                    .await?
+                bound!(sqlx::query_scalar(stmt(insert))).fetch_optional(&mut *conn).await?
             }
             InsertId::LastInsertId => {
-                let done = sqlx::query(stmt(insert))
-                    .persistent(persist())
-                    .bind(topic)
-                    .bind(msg_id)
-                    .bind(payload)
-                    .execute(&mut *conn)
-                    .await?;
+                let done = bound!(sqlx::query(stmt(insert))).execute(&mut *conn).await?;
                 match DB::rows_affected(&done) {
                     0 => None,
                     _ => Some(DB::last_insert_id(&done)?),
@@ -112,8 +144,8 @@ impl OutboxStore for DB {
         }
         let found: Option<(i64, String)> = sqlx::query_as(stmt(sql.outbox_find))
             .persistent(persist())
-            .bind(topic)
-            .bind(msg_id)
+            .bind(m.topic)
+            .bind(m.msg_id)
             .fetch_optional(conn)
             .await?;
         Ok(match found {
@@ -172,6 +204,19 @@ impl OutboxStore for DB {
             .bind(id);
         let row: Option<StateRow> = on_pool!(pool, |conn| q.fetch_optional(conn))?;
         row.map(to_state).transpose()
+    }
+
+    async fn next_due<'a>(
+        pool: &'a Pool<Self>,
+        next_due: &'a str,
+        topics: &'a [String],
+    ) -> Result<Option<f64>, sqlx::Error> {
+        let mut q = sqlx::query_scalar::<_, Option<f64>>(sqlx::AssertSqlSafe(next_due))
+            .persistent(persist());
+        for t in topics {
+            q = q.bind(t.as_str());
+        }
+        on_pool!(pool, |conn| q.fetch_one(conn))
     }
 
     async fn claim_outbox<'a>(
@@ -253,12 +298,10 @@ impl OutboxStore for DB {
                 q.bind(limit).bind(offset).fetch_all(&mut *tx).await.map_err(ClaimError::Failed)?
             }
         };
+        let chosen: Vec<(Option<String>, OutboxRow)> = chosen.into_iter().map(split_claimed).collect();
         let claimed = Claimed {
-            reclaimed: chosen.iter().filter(|r| r.5.is_some()).count(),
-            rows: chosen
-                .into_iter()
-                .map(|(id, topic, msg_id, payload, attempts, _)| to_row((id, topic, msg_id, payload, attempts)))
-                .collect(),
+            reclaimed: chosen.iter().filter(|(prev, _)| prev.is_some()).count(),
+            rows: chosen.into_iter().map(|(_, row)| row).collect(),
         };
         let committed = tx.commit().await;
         let committed = crate::probe::after_commit(crate::probe::Commit::Claim, committed);

@@ -57,13 +57,14 @@ impl<DB: Backend> Inner<DB> {
         let owner = format!("relay-{}-{:08x}", std::process::id(), seed as u32);
         Inner {
             claiming: Claiming {
-                claim: DB::pool_dialect(&pool).claim_sql(0),
+                claim: DB::pool_dialect(&pool).claim_sql(0, false),
                 owner,
                 // Random: a restarted relay of the same name never
                 // writes a lease owner its previous run wrote.
                 claims: AtomicU64::new(seed.rotate_left(32)),
                 recover_claims: true,
                 claim_spread: DEFAULT_SPREAD,
+                hold_after_dead: false,
                 backlog: AtomicBool::new(true),
                 emptied: AtomicBool::new(false),
                 batch_size: 64,
@@ -91,11 +92,13 @@ impl<DB: Backend> Inner<DB> {
             waking: Waking {
                 push_wakeup: None,
                 listener_catch_up: true,
+                kick: Default::default(),
             },
             on_settled: None,
             stats: RelayStats::default(),
             unreleased: Default::default(),
             gates: Default::default(),
+            limits: Default::default(),
         }
     }
 
@@ -156,7 +159,13 @@ impl<DB: Backend> Inner<DB> {
     fn routed(&mut self) {
         self.routing.topics = self.routing.routes.keys().cloned().collect();
         self.routing.topics.sort();
-        self.claiming.claim = DB::pool_dialect(&self.pool).claim_sql(self.routing.topics.len());
+        self.render_claim();
+    }
+
+    /// The claim statement for the routed topics and the dead-head mode.
+    pub(super) fn render_claim(&mut self) {
+        self.claiming.claim = DB::pool_dialect(&self.pool)
+            .claim_sql(self.routing.topics.len(), self.claiming.hold_after_dead);
     }
 }
 

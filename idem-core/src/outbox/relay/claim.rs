@@ -132,8 +132,9 @@ impl<DB: Backend> Inner<DB> {
     async fn claim_at(&self, owner: &str, limit: i64, offset: i64) -> Result<Claimed, ClaimError> {
         let i = self;
         i.stats.claims.fetch_add(1, Ordering::Relaxed);
-        // The topics whose gate an outage closed are left out.
-        let topics = i.gates.open(&i.routing.topics);
+        // The topics whose gate an outage closed, and those at their
+        // limit, are left out.
+        let topics = i.limits.open(i.gates.open(&i.routing.topics));
         DB::claim_outbox(
             &i.pool,
             &i.claiming.claim,
@@ -238,11 +239,18 @@ fn trace_claim(
     at: u64,
 ) {
     for r in rows {
-        let fields = || match found {
-            None => serde_json::json!({ "outcome": outcome, "at": at }),
-            Some(found) => {
-                serde_json::json!({ "held": found.iter().any(|x| x.id == r.id), "at": at })
+        let fields = || {
+            let mut fields = match found {
+                None => serde_json::json!({ "outcome": outcome, "at": at }),
+                Some(found) => {
+                    serde_json::json!({ "held": found.iter().any(|x| x.id == r.id), "at": at })
+                }
+            };
+            // The ordering key, for the checker's order per key.
+            if let Some(key) = &r.ordering_key {
+                fields["key"] = key.as_str().into();
             }
+            fields
         };
         let kind = if found.is_some() {
             "claim_read_back"

@@ -136,6 +136,34 @@ impl<DB: Backend> Delivery<DB> {
         &self.message
     }
 
+    /// The message's headers, as enqueued (see
+    /// [`EnqueueOptions::header`](crate::outbox::EnqueueOptions::header)).
+    ///
+    /// ```
+    /// # use idem_runtime::{outbox::Relay, Outcome};
+    /// # fn f(pool: sqlx::SqlitePool) {
+    /// let relay = Relay::new(pool).route("invoice.send", |d, _m: serde_json::Value| async move {
+    ///     let tenant = d.header("tenant").unwrap_or("default");
+    ///     println!("invoice for {tenant}: {:?}", d.headers());
+    ///     Ok(Outcome::Executed(()))
+    /// });
+    /// # let _ = relay;
+    /// # }
+    /// ```
+    pub fn headers(&self) -> &crate::outbox::Headers {
+        &self.message.headers
+    }
+
+    /// The header `name`, if the message has it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.message.headers.get(name).map(String::as_str)
+    }
+
+    /// The message's ordering key, if it was enqueued with one.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.message.ordering_key.as_deref()
+    }
+
     /// The relay's pool.
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool

@@ -61,6 +61,7 @@ mod delivery;
 pub mod forward;
 mod gate;
 mod handle;
+mod limit;
 mod progress;
 mod run;
 mod unreleased;
@@ -69,6 +70,7 @@ mod wake;
 pub use builder::RelaySettings;
 pub use delivery::Delivery;
 pub use handle::{RelayHandle, RelayStats, RelayStatsSnapshot};
+pub use limit::TopicLimit;
 pub use progress::{Settled, Settlement};
 pub use run::DrainReport;
 pub use wake::LISTENER_APP;
@@ -365,6 +367,46 @@ impl<DB: Backend> Relay<DB> {
         self.edit(|i| i.on_settled = Some(hook))
     }
 
+    /// Limits `topic`: how many of its messages run at once, how many
+    /// start per second (see [`TopicLimit`]), for a downstream that a
+    /// burst would overwhelm or that rate-limits its callers (an SMS
+    /// provider, a partner's API). The relay's
+    /// [`concurrency`](Relay::concurrency) still bounds all topics
+    /// together.
+    ///
+    /// A slow or limited topic does not hold back the others: while this
+    /// relay holds as many of the topic's messages as its limit allows (its
+    /// concurrency, or a second of its rate), its claims leave the topic
+    /// out, so its backlog waits in the outbox and never takes the handler
+    /// slots or the claims of other topics. The limits are per relay:
+    /// three relays with `concurrency(2)` run up to six at once.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{outbox::{Relay, TopicLimit}, Outcome};
+    /// # async fn f(pool: sqlx::SqlitePool) {
+    /// let relay = Relay::new(pool)
+    ///     .route("sms.send", |_d, _m: serde_json::Value| async { Ok(Outcome::Executed(())) })
+    ///     .topic_limit("sms.send", TopicLimit::new().concurrency(4).per_second(20.0))
+    ///     .spawn();
+    /// # relay.shutdown().await;
+    /// # }
+    /// ```
+    pub fn topic_limit(self, topic: impl Into<String>, limit: TopicLimit) -> Self {
+        self.edit(|i| i.limits.set(topic.into(), limit))
+    }
+
+    /// What a dead-lettered message of an ordering key does to the rest
+    /// of its key (see
+    /// [`EnqueueOptions::ordering_key`](crate::outbox::EnqueueOptions::ordering_key)):
+    /// [`OnDeadHead::Continue`] (the default) or [`OnDeadHead::Hold`].
+    /// Relays sharing topics should agree.
+    pub fn on_dead_head(self, mode: OnDeadHead) -> Self {
+        self.edit(|i| {
+            i.claiming.hold_after_dead = mode == OnDeadHead::Hold;
+            i.render_claim();
+        })
+    }
+
     /// Handlers running at once (default 16).
     pub fn concurrency(self, n: usize) -> Self {
         self.edit(|i| i.policy.concurrency = n.max(1))
@@ -572,6 +614,22 @@ impl<DB: Backend> Relay<DB> {
     }
 }
 
+/// What happens to the rest of an ordering key once its head is
+/// dead-lettered (see [`Relay::on_dead_head`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnDeadHead {
+    /// The next message of the key goes on: a dead letter is a message
+    /// given up on, and the key's later messages do not depend on it (a
+    /// state machine handler answers `IllegalState` where they do).
+    #[default]
+    Continue,
+    /// The rest of the key waits until the dead message is requeued (`idem
+    /// requeue`, the console) and succeeds, or is deleted or archived: for
+    /// keys whose later messages must never run without the earlier ones.
+    Hold,
+}
+
 /// A relay's state, by concern: what it routes, how it claims, how it runs
 /// an attempt, how it batches commits and how it wakes up.
 struct Inner<DB: Backend> {
@@ -588,6 +646,8 @@ struct Inner<DB: Backend> {
     unreleased: unreleased::Unreleased,
     /// Topics held back after an outage.
     gates: gate::Gates,
+    /// See [`Relay::topic_limit`].
+    limits: limit::Limits,
 }
 
 /// The topics and their handlers.
@@ -609,6 +669,8 @@ struct Claiming {
     recover_claims: bool,
     /// See [`Relay::claim_spread`].
     claim_spread: u32,
+    /// See [`Relay::on_dead_head`].
+    hold_after_dead: bool,
     /// Whether the last claim filled its limit (a backlog: spread the
     /// next one).
     backlog: AtomicBool,
@@ -655,6 +717,10 @@ struct Waking {
     push_wakeup: Option<bool>,
     /// See [`Relay::listener_catch_up`].
     listener_catch_up: bool,
+    /// Woken when this relay settles a message with an ordering key (the
+    /// key's next message is due at once) or frees a limited topic's
+    /// slot: a spawned relay waiting for the poll claims again.
+    kick: Arc<tokio::sync::Notify>,
 }
 
 impl<DB: Backend> fmt::Debug for Relay<DB> {

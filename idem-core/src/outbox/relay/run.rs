@@ -38,19 +38,16 @@ impl<DB: Backend> Inner<DB> {
         }
         let batch = self.claim_up_to(self.policy.concurrency as i64).await?;
         let n = batch.rows.len();
-        if self.batched() {
-            self.deliver_batches(batch.rows, batch.owner).await;
-            return Ok(n);
-        }
         let permits = Arc::new(Semaphore::new(self.policy.concurrency));
+        let waiting = Arc::new(AtomicUsize::new(0));
         let mut tasks = JoinSet::new();
-        for row in batch.rows {
-            let permit = permits.clone().acquire_owned().await.expect("never closed");
-            let (me, owner) = (self.clone(), batch.owner.clone());
-            tasks.spawn(async move {
-                me.deliver(row, owner).await;
-                drop(permit);
-            });
+        let rows = self.spawn_limited(&mut tasks, batch.rows, &batch.owner, &permits, &waiting);
+        if self.batched() {
+            self.deliver_batches(rows, batch.owner).await;
+        } else {
+            for row in rows {
+                self.spawn_one(&mut tasks, row, batch.owner.clone(), &permits, &waiting);
+            }
         }
         while tasks.join_next().await.is_some() {}
         Ok(n)
@@ -117,9 +114,11 @@ impl<DB: Backend> Inner<DB> {
                 continue;
             };
             if batch.is_empty() {
+                let idle = self.idle_wait().await;
                 tokio::select! {
-                    _ = tokio::time::sleep(self.policy.poll_interval) => {}
+                    _ = tokio::time::sleep(idle) => {}
                     _ = wake.notified() => {}
+                    _ = self.waking.kick.notified() => {}
                     // A dropped handle stops the relay like a shutdown.
                     changed = stop.changed() => if changed.is_err() { break },
                 }
@@ -135,9 +134,11 @@ impl<DB: Backend> Inner<DB> {
             // stored permit: it wakes this wait at once. (A claim at a
             // spread offset that took fewer saw only the due set's end.)
             if listener.is_some() && self.claiming.emptied.load(Ordering::Relaxed) {
+                let idle = self.idle_wait().await;
                 tokio::select! {
-                    _ = tokio::time::sleep(self.policy.poll_interval) => {}
+                    _ = tokio::time::sleep(idle) => {}
                     _ = wake.notified() => {}
+                    _ = self.waking.kick.notified() => {}
                     changed = stop.changed() => if changed.is_err() { break },
                 }
             }
@@ -149,6 +150,33 @@ impl<DB: Backend> Inner<DB> {
         // The listener saw the same stop signal.
         if let Some(listener) = listener {
             let _ = listener.await;
+        }
+    }
+
+    /// How long an idle spawned relay waits before it claims again: the
+    /// poll interval, or less when a relay that is pushed to (see
+    /// [`Relay::push_wakeup`](super::Relay::push_wakeup)) knows of a pending message due
+    /// sooner (a delayed message, or one waiting out its back-off): no
+    /// notification announces those.
+    async fn idle_wait(&self) -> Duration {
+        let poll = self.policy.poll_interval;
+        let Some(next_due) = self.claiming.claim.next_due.as_deref() else {
+            return poll;
+        };
+        if !self.pushes() || self.routing.topics.is_empty() {
+            return poll;
+        }
+        match DB::next_due(&self.pool, next_due, &self.routing.topics).await {
+            Ok(Some(secs)) if secs.is_finite() => {
+                // A millisecond late rather than early: a claim at the due
+                // time itself may find it not yet due by the server's clock.
+                poll.min(Duration::from_secs_f64(secs.max(0.0)) + Duration::from_millis(1))
+            }
+            Ok(_) => poll,
+            Err(e) => {
+                tracing::debug!(error = %format_args!("{e:#}"), "could not read when the next outbox message is due; polling");
+                poll
+            }
         }
     }
 
@@ -260,11 +288,16 @@ impl<DB: Backend> Inner<DB> {
         permits: &Arc<Semaphore>,
         waiting: &Arc<AtomicUsize>,
     ) {
+        // One claim: one owner.
+        let owner = batch[0].1.clone();
+        let rows: Vec<OutboxRow> = batch.into_iter().map(|(row, _)| row).collect();
+        let rows = self.spawn_limited(tasks, rows, &owner, permits, waiting);
+        if rows.is_empty() {
+            return;
+        }
         if self.batched() {
-            // One claim: one owner. A slot per message, as below.
-            let slots = u32::try_from(batch.len()).unwrap_or(u32::MAX);
-            let owner = batch[0].1.clone();
-            let rows: Vec<OutboxRow> = batch.into_iter().map(|(row, _)| row).collect();
+            // A slot per message, as below.
+            let slots = u32::try_from(rows.len()).unwrap_or(u32::MAX);
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
             let me = self.clone();
             let permits = permits.clone();
@@ -275,28 +308,90 @@ impl<DB: Backend> Inner<DB> {
                     .queued(permits.acquire_many_owned(slots), &owner, &ids)
                     .await;
                 waiting.fetch_sub(ids.len(), Ordering::Relaxed);
+                let ordered = rows.iter().any(|r| r.ordering_key.is_some());
                 me.deliver_batches(rows, owner).await;
                 drop(reserved);
+                if ordered {
+                    me.waking.kick.notify_one();
+                }
             });
             return;
         }
-        for (row, owner) in batch {
-            let me = self.clone();
-            let permits = permits.clone();
-            waiting.fetch_add(1, Ordering::Relaxed);
-            let waiting = waiting.clone();
-            tasks.spawn(async move {
-                // At once when a slot is free, as it is for all but
-                // the claim's `ahead` messages.
-                let permit = match permits.clone().try_acquire_owned() {
-                    Ok(p) => p,
-                    Err(_) => me.queued(permits.acquire_owned(), &owner, &[row.id]).await,
-                };
-                waiting.fetch_sub(1, Ordering::Relaxed);
-                me.deliver(row, owner).await;
-                drop(permit);
-            });
+        for row in rows {
+            self.spawn_one(tasks, row, owner.clone(), permits, waiting);
         }
+    }
+
+    /// Spawns the delivery of each of `rows` whose topic has limits (see
+    /// [`Relay::topic_limit`](super::Relay::topic_limit)) in `tasks`, alone
+    /// (never in a batched commit: the limits are per message); returns
+    /// the others.
+    fn spawn_limited(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        rows: Vec<OutboxRow>,
+        owner: &Arc<str>,
+        permits: &Arc<Semaphore>,
+        waiting: &Arc<AtomicUsize>,
+    ) -> Vec<OutboxRow> {
+        if !self.limits.any() {
+            return rows;
+        }
+        let (limited, free): (Vec<_>, Vec<_>) = rows
+            .into_iter()
+            .partition(|r| self.limits.of(&r.topic).is_some());
+        for row in limited {
+            self.spawn_one(tasks, row, owner.clone(), permits, waiting);
+        }
+        free
+    }
+
+    /// Spawns one message's delivery in `tasks`: once its topic's limits
+    /// let it start (if it has limits; meanwhile it is not counted in
+    /// `waiting`, so that it takes no room from other topics' claims),
+    /// then once it has a handler slot (counted in `waiting` until then),
+    /// with its lease renewed while it waits.
+    fn spawn_one(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        row: OutboxRow,
+        owner: Arc<str>,
+        permits: &Arc<Semaphore>,
+        waiting: &Arc<AtomicUsize>,
+    ) {
+        let limiter = self.limits.hold(&row.topic);
+        if limiter.is_none() {
+            waiting.fetch_add(1, Ordering::Relaxed);
+        }
+        let me = self.clone();
+        let (permits, waiting) = (permits.clone(), waiting.clone());
+        tasks.spawn(async move {
+            let held = match limiter {
+                Some(limiter) => {
+                    let limited =
+                        async { Ok::<_, tokio::sync::AcquireError>(limiter.acquire().await) };
+                    let held = me.queued(limited, &owner, &[row.id]).await;
+                    waiting.fetch_add(1, Ordering::Relaxed);
+                    Some(held)
+                }
+                None => None,
+            };
+            // At once when a slot is free, as it is for all but the
+            // claim's `ahead` messages.
+            let permit = match permits.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => me.queued(permits.acquire_owned(), &owner, &[row.id]).await,
+            };
+            waiting.fetch_sub(1, Ordering::Relaxed);
+            // The key's next message, or the topic's next start, is due.
+            let kick = row.ordering_key.is_some() || held.is_some();
+            me.deliver(row, owner).await;
+            drop(permit);
+            drop(held);
+            if kick {
+                me.waking.kick.notify_one();
+            }
+        });
     }
 
     /// Delivers a read-back claim's messages (counted in `waiting` until
@@ -310,28 +405,19 @@ impl<DB: Backend> Inner<DB> {
         waiting: Arc<AtomicUsize>,
     ) {
         let n = batch.rows.len();
-        if self.batched() {
-            let slots = u32::try_from(n).unwrap_or(u32::MAX);
-            let ids: Vec<i64> = batch.rows.iter().map(|r| r.id).collect();
-            let reserved = self
-                .queued(permits.acquire_many_owned(slots), &batch.owner, &ids)
-                .await;
-            waiting.fetch_sub(n, Ordering::Relaxed);
-            self.deliver_batches(batch.rows, batch.owner).await;
-            drop(reserved);
+        // Counted in `waiting` by the caller: counted again per message
+        // below, as a fresh claim's are.
+        waiting.fetch_sub(n, Ordering::Relaxed);
+        let pairs = batch
+            .rows
+            .into_iter()
+            .map(|r| (r, batch.owner.clone()))
+            .collect::<Vec<_>>();
+        if pairs.is_empty() {
             return;
         }
         let mut deliveries = JoinSet::new();
-        for row in batch.rows {
-            let (me, owner) = (self.clone(), batch.owner.clone());
-            let (permits, waiting) = (permits.clone(), waiting.clone());
-            deliveries.spawn(async move {
-                let permit = me.queued(permits.acquire_owned(), &owner, &[row.id]).await;
-                waiting.fetch_sub(1, Ordering::Relaxed);
-                me.deliver(row, owner).await;
-                drop(permit);
-            });
-        }
+        self.dispatch(&mut deliveries, pairs, &permits, &waiting);
         while deliveries.join_next().await.is_some() {}
     }
 
