@@ -353,6 +353,42 @@ async fn producer_and_relay_deliver_each_message_to_the_state_machine_handler_on
     }
 }
 
+/// The options snippet: the order's keyed messages ran in enqueue order
+/// with their tenant header; the reminder waits, due in half an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_keys_delays_and_headers_run_as_shown() {
+    let Some(pool) = pool().await else { return };
+    let order = ids(1);
+    let stop = delivered(pool.clone(), "readme.order.paid", format!("paid-{order}"));
+    idem_examples::readme::options::order_life(pool.clone(), order, stop)
+        .await
+        .expect("order life");
+    let steps: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT step, tenant FROM readme_order_log WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(order)
+    .fetch_all(&pool)
+    .await
+    .expect("steps");
+    let acme = Some("acme".to_owned());
+    assert_eq!(
+        steps,
+        [
+            ("readme.order.created".to_owned(), acme.clone()),
+            ("readme.order.paid".to_owned(), acme)
+        ]
+    );
+    let due_in: f64 = sqlx::query_scalar(
+        "SELECT CAST(EXTRACT(EPOCH FROM next_attempt_at - now()) AS DOUBLE PRECISION) \
+         FROM idem_outbox WHERE topic = 'readme.order.remind' AND msg_id = $1 AND status = 'pending'",
+    )
+    .bind(format!("remind-{order}"))
+    .fetch_one(&pool)
+    .await
+    .expect("the reminder waits");
+    assert!((1700.0..=1800.0).contains(&due_in), "due in {due_in} s");
+}
+
 /// The fan-out snippet: one message, two subscribers (the coupon's state
 /// machine and a notice record), each effect once, the message `success`;
 /// the same message enqueued again under another id acts on neither.

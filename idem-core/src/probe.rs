@@ -272,11 +272,16 @@ pub enum Break {
     /// first, as an auto-committing consumer does): at most once, so a
     /// consumer that dies loses what it had received but not handled.
     SettleFirst,
+    /// A relay's claim ignores ordering keys (renders no ordering guard,
+    /// see `backend::sql::order_guard`): the messages of one key run side
+    /// by side and settle in any order. Read when the relay's routes are
+    /// set.
+    Unordered,
 }
 
 #[cfg(idem_broken)]
-static BROKEN: [std::sync::atomic::AtomicBool; 8] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 8];
+static BROKEN: [std::sync::atomic::AtomicBool; 9] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 9];
 
 /// Turns the broken variant `b` on or off, process-wide (`--cfg
 /// idem_broken` builds only).

@@ -248,6 +248,13 @@ pub fn set_broken_settle_first(on: bool) {
     set_broken(probe::Break::SettleFirst, on);
 }
 
+/// A relay's claim ignores ordering keys: the messages of one key run side
+/// by side, in any order (a control; see the [crate documentation](crate)).
+/// Set it before the relay's routes.
+pub fn set_broken_unordered(on: bool) {
+    set_broken(probe::Break::Unordered, on);
+}
+
 /// An attempt that failed in an outage closes no gate on its topic: the
 /// relay keeps claiming and giving back the topic's backlog while the
 /// outage lasts (a control; see the [crate documentation](crate)).

@@ -41,6 +41,8 @@ pub mod rocketmq;
 #[rustfmt::skip]
 pub mod nats;
 #[rustfmt::skip]
+pub mod options;
+#[rustfmt::skip]
 pub mod outbox;
 #[rustfmt::skip]
 pub mod quick_start;
@@ -75,6 +77,7 @@ pub async fn create_tables(pool: &PgPool) -> sqlx::Result<()> {
         "CREATE TABLE IF NOT EXISTS readme_deduction (coupon_id BIGINT NOT NULL, order_id BIGINT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS readme_orders (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL)",
         "CREATE TABLE IF NOT EXISTS readme_notice (id BIGSERIAL PRIMARY KEY, user_id BIGINT NOT NULL, text TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS readme_order_log (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, step TEXT NOT NULL, tenant TEXT)",
         "CREATE TABLE IF NOT EXISTS readme_payment (serial VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
         "CREATE UNIQUE INDEX IF NOT EXISTS uk_readme_payment_serial ON readme_payment (serial)",
         "CREATE TABLE IF NOT EXISTS readme_transfer (id BIGSERIAL PRIMARY KEY, body BYTEA NOT NULL)",

@@ -502,4 +502,13 @@ impl Dialect {
     pub fn claim_sql(self, topics: usize, hold_after_dead: bool) -> ClaimSql {
         self.sql().claim_sql(topics, hold_after_dead)
     }
+
+    /// The claim statement without its ordering guard: the control
+    /// `probe::Break::Unordered`.
+    #[cfg_attr(not(idem_broken), allow(dead_code))]
+    pub(crate) fn unordered_claim_sql(self, topics: usize) -> String {
+        let sql = self.sql();
+        let claim = sql.claim_sql(topics, false).claim;
+        claim.replace(&sql.render(&crate::backend::sql::order_guard(sql.now, false)), "")
+    }
 }

@@ -164,8 +164,12 @@ impl<DB: Backend> Inner<DB> {
 
     /// The claim statement for the routed topics and the dead-head mode.
     pub(super) fn render_claim(&mut self) {
-        self.claiming.claim = DB::pool_dialect(&self.pool)
+        let mut claim = DB::pool_dialect(&self.pool)
             .claim_sql(self.routing.topics.len(), self.claiming.hold_after_dead);
+        if crate::probe::broken(crate::probe::Break::Unordered) {
+            claim.claim = DB::pool_dialect(&self.pool).unordered_claim_sql(self.routing.topics.len());
+        }
+        self.claiming.claim = claim;
     }
 }
 
