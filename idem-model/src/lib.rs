@@ -71,6 +71,24 @@ pub enum Mutation {
     /// The claim skips every row with a lease owner, whether its lease ran
     /// out or not: a crashed holder's message is never claimed again.
     ClaimIgnoresExpiry,
+    /// The claim ignores the ordering key: a row is claimed whatever the
+    /// other rows of its key.
+    ClaimIgnoresKey,
+    /// The claim's head rule checks only that no pending row of the key
+    /// has a smaller id, not that no pending row of the key holds a
+    /// running lease.
+    KeyHeadByIdOnly,
+}
+
+/// What a key does once its head is dead-lettered (the relay's mode for
+/// ordering keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyMode {
+    /// The rest of the key goes on (the default).
+    Continue,
+    /// A `failed` row counts as a blocking predecessor: the rest of the
+    /// key waits until an operator requeues it.
+    Hold,
 }
 
 /// The bound and the shape of one run of the model.
@@ -103,6 +121,16 @@ pub struct Config {
     /// heartbeat skips the row that transaction locks): see
     /// `tests/findings.rs`.
     pub long_transactions: bool,
+    /// Both messages carry one ordering key (message 0 has the smaller
+    /// id): a row is claimed only as its key's head (no other `pending`
+    /// row of the key with a smaller id, none holding a running lease;
+    /// with [`KeyMode::Hold`], no `failed` one with a smaller id either).
+    pub ordering: Option<KeyMode>,
+    /// Message 0 (the smaller id) is inserted late, at any time, even
+    /// after message 1 ran: its producer took its id from the sequence
+    /// first but committed last (two producers of one key). Otherwise
+    /// both are enqueued before the relays start.
+    pub late_head: bool,
     /// The protocol's deliberate fault, if any.
     pub mutation: Option<Mutation>,
 }
@@ -120,6 +148,8 @@ impl Config {
             publisher: [false; state::ROWS],
             faults,
             long_transactions: false,
+            ordering: None,
+            late_head: false,
             mutation: None,
         }
     }
@@ -129,6 +159,17 @@ impl Config {
         Config {
             batched: true,
             ..Config::per_message(relays, max_attempts, faults)
+        }
+    }
+
+    /// This configuration with both messages under one ordering key, in
+    /// `mode`; message 0's handler (the key's head) may fail, message
+    /// 1's never does.
+    pub fn ordered(self, mode: KeyMode) -> Self {
+        Config {
+            ordering: Some(mode),
+            may_fail: [true, false],
+            ..self
         }
     }
 

@@ -1,8 +1,8 @@
 //! The invariants (issue 13, item 2), and a few reachability checks that
 //! show the model is not vacuous.
 
-use crate::Config;
-use crate::state::{BatchStep, ROWS, Round, State, Status, Step};
+use crate::state::{BatchStep, ROWS, Round, Row, State, Status, Step};
+use crate::{Config, KeyMode};
 use stateright::{Model, Property};
 
 /// The effect of a message is applied at most once (committed).
@@ -47,6 +47,17 @@ pub const EVENTUALLY_ENDS: &str = "every message eventually ends success or fail
 /// fault): no lease is lost in a loop.
 pub const ATTEMPTS_BOUNDED: &str = "attempts stay bounded";
 
+/// Ordering keys (both messages under one key): at most one message of
+/// the key is in flight. Never do both rows hold a running lease at once
+/// (committed, `pending`, `locked_until > now()`), nor do two deliveries
+/// of the key run their handlers at once (from the claim's delivery to
+/// its commit), unless a stall let a running handler's lease run out.
+pub const ONE_IN_FLIGHT_PER_KEY: &str = "at most one message of a key in flight";
+/// Ordering keys: a key's messages are settled in id order. Message 1
+/// (the larger id) is never `success` while message 0 is `pending`; with
+/// [`KeyMode::Hold`], nor while message 0 is `failed`.
+pub const SETTLED_IN_ORDER: &str = "a key's messages settle in id order";
+
 /// Reachable: some message is dead-lettered.
 pub const SOME_DEAD_LETTER: &str = "some message is dead-lettered";
 /// Reachable (batched mode): a batch commits with one of its handlers
@@ -60,10 +71,15 @@ pub const LOST_COMMIT_LANDED: &str = "a lost commit is read back as landed";
 pub const LOST_CLAIM_RECOVERED: &str = "a lost claim is read back";
 /// Reachable: every message succeeds.
 pub const ALL_SUCCEED: &str = "every message succeeds";
+/// Reachable (ordering keys): the key's head dead-lettered, the rest of
+/// the key goes on past it ([`KeyMode::Continue`]: message 1 succeeds), or
+/// waits behind it ([`KeyMode::Hold`]: nothing can happen any more, and
+/// message 1 is still pending).
+pub const DEAD_HEAD_BY_MODE: &str = "a key's dead-lettered head is passed or held as its mode says";
 
 /// The properties every proof proves (each an `always`, but the last, an
 /// `eventually`).
-pub const SAFETY: [&str; 12] = [
+pub const SAFETY: [&str; 14] = [
     AT_MOST_ONCE,
     NEVER_FAILED_WITH_EFFECT,
     SUCCESS_WITH_EFFECT,
@@ -75,6 +91,8 @@ pub const SAFETY: [&str; 12] = [
     ATTEMPTS_WITHIN_MAX,
     NEVER_DEAD_AFTER_PUBLISH,
     PUBLISHED_FOR_SUCCESS,
+    ONE_IN_FLIGHT_PER_KEY,
+    SETTLED_IN_ORDER,
     EVENTUALLY_ENDS,
 ];
 
@@ -122,7 +140,7 @@ pub(crate) fn all() -> Vec<Property<Config>> {
             (0..ROWS).all(|e| !s.cache[e] || s.db.entities[e].effects >= 1)
         }),
         Property::always(ALL_SETTLED, |c: &Config, s: &State| {
-            !quiescent(c, s) || settled(s)
+            !quiescent(c, s) || settled(c, s)
         }),
         Property::always(ONE_RUN_AT_A_TIME, |_, s: &State| {
             s.stalled || (0..ROWS).all(|m| running(s, m) <= 1)
@@ -138,16 +156,35 @@ pub(crate) fn all() -> Vec<Property<Config>> {
             let bound = c.max_attempts.saturating_add(spent(c, s));
             s.db.rows.iter().all(|r| r.attempts <= bound)
         }),
-        Property::eventually(EVENTUALLY_ENDS, |_, s: &State| {
-            s.db.rows
-                .iter()
-                .all(|r| !r.exists || r.status != Status::Pending)
+        Property::always(ONE_IN_FLIGHT_PER_KEY, |c: &Config, s: &State| {
+            let leased = |r: &Row| r.exists && r.status == Status::Pending && r.lease;
+            c.ordering.is_none()
+                || (!s.db.rows.iter().all(leased)
+                    && (s.stalled || !(0..ROWS).all(|m| handling(s, m))))
+        }),
+        Property::always(SETTLED_IN_ORDER, |c: &Config, s: &State| {
+            let [first, second] = s.db.rows;
+            let blocking = first.status == Status::Pending
+                || (c.ordering == Some(KeyMode::Hold) && first.status == Status::Failed);
+            c.ordering.is_none() || !(second.status == Status::Success && first.exists && blocking)
+        }),
+        // Every message enqueued and not pending (or, with `Hold`, held
+        // behind its key's dead head): monotone, as no row goes back to
+        // `pending` nor out of `failed`.
+        Property::eventually(EVENTUALLY_ENDS, |c: &Config, s: &State| {
+            (0..ROWS).all(|m| {
+                let r = s.db.rows[m];
+                r.exists && (r.status != Status::Pending || held_back(c, s, m))
+            })
         }),
         Property::sometimes(SOME_DEAD_LETTER, |_, s: &State| {
             s.db.rows.iter().any(|r| r.status == Status::Failed)
         }),
+        // (With ordering keys, a batch never takes both rows: only the
+        // key's head is claimable.)
         Property::sometimes(BATCH_WITH_A_FAILURE, |c: &Config, s: &State| {
             !c.batched
+                || c.ordering.is_some()
                 || s.relays.iter().any(|r| match &r.round {
                     Round::Batch(b) => {
                         b.step == BatchStep::Markers
@@ -177,7 +214,54 @@ pub(crate) fn all() -> Vec<Property<Config>> {
         Property::sometimes(ALL_SUCCEED, |_, s: &State| {
             s.db.rows.iter().all(|r| r.status == Status::Success)
         }),
+        Property::sometimes(DEAD_HEAD_BY_MODE, |c: &Config, s: &State| {
+            let [first, second] = s.db.rows;
+            match c.ordering {
+                None => true,
+                Some(_) if first.status != Status::Failed => false,
+                Some(KeyMode::Continue) => second.status == Status::Success,
+                Some(KeyMode::Hold) => second.status == Status::Pending && quiescent(c, s),
+            }
+        }),
     ]
+}
+
+/// With [`KeyMode::Hold`], message `m` waits behind a dead-lettered
+/// message of its key with a smaller id (until an operator requeues it,
+/// which the model does not do).
+fn held_back(c: &Config, s: &State, m: usize) -> bool {
+    c.ordering == Some(KeyMode::Hold)
+        && (0..m).any(|n| s.db.rows[n].exists && s.db.rows[n].status == Status::Failed)
+}
+
+/// Whether a delivery of message `m` is in flight: claimed and not yet
+/// past its handler's commit (per message: from the first step to the
+/// commit, a publisher's mark included; in a batch: from its handlers'
+/// first step to the batch's commit).
+fn handling(s: &State, m: usize) -> bool {
+    s.relays.iter().any(|r| match &r.round {
+        Round::Work { current, .. } => {
+            current.token.0 as usize == m
+                && matches!(
+                    current.step,
+                    Step::Check
+                        | Step::Begin { .. }
+                        | Step::Guard
+                        | Step::Effect
+                        | Step::Transition
+                        | Step::Commit { .. }
+                        | Step::CommitFailure
+                        | Step::Publish
+                        | Step::Verdict
+                        | Step::Mark
+                )
+        }
+        Round::Batch(b) => {
+            !matches!(b.step, BatchStep::Open | BatchStep::Markers)
+                && b.rows.iter().any(|t| t.0 as usize == m)
+        }
+        _ => false,
+    })
 }
 
 /// Nothing can happen any more (every run of the model is finite: claims
@@ -193,9 +277,13 @@ fn spent(c: &Config, s: &State) -> u8 {
     c.faults.saturating_sub(s.faults)
 }
 
-fn settled(s: &State) -> bool {
-    s.db.rows.iter().all(|r| {
-        !r.exists || r.status == Status::Success || (r.status == Status::Failed && r.reason)
+fn settled(c: &Config, s: &State) -> bool {
+    (0..ROWS).all(|m| {
+        let r = s.db.rows[m];
+        !r.exists
+            || r.status == Status::Success
+            || (r.status == Status::Failed && r.reason)
+            || (r.status == Status::Pending && held_back(c, s, m))
     })
 }
 

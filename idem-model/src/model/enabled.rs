@@ -2,8 +2,8 @@
 //! a lease running out, a row claimed.
 
 use super::action::{COMMIT_OUTCOMES, Outcome};
-use crate::state::{BatchStep, Round, State, Status, Step, Token};
-use crate::{Config, Mutation};
+use crate::state::{BatchStep, ROWS, Round, State, Status, Step, Token};
+use crate::{Config, KeyMode, Mutation};
 
 impl Config {
     /// The outcomes the relay's next statement may have.
@@ -85,7 +85,7 @@ impl Config {
     }
 
     /// Whether message `m` may be claimed: pending, due, its lease over,
-    /// not locked (`FOR UPDATE SKIP LOCKED`).
+    /// not locked (`FOR UPDATE SKIP LOCKED`), the head of its key.
     pub(super) fn claimable(&self, s: &State, m: usize) -> bool {
         let row = s.db.rows[m];
         row.exists
@@ -93,5 +93,31 @@ impl Config {
             && !row.lease
             && !s.row_locked(m)
             && !(self.has(Mutation::ClaimIgnoresExpiry) && row.owner.is_some())
+            && self.key_head(s, m)
+    }
+
+    /// Whether message `m` is its ordering key's head, read from the
+    /// committed rows (the claim's subquery, under READ COMMITTED, sees
+    /// no transaction's uncommitted writes and skips no locked row): no
+    /// other `pending` row of the key has a smaller id (nor, with
+    /// [`KeyMode::Hold`], a `failed` one), and no other `pending` row of
+    /// the key holds a running lease. Without ordering, every row is.
+    pub(crate) fn key_head(&self, s: &State, m: usize) -> bool {
+        let Some(mode) = self.ordering else {
+            return true;
+        };
+        if self.has(Mutation::ClaimIgnoresKey) {
+            return true;
+        }
+        (0..ROWS).filter(|&n| n != m).all(|n| {
+            let other = s.db.rows[n];
+            let before = n < m
+                && (other.status == Status::Pending
+                    || (mode == KeyMode::Hold && other.status == Status::Failed));
+            let leased = other.status == Status::Pending
+                && other.lease
+                && !self.has(Mutation::KeyHeadByIdOnly);
+            !other.exists || !(before || leased)
+        })
     }
 }

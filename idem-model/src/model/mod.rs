@@ -32,9 +32,16 @@ impl Model for Config {
             exists: true,
             ..Row::ABSENT
         };
+        let mut rows = [row; ROWS];
+        let mut sent = [1; ROWS];
+        if self.late_head {
+            // Message 0's insert commits later (`Action::Enqueue`).
+            rows[0] = Row::ABSENT;
+            sent[0] = 0;
+        }
         vec![State {
             db: Db {
-                rows: [row; ROWS],
+                rows,
                 entities: [Entity::default(); ROWS],
             },
             relays: vec![
@@ -45,7 +52,7 @@ impl Model for Config {
                 self.relays
             ],
             cache: [false; ROWS],
-            sent: [1; ROWS],
+            sent,
             faults: self.faults,
             stalled: false,
             published: [0; ROWS],
@@ -105,8 +112,10 @@ impl Model for Config {
         let mut s = last.clone();
         match action {
             Action::Enqueue(m) => {
-                // `ON CONFLICT (topic, msg_id) DO NOTHING`: the row exists.
+                // The first insert commits the row; a retry is ignored
+                // (`ON CONFLICT (topic, msg_id) DO NOTHING`).
                 s.sent[m as usize] += 1;
+                s.db.rows[m as usize].exists = true;
             }
             Action::Expire(m) => s.db.rows[m as usize].lease = false,
             Action::Stall(m) => {

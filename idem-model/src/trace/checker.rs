@@ -120,6 +120,8 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
         publisher: [false; crate::state::ROWS],
         faults: u8::MAX,
         long_transactions: true,
+        ordering: None,
+        late_head: false,
         mutation: None,
     };
     let batched = Config {
