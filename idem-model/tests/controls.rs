@@ -2,9 +2,10 @@
 
 use idem_model::properties::{
     ALL_SETTLED, AT_MOST_ONCE, ATTEMPTS_WITHIN_MAX, MARKER_AFTER_COMMIT, NEVER_DEAD_AFTER_PUBLISH,
-    NEVER_FAILED_WITH_EFFECT, NEVER_FAILING_NOT_DEAD, ONE_RUN_AT_A_TIME, PUBLISHED_FOR_SUCCESS,
+    NEVER_FAILED_WITH_EFFECT, NEVER_FAILING_NOT_DEAD, ONE_IN_FLIGHT_PER_KEY, ONE_RUN_AT_A_TIME,
+    PUBLISHED_FOR_SUCCESS, SETTLED_IN_ORDER,
 };
-use idem_model::{Config, Mutation, check};
+use idem_model::{Config, KeyMode, Mutation, check};
 
 fn publishers(config: Config) -> Config {
     Config {
@@ -122,5 +123,47 @@ fn publisher_marked_before_its_publish() {
         "publisher: marked before its publish",
         publishers(Config::per_message(2, 2, 1)).with(Mutation::MarkBeforePublish),
         PUBLISHED_FOR_SUCCESS,
+    );
+}
+
+/// A claim that ignores the ordering key takes message 1 while message 0,
+/// earlier in the key, is pending: message 1 succeeds first.
+#[test]
+fn claim_ignores_the_ordering_key() {
+    check::refute(
+        "ordered key, the claim ignores it",
+        Config::per_message(2, 2, 0)
+            .ordered(KeyMode::Continue)
+            .with(Mutation::ClaimIgnoresKey),
+        SETTLED_IN_ORDER,
+    );
+}
+
+/// The same in batched mode: one batch takes both messages of the key,
+/// and runs both.
+#[test]
+fn batch_claim_ignores_the_ordering_key() {
+    check::refute(
+        "ordered key, batched, the claim ignores it",
+        Config::batched(2, 2, 0)
+            .ordered(KeyMode::Continue)
+            .with(Mutation::ClaimIgnoresKey),
+        ONE_IN_FLIGHT_PER_KEY,
+    );
+}
+
+/// The head rule without its lease check: message 0 (the smaller id),
+/// whose insert commits after message 1 was claimed (finding 6), is
+/// claimed while message 1 runs.
+#[test]
+fn key_head_by_smaller_id_only() {
+    let config = Config {
+        late_head: true,
+        ..Config::per_message(2, 2, 0).ordered(KeyMode::Continue)
+    };
+    check::refute(
+        "ordered key, the head rule without its lease check",
+        config.with(Mutation::KeyHeadByIdOnly),
+        ONE_IN_FLIGHT_PER_KEY,
     );
 }

@@ -32,11 +32,21 @@
 //!   its effect committed; earlier, it is retried (a duplicate, harmless).
 //!   The relay now never writes over a success when the handler's commit
 //!   outcome stayed unknown.
+//! - Finding 6 (open, inherent to ordering by id). Ids come from a
+//!   sequence taken at the insert, not at its commit: when two producers
+//!   enqueue under one ordering key at once, the smaller id may commit
+//!   after the larger was claimed, or even settled. The head rule cannot
+//!   order what it has not seen: the larger id succeeds while the smaller
+//!   is pending. Its lease check still keeps one message of the key in
+//!   flight (proved in `proofs.rs`; without it, the late smaller id is
+//!   claimed beside the running larger one, `controls.rs`). Enqueue order
+//!   within a key holds for a producer that commits each insert before the
+//!   next.
 
 use idem_model::properties::{
-    ATTEMPTS_WITHIN_MAX, NEVER_FAILED_WITH_EFFECT, ONE_RUN_AT_A_TIME, TIMING_FREE,
+    ATTEMPTS_WITHIN_MAX, NEVER_FAILED_WITH_EFFECT, ONE_RUN_AT_A_TIME, SETTLED_IN_ORDER, TIMING_FREE,
 };
-use idem_model::{Config, Mutation, check};
+use idem_model::{Config, KeyMode, Mutation, check};
 
 fn long(config: Config) -> Config {
     Config {
@@ -121,5 +131,18 @@ fn the_timing_free_properties_batched_however_long_the_batches() {
         "batched, batches longer than the lease, 2 relays, 1 fault",
         long(Config::batched(2, 3, 1)),
         &TIMING_FREE,
+    );
+}
+
+#[test]
+fn finding_6_a_smaller_id_committed_late_settles_after_a_larger() {
+    let config = Config {
+        late_head: true,
+        ..Config::per_message(2, 2, 0).ordered(KeyMode::Continue)
+    };
+    check::refute(
+        "ordered key, the smaller id's insert committed after the larger ran",
+        config,
+        SETTLED_IN_ORDER,
     );
 }
