@@ -1,7 +1,7 @@
 //! The conformance checker on hand-written traces: conforming ones pass,
 //! and a step the model does not allow is reported with its reason.
 
-use idem_model::trace::{Event, TraceConfig, check};
+use idem_model::trace::{Event, KeyMode, TraceConfig, check, check_ordered};
 
 fn trace(lines: &str) -> Vec<Event> {
     Event::parse_lines(lines).expect("a well-formed trace")
@@ -453,4 +453,177 @@ fn control_a_claim_under_a_running_handler_is_a_stall() {
 "#;
     let report = check(&trace(lines), &complete(3)).expect("conforms, with a stall");
     assert_eq!(report.stalls, 1, "{report:?}");
+}
+
+/// `lines` with every claim carrying the ordering key `key`.
+fn keyed(lines: &str, key: &str) -> String {
+    lines
+        .lines()
+        .map(|l| match l.contains(r#""kind":"claim""#) {
+            true => l.replace(r#""outcome":"#, &format!(r#""key":"{key}","outcome":"#)),
+            false => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One failing attempt of `msg`, its bookkeeping in the handler's
+/// transaction (`dead`: dead-lettered).
+fn failure(msg: i64, attempt: i32, owner: &str, dead: bool) -> String {
+    let c = format!(r#""msg":{msg},"attempt":{attempt},"owner":"{owner}""#);
+    [
+        format!(r#"{{"kind":"claim",{c},"outcome":"ok"}}"#),
+        format!(r#"{{"kind":"fenced_update",{c},"held":true}}"#),
+        format!(r#"{{"kind":"guard",{c},"done":false}}"#),
+        format!(r#"{{"kind":"effect",{c}}}"#),
+        format!(r#"{{"kind":"transition",{c},"ok":false}}"#),
+        format!(
+            r#"{{"kind":"settle",{c},"dead":{dead},"retryable":true,"applied":true,"in_tx":true}}"#
+        ),
+        format!(r#"{{"kind":"commit",{c},"outcome":"ok","dup":false}}"#),
+    ]
+    .join("\n")
+}
+
+#[test]
+fn a_key_delivered_in_order_conforms() {
+    // 7 fails once (holding its key), then succeeds; 8 and 9 follow, and
+    // a message without a key runs beside them.
+    let lines = [
+        keyed(&failure(7, 1, "r1#1", false), "k"),
+        success(20, 1, "r2#1"),
+        keyed(&success(7, 2, "r2#2"), "k"),
+        keyed(&success(8, 1, "r1#2"), "k"),
+        keyed(&success(9, 1, "r2#3"), "k"),
+    ]
+    .join("\n");
+    let report = check(&trace(&lines), &complete(3)).expect("conforms");
+    assert_eq!(report.keyed_claims, 4);
+    assert_eq!(report.messages, 4);
+}
+
+#[test]
+fn a_key_goes_on_past_its_dead_letter_unless_held() {
+    let lines = [
+        keyed(&failure(7, 1, "r1#1", false), "k"),
+        keyed(&failure(7, 2, "r1#2", true), "k"),
+        keyed(&success(8, 1, "r2#1"), "k"),
+    ]
+    .join("\n");
+    let events = trace(&lines);
+    check(&events, &complete(2)).expect("Continue: conforms");
+    let v = check_ordered(&events, &complete(2), KeyMode::Hold).expect_err("held behind 7");
+    assert_eq!(v.msg, 8);
+    assert_eq!(v.index, 14);
+    assert!(v.reason.contains("dead-lettered"), "{v}");
+}
+
+#[test]
+fn a_claim_out_of_its_key_s_order_is_a_violation() {
+    // 8 claimed while 7, before it in the key, is still to be retried.
+    let lines = [
+        keyed(&failure(7, 1, "r1#1", false), "k"),
+        keyed(&success(8, 1, "r2#1"), "k"),
+    ]
+    .join("\n");
+    let v = check(&trace(&lines), &TraceConfig::new(3)).expect_err("7 is pending");
+    assert_eq!((v.index, v.msg), (7, 8));
+    assert_eq!(
+        v.reason,
+        "claimed against the head rule of its ordering key \"k\": message 7, before it in \
+         its key, is not settled yet (still pending)"
+    );
+    // Under another key, or none, the same claim conforms.
+    let other = [
+        keyed(&failure(7, 1, "r1#1", false), "k"),
+        keyed(&success(8, 1, "r2#1"), "other"),
+        success(9, 1, "r2#2"),
+    ]
+    .join("\n");
+    check(&trace(&other), &TraceConfig::new(3)).expect("conforms");
+}
+
+#[test]
+fn two_messages_of_a_key_in_flight_is_a_violation() {
+    // 8 claimed first (7's insert committed after it: see finding 6),
+    // then 7 while 8 is still running.
+    let c8 = r#""msg":8,"attempt":1,"owner":"r1#1""#;
+    let lines = [
+        keyed(&format!(r#"{{"kind":"claim",{c8},"outcome":"ok"}}"#), "k"),
+        format!(r#"{{"kind":"fenced_update",{c8},"held":true}}"#),
+        keyed(&success(7, 1, "r2#1"), "k"),
+        format!(r#"{{"kind":"guard",{c8},"done":false}}"#),
+    ]
+    .join("\n");
+    let v = check(&trace(&lines), &TraceConfig::new(3)).expect_err("8 is in flight");
+    assert_eq!((v.index, v.msg), (2, 7));
+    assert_eq!(
+        v.reason,
+        "claimed against the head rule of its ordering key \"k\": message 8 of its key is in \
+         flight (held by its claim r1#1, attempt 1)"
+    );
+    // Once 8 settled, 7 may be claimed (the head rule orders what it sees).
+    let settled = [
+        keyed(&success(8, 1, "r1#1"), "k"),
+        keyed(&success(7, 1, "r2#1"), "k"),
+    ]
+    .join("\n");
+    check(&trace(&settled), &complete(3)).expect("conforms");
+}
+
+#[test]
+fn a_crashed_claim_of_the_key_s_head_blocks_until_reclaimed() {
+    // r1 dies holding 7: 8 must wait until 7 is claimed again and ends.
+    let crashed = r#"{"kind":"claim","msg":7,"attempt":1,"owner":"r1#1","outcome":"ok"}"#;
+    let early = [keyed(crashed, "k"), keyed(&success(8, 1, "r2#1"), "k")].join("\n");
+    let v = check(&trace(&early), &TraceConfig::new(3)).expect_err("7 is pending");
+    assert!(v.reason.contains("message 7"), "{v}");
+    let late = [
+        keyed(crashed, "k"),
+        keyed(&success(7, 2, "r2#1"), "k"),
+        keyed(&success(8, 1, "r2#2"), "k"),
+    ]
+    .join("\n");
+    check(&trace(&late), &complete(3)).expect("conforms");
+}
+
+#[test]
+fn a_claim_after_a_lost_commit_tells_it_landed() {
+    // 7's commit lost its acknowledgement and its read-back failed: its
+    // bookkeeping may retry it (the commit never reached the server), but
+    // not once 8's claim showed it landed.
+    let lost = keyed(
+        r#"{"kind":"claim","msg":7,"attempt":1,"owner":"r1#1","outcome":"ok"}
+{"kind":"fenced_update","msg":7,"attempt":1,"owner":"r1#1","held":true}
+{"kind":"guard","msg":7,"attempt":1,"owner":"r1#1","done":false}
+{"kind":"effect","msg":7,"attempt":1,"owner":"r1#1"}
+{"kind":"transition","msg":7,"attempt":1,"owner":"r1#1","ok":true}
+{"kind":"commit","msg":7,"attempt":1,"owner":"r1#1","outcome":"lost_ack","dup":false}
+{"kind":"landed","msg":7,"attempt":1,"owner":"r1#1","success":false}"#,
+        "k",
+    );
+    let claim8 = keyed(
+        r#"{"kind":"claim","msg":8,"attempt":1,"owner":"r2#1","outcome":"ok"}"#,
+        "k",
+    );
+    let retry = r#"{"kind":"settle","msg":7,"attempt":1,"owner":"r1#1","dead":false,"retryable":true,"applied":true}"#;
+    let unseen = [lost.clone(), retry.to_owned()].join("\n");
+    check(&trace(&unseen), &TraceConfig::new(3)).expect("conforms");
+    let after = [lost.clone(), claim8.clone()].join("\n");
+    check(&trace(&after), &TraceConfig::new(3)).expect("7 landed: conforms");
+    let both = [lost, claim8, retry.to_owned()].join("\n");
+    let v = check(&trace(&both), &TraceConfig::new(3)).expect_err("8's claim saw 7 landed");
+    assert_eq!((v.index, v.msg), (8, 7));
+    assert!(v.reason.contains("refuses"), "{v}");
+}
+
+#[test]
+fn a_message_claimed_under_two_keys_is_a_violation() {
+    let lines = [
+        keyed(&failure(7, 1, "r1#1", false), "a"),
+        keyed(&success(7, 2, "r1#2"), "b"),
+    ]
+    .join("\n");
+    let v = check(&trace(&lines), &TraceConfig::new(3)).expect_err("one key per message");
+    assert!(v.reason.contains("earlier claim had"), "{v}");
 }

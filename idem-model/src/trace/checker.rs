@@ -2,11 +2,12 @@
 //! events replayed one by one over the candidate states, the invariants
 //! held after each, and a claim whose events stop taken to have crashed.
 
-use super::event::Event;
+use super::event::{ClaimOutcome, Event};
+use super::keys::blocks;
 use super::replay::replay;
-use crate::Config;
 use crate::properties;
 use crate::state::{Db, Entity, Relay, Round, Row, State, Status};
+use crate::{Config, KeyMode};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -59,6 +60,9 @@ pub struct CheckReport {
     /// Leases the model had to let run out under a running handler (a
     /// stall: the one-run-at-a-time promise no longer applies).
     pub stalls: usize,
+    /// `ok` claims of a keyed message checked against the other messages
+    /// of its key (the head rule).
+    pub keyed_claims: usize,
 }
 
 /// The first event the model does not allow, or an invariant broken.
@@ -109,8 +113,20 @@ struct Projection {
 
 /// Replays `events` through the model: `Ok` with what was checked, or the
 /// first event the model does not allow from the state reached (or the
-/// first broken invariant).
+/// first broken invariant). Keyed claims are checked against the relay's
+/// default mode for ordering keys, [`KeyMode::Continue`].
 pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Violation> {
+    check_ordered(events, config, KeyMode::Continue)
+}
+
+/// [`check`], with keyed claims checked against the relay's `mode` for
+/// ordering keys (with [`KeyMode::Hold`], a dead-lettered message holds
+/// the rest of its key).
+pub fn check_ordered(
+    events: &[Event],
+    config: &TraceConfig,
+    mode: KeyMode,
+) -> Result<CheckReport, Violation> {
     let per_message = Config {
         relays: 0,
         max_attempts: config.max_attempts,
@@ -181,7 +197,60 @@ pub fn check(events: &[Event], config: &TraceConfig) -> Result<CheckReport, Viol
 
     let mut report = CheckReport::default();
     let mut projections: BTreeMap<i64, Projection> = BTreeMap::new();
+    // Each message's ordering key, as its first claim named it.
+    let mut key_of: BTreeMap<i64, Option<String>> = BTreeMap::new();
     for (i, e) in events.iter().enumerate() {
+        if let Event::Claim {
+            msg, outcome, key, ..
+        } = e
+            && wanted(*msg)
+        {
+            let violation = |reason: String| Violation {
+                index: i,
+                event: Some(e.clone()),
+                msg: *msg,
+                reason,
+            };
+            match key_of.get(msg) {
+                Some(before) if before != key => {
+                    return Err(violation(format!(
+                        "claimed with the ordering key {key:?}, but its earlier claim had {before:?}"
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    key_of.insert(*msg, key.clone());
+                }
+            }
+            if let (ClaimOutcome::Ok, Some(k)) = (outcome, key) {
+                let others: Vec<i64> = key_of
+                    .iter()
+                    .filter(|&(n, other)| n != msg && other.as_ref() == Some(k))
+                    .map(|(&n, _)| n)
+                    .collect();
+                for n in others {
+                    let Some(p) = projections.get_mut(&n) else {
+                        continue;
+                    };
+                    let mut reason = None;
+                    p.states
+                        .retain(|s| match blocks(s, &p.owners, n, *msg, mode) {
+                            Some(r) => {
+                                reason.get_or_insert(r);
+                                false
+                            }
+                            None => true,
+                        });
+                    if p.states.is_empty() {
+                        return Err(violation(format!(
+                            "claimed against the head rule of its ordering key {k:?}: {}",
+                            reason.unwrap_or_default()
+                        )));
+                    }
+                }
+                report.keyed_claims += 1;
+            }
+        }
         let targets: Vec<i64> = match e.message() {
             Some((m, _)) if !wanted(m) => {
                 report.ignored += 1;

@@ -61,6 +61,10 @@ pub enum Event {
         owner: String,
         /// The claim's commit outcome.
         outcome: ClaimOutcome,
+        /// The row's ordering key, if it has one (absent: no key). Within
+        /// a key, ids give the enqueue order.
+        #[serde(default)]
+        key: Option<String>,
     },
     /// The read-back of a claim whose outcome was unknown.
     ClaimReadBack {

@@ -20,6 +20,7 @@
 //! {"kind":"claim","msg":7,"attempt":1,"owner":"r1#4","outcome":"ok"}
 //! {"kind":"claim","msg":7,"attempt":2,"owner":"r1#5","outcome":"lost_ack"}
 //! {"kind":"claim","msg":7,"attempt":0,"owner":"r1#6","outcome":"refused"}
+//! {"kind":"claim","msg":9,"attempt":1,"owner":"r2#3","outcome":"ok","key":"order-42"}
 //! {"kind":"claim_read_back","msg":7,"attempt":2,"owner":"r1#5","held":true}
 //! {"kind":"renew","msg":7,"attempt":2,"owner":"r1#5","renewed":true}
 //! {"kind":"fenced_update","msg":7,"attempt":2,"owner":"r1#5","held":true}
@@ -43,7 +44,8 @@
 //!   relay: applied or not, the read-back tells), `refused` (nothing
 //!   applied, known). `attempt` is the row's `attempts` after the claim;
 //!   for a claim that is not `ok` it may be `0` (unknown), and is then
-//!   taken from the model.
+//!   taken from the model. `key`: the row's ordering key, absent for a
+//!   row without one (see *Ordering keys* below).
 //! - `claim_read_back`: the read-back of a `lost_ack` claim (`held`: the
 //!   row is pending under the claim's owner, its lease running; a failed
 //!   read is `held: false`).
@@ -134,6 +136,30 @@
 //! Faults are not bounded: the trace's lost acknowledgements are whatever
 //! the run injected.
 //!
+//! # Ordering keys
+//!
+//! A claim carrying a `key` took a row under the head rule: no other
+//! `pending` row of the key with a smaller id, none holding a running
+//! lease (and, with [`KeyMode::Hold`], no `failed` one with a smaller id).
+//! Across the messages of a key seen in the trace (each through the
+//! `key` of its claims; ids give the enqueue order), every `ok` claim of
+//! a keyed message is checked against the others, at the claim:
+//!
+//! - a message of the key with a smaller id must be settled: `success`
+//!   committed, or dead-lettered (`failed`; with [`KeyMode::Hold`], only
+//!   `success`);
+//! - no other message of the key may be in flight: `pending` and held by
+//!   a claim still delivering it (its events not ended; a claim whose
+//!   events stopped is taken to have crashed, its lease to have run out).
+//!
+//! Where a lost acknowledgement leaves a message's outcome open, the
+//! claim tells: the candidate states where that message blocks the claim
+//! are dropped; with none left, the claim is a violation. A message is
+//! known to the key from its first claim on; the rule is checked only
+//! among the messages checked (see [`TraceConfig::messages`]).
+//! [`check`] checks the default mode, [`KeyMode::Continue`];
+//! [`check_ordered`] takes the relay's mode.
+//!
 //! Events of a message outside [`TraceConfig::messages`] (when it is set)
 //! are skipped and counted in [`CheckReport::ignored`]: a trace may hold
 //! messages of routes the run does not check. Without it, every message is
@@ -141,8 +167,10 @@
 
 mod checker;
 mod event;
+mod keys;
 mod relay;
 mod replay;
 
-pub use checker::{CheckReport, INVARIANTS, TraceConfig, Violation, check};
+pub use crate::KeyMode;
+pub use checker::{CheckReport, INVARIANTS, TraceConfig, Violation, check, check_ordered};
 pub use event::{BatchOutcome, ClaimOutcome, CommitOutcome, Event};
