@@ -509,6 +509,9 @@ impl Dialect {
     pub(crate) fn unordered_claim_sql(self, topics: usize) -> String {
         let sql = self.sql();
         let claim = sql.claim_sql(topics, false).claim;
-        claim.replace(&sql.render(&crate::backend::sql::order_guard(sql.now, false)), "")
+        claim.replace(
+            &sql.render(&crate::backend::sql::order_guard(sql.now, false)),
+            "",
+        )
     }
 }

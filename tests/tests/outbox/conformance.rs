@@ -160,19 +160,25 @@ macro_rules! conformance_tests {
             /// checked. `own_source`: handlers take their delivery's
             /// source; otherwise the relay marks each message itself.
             async fn conforms(batched: bool, own_source: bool) {
+                conforms_keyed(batched, own_source, false).await;
+            }
+
+            /// As `conforms`, the messages under 3 ordering keys when
+            /// `keyed`: the model also checks the head rule of each key.
+            async fn conforms_keyed(batched: bool, own_source: bool, keyed: bool) {
                 let _one = hooks::exclusive().await;
                 let Some(pool) = pool().await else { return };
                 // A refusal the client-side order of a trace can cause
                 // (see `order_artifact`) is printed, trace included, and
                 // the run made once more on new messages: the second
                 // refusal fails. Any other refusal fails at once.
-                let first = match run(&pool, batched, own_source).await {
+                let first = match run(&pool, batched, own_source, keyed).await {
                     Ok(report) => return ok(batched, own_source, report),
                     Err(v) if order_artifact(&v) => v,
                     Err(v) => panic!("the model refuses the trace: {v}"),
                 };
                 eprintln!("the model refused the trace, possibly for its client-side order; running once more: {first}");
-                match run(&pool, batched, own_source).await {
+                match run(&pool, batched, own_source, keyed).await {
                     Ok(report) => ok(batched, own_source, report),
                     Err(v) => panic!("the model refuses the trace, twice: {first}; then {v}"),
                 }
@@ -191,18 +197,23 @@ macro_rules! conformance_tests {
                 pool: &Pool<Db>,
                 batched: bool,
                 own_source: bool,
+                keyed: bool,
             ) -> Result<idem_model::trace::CheckReport, String> {
                 let pool = pool.clone();
-                let topic = topic(match (batched, own_source) {
-                    (false, true) => "conf",
-                    (true, _) => "confbatch",
-                    (false, false) => "confmark",
+                let topic = topic(match (batched, own_source, keyed) {
+                    (_, _, true) => "confkeyed",
+                    (false, true, _) => "conf",
+                    (true, _, _) => "confbatch",
+                    (false, false, _) => "confmark",
                 });
                 let mut coupons = Vec::new();
                 // One message per coupon: the model gives each message an
                 // entity of its own (producer copies are `outbox/fanout.rs`'s).
-                for _ in 0..12 {
-                    coupons.push(produce(&pool, &topic, 1).await);
+                for n in 0..12 {
+                    coupons.push(match keyed {
+                        true => produce_keyed(&pool, &topic, &format!("{topic}:{}", n % 3)).await,
+                        false => produce(&pool, &topic, 1).await,
+                    });
                 }
                 let ids = ids_of(&pool, &topic).await;
                 let seen: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
@@ -255,7 +266,11 @@ macro_rules! conformance_tests {
                     assert_eq!(deductions(&pool, *c).await, 1, "coupon {c} deducted once");
                 }
                 assert_eq!(by_status(&pool, &topic, "success").await, ids.len() as i64);
-                check(&topic, 10, ids, true)
+                let n = ids.len();
+                let report = check(&topic, 10, ids, true)?;
+                // Keyed: every claim's head rule checked.
+                assert!(!keyed || report.keyed_claims >= n, "{report:?}");
+                Ok(report)
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,6 +281,51 @@ macro_rules! conformance_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_batched_trace_conforms() {
                 conforms(true, true).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_ordered_trace_conforms() {
+                conforms_keyed(false, true, true).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_ordered_batched_trace_conforms() {
+                conforms_keyed(true, true, true).await;
+            }
+
+            /// The control: a relay claiming without the ordering guard
+            /// (`testing::set_broken_unordered`) runs a key's messages side
+            /// by side, and the model refuses its trace.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(not(idem_broken), ignore = "a control of a deliberately broken build: RUSTFLAGS=\"--cfg idem_broken\"")]
+            async fn control_the_model_refuses_an_unordered_trace() {
+                let _one = hooks::exclusive().await;
+                let Some(pool) = pool().await else { return };
+                idem_runtime::testing::set_broken_unordered(true);
+                let checked = run(&pool, false, true, true).await;
+                idem_runtime::testing::set_broken_unordered(false);
+                let v = checked.expect_err("the model must refuse the unordered relay's trace");
+                eprintln!("{} conformance control: refused: {v}", stringify!($module));
+                assert!(v.contains("head rule"), "refused for another reason: {v}");
+            }
+
+            /// A coupon and its message, under ordering key `key`.
+            async fn produce_keyed(pool: &Pool<Db>, topic: &str, key: &str) -> i64 {
+                use idem_runtime::outbox::{EnqueueOptions, enqueue_with};
+                let coupon = ids(1);
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query(sql(D, "INSERT INTO idem_r_coupon (id, status) VALUES (?, 'UNUSED')"))
+                    .bind(coupon)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("insert coupon");
+                let payload = serde_json::json!({"coupon_id": coupon, "order_id": coupon + 1});
+                let options = EnqueueOptions::new().ordering_key(key);
+                enqueue_with(&mut tx, topic, &format!("m-{coupon}"), &payload, &options)
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+                coupon
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,13 +24,21 @@ macro_rules! delayed_tests {
                 delay_ms: u64,
             }
 
+            /// The test's tables, created once: on PostgreSQL under the
+            /// fixtures' lock (two sessions creating one table at once
+            /// collide in its catalog).
             async fn tables(pool: &Pool<Db>) {
+                let mut tx = pool.begin().await.expect("begin");
+                if D == Dialect::Postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock(77003)").execute(&mut *tx).await.expect("lock");
+                }
                 for stmt in [
                     "CREATE TABLE IF NOT EXISTS idem_d_effect (name VARCHAR(128) NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_d_early (name VARCHAR(128) NOT NULL)",
                 ] {
-                    sqlx::query(stmt).execute(pool).await.expect("create table");
+                    sqlx::query(stmt).execute(&mut *tx).await.expect("create table");
                 }
+                tx.commit().await.expect("commit");
             }
 
             /// The effect, once; recorded as early when the database's

@@ -55,13 +55,21 @@ macro_rules! ordering_tests {
             use std::sync::atomic::{AtomicBool, AtomicUsize};
             use std::sync::Arc;
 
+            /// The test's tables, created once: on PostgreSQL under the
+            /// fixtures' lock (two sessions creating one table at once
+            /// collide in its catalog).
             async fn tables(pool: &Pool<Db>) {
+                let mut tx = pool.begin().await.expect("begin");
+                if D == Dialect::Postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock(77003)").execute(&mut *tx).await.expect("lock");
+                }
                 for stmt in [
                     "CREATE TABLE IF NOT EXISTS idem_o_key (k VARCHAR(128) PRIMARY KEY, last BIGINT NOT NULL, steps BIGINT NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS idem_o_bad (k VARCHAR(128) NOT NULL, seq BIGINT NOT NULL, last BIGINT NOT NULL)",
                 ] {
-                    sqlx::query(stmt).execute(pool).await.expect("create table");
+                    sqlx::query(stmt).execute(&mut *tx).await.expect("create table");
                 }
+                tx.commit().await.expect("commit");
             }
 
             /// The step, acting once: out of order (not the step after

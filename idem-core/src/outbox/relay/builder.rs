@@ -167,7 +167,8 @@ impl<DB: Backend> Inner<DB> {
         let mut claim = DB::pool_dialect(&self.pool)
             .claim_sql(self.routing.topics.len(), self.claiming.hold_after_dead);
         if crate::probe::broken(crate::probe::Break::Unordered) {
-            claim.claim = DB::pool_dialect(&self.pool).unordered_claim_sql(self.routing.topics.len());
+            claim.claim =
+                DB::pool_dialect(&self.pool).unordered_claim_sql(self.routing.topics.len());
         }
         self.claiming.claim = claim;
     }

@@ -59,7 +59,7 @@ pub(super) struct Limits {
 
 /// One topic's limiter.
 #[derive(Debug)]
-pub(super) struct Limiter {
+struct Limiter {
     slots: Option<Arc<Semaphore>>,
     /// One start every `interval`, the next at `next` at the earliest.
     interval: Option<Duration>,
@@ -114,8 +114,13 @@ impl Limits {
         !self.by_topic.is_empty()
     }
 
+    /// Whether `topic` has limits.
+    pub(super) fn limits(&self, topic: &str) -> bool {
+        self.by_topic.contains_key(topic)
+    }
+
     /// `topic`'s limiter, if it has limits.
-    pub(super) fn of(&self, topic: &str) -> Option<&Arc<Limiter>> {
+    fn of(&self, topic: &str) -> Option<&Arc<Limiter>> {
         self.by_topic.get(topic)
     }
 
@@ -140,26 +145,30 @@ impl Limits {
         )
     }
 
-    /// Counts a claimed message of `topic` as held (until the [`Held`]
-    /// from [`Limiter::acquire`] is dropped).
-    pub(super) fn hold(&self, topic: &str) -> Option<Arc<Limiter>> {
+    /// Counts a claimed message of `topic` as held, until the result (or
+    /// what [`Held::acquire`] makes of it) drops: also when its task ends
+    /// before it could start.
+    pub(super) fn hold(&self, topic: &str) -> Option<Held> {
         let limiter = self.of(topic)?;
         limiter.held.fetch_add(1, Ordering::Relaxed);
-        Some(limiter.clone())
+        Some(Held {
+            limiter: limiter.clone(),
+            _slot: None,
+        })
     }
 }
 
-impl Limiter {
-    /// Waits for a slot and the next start the rate allows; the message
-    /// is counted as held from [`Limits::hold`] until the result drops.
-    pub(super) async fn acquire(self: Arc<Self>) -> Held {
-        let slot = match &self.slots {
-            Some(slots) => Some(slots.clone().acquire_owned().await.expect("never closed")),
-            None => None,
-        };
-        if let Some(interval) = self.interval {
+impl Held {
+    /// Waits for a slot of the topic and for the next start its rate
+    /// allows.
+    pub(super) async fn acquire(mut self) -> Held {
+        let limiter = self.limiter.clone();
+        if let Some(slots) = &limiter.slots {
+            self._slot = Some(slots.clone().acquire_owned().await.expect("never closed"));
+        }
+        if let Some(interval) = limiter.interval {
             let at = {
-                let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+                let mut next = limiter.next.lock().unwrap_or_else(|e| e.into_inner());
                 let now = Instant::now();
                 let at = next.map_or(now, |n| n.max(now));
                 *next = Some(at + interval);
@@ -167,10 +176,7 @@ impl Limiter {
             };
             tokio::time::sleep_until(at).await;
         }
-        Held {
-            limiter: self,
-            _slot: slot,
-        }
+        self
     }
 }
 

@@ -337,9 +337,8 @@ impl<DB: Backend> Inner<DB> {
         if !self.limits.any() {
             return rows;
         }
-        let (limited, free): (Vec<_>, Vec<_>) = rows
-            .into_iter()
-            .partition(|r| self.limits.of(&r.topic).is_some());
+        let (limited, free): (Vec<_>, Vec<_>) =
+            rows.into_iter().partition(|r| self.limits.limits(&r.topic));
         for row in limited {
             self.spawn_one(tasks, row, owner.clone(), permits, waiting);
         }
@@ -359,17 +358,17 @@ impl<DB: Backend> Inner<DB> {
         permits: &Arc<Semaphore>,
         waiting: &Arc<AtomicUsize>,
     ) {
-        let limiter = self.limits.hold(&row.topic);
-        if limiter.is_none() {
+        let held = self.limits.hold(&row.topic);
+        if held.is_none() {
             waiting.fetch_add(1, Ordering::Relaxed);
         }
         let me = self.clone();
         let (permits, waiting) = (permits.clone(), waiting.clone());
         tasks.spawn(async move {
-            let held = match limiter {
-                Some(limiter) => {
+            let held = match held {
+                Some(held) => {
                     let limited =
-                        async { Ok::<_, tokio::sync::AcquireError>(limiter.acquire().await) };
+                        async { Ok::<_, tokio::sync::AcquireError>(held.acquire().await) };
                     let held = me.queued(limited, &owner, &[row.id]).await;
                     waiting.fetch_add(1, Ordering::Relaxed);
                     Some(held)
