@@ -363,13 +363,12 @@ async fn ordering_keys_delays_and_headers_run_as_shown() {
     idem_examples::readme::options::order_life(pool.clone(), order, stop)
         .await
         .expect("order life");
-    let steps: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT step, tenant FROM readme_order_log WHERE order_id = $1 ORDER BY id",
-    )
-    .bind(order)
-    .fetch_all(&pool)
-    .await
-    .expect("steps");
+    let steps: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT step, tenant FROM readme_order_log WHERE order_id = $1 ORDER BY id")
+            .bind(order)
+            .fetch_all(&pool)
+            .await
+            .expect("steps");
     let acme = Some("acme".to_owned());
     assert_eq!(
         steps,

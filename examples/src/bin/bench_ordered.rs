@@ -44,7 +44,12 @@ struct Args {
 
 /// Enqueues `n` messages on `topic`, keyed round robin over `keys` keys
 /// (`None`: no key), 200 to a transaction.
-async fn produce(pool: &PgPool, topic: &str, n: usize, keys: Option<usize>) -> Result<(), idem_runtime::Error> {
+async fn produce(
+    pool: &PgPool,
+    topic: &str,
+    n: usize,
+    keys: Option<usize>,
+) -> Result<(), idem_runtime::Error> {
     let payload = serde_json::json!({});
     for chunk in (0..n).collect::<Vec<_>>().chunks(200) {
         let mut tx = pool.begin().await?;

@@ -81,6 +81,15 @@ pub async fn prepare(admin: &PgPool) -> Result<(), BoxError> {
             })
             .map(|s| s.replace("idem_outbox", PGB_OUTBOX)),
     );
+    // Schema version 3's columns, which idem's claim reads (its ordering
+    // guard; no message of either side has a key).
+    ddl.push(format!(
+        "ALTER TABLE {PGB_OUTBOX} ADD COLUMN ordering_key VARCHAR(128), ADD COLUMN headers TEXT"
+    ));
+    ddl.push(format!(
+        "CREATE INDEX idx_{PGB_OUTBOX}_order ON {PGB_OUTBOX} (ordering_key, id) \
+         WHERE ordering_key IS NOT NULL"
+    ));
     for stmt in ddl {
         sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
             .execute(admin)

@@ -65,7 +65,7 @@ pub fn pgbench_scripts() -> (String, String) {
          COMMIT;\n"
     );
     let claim = pgbench_vars(
-        &pg.claim_sql(1).claim,
+        &pg.claim_sql(1, false).claim,
         &["owner", "lease", "topic", "batch", "offset"],
     )
     .replace("idem_outbox", PGB_OUTBOX);

@@ -91,7 +91,7 @@ async fn claims(
     batch: u32,
     k: usize,
 ) -> Result<Vec<Duration>, BoxError> {
-    let claim = Dialect::Postgres.claim_sql(1).claim;
+    let claim = Dialect::Postgres.claim_sql(1, false).claim;
     let mut conn = sqlx::PgConnection::connect_with(connect).await?;
     let mut lat = Vec::with_capacity(k);
     for _ in 0..k {
