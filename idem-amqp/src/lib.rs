@@ -70,6 +70,25 @@
 //! dials again: the consumer stops with its connection, and every publish
 //! keeps failing as an outage until the process is restarted.
 //!
+//! # Headers and ordering keys
+//!
+//! The headers an outbox message was enqueued with
+//! ([`EnqueueOptions::header`](idem_core::outbox::EnqueueOptions::header))
+//! become AMQP message headers, each a long-string value under its own
+//! name; a handler reads them with [`Message::header`] and
+//! [`Message::user_headers`], and they travel with a retry through the retry
+//! queue. Idem's own headers win: a user header named under
+//! [`IDEM_HEADER_PREFIX`] (`x-idem-`, in any case) is not carried, and
+//! neither are the names RabbitMQ itself interprets (`CC`, `BCC`,
+//! `x-death`, `x-first-death-…`, `x-last-death-…`); each such header is
+//! dropped with a warning, the message is published without it.
+//!
+//! RabbitMQ has no per-key order beyond a queue's own FIFO, so the
+//! ordering key does nothing on the broker: it is carried in the
+//! [`ORDERING_KEY_HEADER`] header (`x-idem-ordering-key`), read with
+//! [`Message::ordering_key`]. The relay still hands a key's messages to
+//! the publisher one at a time, in order.
+//!
 //! # Retries: a delay queue, not `nack(requeue=true)`
 //!
 //! A plain requeue redelivers at once, to the head of the queue, without
@@ -175,6 +194,7 @@ use idem_core::Error;
 use lapin::{Connection, ConnectionProperties};
 use std::sync::Arc;
 
+/// The header counting the attempts failed so far (set by the consumer on
 /// each republish to the retry queue).
 pub const ATTEMPTS_HEADER: &str = "x-idem-attempts";
 /// The header keeping the original routing key across the retry queue.
@@ -183,6 +203,13 @@ pub const ROUTING_KEY_HEADER: &str = "x-idem-routing-key";
 pub const EXCHANGE_HEADER: &str = "x-idem-exchange";
 /// The header carrying the outbox topic of a message sent by [`Publisher`].
 pub const TOPIC_HEADER: &str = "x-idem-topic";
+/// The header carrying the ordering key an outbox message was enqueued
+/// with (see [headers and ordering keys](self#headers-and-ordering-keys)).
+pub const ORDERING_KEY_HEADER: &str = "x-idem-ordering-key";
+/// The prefix of idem's own headers ([`TOPIC_HEADER`],
+/// [`ATTEMPTS_HEADER`], …): a user header under it (in any case) is not
+/// carried by [`Publisher`].
+pub const IDEM_HEADER_PREFIX: &str = "x-idem-";
 
 /// Connects to a broker (`amqp://user:pass@host:5672/%2f`) on the current
 /// tokio runtime. The connection closes when the last `Arc` is dropped.

@@ -1,12 +1,12 @@
 //! Outbox messages forwarded to an exchange, publisher-confirmed.
 
 use super::Connector;
-use super::TOPIC_HEADER;
 use super::channel::ConfirmChannel;
 use super::fields::{long, short};
+use super::{IDEM_HEADER_PREFIX, ORDERING_KEY_HEADER, TOPIC_HEADER};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
-use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::outbox::{Delivery, Headers, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
 use lapin::BasicProperties;
@@ -24,6 +24,16 @@ use std::sync::Arc;
 /// the `x-idem-topic` header, persistent (`delivery_mode` 2), `mandatory`
 /// (an unroutable message is an error, not a silent drop). It returns only
 /// after the broker's publisher confirm.
+///
+/// The message's headers ([`OutboxRow::headers`]) are written as AMQP
+/// headers with long-string values, its ordering key in the
+/// [`ORDERING_KEY_HEADER`](crate::ORDERING_KEY_HEADER) header (RabbitMQ
+/// orders nothing by it). Idem's own headers cannot be overwritten: a user
+/// header under [`IDEM_HEADER_PREFIX`](crate::IDEM_HEADER_PREFIX)
+/// (`x-idem-`, in any case), or one RabbitMQ interprets (`CC`, `BCC`,
+/// `x-death`, `x-first-death-…`, `x-last-death-…`), is dropped with a
+/// warning; a header name longer than 255 bytes is a permanent error. See
+/// [headers and ordering keys](crate#headers-and-ordering-keys).
 ///
 /// As a [`Relay`](idem_core::outbox::Relay) route ([`Publisher::route`]) it
 /// answers `Ok(Outcome::Executed(()))` after the confirm, and the relay
@@ -114,6 +124,20 @@ impl Publisher {
 
     /// Publishes one message and waits for the broker's confirm.
     pub async fn publish(&self, topic: &str, msg_id: &str, payload: &[u8]) -> Result<(), Error> {
+        self.send(topic, msg_id, payload, None, &Headers::new())
+            .await
+    }
+
+    /// Publishes one message with its ordering key and headers (see
+    /// [`Publisher`]) and waits for the broker's confirm.
+    async fn send(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        payload: &[u8],
+        ordering_key: Option<&str>,
+        user: &Headers,
+    ) -> Result<(), Error> {
         if msg_id.is_empty() {
             return Err(Error::InvalidMessage {
                 topic: topic.to_owned(),
@@ -121,8 +145,7 @@ impl Publisher {
                 reason: "empty msg_id: the consumer could not key it".to_owned(),
             });
         }
-        let mut headers = FieldTable::default();
-        headers.insert(TOPIC_HEADER.into(), long(topic));
+        let headers = field_table(topic, ordering_key, user)?;
         let properties = BasicProperties::default()
             .with_message_id(short("msg_id", msg_id)?)
             .with_type(short("topic", topic)?)
@@ -155,7 +178,80 @@ impl Publisher {
 
 impl Forward for Publisher {
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
-        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
-            .await
+        self.send(
+            &message.topic,
+            &message.msg_id,
+            message.payload.as_bytes(),
+            message.ordering_key.as_deref(),
+            &message.headers,
+        )
+        .await
+    }
+}
+
+/// Whether a user header named `name` is dropped: idem's own names
+/// (`x-idem-…`) and the ones RabbitMQ interprets, in any case.
+pub(crate) fn reserved(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with(IDEM_HEADER_PREFIX)
+        || lower.starts_with("x-first-death-")
+        || lower.starts_with("x-last-death-")
+        || matches!(lower.as_str(), "cc" | "bcc" | "x-death")
+}
+
+/// A message's headers: the user's but the [reserved] ones, then idem's
+/// own over them.
+fn field_table(
+    topic: &str,
+    ordering_key: Option<&str>,
+    user: &Headers,
+) -> Result<FieldTable, Error> {
+    let mut headers = FieldTable::default();
+    for (name, value) in user {
+        if reserved(name) {
+            tracing::warn!(header = %name, topic, "a header named like idem's or RabbitMQ's own is not carried");
+            continue;
+        }
+        headers.insert(short("header name", name)?, long(value));
+    }
+    headers.insert(TOPIC_HEADER.into(), long(topic));
+    if let Some(key) = ordering_key {
+        headers.insert(ORDERING_KEY_HEADER.into(), long(key));
+    }
+    Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::header_str;
+
+    #[test]
+    fn user_headers_are_carried_and_never_replace_idems() {
+        let user: Headers = [
+            ("tenant", "acme"),
+            ("x-idem-topic", "forged"),
+            ("X-Idem-Attempts", "9"),
+            ("CC", "elsewhere"),
+            ("x-request-id", "r-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let table = field_table("orders", Some("order-42"), &user).unwrap();
+        let p = BasicProperties::default().with_headers(table);
+        assert_eq!(header_str(&p, "tenant").as_deref(), Some("acme"));
+        assert_eq!(header_str(&p, "x-request-id").as_deref(), Some("r-1"));
+        assert_eq!(header_str(&p, TOPIC_HEADER).as_deref(), Some("orders"));
+        assert_eq!(
+            header_str(&p, ORDERING_KEY_HEADER).as_deref(),
+            Some("order-42")
+        );
+        for dropped in ["X-Idem-Attempts", "CC"] {
+            assert_eq!(header_str(&p, dropped), None, "{dropped}");
+        }
+        assert_eq!(p.headers().as_ref().unwrap().inner().len(), 4);
+        let long_name = [("n".repeat(256), String::new())].into_iter().collect();
+        assert!(field_table("orders", None, &long_name).is_err());
     }
 }

@@ -75,6 +75,26 @@
 //! no broker acknowledges within its time-out are outages, which the
 //! outbox relay does not count against `max_attempts`.
 //!
+//! # Headers and ordering keys
+//!
+//! The headers an outbox message was enqueued with
+//! ([`EnqueueOptions::header`](idem_core::outbox::EnqueueOptions::header))
+//! become Kafka record headers under their own names, UTF-8 values; a
+//! handler reads them with [`Message::header`] (bytes),
+//! [`Message::header_text`] and [`Message::user_headers`], and a retry
+//! copy and a dead letter keep them. Idem's own headers win: they are
+//! written first (a reader taking a name's first header gets idem's), and
+//! a user header named under `Idem-` or `content-type` (in any case) is
+//! dropped with a warning, the record written without it.
+//!
+//! The ordering key is the **record key** of the message: a key's
+//! messages land on one partition, where the consumer runs them one at a
+//! time, in order (and the relay publishes them one at a time, in
+//! order). It is also carried in the [`ORDERING_KEY_HEADER`]
+//! (`Idem-Ordering-Key`) header, read with [`Message::ordering_key`]. A
+//! message without one gets the key [`Publisher::key_field`] or
+//! [`Publisher::key_with`] names, else its `msg_id`.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -151,6 +171,10 @@ use rdkafka::ClientConfig;
 pub const MSG_ID_HEADER: &str = "Idem-Msg-Id";
 /// The header carrying the outbox topic of a record [`Publisher`] wrote.
 pub const TOPIC_HEADER: &str = "Idem-Topic";
+/// The header carrying the ordering key an outbox message was enqueued
+/// with, also its record key (see
+/// [headers and ordering keys](self#headers-and-ordering-keys)).
+pub const ORDERING_KEY_HEADER: &str = "Idem-Ordering-Key";
 /// On a retry copy and a dead letter: the attempt it is (retry) or was
 /// (dead letter), from 1.
 pub const ATTEMPT_HEADER: &str = "Idem-Attempt";

@@ -1,6 +1,8 @@
 //! One Kafka record, as the handler sees it, and where its key comes from.
 
-use super::MSG_ID_HEADER;
+use super::{MSG_ID_HEADER, ORDERING_KEY_HEADER};
+use crate::publisher::reserved;
+use std::collections::BTreeMap;
 
 /// One Kafka record, as the handler sees it. Its fields can be used in a
 /// key template: `key = "kafka:{m.topic}:{m.msg_id}"`.
@@ -54,6 +56,35 @@ impl Message {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_slice())
+    }
+
+    /// The value of the first header named `name`, when it is UTF-8 text
+    /// (a header the outbox message was enqueued with always is).
+    pub fn header_text(&self, name: &str) -> Option<&str> {
+        std::str::from_utf8(self.header(name)?).ok()
+    }
+
+    /// The headers but idem's own (`Idem-…`) and `content-type`, each
+    /// name's first UTF-8 value: for a record the outbox
+    /// [`Publisher`](crate::Publisher) wrote, the headers its message was
+    /// enqueued with.
+    pub fn user_headers(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for (name, value) in &self.headers {
+            if reserved(name) || out.contains_key(name) {
+                continue;
+            }
+            if let Ok(text) = std::str::from_utf8(value) {
+                out.insert(name.clone(), text.to_owned());
+            }
+        }
+        out
+    }
+
+    /// The ordering key the outbox message was enqueued with (the
+    /// [`ORDERING_KEY_HEADER`] header; also its record key), if any.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.header_text(ORDERING_KEY_HEADER)
     }
 }
 
@@ -230,6 +261,21 @@ mod tests {
         };
         assert_eq!(m.key(), "orders:m-1");
         assert_eq!(m.header(MSG_ID_HEADER), Some(&b"m-1"[..]));
+        assert_eq!(m.ordering_key(), None);
+        let mut m = m;
+        for (k, v) in [
+            (ORDERING_KEY_HEADER, "order-7"),
+            ("tenant", "acme"),
+            ("tenant", "second"),
+            ("content-type", "application/json"),
+        ] {
+            m.headers.push((k.to_owned(), v.as_bytes().to_vec()));
+        }
+        assert_eq!(m.ordering_key(), Some("order-7"));
+        assert_eq!(m.header_text("tenant"), Some("acme"));
+        let user: Vec<(String, String)> = m.user_headers().into_iter().collect();
+        let expect = [("empty", ""), ("tenant", "acme")].map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert_eq!(user, expect);
         assert_eq!(
             serde_json::to_string(&m).unwrap(),
             r#"{"topic":"orders","msg_id":"m-1"}"#

@@ -2,10 +2,10 @@
 //! confirmed by the broker.
 
 use super::error::{self, from_kafka};
-use super::{MSG_ID_HEADER, TOPIC_HEADER};
+use super::{MSG_ID_HEADER, ORDERING_KEY_HEADER, TOPIC_HEADER};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
-use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::outbox::{Delivery, Headers, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -25,13 +25,20 @@ use std::time::Duration;
 /// the topic = its outbox topic (or a fixed [`topic`](Publisher::topic))
 /// with:
 ///
-/// - the record key from the message (default its `msg_id`; name the
-///   entity with [`key_field`](Publisher::key_field) or
+/// - the record key: the message's ordering key when it has one (so a
+///   key's messages go to one partition, in order), else from the
+///   message (default its `msg_id`; name the entity with
+///   [`key_field`](Publisher::key_field) or
 ///   [`key_with`](Publisher::key_with) so that one entity's messages go
 ///   to one partition, in order);
 /// - the headers [`MSG_ID_HEADER`] (the outbox `msg_id`: the consumer's
-///   key, the same on every copy), [`TOPIC_HEADER`] and
-///   `content-type: application/json`.
+///   key, the same on every copy), [`TOPIC_HEADER`],
+///   `content-type: application/json` and, with an ordering key,
+///   [`ORDERING_KEY_HEADER`](crate::ORDERING_KEY_HEADER); then the
+///   message's own headers ([`OutboxRow::headers`]), but any named under
+///   `Idem-` or `content-type` (in any case), which are dropped with a
+///   warning: idem's own cannot be overwritten (see
+///   [headers and ordering keys](crate#headers-and-ordering-keys)).
 ///
 /// It returns only after the broker acknowledged the write (from every
 /// in-sync replica). As a [`Relay`](idem_core::outbox::Relay) route
@@ -184,6 +191,20 @@ impl Publisher {
         key: Option<&str>,
         payload: &[u8],
     ) -> Result<(i32, i64), Error> {
+        let headers = record_headers(topic, msg_id, None, &Headers::new());
+        self.send(topic, msg_id, key, payload, headers).await
+    }
+
+    /// Writes one record with `headers` (see [`record_headers`]) and waits
+    /// for the broker's acknowledgement.
+    async fn send(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        key: Option<&str>,
+        payload: &[u8],
+        headers: OwnedHeaders,
+    ) -> Result<(i32, i64), Error> {
         if msg_id.is_empty() {
             return Err(Error::InvalidMessage {
                 topic: topic.to_owned(),
@@ -191,19 +212,6 @@ impl Publisher {
                 reason: "empty msg_id: the consumer could not key it".to_owned(),
             });
         }
-        let headers = OwnedHeaders::new_with_capacity(3)
-            .insert(Header {
-                key: MSG_ID_HEADER,
-                value: Some(msg_id),
-            })
-            .insert(Header {
-                key: TOPIC_HEADER,
-                value: Some(topic),
-            })
-            .insert(Header {
-                key: "content-type",
-                value: Some("application/json"),
-            });
         let to = self.topic.as_deref().unwrap_or(topic);
         let record = FutureRecord::to(to)
             .payload(payload)
@@ -271,14 +279,112 @@ impl Publisher {
 
 impl Forward for Publisher {
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
-        let key = self.key_of(message);
-        self.publish(
+        let key = match &message.ordering_key {
+            Some(key) => Some(key.clone()),
+            None => self.key_of(message),
+        };
+        let ordering_key = message.ordering_key.as_deref();
+        let headers = record_headers(
+            &message.topic,
+            &message.msg_id,
+            ordering_key,
+            &message.headers,
+        );
+        self.send(
             &message.topic,
             &message.msg_id,
             key.as_deref(),
             message.payload.as_bytes(),
+            headers,
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// Whether a user header named `name` is dropped: idem's own names
+/// (`Idem-…`) and `content-type`, in any case.
+pub(crate) fn reserved(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("idem-") || lower == "content-type"
+}
+
+/// A record's headers: idem's own first, then the user's but the
+/// [reserved] ones.
+fn record_headers(
+    topic: &str,
+    msg_id: &str,
+    ordering_key: Option<&str>,
+    user: &Headers,
+) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(4 + user.len())
+        .insert(Header {
+            key: MSG_ID_HEADER,
+            value: Some(msg_id),
+        })
+        .insert(Header {
+            key: TOPIC_HEADER,
+            value: Some(topic),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json"),
+        });
+    if let Some(key) = ordering_key {
+        headers = headers.insert(Header {
+            key: ORDERING_KEY_HEADER,
+            value: Some(key),
+        });
+    }
+    for (name, value) in user {
+        if reserved(name) {
+            tracing::warn!(header = %name, topic, msg_id, "a header named like idem's own is not carried");
+            continue;
+        }
+        headers = headers.insert(Header {
+            key: name.as_str(),
+            value: Some(value.as_str()),
+        });
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::Headers as _;
+
+    #[test]
+    fn idems_headers_come_first_and_reserved_user_ones_are_dropped() {
+        let user: Headers = [
+            ("tenant", "acme"),
+            ("Idem-Msg-Id", "forged"),
+            ("idem-topic", "forged"),
+            ("Content-Type", "text/plain"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let h = record_headers("orders", "m-1", Some("order-42"), &user);
+        let all: Vec<(String, String)> = h
+            .iter()
+            .map(|h| {
+                let v = String::from_utf8(h.value.unwrap_or_default().to_vec()).unwrap();
+                (h.key.to_owned(), v)
+            })
+            .collect();
+        let expect = [
+            (MSG_ID_HEADER, "m-1"),
+            (TOPIC_HEADER, "orders"),
+            ("content-type", "application/json"),
+            (ORDERING_KEY_HEADER, "order-42"),
+            ("tenant", "acme"),
+        ];
+        let expect: Vec<(String, String)> = expect
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(all, expect);
+        assert_eq!(record_headers("t", "m", None, &Headers::new()).count(), 3);
     }
 }

@@ -115,6 +115,27 @@
 //! costs a delivery per `ack_wait`. A consumer stopped during the outage
 //! naks what it holds (counted by the server, still no dead letter).
 //!
+//! # Headers and ordering keys
+//!
+//! The headers an outbox message was enqueued with
+//! ([`EnqueueOptions::header`](idem_core::outbox::EnqueueOptions::header))
+//! become NATS message headers under their own names; a handler reads
+//! them with [`Message::header`] and [`Message::user_headers`], and a dead
+//! letter's copy keeps them. Idem's own headers win: a user header named
+//! under `Idem-` or the server's `Nats-` (in any case: `Nats-Msg-Id`,
+//! `Nats-Expected-Stream`, `Nats-Rollup`, … would change what the
+//! stream does), or `Content-Type`, is dropped with a warning and the
+//! message published without it. A header NATS cannot carry (a name with
+//! a space, a `:` or a non-ASCII character, a value with a line break) is
+//! a permanent error: the relay dead-letters the outbox message rather
+//! than deliver it without the header.
+//!
+//! JetStream orders a stream by sequence and has no per-key order of its
+//! own (a subject per key is its way), so the ordering key does nothing on
+//! the server: it is carried in the [`ORDERING_KEY_HEADER`]
+//! (`Idem-Ordering-Key`) header, read with [`Message::ordering_key`].
+//! The relay still publishes a key's messages one at a time, in order.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -216,6 +237,9 @@ use idem_core::Error;
 
 /// The header carrying the outbox topic of a message sent by [`Publisher`].
 pub const TOPIC_HEADER: &str = "Idem-Topic";
+/// The header carrying the ordering key an outbox message was enqueued
+/// with (see [headers and ordering keys](self#headers-and-ordering-keys)).
+pub const ORDERING_KEY_HEADER: &str = "Idem-Ordering-Key";
 /// On a dead letter: the stream the message was consumed from.
 pub const DEAD_STREAM_HEADER: &str = "Idem-Dead-Stream";
 /// On a dead letter: the durable consumer that gave up.

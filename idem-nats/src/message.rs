@@ -1,6 +1,9 @@
 //! One JetStream delivery, as the handler sees it.
 
-use async_nats::HeaderMap;
+use crate::ORDERING_KEY_HEADER;
+use crate::publisher::reserved;
+use async_nats::{HeaderMap, HeaderName};
+use std::collections::BTreeMap;
 
 /// One JetStream delivery, as the handler sees it. Its fields can be used
 /// in a key template: `key = "mq:{m.stream}:{m.message_id}"`.
@@ -49,6 +52,35 @@ impl Message {
     pub fn redelivered(&self) -> bool {
         self.delivered > 1
     }
+
+    /// The first value of header `name` (case-sensitive): a header the
+    /// outbox message was enqueued with, or any other (`None` for a name
+    /// NATS cannot carry).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name: HeaderName = name.parse().ok()?;
+        self.headers.get(name).map(|v| v.as_str())
+    }
+
+    /// The headers but idem's own (`Idem-…`), the server's (`Nats-…`) and
+    /// `Content-Type`, each with its first value: for a message the outbox
+    /// [`Publisher`](crate::Publisher) sent, the headers it was enqueued
+    /// with.
+    pub fn user_headers(&self) -> BTreeMap<String, String> {
+        self.headers
+            .iter()
+            .filter(|(name, _)| !reserved(name.as_ref()))
+            .filter_map(|(name, values)| {
+                let first = values.first()?;
+                Some((name.to_string(), first.as_str().to_owned()))
+            })
+            .collect()
+    }
+
+    /// The ordering key the outbox message was enqueued with (the
+    /// [`ORDERING_KEY_HEADER`] header), if any.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.header(ORDERING_KEY_HEADER)
+    }
 }
 
 impl idem_core::consume::Incoming for Message {
@@ -85,6 +117,18 @@ mod tests {
             headers: HeaderMap::new(),
         };
         assert_eq!(m.key(), "ORDERS:m-1");
+        assert!(m.user_headers().is_empty());
+        assert_eq!(m.ordering_key(), None);
+        let mut m = m;
+        m.headers.insert("Nats-Msg-Id", "m-1");
+        m.headers.insert("Idem-Topic", "orders");
+        m.headers.insert(ORDERING_KEY_HEADER, "k-1");
+        m.headers.insert("Tenant", "acme");
+        assert_eq!(m.header("Tenant"), Some("acme"));
+        assert_eq!(m.header("not a name"), None);
+        assert_eq!(m.ordering_key(), Some("k-1"));
+        let user: Vec<(String, String)> = m.user_headers().into_iter().collect();
+        assert_eq!(user, [("Tenant".to_owned(), "acme".to_owned())]);
         assert!(m.redelivered());
         assert_eq!(
             serde_json::to_string(&m).unwrap(),

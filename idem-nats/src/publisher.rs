@@ -1,14 +1,15 @@
 //! Outbox messages published to a stream, each confirmed by the stream's
 //! ack.
 
-use super::TOPIC_HEADER;
 use super::error::from_publish;
+use super::{ORDERING_KEY_HEADER, TOPIC_HEADER};
 use async_nats::jetstream::Context;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
-use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::outbox::{Delivery, Headers, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
 use serde::de::IgnoredAny;
@@ -23,6 +24,15 @@ use std::fmt;
 /// it), `Content-Type: application/json` and the topic in the
 /// `Idem-Topic` header. It returns only after the stream's publish ack:
 /// the message is stored (on a quorum of the replicas).
+///
+/// The message's headers ([`OutboxRow::headers`]) are written as NATS
+/// headers, its ordering key in the
+/// [`ORDERING_KEY_HEADER`](crate::ORDERING_KEY_HEADER) header (the stream
+/// orders nothing by it). Idem's own headers cannot be overwritten: a user
+/// header named under `Idem-` or `Nats-` (in any case), or
+/// `Content-Type`, is dropped with a warning; a name or value NATS cannot
+/// carry is a permanent error. See
+/// [headers and ordering keys](crate#headers-and-ordering-keys).
 ///
 /// As a [`Relay`](idem_core::outbox::Relay) route ([`Publisher::route`]) it
 /// answers `Ok(Outcome::Executed(()))` after the ack, and the relay marks
@@ -112,6 +122,20 @@ impl Publisher {
         msg_id: &str,
         payload: &[u8],
     ) -> Result<PublishAck, Error> {
+        self.send(topic, msg_id, payload, None, &Headers::new())
+            .await
+    }
+
+    /// Publishes one message with its ordering key and headers (see
+    /// [`Publisher`]) and waits for the stream's ack.
+    async fn send(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        payload: &[u8],
+        ordering_key: Option<&str>,
+        user: &Headers,
+    ) -> Result<PublishAck, Error> {
         if msg_id.is_empty() {
             return Err(Error::InvalidMessage {
                 topic: topic.to_owned(),
@@ -119,11 +143,16 @@ impl Publisher {
                 reason: "empty msg_id: the consumer could not key it".to_owned(),
             });
         }
+        let headers = header_map(topic, msg_id, user)?;
         let mut publish = PublishMessage::build()
             .payload(payload.to_vec().into())
+            .headers(headers)
             .message_id(msg_id)
             .header(TOPIC_HEADER, topic)
             .header("Content-Type", "application/json");
+        if let Some(key) = ordering_key {
+            publish = publish.header(ORDERING_KEY_HEADER, text(topic, msg_id, key)?);
+        }
         if let Some(stream) = &self.expected_stream {
             publish = publish.expected_stream(stream);
         }
@@ -167,8 +196,102 @@ impl Publisher {
 
 impl Forward for Publisher {
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
-        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
-            .await
-            .map(|_ack| ())
+        self.send(
+            &message.topic,
+            &message.msg_id,
+            message.payload.as_bytes(),
+            message.ordering_key.as_deref(),
+            &message.headers,
+        )
+        .await
+        .map(|_ack| ())
+    }
+}
+
+/// Whether a user header named `name` is dropped: idem's own names
+/// (`Idem-…`), the server's (`Nats-…`) and `Content-Type`, in any case.
+pub(crate) fn reserved(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("idem-") || lower.starts_with("nats-") || lower == "content-type"
+}
+
+/// The user's headers but the [reserved] ones; idem's own are set over
+/// them by [`Publisher::send`].
+fn header_map(topic: &str, msg_id: &str, user: &Headers) -> Result<HeaderMap, Error> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in user {
+        if reserved(name) {
+            tracing::warn!(header = %name, topic, msg_id, "a header named like idem's or the server's own is not carried");
+            continue;
+        }
+        let name: HeaderName = name.parse().map_err(|e| {
+            invalid(
+                topic,
+                msg_id,
+                format!("the header name `{}`: {e}", name.escape_default()),
+            )
+        })?;
+        headers.insert(name, text(topic, msg_id, value)?);
+    }
+    Ok(headers)
+}
+
+/// `value` as a header value, or a permanent error (a line break).
+fn text(topic: &str, msg_id: &str, value: &str) -> Result<HeaderValue, Error> {
+    value.parse().map_err(|e| {
+        invalid(
+            topic,
+            msg_id,
+            format!("the header value `{:.64}`: {e}", value.escape_default()),
+        )
+    })
+}
+
+fn invalid(topic: &str, msg_id: &str, reason: String) -> Error {
+    Error::InvalidMessage {
+        topic: topic.to_owned(),
+        msg_id: msg_id.to_owned(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> Headers {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn user_headers_but_reserved_ones_are_carried() {
+        let user = headers(&[
+            ("Tenant", "acme"),
+            ("idem-topic", "forged"),
+            ("Nats-Rollup", "all"),
+            ("content-type", "text/plain"),
+        ]);
+        let map = header_map("orders", "m-1", &user).unwrap();
+        assert_eq!(map.len(), 1);
+        assert_eq!(map.get("Tenant").map(HeaderValue::as_str), Some("acme"));
+    }
+
+    #[test]
+    fn headers_nats_cannot_carry_are_permanent_errors() {
+        for bad in [
+            headers(&[("a b", "v")]),
+            headers(&[("a:b", "v")]),
+            headers(&[("é", "v")]),
+            headers(&[("a", "line\nbreak")]),
+        ] {
+            let e = header_map("orders", "m-1", &bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidMessage { .. }), "{e}");
+            assert!(!e.is_retryable());
+        }
+        let e = text("orders", "m-1", "k\r").unwrap_err();
+        assert!(matches!(e, Error::InvalidMessage { .. }), "{e}");
     }
 }

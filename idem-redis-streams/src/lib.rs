@@ -114,6 +114,24 @@
 //! pending is dropped from the pending list by the next `XAUTOCLAIM`.
 //! Size `n` for the longest backlog the consumers may have.
 //!
+//! # Headers and ordering keys
+//!
+//! A stream entry has fields, not headers: each header an outbox message
+//! was enqueued with
+//! ([`EnqueueOptions::header`](idem_core::outbox::EnqueueOptions::header))
+//! becomes the field `h.<name>` ([`HEADER_FIELD_PREFIX`]), its value the
+//! header's. No field [`Publisher`] or a dead letter writes starts with
+//! `h.`, so a header can never replace one of them (a header named
+//! `msg_id` is the field `h.msg_id`; the `msg_id` field stays the outbox
+//! `msg_id`). A handler reads them with [`Message::header`] and
+//! [`Message::user_headers`]; a dead letter keeps them.
+//!
+//! Redis orders a stream by entry id and has no per-key order of its own,
+//! so the ordering key does nothing on the server: it is carried in the
+//! [`ORDERING_KEY_FIELD`] field (`ordering_key`), read with
+//! [`Message::ordering_key`]. The relay still writes a key's messages one
+//! at a time, in order.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -192,6 +210,12 @@ pub const PAYLOAD_FIELD: &str = "payload";
 pub const TOPIC_FIELD: &str = "topic";
 /// The field carrying the payload's content type (`application/json`).
 pub const CONTENT_TYPE_FIELD: &str = "content_type";
+/// The field carrying the ordering key an outbox message was enqueued
+/// with (see [headers and ordering keys](self#headers-and-ordering-keys)).
+pub const ORDERING_KEY_FIELD: &str = "ordering_key";
+/// The prefix of the fields carrying a message's headers: header `tenant`
+/// is the field `h.tenant`.
+pub const HEADER_FIELD_PREFIX: &str = "h.";
 /// On a dead letter: why (the handler's error, or what was missing).
 pub const DEAD_REASON_FIELD: &str = "reason";
 /// On a dead letter: the stream it was read from.

@@ -1,5 +1,7 @@
 //! One stream entry, as the handler sees it.
 
+use crate::{HEADER_FIELD_PREFIX, ORDERING_KEY_FIELD};
+
 /// One stream entry, as the handler sees it. Its fields can be used in a
 /// key template: `key = "rs:{m.stream}:{m.msg_id}"`.
 ///
@@ -54,6 +56,36 @@ impl Message {
             .map(|(_, v)| v.as_slice())
     }
 
+    /// The header `name` the outbox message was enqueued with: the
+    /// entry's field `h.<name>` ([`HEADER_FIELD_PREFIX`]).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n.strip_prefix(HEADER_FIELD_PREFIX) == Some(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The headers the outbox message was enqueued with: each field
+    /// `h.<name>`, as `name`, with its value (the first, if repeated),
+    /// in the order stored.
+    pub fn user_headers(&self) -> Vec<(&str, &[u8])> {
+        let mut out: Vec<(&str, &[u8])> = Vec::new();
+        for (field, value) in &self.fields {
+            if let Some(name) = field.strip_prefix(HEADER_FIELD_PREFIX)
+                && !out.iter().any(|(n, _)| *n == name)
+            {
+                out.push((name, value.as_slice()));
+            }
+        }
+        out
+    }
+
+    /// The ordering key the outbox message was enqueued with (the
+    /// [`ORDERING_KEY_FIELD`] field), if any.
+    pub fn ordering_key(&self) -> Option<&[u8]> {
+        self.field(ORDERING_KEY_FIELD)
+    }
+
     /// Whether Redis handed this entry out before (`delivered > 1`): a
     /// consumer died, or could not acknowledge it, while holding it.
     pub fn redelivered(&self) -> bool {
@@ -101,6 +133,23 @@ mod tests {
         assert_eq!(m.key(), "orders:m-1");
         assert_eq!(m.field("msg_id"), Some(&b"m-1"[..]));
         assert_eq!(m.field("nope"), None);
+        assert_eq!(m.ordering_key(), None);
+        assert!(m.user_headers().is_empty());
+        let mut m = m;
+        for (n, v) in [
+            ("ordering_key", "k-1"),
+            ("h.tenant", "acme"),
+            ("h.msg_id", "x"),
+        ] {
+            m.fields.push((n.to_owned(), v.as_bytes().to_vec()));
+        }
+        assert_eq!(m.ordering_key(), Some(&b"k-1"[..]));
+        assert_eq!(m.header("tenant"), Some(&b"acme"[..]));
+        assert_eq!(m.header("h.tenant"), None);
+        assert_eq!(
+            m.user_headers(),
+            [("tenant", &b"acme"[..]), ("msg_id", &b"x"[..])]
+        );
         assert!(m.redelivered());
         assert_eq!(
             serde_json::to_string(&m).unwrap(),

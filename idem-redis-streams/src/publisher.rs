@@ -3,10 +3,13 @@
 
 use super::commands::{self, manager};
 use super::error::from_redis;
-use super::{CONTENT_TYPE_FIELD, MSG_ID_FIELD, PAYLOAD_FIELD, TOPIC_FIELD};
+use super::{
+    CONTENT_TYPE_FIELD, HEADER_FIELD_PREFIX, MSG_ID_FIELD, ORDERING_KEY_FIELD, PAYLOAD_FIELD,
+    TOPIC_FIELD,
+};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
-use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::outbox::{Delivery, Headers, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
 use redis::aio::ConnectionManager;
@@ -24,6 +27,15 @@ use tokio::sync::OnceCell;
 /// topic behind a [`prefix`](Publisher::prefix)). The `msg_id` field is
 /// the outbox `msg_id`, stable across every retry: the consumer's key.
 /// It returns only after Redis answered with the entry's id.
+///
+/// A message with an ordering key has the field `ordering_key`
+/// ([`ORDERING_KEY_FIELD`](crate::ORDERING_KEY_FIELD)) too (Redis orders
+/// nothing by it), and each of its headers ([`OutboxRow::headers`]) is
+/// the field `h.<name>`
+/// ([`HEADER_FIELD_PREFIX`](crate::HEADER_FIELD_PREFIX)), after idem's
+/// own: the prefix keeps a header from ever replacing `msg_id`, `topic`
+/// or any other field idem writes. See
+/// [headers and ordering keys](crate#headers-and-ordering-keys).
 ///
 /// As a [`Relay`](idem_core::outbox::Relay) route ([`Publisher::route`]) it
 /// answers `Ok(Outcome::Executed(()))` after that reply, and the relay
@@ -126,6 +138,20 @@ impl Publisher {
         msg_id: &str,
         payload: &[u8],
     ) -> Result<String, Error> {
+        self.send(topic, msg_id, payload, None, &Headers::new())
+            .await
+    }
+
+    /// Writes one message with its ordering key and headers (see
+    /// [`Publisher`]); its entry id, once Redis answered.
+    async fn send(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        payload: &[u8],
+        ordering_key: Option<&str>,
+        user: &Headers,
+    ) -> Result<String, Error> {
         if msg_id.is_empty() {
             return Err(Error::InvalidMessage {
                 topic: topic.to_owned(),
@@ -137,12 +163,11 @@ impl Publisher {
             .conn
             .get_or_try_init(|| manager(&self.client, Some(Duration::from_secs(5))))
             .await?;
-        let fields: [(&str, &[u8]); 4] = [
-            (MSG_ID_FIELD, msg_id.as_bytes()),
-            (PAYLOAD_FIELD, payload),
-            (TOPIC_FIELD, topic.as_bytes()),
-            (CONTENT_TYPE_FIELD, b"application/json"),
-        ];
+        let names: Vec<String> = user
+            .keys()
+            .map(|name| format!("{HEADER_FIELD_PREFIX}{name}"))
+            .collect();
+        let fields = entry_fields(topic, msg_id, payload, ordering_key, user, &names);
         commands::add(
             &mut conn.clone(),
             &self.stream_of(topic),
@@ -167,8 +192,70 @@ impl Publisher {
 
 impl Forward for Publisher {
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
-        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
-            .await
-            .map(|_id| ())
+        self.send(
+            &message.topic,
+            &message.msg_id,
+            message.payload.as_bytes(),
+            message.ordering_key.as_deref(),
+            &message.headers,
+        )
+        .await
+        .map(|_id| ())
+    }
+}
+
+/// An entry's fields: idem's own, then each header under its field name
+/// in `names` (`h.<name>`, in the headers' order).
+fn entry_fields<'a>(
+    topic: &'a str,
+    msg_id: &'a str,
+    payload: &'a [u8],
+    ordering_key: Option<&'a str>,
+    user: &'a Headers,
+    names: &'a [String],
+) -> Vec<(&'a str, &'a [u8])> {
+    let mut fields: Vec<(&str, &[u8])> = vec![
+        (MSG_ID_FIELD, msg_id.as_bytes()),
+        (PAYLOAD_FIELD, payload),
+        (TOPIC_FIELD, topic.as_bytes()),
+        (CONTENT_TYPE_FIELD, b"application/json"),
+    ];
+    if let Some(key) = ordering_key {
+        fields.push((ORDERING_KEY_FIELD, key.as_bytes()));
+    }
+    for (name, value) in names.iter().zip(user.values()) {
+        fields.push((name.as_str(), value.as_bytes()));
+    }
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_prefixed_fields_after_idems() {
+        let user: Headers = [("msg_id", "forged"), ("tenant", "acme")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let names: Vec<String> = user.keys().map(|n| format!("h.{n}")).collect();
+        let f = entry_fields("orders", "m-1", b"{}", Some("k-1"), &user, &names);
+        let f: Vec<(&str, &str)> = f
+            .iter()
+            .map(|(n, v)| (*n, std::str::from_utf8(v).unwrap()))
+            .collect();
+        assert_eq!(
+            f,
+            [
+                ("msg_id", "m-1"),
+                ("payload", "{}"),
+                ("topic", "orders"),
+                ("content_type", "application/json"),
+                ("ordering_key", "k-1"),
+                ("h.msg_id", "forged"),
+                ("h.tenant", "acme"),
+            ]
+        );
     }
 }

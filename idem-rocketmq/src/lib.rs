@@ -80,6 +80,31 @@
 //! last committed offset: the messages settled but not committed are read
 //! again and answered `Duplicate`.
 //!
+//! # Headers and ordering keys
+//!
+//! The headers an outbox message was enqueued with
+//! ([`EnqueueOptions::header`](idem_core::outbox::EnqueueOptions::header))
+//! become RocketMQ user properties under their own names; a handler reads
+//! them with [`Message::property`] and [`Message::user_headers`]. Idem's
+//! own properties win: a user header named under `IDEM_` (in any case) or
+//! like one of RocketMQ's system properties (`KEYS`, `TAGS`, `UNIQ_KEY`,
+//! `DELAY`, …, which the client refuses or the broker acts on) is dropped
+//! with a warning, the message sent without it. A header RocketMQ cannot
+//! carry (a name or value with the property separators `\u{1}` or
+//! `\u{2}`) is a permanent error: the relay dead-letters the outbox
+//! message rather than deliver it without the header.
+//!
+//! The ordering key selects the **queue**: a keyed message is sent to the
+//! queue its key's hash picks among the topic's queues (RocketMQ's
+//! `SelectMessageQueueByHash`, Java's `String.hashCode` modulo the queue
+//! count, as a Java producer's ordered messages are), and carries the key
+//! as its sharding key (`__SHARDINGKEY`) and in the
+//! [`ORDERING_KEY_PROPERTY`] (`IDEM_ORDERING_KEY`) property, read with
+//! [`Message::ordering_key`]. One queue is consumed by one worker, in
+//! offset order, so a key's messages are handled one at a time, in order,
+//! as long as the topic's queue count does not change. A message without
+//! a key goes to the queue the client picks (round robin).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -154,6 +179,9 @@ pub const MSG_ID_PROPERTY: &str = "IDEM_MSG_ID";
 /// The property carrying the outbox topic of a message [`Publisher`]
 /// wrote.
 pub const TOPIC_PROPERTY: &str = "IDEM_TOPIC";
+/// The property carrying the ordering key an outbox message was enqueued
+/// with (see [headers and ordering keys](self#headers-and-ordering-keys)).
+pub const ORDERING_KEY_PROPERTY: &str = "IDEM_ORDERING_KEY";
 /// On a dead letter: the attempts made.
 pub const ATTEMPT_PROPERTY: &str = "IDEM_ATTEMPT";
 /// On a dead letter: the topic the message was consumed from.

@@ -1,9 +1,13 @@
 //! One RocketMQ message, as the handler sees it, and where its key comes
 //! from.
 
-use super::{KEYS_PROPERTY, MSG_ID_PROPERTY, TAGS_PROPERTY, UNIQ_KEY_PROPERTY};
+use super::{
+    KEYS_PROPERTY, MSG_ID_PROPERTY, ORDERING_KEY_PROPERTY, TAGS_PROPERTY, UNIQ_KEY_PROPERTY,
+};
+use crate::publisher::reserved;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::message::MessageQueue;
+use std::collections::BTreeMap;
 
 /// A message read from a RocketMQ queue, given to the handler with its
 /// parsed payload.
@@ -52,12 +56,32 @@ impl Message {
         format!("{}:{}", self.topic, self.msg_id)
     }
 
-    /// A property's value, by name.
+    /// A property's value, by name: a header the outbox message was
+    /// enqueued with, or any other property.
     pub fn property(&self, name: &str) -> Option<&str> {
         self.properties
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The user properties: all but idem's own (`IDEM_…`) and RocketMQ's
+    /// system ones. For a message the outbox
+    /// [`Publisher`](crate::Publisher) wrote, the headers it was enqueued
+    /// with.
+    pub fn user_headers(&self) -> BTreeMap<String, String> {
+        self.properties
+            .iter()
+            .filter(|(k, _)| !reserved(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The ordering key the outbox message was enqueued with (the
+    /// [`ORDERING_KEY_PROPERTY`](crate::ORDERING_KEY_PROPERTY) property),
+    /// if any.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.property(ORDERING_KEY_PROPERTY)
     }
 }
 
@@ -317,6 +341,14 @@ mod tests {
         };
         assert_eq!(m.key(), "orders:m-1");
         assert_eq!(m.property("tenant"), Some("t-1"));
+        assert_eq!(m.ordering_key(), None);
+        let user: Vec<(String, String)> = m.user_headers().into_iter().collect();
+        let expect = [("empty", ""), ("tenant", "t-1")].map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert_eq!(user, expect);
+        let mut m = m;
+        m.properties
+            .push((ORDERING_KEY_PROPERTY.to_owned(), "order-7".to_owned()));
+        assert_eq!(m.ordering_key(), Some("order-7"));
         assert_eq!(
             serde_json::to_string(&m).unwrap(),
             r#"{"topic":"orders","msg_id":"m-1"}"#

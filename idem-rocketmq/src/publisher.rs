@@ -3,14 +3,19 @@
 
 use super::error::{self, from_client};
 use super::message::field_text;
-use super::{MSG_ID_PROPERTY, TOPIC_PROPERTY};
+use super::{MSG_ID_PROPERTY, ORDERING_KEY_PROPERTY, TOPIC_PROPERTY};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
-use idem_core::outbox::{Delivery, OutboxRow};
+use idem_core::outbox::{Delivery, Headers, OutboxRow};
 use idem_core::task::BoxFuture;
 use idem_core::{Error, Outcome};
-use rocketmq_client_rust::{ClientOptions, ClientRuntime, DefaultMQProducer, SendStatus};
+use rocketmq_client_rust::{
+    ClientOptions, ClientRuntime, DefaultMQProducer, MessageQueueSelector,
+    SelectMessageQueueByHash, SendResult, SendStatus,
+};
+use rocketmq_model::common::message::STRING_HASH_SET;
 use rocketmq_model::common::message::message_single::Message;
+use rocketmq_model::message::MessageQueue;
 use serde::de::IgnoredAny;
 use std::fmt;
 use std::sync::Arc;
@@ -25,6 +30,16 @@ use std::time::Duration;
 /// the broker did not answer is an outage, which the relay does not count
 /// as an attempt, and a copy written before a lost answer is answered
 /// `Duplicate` by the consumer.
+///
+/// The message's headers ([`OutboxRow::headers`]) become user properties.
+/// Idem's own cannot be overwritten: a header named under `IDEM_` (in any
+/// case) or like a RocketMQ system property (`KEYS`, `TAGS`, `DELAY`, …)
+/// is dropped with a warning; one RocketMQ cannot carry (the separators
+/// `\u{1}`, `\u{2}`) is a permanent error. A message with an ordering
+/// key is sent to the queue the key's hash selects (so a key's messages
+/// share a queue, in order), with the key as its sharding key and in
+/// [`ORDERING_KEY_PROPERTY`](crate::ORDERING_KEY_PROPERTY). See
+/// [headers and ordering keys](crate#headers-and-ordering-keys).
 ///
 /// ```no_run
 /// use idem_runtime::rocketmq::Publisher;
@@ -126,6 +141,20 @@ impl Publisher {
         msg_id: &str,
         payload: &[u8],
     ) -> Result<String, Error> {
+        self.send(topic, msg_id, payload, None, &Headers::new())
+            .await
+    }
+
+    /// Sends one message with its ordering key and headers (see
+    /// [`Publisher`]) and waits for the broker to store it.
+    async fn send(
+        &self,
+        topic: &str,
+        msg_id: &str,
+        payload: &[u8],
+        ordering_key: Option<&str>,
+        user: &Headers,
+    ) -> Result<String, Error> {
         if msg_id.is_empty() {
             return Err(Error::InvalidMessage {
                 topic: topic.to_owned(),
@@ -139,24 +168,48 @@ impl Publisher {
             .and_then(|f| field_text(payload, f))
             .unwrap_or_else(|| msg_id.to_owned());
         let to = self.topic.as_deref().unwrap_or(topic);
+        let properties = properties(topic, msg_id, ordering_key, user)?;
         let message = outgoing(
             to,
             self.tag.as_deref(),
             &key,
             payload,
-            &[(MSG_ID_PROPERTY, msg_id), (TOPIC_PROPERTY, topic)],
+            &properties,
+            ordering_key,
         )?;
-        let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        let sent = crate::boxed(self.producer.send_with_timeout(message, timeout))
-            .await
-            .map_err(|e| from_client("send", e))?;
-        match sent {
+        let sent = match ordering_key {
+            Some(key) => self.send_to_key(message, key).await,
+            None => {
+                let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+                crate::boxed(self.producer.send_with_timeout(message, timeout)).await
+            }
+        };
+        match sent.map_err(|e| from_client("send", e))? {
             Some(r) if r.send_status == SendStatus::SendOk => {
                 Ok(r.msg_id.map(|id| id.to_string()).unwrap_or_default())
             }
             Some(r) => Err(error::not_stored(r.send_status)),
             None => Err(error::not_stored("no send result")),
         }
+    }
+
+    /// Sends `message` to the queue the hash of `key` selects.
+    async fn send_to_key(
+        &self,
+        message: Message,
+        key: &str,
+    ) -> rocketmq_client_rust::ClientResult<Option<SendResult>> {
+        let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        let select = |queues: &[MessageQueue], m: &Message, key: &String| {
+            SelectMessageQueueByHash.select(queues, m, key)
+        };
+        crate::boxed(self.producer.send_with_selector_timeout(
+            message,
+            select,
+            key.to_owned(),
+            timeout,
+        ))
+        .await
     }
 
     /// Shuts the producer down (it is shared by every clone of this
@@ -178,23 +231,75 @@ impl Publisher {
 
 impl Forward for Publisher {
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
-        self.publish(&message.topic, &message.msg_id, message.payload.as_bytes())
-            .await
-            .map(|_| ())
+        self.send(
+            &message.topic,
+            &message.msg_id,
+            message.payload.as_bytes(),
+            message.ordering_key.as_deref(),
+            &message.headers,
+        )
+        .await
+        .map(|_| ())
     }
 }
 
-/// A message to `topic` with `body`, its `KEYS`, a tag and properties.
+/// Whether a user header named `name` is dropped: idem's own names
+/// (`IDEM_…`, in any case) and RocketMQ's system properties.
+pub(crate) fn reserved(name: &str) -> bool {
+    name.get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case("IDEM_"))
+        || STRING_HASH_SET.contains(name)
+}
+
+/// A message's properties: idem's own, then the user's but the
+/// [reserved] ones.
+fn properties<'a>(
+    topic: &'a str,
+    msg_id: &'a str,
+    ordering_key: Option<&'a str>,
+    user: &'a Headers,
+) -> Result<Vec<(&'a str, &'a str)>, Error> {
+    let mut out = vec![(MSG_ID_PROPERTY, msg_id), (TOPIC_PROPERTY, topic)];
+    if let Some(key) = ordering_key {
+        out.push((ORDERING_KEY_PROPERTY, key));
+    }
+    for (name, value) in user {
+        if reserved(name) {
+            tracing::warn!(header = %name, topic, msg_id, "a header named like idem's or RocketMQ's own property is not carried");
+            continue;
+        }
+        let separator = |s: &str| s.contains(['\u{1}', '\u{2}']);
+        if separator(name) || separator(value) {
+            return Err(Error::InvalidMessage {
+                topic: topic.to_owned(),
+                msg_id: msg_id.to_owned(),
+                reason: format!(
+                    "the header `{}` contains RocketMQ's property separator \\u{{1}} or \\u{{2}}",
+                    name.escape_default()
+                ),
+            });
+        }
+        out.push((name.as_str(), value.as_str()));
+    }
+    Ok(out)
+}
+
+/// A message to `topic` with `body`, its `KEYS`, a tag, properties and a
+/// sharding key.
 pub(crate) fn outgoing(
     topic: &str,
     tag: Option<&str>,
     key: &str,
     body: &[u8],
     properties: &[(&str, &str)],
+    sharding_key: Option<&str>,
 ) -> Result<Message, Error> {
     let mut b = Message::builder().topic(topic).body_slice(body).key(key);
     if let Some(t) = tag {
         b = b.tags(t);
+    }
+    if let Some(k) = sharding_key {
+        b = b.sharding_key(k);
     }
     for (k, v) in properties {
         b = b.raw_property(*k, *v).map_err(|e| invalid(topic, e))?;
@@ -207,5 +312,40 @@ fn invalid(topic: &str, e: impl fmt::Display) -> Error {
         topic: topic.to_owned(),
         msg_id: String::new(),
         reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idems_properties_win_and_separators_are_refused() {
+        let user: Headers = [
+            ("tenant", "acme"),
+            ("IDEM_MSG_ID", "forged"),
+            ("idem_topic", "forged"),
+            ("KEYS", "forged"),
+            ("DELAY", "3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let p = properties("orders", "m-1", Some("order-42"), &user).unwrap();
+        assert_eq!(
+            p,
+            [
+                (MSG_ID_PROPERTY, "m-1"),
+                (TOPIC_PROPERTY, "orders"),
+                (ORDERING_KEY_PROPERTY, "order-42"),
+                ("tenant", "acme"),
+            ]
+        );
+        let m = outgoing("t", None, "k", b"{}", &p, Some("order-42")).unwrap();
+        assert_eq!(m.property("tenant"), Some("acme"));
+        assert_eq!(m.property("__SHARDINGKEY"), Some("order-42"));
+        let bad: Headers = [("a".to_owned(), "x\u{1}y".to_owned())].into();
+        let e = properties("orders", "m-1", None, &bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidMessage { .. }), "{e}");
     }
 }

@@ -102,6 +102,7 @@ impl Settling<'_> {
                 &key,
                 &r.body,
                 &props,
+                None,
             ) {
                 Ok(m) => s.producer.send_with_timeout(m, timeout).await,
                 Err(e) => {

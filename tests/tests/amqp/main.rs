@@ -21,4 +21,5 @@ mod db_outage;
 mod end_to_end;
 mod failures;
 mod fanout;
+mod headers;
 mod restart;

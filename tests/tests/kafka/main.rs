@@ -20,5 +20,6 @@ mod common {
 mod acts_once;
 mod db_outage;
 mod flow;
+mod headers;
 mod rebalance;
 mod relay;

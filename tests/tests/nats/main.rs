@@ -19,4 +19,5 @@ mod cluster;
 mod db_outage;
 mod end_to_end;
 mod fanout;
+mod headers;
 mod restart;

@@ -24,6 +24,7 @@ mod common {
 mod acts_once;
 mod db_outage;
 mod dead_letter;
+mod headers;
 mod killed;
 mod lost_stream;
 mod restart;

@@ -19,5 +19,6 @@ mod common {
 
 mod acts_once;
 mod db_outage;
+mod headers;
 mod incident;
 mod relay;
