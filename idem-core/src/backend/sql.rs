@@ -42,14 +42,19 @@ pub(crate) const ORDER_GUARD: &str = "/*order*/";
 /// of the key has a smaller id). So one key has at most one message in
 /// flight, and its messages are settled in id order.
 pub(crate) fn order_guard(now: &str, hold_after_dead: bool) -> String {
+    // Each probe reads one status of the key: the index of the key's
+    // pending rows (or dead ones) by id, never its finished rows.
     let dead = match hold_after_dead {
-        true => " OR (p.status = 'failed' AND p.id < q.id)",
+        true => {
+            " AND NOT EXISTS (SELECT 1 FROM idem_outbox d \
+                 WHERE d.ordering_key = q.ordering_key AND d.status = 'failed' AND d.id < q.id)"
+        }
         false => "",
     };
     format!(
-        "AND (q.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
-         WHERE p.ordering_key = q.ordering_key AND p.id <> q.id \
-         AND ((p.status = 'pending' AND (p.id < q.id OR p.locked_until > {now})){dead})))"
+        "AND (q.ordering_key IS NULL OR (NOT EXISTS (SELECT 1 FROM idem_outbox p \
+         WHERE p.ordering_key = q.ordering_key AND p.status = 'pending' AND p.id <> q.id \
+         AND (p.id < q.id OR p.locked_until > {now})){dead}))"
     )
 }
 

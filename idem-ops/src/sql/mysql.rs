@@ -206,7 +206,7 @@ fn mysql_v3(flavor: MySqlFlavor) -> Vec<String> {
     vec![
         format!(
             "ALTER TABLE idem_outbox {columns}, \
-             ADD KEY {if_not_exists}idx_idem_outbox_order (ordering_key, id)"
+             ADD KEY {if_not_exists}idx_idem_outbox_order (ordering_key, status, id)"
         ),
         format!("ALTER TABLE idem_outbox_history {columns}"),
         format!(

@@ -148,14 +148,17 @@ const PG_V2: &[&str] = &[
 ];
 
 /// Version 3 on PostgreSQL (one transaction): the ordering key and the
-/// headers of outbox messages, online and archived, and the index the
-/// claim's ordering guard reads (a key's rows by id, whatever their
-/// status: a dead-lettered head holds its key in `OnDeadHead::Hold`).
+/// headers of outbox messages, online and archived, and the indexes the
+/// claim's ordering guard reads: a key's pending rows by id, and its dead
+/// ones (a dead-lettered head holds its key in `OnDeadHead::Hold`), never
+/// its finished ones.
 const PG_V3: &[&str] = &[
     "ALTER TABLE idem_outbox ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(128), \
      ADD COLUMN IF NOT EXISTS headers TEXT",
     "CREATE INDEX IF NOT EXISTS idx_idem_outbox_order ON idem_outbox (ordering_key, id) \
-     WHERE ordering_key IS NOT NULL",
+     WHERE status = 'pending' AND ordering_key IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_order_dead ON idem_outbox (ordering_key, id) \
+     WHERE status = 'failed' AND ordering_key IS NOT NULL",
     "ALTER TABLE idem_outbox_history ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(128), \
      ADD COLUMN IF NOT EXISTS headers TEXT",
 ];

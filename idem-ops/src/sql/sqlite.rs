@@ -162,12 +162,15 @@ const LITE_V2: &[&str] = &[
 
 /// Version 3 on SQLite (one `BEGIN IMMEDIATE` transaction): the ordering
 /// key and the headers of outbox messages, online and archived, and the
-/// index the claim's ordering guard reads.
+/// indexes the claim's ordering guard reads (a key's pending rows, its
+/// dead ones).
 const LITE_V3: &[&str] = &[
     "ALTER TABLE idem_outbox ADD COLUMN ordering_key TEXT",
     "ALTER TABLE idem_outbox ADD COLUMN headers TEXT",
     "CREATE INDEX IF NOT EXISTS idx_idem_outbox_order ON idem_outbox (ordering_key, id) \
-     WHERE ordering_key IS NOT NULL",
+     WHERE status = 'pending' AND ordering_key IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_order_dead ON idem_outbox (ordering_key, id) \
+     WHERE status = 'failed' AND ordering_key IS NOT NULL",
     "ALTER TABLE idem_outbox_history ADD COLUMN ordering_key TEXT",
     "ALTER TABLE idem_outbox_history ADD COLUMN headers TEXT",
 ];

@@ -88,7 +88,7 @@ pub async fn prepare(admin: &PgPool) -> Result<(), BoxError> {
     ));
     ddl.push(format!(
         "CREATE INDEX idx_{PGB_OUTBOX}_order ON {PGB_OUTBOX} (ordering_key, id) \
-         WHERE ordering_key IS NOT NULL"
+         WHERE status = 'pending' AND ordering_key IS NOT NULL"
     ));
     for stmt in ddl {
         sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
