@@ -60,31 +60,54 @@ macro_rules! limit_tests {
                             done
                         }
                     })
-                    .route(fast.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
-                    .topic_limit(slow.clone(), TopicLimit::new().concurrency(2).per_second(RATE))
+                    .route(fast.clone(), |d, m: Deduct| async move {
+                        deduct(d.source(), &m).await
+                    })
+                    .topic_limit(
+                        slow.clone(),
+                        TopicLimit::new().concurrency(2).per_second(RATE),
+                    )
                     .concurrency(8)
                     .poll_interval(Duration::from_millis(10))
                     .spawn();
                 // The limited topic's handlers hang: the other drains.
                 drained(&pool, &fast).await;
                 for coupon in coupons {
-                    assert_eq!(deductions(&pool, coupon).await, 1, "the free topic acts once");
+                    assert_eq!(
+                        deductions(&pool, coupon).await,
+                        1,
+                        "the free topic acts once"
+                    );
                 }
-                assert_eq!(seen.starts.lock().unwrap().len(), 2, "limited messages started while 2 hung");
+                assert_eq!(
+                    seen.starts.lock().unwrap().len(),
+                    2,
+                    "limited messages started while 2 hung"
+                );
                 assert_eq!(by_status(&pool, &slow, "pending").await, N as i64);
                 seen.release.store(true, Ordering::SeqCst);
                 drained(&pool, &slow).await;
                 relay.shutdown().await;
                 assert_eq!(by_status(&pool, &slow, "success").await, N as i64);
-                assert!(seen.peak.load(Ordering::SeqCst) <= 2, "{} at once", seen.peak.load(Ordering::SeqCst));
+                assert!(
+                    seen.peak.load(Ordering::SeqCst) <= 2,
+                    "{} at once",
+                    seen.peak.load(Ordering::SeqCst)
+                );
                 // The rate, from the starts after the release (the first
                 // two started before it).
                 let starts = seen.starts.lock().unwrap().clone();
                 let after = &starts[2..];
                 let span = after.last().unwrap().duration_since(after[0]).as_secs_f64();
                 let rate = (after.len() - 1) as f64 / span;
-                eprintln!("{}: {rate:.2} messages a second, limited to {RATE}", stringify!($module));
-                assert!((rate - RATE).abs() <= RATE * 0.1, "{rate:.2} a second, limited to {RATE}");
+                eprintln!(
+                    "{}: {rate:.2} messages a second, limited to {RATE}",
+                    stringify!($module)
+                );
+                assert!(
+                    (rate - RATE).abs() <= RATE * 0.1,
+                    "{rate:.2} a second, limited to {RATE}"
+                );
             }
         }
     };

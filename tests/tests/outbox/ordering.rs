@@ -323,4 +323,3 @@ macro_rules! ordering_tests {
 }
 
 idem_testkit::for_each_backend!(ordering_tests);
-

@@ -138,7 +138,11 @@ async fn the_ordering_key_selects_the_queue_and_every_header_is_carried() {
             assert_eq!(m.property(MSG_ID_PROPERTY), Some(m.msg_id.as_str()));
             assert_eq!(m.property(TOPIC_PROPERTY), Some(topic.as_str()));
             assert_eq!(m.property(ORDERING_KEY_PROPERTY), Some(key));
-            assert_eq!(m.keys, [m.msg_id.clone()], "KEYS is idem's: {m:?}");
+            assert_eq!(
+                m.keys,
+                std::slice::from_ref(&m.msg_id),
+                "KEYS is idem's: {m:?}"
+            );
             assert_eq!(m.property("idem_topic"), None);
             assert_eq!(m.property("tenant"), Some("acme"));
             let user = m.user_headers();
