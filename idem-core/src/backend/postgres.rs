@@ -43,15 +43,18 @@ pub(crate) const SQL: SqlSet = SqlSet {
     // share a hash only wait for each other.
     outbox_order_lock: Some("SELECT 1 FROM pg_advisory_xact_lock(hashtextextended($1, 4242))"),
     now: "now()",
-    // Per topic, the first row of the pending index: one index probe
-    // each, however many messages wait.
+    // Per topic, the first row of the pending index due in the future:
+    // one index probe each, however many messages wait. Rows due already
+    // but not claimed (in flight, or behind their ordering key's head) are
+    // no reason to wake: their claim, settlement or lease expiry is.
     next_due: Some(|topics| {
         let firsts: Vec<String> = topics
             .split(", ")
             .map(|t| {
                 format!(
                     "(SELECT next_attempt_at AS t FROM idem_outbox \
-                     WHERE status = 'pending' AND topic = {t} ORDER BY next_attempt_at LIMIT 1)"
+                     WHERE status = 'pending' AND topic = {t} AND next_attempt_at > now() \
+                     ORDER BY next_attempt_at LIMIT 1)"
                 )
             })
             .collect();

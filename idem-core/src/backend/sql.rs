@@ -126,8 +126,8 @@ pub(crate) struct SqlSet {
     /// The database's clock, as the claim's ordering guard reads it.
     pub now: &'static str,
     /// Where the relay listens (PostgreSQL): the seconds until the
-    /// earliest pending message of the topics' list is due (NULL: none),
-    /// for the topics' list (binds: topics…).
+    /// earliest pending message of the topics' list not due yet falls due
+    /// (NULL: none), for the topics' list (binds: topics…).
     pub next_due: Option<Render>,
     /// The id and payload of the message `(topic, msg_id)`, read after an
     /// ignored insert. Binds: topic, msg_id. Native placeholders.

@@ -13,7 +13,6 @@ use crate::common::hooks;
 use crate::common::relay::*;
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicUsize;
 
 /// Steps of each key.
 const STEPS: i64 = 8;
@@ -25,24 +24,42 @@ pub(crate) struct Step {
     seq: i64,
 }
 
-/// Which keys have a step running, and how often a second step of a key
-/// started while one ran.
+/// Which keys have a step's body running (inside its transaction, before
+/// its commit: once committed, the step is settled and its key's next
+/// step may be claimed), and the keys a second body started for while
+/// one ran.
 #[derive(Debug, Default)]
 struct InFlight {
     running: Mutex<HashSet<String>>,
-    overlaps: AtomicUsize,
+    overlapped: Mutex<Vec<String>>,
 }
 
-impl InFlight {
-    fn enter(&self, key: &str) {
-        if !self.running.lock().unwrap().insert(key.to_owned()) {
-            self.overlaps.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+/// Every test's steps: keys are unique per test.
+static FLIGHT: std::sync::LazyLock<InFlight> = std::sync::LazyLock::new(InFlight::default);
 
-    fn leave(&self, key: &str) {
-        self.running.lock().unwrap().remove(key);
+/// A step's body running for `key`, until dropped.
+struct Running(String);
+
+impl Running {
+    fn enter(key: &str) -> Running {
+        if !FLIGHT.running.lock().unwrap().insert(key.to_owned()) {
+            FLIGHT.overlapped.lock().unwrap().push(key.to_owned());
+        }
+        Running(key.to_owned())
     }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        FLIGHT.running.lock().unwrap().remove(&self.0);
+    }
+}
+
+/// How many times a step's body started while another of its key ran,
+/// for the keys of `topic`.
+fn overlaps(topic: &str) -> usize {
+    let overlapped = FLIGHT.overlapped.lock().unwrap();
+    overlapped.iter().filter(|k| k.starts_with(topic)).count()
 }
 
 macro_rules! ordering_tests {
@@ -50,7 +67,7 @@ macro_rules! ordering_tests {
         mod $module {
             #![allow(dead_code)]
             relay_fixtures!($module, $db, $dialect, $pool);
-            use super::{InFlight, STEPS, Step};
+            use super::{Running, STEPS, Step, overlaps};
             use idem_runtime::outbox::{EnqueueOptions, OnDeadHead, enqueue_with};
             use std::sync::atomic::{AtomicBool, AtomicUsize};
             use std::sync::Arc;
@@ -76,6 +93,8 @@ macro_rules! ordering_tests {
             /// its key's last) it is recorded in `idem_o_bad`.
             #[idempotent(key = "ordered:{m.key}:{m.seq}", strategy = record, biz_type = "idem_o_step")]
             async fn step(tx: &mut Transaction<'_, Db>, m: &Step) -> Result<(), sqlx::Error> {
+                let _running = Running::enter(&m.key);
+                tokio::time::sleep(Duration::from_millis(15)).await;
                 let read = match D {
                     Dialect::Sqlite => sql(D, "SELECT last FROM idem_o_key WHERE k = ?"),
                     _ => sql(D, "SELECT last FROM idem_o_key WHERE k = ? FOR UPDATE"),
@@ -138,21 +157,13 @@ macro_rules! ordering_tests {
                 n
             }
 
-            /// A relay of `topic` running `step`, watched by `flight`.
-            fn relay(pool: &Pool<Db>, topic: &str, flight: &Arc<InFlight>) -> Relay<Db> {
-                let flight = flight.clone();
+            /// A relay of `topic` running `step`.
+            fn relay(pool: &Pool<Db>, topic: &str) -> Relay<Db> {
                 Relay::new(pool.clone())
-                    .route(topic.to_owned(), move |d, m: Step| {
-                        let flight = flight.clone();
-                        async move {
-                            assert_eq!(d.header("seq"), Some(m.seq.to_string().as_str()));
-                            assert_eq!(d.ordering_key(), Some(m.key.as_str()));
-                            flight.enter(&m.key);
-                            tokio::time::sleep(Duration::from_millis(15)).await;
-                            let done = step(d.source(), &m).await;
-                            flight.leave(&m.key);
-                            done
-                        }
+                    .route(topic.to_owned(), move |d, m: Step| async move {
+                        assert_eq!(d.header("seq"), Some(m.seq.to_string().as_str()));
+                        assert_eq!(d.ordering_key(), Some(m.key.as_str()));
+                        step(d.source(), &m).await
                     })
                     .concurrency(4)
                     .batch_size(8)
@@ -169,10 +180,9 @@ macro_rules! ordering_tests {
                 let topic = topic("ordered");
                 let keys: Vec<String> = (0..5).map(|k| format!("{topic}-k{k}")).collect();
                 produce_steps(&pool, &topic, &keys).await;
-                let flight = Arc::new(InFlight::default());
                 idem_runtime::testing::set_lost_ack_rate(lost_acks);
-                let one = relay(&pool, &topic, &flight).spawn();
-                let two = relay(&pool, &topic, &flight).commit_batch(4).spawn();
+                let one = relay(&pool, &topic).spawn();
+                let two = relay(&pool, &topic).commit_batch(4).spawn();
                 drained(&pool, &topic).await;
                 idem_runtime::testing::set_lost_ack_rate(0.0);
                 one.shutdown().await;
@@ -182,7 +192,7 @@ macro_rules! ordering_tests {
                     complete &= key_state(&pool, key).await == (STEPS, STEPS);
                 }
                 assert_eq!(by_status(&pool, &topic, "success").await, 5 * STEPS);
-                Some((flight.overlaps.load(Ordering::SeqCst), bad_steps(&pool, &keys).await, complete))
+                Some((overlaps(&topic), bad_steps(&pool, &keys).await, complete))
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -155,8 +155,8 @@ impl<DB: Backend> Inner<DB> {
 
     /// How long an idle spawned relay waits before it claims again: the
     /// poll interval, or less when a relay that is pushed to (see
-    /// [`Relay::push_wakeup`](super::Relay::push_wakeup)) knows of a pending message due
-    /// sooner (a delayed message, or one waiting out its back-off): no
+    /// [`Relay::push_wakeup`](super::Relay::push_wakeup)) knows of a pending message falling
+    /// due sooner (a delayed message, or one waiting out its back-off): no
     /// notification announces those.
     async fn idle_wait(&self) -> Duration {
         let poll = self.policy.poll_interval;
