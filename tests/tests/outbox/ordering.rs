@@ -217,7 +217,10 @@ macro_rules! ordering_tests {
                 idem_runtime::testing::set_broken_unordered(false);
                 let Some((overlaps, bad, _)) = result else { return };
                 eprintln!("control, {}: {overlaps} overlaps, {bad} steps out of order", stringify!($module));
-                assert!(overlaps > 0 && bad > 0, "the test did not catch unordered claims");
+                // SQLite runs one write transaction at a time: its steps'
+                // bodies never overlap, they run out of order.
+                assert!(bad > 0, "the test did not catch unordered claims");
+                assert!(overlaps > 0 || D == Dialect::Sqlite, "no overlap seen");
             }
 
             /// A head failing until `release` holds back its key only; once
