@@ -113,7 +113,18 @@ pub trait Probe: Send + Sync + 'static {
     fn batch_conflict(&self) -> bool {
         false
     }
+
+    /// A wait before each of the relay's claim statements, before it takes
+    /// a connection: `None` claims at once. A harness holds a claim here to
+    /// let the database change under it (an outage begin and end) before
+    /// the claim runs, the order a claim waiting for a connection sees.
+    fn before_claim(&self) -> Option<BoxWait> {
+        None
+    }
 }
+
+/// What [`Probe::before_claim`] waits for.
+pub type BoxWait = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
 static PROBE: OnceLock<Arc<dyn Probe>> = OnceLock::new();
 
@@ -232,6 +243,13 @@ pub(crate) async fn before_failure_booking() {
     }
 }
 
+/// The probe's wait before a claim statement, if any.
+pub(crate) async fn before_claim() {
+    if let Some(wait) = probe().and_then(|p| p.before_claim()) {
+        wait.await;
+    }
+}
+
 /// Whether this batch commit loses an injected conflict.
 pub(crate) fn batch_conflict() -> bool {
     probe().is_some_and(|p| p.batch_conflict())
@@ -277,11 +295,15 @@ pub enum Break {
     /// by side and settle in any order. Read when the relay's routes are
     /// set.
     Unordered,
+    /// A claim that takes a message whose outage attempt this relay could
+    /// not give back yet (the database came back during the claim) keeps
+    /// the claim's attempt: the outage attempt is counted after all.
+    ReclaimCounted,
 }
 
 #[cfg(idem_broken)]
-static BROKEN: [std::sync::atomic::AtomicBool; 9] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 9];
+static BROKEN: [std::sync::atomic::AtomicBool; 10] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 10];
 
 /// Turns the broken variant `b` on or off, process-wide (`--cfg
 /// idem_broken` builds only).

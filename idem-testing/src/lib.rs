@@ -45,6 +45,8 @@ static KINDS_OFF: AtomicU64 = AtomicU64::new(0);
 static UNREADABLE: AtomicBool = AtomicBool::new(false);
 static SETTLE_DELAY_MS: AtomicU64 = AtomicU64::new(0);
 static BATCH_CONFLICTS: AtomicU64 = AtomicU64::new(0);
+/// Claims waiting at the gate of [`hold_claims`] now.
+static CLAIMS_WAITING: AtomicU64 = AtomicU64::new(0);
 
 fn index(kind: Kind) -> usize {
     Kind::ALL
@@ -83,6 +85,40 @@ impl Probe for Faults {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
     }
+
+    fn before_claim(&self) -> Option<probe::BoxWait> {
+        let mut open = claim_gate().subscribe();
+        if *open.borrow() {
+            return None;
+        }
+        CLAIMS_WAITING.fetch_add(1, Ordering::SeqCst);
+        Some(Box::pin(async move {
+            // A dropped sender never happens (a static): open either way.
+            let _ = open.wait_for(|open| *open).await;
+            CLAIMS_WAITING.fetch_sub(1, Ordering::SeqCst);
+        }))
+    }
+}
+
+/// The gate of [`hold_claims`]: open (`true`) unless a test holds claims.
+fn claim_gate() -> &'static tokio::sync::watch::Sender<bool> {
+    static GATE: std::sync::OnceLock<tokio::sync::watch::Sender<bool>> = std::sync::OnceLock::new();
+    GATE.get_or_init(|| tokio::sync::watch::Sender::new(true))
+}
+
+/// Holds every relay claim statement in the process (`true`) before it
+/// takes a connection, until released (`false`, which lets the held ones
+/// run): a test makes the database change under a claim that has begun,
+/// as under a claim waiting for a connection while an outage ends, in
+/// that order every time. [`claims_waiting`] tells when a claim is held.
+pub fn hold_claims(on: bool) {
+    install();
+    claim_gate().send_replace(!on);
+}
+
+/// How many claims wait at the gate of [`hold_claims`] now.
+pub fn claims_waiting() -> u64 {
+    CLAIMS_WAITING.load(Ordering::SeqCst)
 }
 
 /// Installs this crate's probe in the process (once; later calls do
@@ -253,6 +289,13 @@ pub fn set_broken_settle_first(on: bool) {
 /// Set it before the relay's routes.
 pub fn set_broken_unordered(on: bool) {
     set_broken(probe::Break::Unordered, on);
+}
+
+/// A claim that takes a message whose outage attempt the relay could not
+/// give back yet keeps the claim's attempt, so the outage attempt is
+/// counted after all (a control; see the [crate documentation](crate)).
+pub fn set_broken_reclaim_counted(on: bool) {
+    set_broken(probe::Break::ReclaimCounted, on);
 }
 
 /// An attempt that failed in an outage closes no gate on its topic: the

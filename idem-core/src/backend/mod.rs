@@ -443,6 +443,19 @@ pub trait OutboxStore: Database {
         error: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
+    /// Takes back one attempt of message `id` that `owner` holds as
+    /// attempt `attempt`, leaving it held: `attempts` back to `attempt - 1`
+    /// (`true`), fenced by the owner and the attempt (`false`: no longer
+    /// held so). A claim that took a message over from an outage attempt
+    /// whose [`outbox_release`](OutboxStore::outbox_release) could not be
+    /// written yet counts only its own attempt so.
+    fn outbox_uncount<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
     /// [`outbox_settle_failure`](OutboxStore::outbox_settle_failure) in
     /// `tx`, which holds the message's row: over the `success` mark of
     /// this transaction's own call (`over_success`), or over a pending row

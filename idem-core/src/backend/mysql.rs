@@ -82,6 +82,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), attempts = attempts - 1, last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_uncount: "UPDATE idem_outbox SET attempts = attempts - 1, updated_at = UTC_TIMESTAMP(6) \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     outbox_revert: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \

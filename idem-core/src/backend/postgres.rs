@@ -97,6 +97,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = now() + make_interval(secs => $2::float8), attempts = attempts - 1, last_error = $3, \
         lease_owner = NULL, locked_until = NULL, updated_at = now() \
         WHERE id = $4 AND status = 'pending' AND lease_owner = $5 AND attempts = $6",
+    outbox_uncount: "UPDATE idem_outbox SET attempts = attempts - 1, updated_at = now() \
+        WHERE id = $1 AND status = 'pending' AND lease_owner = $2 AND attempts = $3",
     outbox_revert: "UPDATE idem_outbox SET status = $1, \
         next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
         lease_owner = NULL, locked_until = NULL, updated_at = now() \

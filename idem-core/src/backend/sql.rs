@@ -161,6 +161,10 @@ pub(crate) struct SqlSet {
     /// fenced as `outbox_settle`. Binds: status (always `pending`),
     /// delay, error, id, owner, attempt. Native.
     pub outbox_release: &'static str,
+    /// An outage attempt taken back under a later claim that holds the
+    /// message: `attempts - 1`, the lease kept. Binds: id, owner, attempt
+    /// (the later claim's). Native.
+    pub outbox_uncount: &'static str,
     /// The relay's claim.
     pub claim: Claim,
     /// The rows a claim whose commit outcome is unknown leased, if it

@@ -64,6 +64,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
         attempts = attempts - 1, last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
         WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
+    outbox_uncount: "UPDATE idem_outbox SET attempts = attempts - 1, \
+        updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+        WHERE id = ? AND status = 'pending' AND lease_owner = ? AND attempts = ?",
     outbox_revert: "UPDATE idem_outbox SET status = ?, \
         next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds'), \
         last_error = ?, lease_owner = NULL, locked_until = NULL, \

@@ -32,5 +32,6 @@ mod limits;
 mod ordering;
 mod outage_gate;
 mod push;
+mod reclaim_outage;
 mod recovery;
 mod relay;

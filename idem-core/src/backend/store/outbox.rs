@@ -475,6 +475,23 @@ impl OutboxStore for DB {
         Ok(DB::rows_affected(&done?) == 1)
     }
 
+    async fn outbox_uncount<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        owner: &'a str,
+        attempt: i32,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = DB::dialect_of_pool(pool).sql();
+        let q = sqlx::query(stmt(sql.outbox_uncount))
+            .persistent(persist())
+            .bind(id)
+            .bind(owner)
+            .bind(attempt);
+        let done = on_pool!(pool, |conn| q.execute(conn));
+        let done = crate::probe::after_commit(crate::probe::Commit::Settle, done);
+        Ok(DB::rows_affected(&done?) == 1)
+    }
+
     async fn outbox_settle_failure_in<'a>(
         tx: &'a mut Transaction<'_, Self>,
         over_success: bool,

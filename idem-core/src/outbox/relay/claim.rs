@@ -92,7 +92,8 @@ impl<DB: Backend> Inner<DB> {
                     i.claiming
                         .emptied
                         .store(n < limit && offset == 0, Ordering::Relaxed);
-                    return Ok(Round::Claimed(self.counted(owner, claimed)));
+                    let batch = self.counted(owner, claimed);
+                    return Ok(Round::Claimed(self.uncount_reclaimed(batch).await));
                 }
                 Err(ClaimError::Failed(e)) if crate::backend::classify::is_conflict(&e) => {
                     i.stats.claim_conflicts.fetch_add(1, Ordering::Relaxed);
@@ -135,6 +136,7 @@ impl<DB: Backend> Inner<DB> {
         // The topics whose gate an outage closed, and those at their
         // limit, are left out.
         let topics = i.limits.open(i.gates.open(&i.routing.topics));
+        crate::probe::before_claim().await;
         DB::claim_outbox(
             &i.pool,
             &i.claiming.claim,
@@ -196,7 +198,8 @@ impl<DB: Backend> Inner<DB> {
                     // The commit is all or nothing: found, every chosen
                     // row was leased, those taken over included.
                     let reclaimed = if rows.is_empty() { 0 } else { chosen.reclaimed };
-                    return Ok(self.counted(owner, Claimed { rows, reclaimed }));
+                    let batch = self.counted(owner, Claimed { rows, reclaimed });
+                    return Ok(self.uncount_reclaimed(batch).await);
                 }
                 Err(e) => error = e,
             }

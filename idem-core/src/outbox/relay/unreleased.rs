@@ -11,9 +11,18 @@
 //! attempt unless another relay took the message over meanwhile (which
 //! counts it, as any take-over of an expired lease does) or the message
 //! was settled.
+//!
+//! A claim that began before such an attempt failed (it waited for a
+//! connection through the outage) can still take the message once the
+//! database is back, its lease run out: that claim counts the attempt the
+//! release was to give back. So each claim's rows are matched against the
+//! kept releases as soon as it returns, and the outage attempt of a
+//! message taken that way is taken back under the claim's own lease (its
+//! owner and attempt the fence), the claim running it as the next one.
 
 use super::Inner;
-use crate::backend::Backend;
+use super::claim::Batch;
+use crate::backend::{Backend, OutboxRow};
 use crate::lease::OutboxLease;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -36,6 +45,19 @@ pub(super) struct Unreleased {
 impl Unreleased {
     fn take(&self) -> Vec<Release> {
         std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Takes the kept releases of the messages among `rows` whose claim
+    /// came right after the kept attempt (its attempt the next one): the
+    /// claim took them over from the outage attempt and nobody else did.
+    fn take_reclaimed(&self, rows: &[OutboxRow]) -> Vec<Release> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let (taken, left) = std::mem::take(&mut *kept).into_iter().partition(|r| {
+            rows.iter()
+                .any(|row| row.id == r.lease.id() && row.attempts == r.lease.attempt() + 1)
+        });
+        *kept = left;
+        taken
     }
 
     fn put_back(&self, left: Vec<Release>) {
@@ -118,5 +140,44 @@ impl<DB: Backend> Inner<DB> {
         let written = left.is_empty();
         self.unreleased.put_back(left);
         written
+    }
+}
+
+impl<DB: Backend> Inner<DB> {
+    /// Takes back the outage attempt of each message of `batch` that its
+    /// claim took over from an outage attempt of this relay whose release
+    /// is still kept (see the [module](self)): the claim keeps the message
+    /// and runs it as the attempt the outage left (`attempts - 1`), and the
+    /// kept release, whose fence the claim moved, is dropped. A message
+    /// whose attempt cannot be taken back is delivered with it counted.
+    pub(super) async fn uncount_reclaimed(&self, mut batch: Batch) -> Batch {
+        if crate::probe::broken(crate::probe::Break::ReclaimCounted) {
+            return batch;
+        }
+        for r in self.unreleased.take_reclaimed(&batch.rows) {
+            let id = r.lease.id();
+            let Some(row) = batch.rows.iter_mut().find(|row| row.id == id) else {
+                continue;
+            };
+            match DB::outbox_uncount(&self.pool, id, &batch.owner, row.attempts).await {
+                Ok(true) => {
+                    row.attempts -= 1;
+                    self.stats.outages.fetch_add(1, Ordering::Relaxed);
+                    self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::outbox_retry();
+                    tracing::info!(
+                        id,
+                        attempts = row.attempts,
+                        "outbox attempt that failed in an outage taken back by the claim that took its message over; not counted"
+                    );
+                }
+                // Not held by this claim after all: its delivery is fenced.
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(id, error = %format_args!("{e:#}"), reason = %r.reason, "could not take back an outbox attempt that failed in an outage; counted");
+                }
+            }
+        }
+        batch
     }
 }
