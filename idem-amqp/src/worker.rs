@@ -205,6 +205,8 @@ impl Shared {
             attempt,
             redelivered = d.redelivered,
         );
+        #[cfg(feature = "opentelemetry")]
+        continue_trace(&span, &d, &self.queue, message_id.as_deref());
         async move {
             let verdict = match message_id {
                 None => Err(Failure::unkeyed("message_id property")),
@@ -343,4 +345,14 @@ impl Start {
             }
         }
     }
+}
+
+/// The delivery's span continues the trace of its `traceparent` header.
+#[cfg(feature = "opentelemetry")]
+fn continue_trace(span: &tracing::Span, d: &AmqpDelivery, queue: &str, message_id: Option<&str>) {
+    let headers = ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|name| Some((name.to_owned(), header_str(&d.properties, name)?)))
+        .collect();
+    consume::continue_trace(span, &headers, "rabbitmq", queue, message_id);
 }

@@ -34,6 +34,7 @@
 //! | `/archive` | GET | rows eligible for archiving, the last pass, the history tables' sizes |
 //! | `/login`, `/logout` | GET, POST | sign in with the write token (a signed session cookie); sign out, which ends the session on the server |
 //! | `/metrics` | GET | Prometheus text format: idem's counters and the outbox gauges read from the database |
+//! | `/metrics/database` | GET | the outbox gauges alone (see [`Console::database_gauges_apart`]) |
 //! | `/health` | GET | 200 when the database answers, 503 when not |
 //!
 //! **Safety.** The console answers only to IP addresses, `localhost` and
@@ -49,6 +50,29 @@
 //! go through [`idem_runtime::outbox::admin::requeue`], the guarded function the CLI
 //! uses: only failed messages change, never successful or pending ones.
 //! Nothing from a request reaches SQL except as a bound value.
+//!
+//! # Several consoles over one database
+//!
+//! The outbox gauges (`idem_outbox_pending` and the others read from the
+//! database) are the database's, not a console's: scraped from N consoles
+//! they would be exported N times, and a `sum` over them N times too large.
+//! With [`Console::database_gauges_apart`], `/metrics` leaves them out and
+//! `/metrics/database` serves them alone; scrape `/metrics` from every
+//! console and `/metrics/database` through one address in front of them
+//! (one scrape target, whichever console answers):
+//!
+//! ```yaml
+//! scrape_configs:
+//!   - job_name: idem-console          # each console: its counters, its health
+//!     kubernetes_sd_configs: [{ role: pod }]
+//!     metrics_path: /metrics
+//!   - job_name: idem-database         # once per database
+//!     metrics_path: /metrics/database
+//!     static_configs: [{ targets: ["idem-console.ops.svc:8080"] }]
+//! ```
+//!
+//! Without it (every console's `/metrics` has the gauges), aggregate them
+//! with `max`, never `sum`: `max without (instance, pod) (idem_outbox_pending)`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use axum::Router;
@@ -99,6 +123,8 @@ pub(crate) struct Inner<DB: Operable> {
     pub(crate) pool: Pool<DB>,
     pub(crate) auth: auth::Auth,
     pub(crate) prometheus: Option<PrometheusHandle>,
+    /// See [`Console::database_gauges_apart`].
+    pub(crate) database_gauges_apart: bool,
     pub(crate) outbox_retention: Duration,
     pub(crate) samples: Mutex<Samples>,
     pub(crate) sample_every: Duration,
@@ -118,6 +144,7 @@ impl<DB: Operable> Console<DB> {
                 pool,
                 auth: auth::Auth::read_only(),
                 prometheus: None,
+                database_gauges_apart: false,
                 outbox_retention: idem_runtime::archive::DEFAULT_OUTBOX_RETENTION,
                 samples: Mutex::new(Samples::new(chart::WINDOW)),
                 sample_every: Duration::from_secs(2),
@@ -184,9 +211,33 @@ impl<DB: Operable> Console<DB> {
 
     /// Serves the counters of this recorder (the one the application
     /// installed, so its relay's and handlers' counters) in `/metrics`,
-    /// beside the gauges read from the database.
+    /// beside the gauges read from the database. Describes idem's metrics
+    /// to the installed recorder ([`idem_runtime::metrics::describe`]), so
+    /// that each series has its HELP text.
     pub fn prometheus(mut self, handle: PrometheusHandle) -> Self {
+        idem_runtime::metrics::describe();
         self.inner.prometheus = Some(handle);
+        self
+    }
+
+    /// Serves the gauges read from the database (`idem_outbox_pending`,
+    /// `idem_outbox_failed`, `idem_outbox_success`,
+    /// `idem_outbox_oldest_pending_age_seconds`,
+    /// `idem_outbox_lease_holders`) at `/metrics/database` instead of
+    /// `/metrics`, for several consoles over one database: `/metrics` is
+    /// scraped from each console (its process's counters and its own
+    /// health), `/metrics/database` through one address in front of them
+    /// all (a Kubernetes Service, a load balancer), so that each gauge is
+    /// exported once per database, by whichever console answers (see
+    /// [Several consoles over one database](crate#several-consoles-over-one-database)).
+    ///
+    /// ```
+    /// # fn f(pool: sqlx::SqlitePool) {
+    /// let console = idem_console::Console::new(pool).database_gauges_apart();
+    /// # let _ = console; }
+    /// ```
+    pub fn database_gauges_apart(mut self) -> Self {
+        self.inner.database_gauges_apart = true;
         self
     }
 
@@ -300,6 +351,7 @@ impl<DB: Operable> Console<DB> {
                 axum::routing::post(pages::login::logout::<DB>),
             )
             .route(&at("/metrics"), get(metrics_page::metrics::<DB>))
+            .route(&at("/metrics/database"), get(metrics_page::database::<DB>))
             .route(&at("/health"), get(metrics_page::health::<DB>))
             .route(&at("/static/console.css"), get(css))
             .route(&at("/static/console.js"), get(js));

@@ -1,4 +1,9 @@
-//! `/metrics` (Prometheus text format) and `/health`.
+//! `/metrics` (Prometheus text format), `/metrics/database` and `/health`.
+//!
+//! With [`Console::database_gauges_apart`](crate::Console::database_gauges_apart),
+//! the outbox gauges below (`idem_outbox_*`) are served at
+//! `/metrics/database` alone and left out of `/metrics`, which keeps the
+//! recorder's counters and the console's own health (`idem_console_*`).
 //!
 //! `/metrics` serves the counters of the recorder the console was given
 //! ([`Console::prometheus`](crate::Console::prometheus): idem's counters,
@@ -37,6 +42,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_runtime::Operable;
+use idem_runtime::outbox::admin::{LeaseHolder, OutboxStats};
 use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::sync::atomic::Ordering;
@@ -49,13 +55,48 @@ const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// down and the last known gauges.
 pub(crate) const METRICS_BUDGET: Duration = Duration::from_secs(5);
 
+/// What one scrape read: the outbox figures (now, else the last known),
+/// and whether the database answered.
+struct Read {
+    stats: Option<OutboxStats>,
+    leases: Option<Vec<LeaseHolder>>,
+    age: Option<Duration>,
+    stale: bool,
+}
+
+/// Which series a page shows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The recorder's counters, the console's health, and the database
+    /// gauges unless [`Console::database_gauges_apart`](crate::Console::database_gauges_apart).
+    Process,
+    /// The database gauges alone (`/metrics/database`).
+    Database,
+}
+
 pub(crate) async fn metrics<DB: Operable>(State(c): State<Shared<DB>>) -> Response {
+    let read = read(&c).await;
+    let body = render(&c, &read, Part::Process);
+    ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response()
+}
+
+/// `/metrics/database`: the gauges read from the database, the same
+/// whichever console answers (see
+/// [`Console::database_gauges_apart`](crate::Console::database_gauges_apart)).
+pub(crate) async fn database<DB: Operable>(State(c): State<Shared<DB>>) -> Response {
+    let read = read(&c).await;
+    let body = render(&c, &read, Part::Database);
+    ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response()
+}
+
+/// Reads the outbox figures for a scrape, within [`METRICS_BUDGET`].
+async fn read<DB: Operable>(c: &Shared<DB>) -> Read {
     // The figures may be one sampling interval old; whether the database
     // answers is asked now, at the same time.
     let reads = tokio::time::timeout(METRICS_BUDGET, async {
         tokio::join!(c.stats(), c.leases())
     });
-    let (reads, ping) = tokio::join!(reads, ping(&c));
+    let (reads, ping) = tokio::join!(reads, ping(c));
     let (fresh, failure) = match reads {
         Ok((Ok(stats), Ok(leases))) => (Some((stats, leases)), ping.err()),
         Ok((Err(e), _) | (_, Err(e))) => (None, Some(e.to_string())),
@@ -64,57 +105,83 @@ pub(crate) async fn metrics<DB: Operable>(State(c): State<Shared<DB>>) -> Respon
             Some(format!("no answer within {}s", METRICS_BUDGET.as_secs())),
         ),
     };
-    let errors = &c.figures.scrape_errors;
     if let Some(e) = &failure {
-        errors.fetch_add(1, Ordering::Relaxed);
+        c.figures.scrape_errors.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %e, "idem console: /metrics could not read the database");
     }
     // The figures read now, else the last known ones, marked stale.
-    let (stats, leases, age) = match fresh {
+    let stale = failure.is_some();
+    match fresh {
         Some((stats, leases)) => {
             let age = c.figures.backlog.last().map(|(_, age)| age);
-            (Some(stats), Some(leases), age)
+            Read {
+                stats: Some(stats),
+                leases: Some(leases),
+                age,
+                stale,
+            }
         }
         None => {
             let (stats, leases) = c.last_figures();
             let age = stats.as_ref().map(|(_, age)| *age);
-            (stats.map(|(s, _)| s), leases, age)
+            Read {
+                stats: stats.map(|(s, _)| s),
+                leases,
+                age,
+                stale,
+            }
         }
+    }
+}
+
+/// The text of `part` of a scrape that read `r`.
+fn render<DB: Operable>(c: &Shared<DB>, r: &Read, part: Part) -> String {
+    let database = match part {
+        Part::Process => !c.database_gauges_apart,
+        Part::Database => true,
     };
-    let stale = failure.is_some();
     let local = PrometheusBuilder::new().build_recorder();
     metrics::with_local_recorder(&local, || {
         describe();
-        if let Some(s) = &stats {
-            for t in &s.topics {
-                let topic = t.topic.clone();
-                gauge!("idem_outbox_pending", "topic" => topic.clone()).set(t.pending as f64);
-                gauge!("idem_outbox_failed", "topic" => topic.clone()).set(t.failed as f64);
-                gauge!("idem_outbox_success", "topic" => topic.clone()).set(t.success as f64);
-                gauge!("idem_outbox_oldest_pending_age_seconds", "topic" => topic)
-                    .set(t.oldest_pending_age_secs.unwrap_or(0.0));
+        if database {
+            database_gauges(r);
+        }
+        if part == Part::Process {
+            gauge!("idem_console_database_up").set(if r.stale { 0.0 } else { 1.0 });
+            gauge!("idem_console_stale").set(if r.stale { 1.0 } else { 0.0 });
+            if let Some(age) = r.age {
+                gauge!("idem_console_gauges_age_seconds").set(age.as_secs_f64());
             }
+            let errors = c.figures.scrape_errors.load(Ordering::Relaxed);
+            counter!("idem_console_scrape_errors_total").absolute(errors);
         }
-        if let Some(l) = &leases {
-            gauge!("idem_outbox_lease_holders").set(l.len() as f64);
-        }
-        gauge!("idem_console_database_up").set(if stale { 0.0 } else { 1.0 });
-        gauge!("idem_console_stale").set(if stale { 1.0 } else { 0.0 });
-        if let Some(age) = age {
-            gauge!("idem_console_gauges_age_seconds").set(age.as_secs_f64());
-        }
-        counter!("idem_console_scrape_errors_total").absolute(errors.load(Ordering::Relaxed));
     });
-    let mut body = c
-        .prometheus
-        .as_ref()
-        .map(|h| h.render())
-        .unwrap_or_default();
+    let mut body = match (part, &c.prometheus) {
+        (Part::Process, Some(h)) => h.render(),
+        _ => String::new(),
+    };
     if !body.is_empty() && !body.ends_with('\n') {
         body.push('\n');
     }
     body += &local.handle().render();
-    ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response()
+    body
+}
+
+/// The gauges read from the database, into the current recorder.
+fn database_gauges(r: &Read) {
+    if let Some(s) = &r.stats {
+        for t in &s.topics {
+            let topic = t.topic.clone();
+            gauge!("idem_outbox_pending", "topic" => topic.clone()).set(t.pending as f64);
+            gauge!("idem_outbox_failed", "topic" => topic.clone()).set(t.failed as f64);
+            gauge!("idem_outbox_success", "topic" => topic.clone()).set(t.success as f64);
+            gauge!("idem_outbox_oldest_pending_age_seconds", "topic" => topic)
+                .set(t.oldest_pending_age_secs.unwrap_or(0.0));
+        }
+    }
+    if let Some(l) = &r.leases {
+        gauge!("idem_outbox_lease_holders").set(l.len() as f64);
+    }
 }
 
 /// The HELP text and unit of each of the console's own series.

@@ -55,6 +55,78 @@ impl Backoff {
     }
 }
 
+/// A loop's repeated operation (a relay's claims, a consumer's pulls or
+/// reads) failing and recovering, logged once per change of state rather
+/// than once per try: a warning when it starts failing (with the error),
+/// each further failure at debug level, an info line when it succeeds
+/// again (with how many tries failed and for how long); and, while it
+/// fails, the back-off before the next try.
+///
+/// ```
+/// use idem_runtime::backoff::{Backoff, FailureLog};
+/// use std::time::Duration;
+/// let mut pulls = FailureLog::new("pulls", Backoff::new(Duration::from_millis(100), Duration::from_secs(5)));
+/// assert_eq!(pulls.backoff(), None);
+/// pulls.failed(&"connection refused"); // warns
+/// pulls.failed(&"connection refused"); // debug only
+/// assert_eq!(pulls.backoff(), Some(Duration::from_millis(200)));
+/// pulls.succeeded(); // "pulls succeed again", failures=2
+/// assert!(!pulls.is_failing());
+/// ```
+#[derive(Debug)]
+pub struct FailureLog {
+    what: &'static str,
+    backoff: Backoff,
+    failing: Option<(std::time::Instant, u32)>,
+}
+
+impl FailureLog {
+    /// The log of `what` (plural: "outbox claims", "JetStream pulls"),
+    /// backing off by `backoff` while it fails.
+    pub fn new(what: &'static str, backoff: Backoff) -> Self {
+        FailureLog {
+            what,
+            backoff,
+            failing: None,
+        }
+    }
+
+    /// A try failed with `error`: warns if the last one had succeeded.
+    pub fn failed(&mut self, error: &dyn std::fmt::Display) {
+        let what = self.what;
+        match &mut self.failing {
+            None => {
+                tracing::warn!(error = %error, "{what} are failing; backing off, logged again once they succeed");
+                self.failing = Some((std::time::Instant::now(), 1));
+            }
+            Some((_, failures)) => {
+                *failures = failures.saturating_add(1);
+                tracing::debug!(error = %error, failures = *failures, "{what} still failing");
+            }
+        }
+    }
+
+    /// A try succeeded: says so once, if tries had been failing.
+    pub fn succeeded(&mut self) {
+        if let Some((since, failures)) = self.failing.take() {
+            let what = self.what;
+            tracing::info!(failures, failing_for = ?since.elapsed(), "{what} succeed again");
+        }
+    }
+
+    /// Whether the last try failed.
+    pub fn is_failing(&self) -> bool {
+        self.failing.is_some()
+    }
+
+    /// The wait before the next try while tries fail (the back-off's delay
+    /// for the failures so far); `None` when the last one succeeded.
+    pub fn backoff(&self) -> Option<Duration> {
+        self.failing
+            .map(|(_, failures)| self.backoff.delay(failures))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Backoff;

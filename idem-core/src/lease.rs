@@ -33,6 +33,9 @@ pub struct OutboxLease {
     /// own transaction, while it still holds the message's row (see
     /// [`FailureBook`]).
     pub(crate) book: Option<Arc<FailureBook>>,
+    /// Given by a relay: when the message was enqueued, by this process's
+    /// clock (for the enqueue-to-settle latency).
+    pub(crate) enqueued: Option<std::time::Instant>,
 }
 
 impl PartialEq for OutboxLease {
@@ -107,7 +110,15 @@ impl OutboxLease {
             owner: owner.into(),
             attempt,
             book: None,
+            enqueued: None,
         }
+    }
+
+    /// This lease with the time its message was enqueued (see
+    /// [`OutboxRow::enqueued_ago`](crate::backend::OutboxRow::enqueued_ago)).
+    pub(crate) fn enqueued(mut self, ago: std::time::Duration) -> Self {
+        self.enqueued = std::time::Instant::now().checked_sub(ago);
+        self
     }
 
     /// This lease with the relay's failure policy for the attempt.

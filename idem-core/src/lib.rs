@@ -22,6 +22,13 @@
 //! The crates `idem-amqp` (RabbitMQ), `idem-nats` (NATS JetStream),
 //! `idem-axum` (HTTP) and `idem-redis` (the Redis front cache) are written
 //! on these seams and nothing else.
+//!
+//! Feature `opentelemetry`: [`outbox::enqueue`] stores the current `tracing`
+//! span's OpenTelemetry context (read through `tracing-opentelemetry`) in the
+//! message's headers as W3C `traceparent` and `tracestate`, unless the caller
+//! set a `traceparent`; the relay's `outbox_delivery` span continues that
+//! trace, with OpenTelemetry's messaging attributes. Without it, no header is
+//! added and no OpenTelemetry crate is built.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -36,11 +43,14 @@ mod fingerprint;
 pub mod front;
 mod key;
 mod lease;
-mod metrics;
+pub mod metrics;
+#[cfg(feature = "opentelemetry")]
+mod otel;
 pub mod outbox;
 pub mod pooler;
 pub mod probe;
 pub mod requests;
+mod schema_check;
 mod state;
 mod status;
 mod strategy;
@@ -58,6 +68,7 @@ pub use call::{CallerTx, Outcome, Source};
 pub use error::{BoxError, Error, ErrorKind};
 pub use fingerprint::fingerprint;
 pub use key::{KeyBuilder, KeyPart, MAX_KEY_LEN, Validator, check_key, escape_part};
+pub use schema_check::{SCHEMA_VERSION, check_schema};
 pub use state::{EntityId, EntityIdValue, State};
 pub use strategy::MAX_TTL_SECS;
 

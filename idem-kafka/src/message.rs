@@ -1,7 +1,6 @@
 //! One Kafka record, as the handler sees it, and where its key comes from.
 
 use super::{MSG_ID_HEADER, ORDERING_KEY_HEADER};
-use crate::publisher::reserved;
 use std::collections::BTreeMap;
 
 /// One Kafka record, as the handler sees it. Its fields can be used in a
@@ -206,6 +205,13 @@ fn field_text(body: &[u8], field: &str) -> Option<String> {
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
+}
+
+/// Whether a user header named `name` is dropped: idem's own names
+/// (`Idem-…`) and `content-type`, in any case.
+pub(crate) fn reserved(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("idem-") || lower == "content-type"
 }
 
 #[cfg(test)]

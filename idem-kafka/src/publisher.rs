@@ -2,6 +2,7 @@
 //! confirmed by the broker.
 
 use super::error::{self, from_kafka};
+use super::message::reserved;
 use super::{MSG_ID_HEADER, ORDERING_KEY_HEADER, TOPIC_HEADER};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
@@ -300,13 +301,6 @@ impl Forward for Publisher {
         .await
         .map(|_| ())
     }
-}
-
-/// Whether a user header named `name` is dropped: idem's own names
-/// (`Idem-…`) and `content-type`, in any case.
-pub(crate) fn reserved(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.starts_with("idem-") || lower == "content-type"
 }
 
 /// A record's headers: idem's own first, then the user's but the

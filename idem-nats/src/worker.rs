@@ -12,7 +12,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Context, Message as JsMessage};
 use futures_util::{FutureExt, StreamExt};
 use idem_core::Error;
-use idem_core::backoff::Backoff;
+use idem_core::backoff::{Backoff, FailureLog};
 use idem_core::consume::{self, ConsumerStats, Counter, Failure, Running, Settle, Verdict};
 use std::future::Future;
 use std::sync::Arc;
@@ -64,6 +64,12 @@ pub(super) async fn run(
     // Ends the waits of handlers in an outage (`through_outages`) once the
     // consumer stops.
     let (ending, ending_rx) = watch::channel(false);
+    // Failing pulls: one warning, then one line when they succeed again.
+    let pause_after_failure = shared.pull_wait.min(Duration::from_secs(1));
+    let mut pulls = FailureLog::new(
+        "JetStream pulls",
+        Backoff::new(pause_after_failure, pause_after_failure),
+    );
     'pulling: loop {
         while tasks.try_join_next().is_some() {}
         let first = tokio::select! {
@@ -84,10 +90,13 @@ pub(super) async fn run(
             biased;
             _ = stop.changed() => break,
             batch = request => match batch {
-                Ok(batch) => batch,
+                Ok(batch) => {
+                    pulls.succeeded();
+                    batch
+                }
                 Err(e) => {
-                    shared.pull_failed(&e);
-                    if pause(&mut stop, shared.pull_wait.min(Duration::from_secs(1))).await {
+                    shared.pull_failed(&mut pulls, &e);
+                    if pause(&mut stop, pause_after_failure).await {
                         break;
                     }
                     continue;
@@ -116,7 +125,7 @@ pub(super) async fn run(
                         }
                     },
                     Some(Err(e)) => {
-                        shared.pull_failed(&e);
+                        shared.pull_failed(&mut pulls, &e);
                         break;
                     }
                     None => break,
@@ -146,9 +155,11 @@ struct Meta {
 }
 
 impl Shared {
-    fn pull_failed(&self, e: &dyn std::fmt::Display) {
+    /// Counts a failed pull; logged once per change of state (`log`).
+    fn pull_failed(&self, log: &mut FailureLog, e: &dyn std::fmt::Display) {
         self.stats.count(Counter::PullFailure);
-        tracing::warn!(stream = %self.stream, consumer = %self.consumer, error = %format_args!("{e:#}"), "JetStream pull request failed; pulling again");
+        let e = format!("{e:#} (stream {}, consumer {})", self.stream, self.consumer);
+        log.failed(&e);
     }
 
     async fn process(

@@ -47,12 +47,13 @@
 use crate::Operable;
 use idem_core::Error;
 use idem_core::backoff::Backoff;
-use idem_core::task::TaskHandle;
+use idem_core::task::{TaskError, TaskHandle, TaskStatus};
 use serde::Serialize;
 use sqlx::Pool;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
@@ -358,6 +359,79 @@ impl ArchiverHandle {
     pub fn errors(&self) -> u64 {
         self.counters.errors.load(Ordering::Relaxed)
     }
+
+    /// [`shutdown`](Self::shutdown), waiting at most `deadline` for the
+    /// batch in flight; then the archiver's task is aborted, and that
+    /// batch's transaction rolls back (its rows stay where they were, for
+    /// the next run: nothing is lost or moved twice). An `Err` if its task
+    /// had panicked.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # idem_runtime::migrate(&pool).await?;
+    /// use idem_runtime::archive::Archiver;
+    /// use std::time::Duration;
+    /// let token = tokio_util::sync::CancellationToken::new();
+    /// let archiver = Archiver::new(pool)
+    ///     .spawn(Duration::from_secs(600))
+    ///     .stop_on(token.clone().cancelled_owned());
+    /// assert!(archiver.status().is_running());
+    /// token.cancel();
+    /// let stopped = archiver.shutdown_within(Duration::from_secs(10)).await?;
+    /// assert!(!stopped.abandoned);
+    /// # Ok(()) }
+    /// ```
+    pub async fn shutdown_within(
+        self,
+        deadline: Duration,
+    ) -> Result<ArchiverStopReport, TaskError> {
+        let ArchiverHandle { task, counters } = self;
+        let started = Instant::now();
+        let ended = task.shutdown_within(deadline).await?;
+        Ok(ArchiverStopReport {
+            elapsed: started.elapsed(),
+            abandoned: ended.is_none(),
+            totals: ArchiverHandle::report(&counters),
+        })
+    }
+
+    /// Stops the archiver (as [`shutdown`](Self::shutdown), without
+    /// waiting) once `signal` completes: a `CancellationToken`'s
+    /// `cancelled_owned()`, `tokio::signal::ctrl_c()`… (its output is
+    /// ignored).
+    pub fn stop_on<S>(self, signal: S) -> Self
+    where
+        S: Future + Send + 'static,
+    {
+        self.task.stop_on(signal);
+        self
+    }
+
+    /// Where the archiver stands: running, stopping, stopped, or panicked
+    /// (a failed batch does not end it: see [`errors`](Self::errors)).
+    pub fn status(&self) -> TaskStatus {
+        self.task.status()
+    }
+
+    /// Whether the archiver's task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// What an archiver's
+/// [`shutdown_within`](ArchiverHandle::shutdown_within) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ArchiverStopReport {
+    /// From the stop request to the archiver's end.
+    pub elapsed: Duration,
+    /// Whether the deadline passed and the batch in flight was rolled back.
+    pub abandoned: bool,
+    /// Rows moved and batches run since it started.
+    pub totals: ArchiveReport,
 }
 
 /// The records of `key`, one per business type, ordered by `biz_type`:

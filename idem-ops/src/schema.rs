@@ -25,7 +25,10 @@ use sqlx::{Connection, Pool};
 /// 3. Outbox messages' `ordering_key` and `headers` (online and history),
 ///    the index of a key's messages by id; MariaDB: `idem_outbox_key`,
 ///    whose rows serialize the enqueues of one ordering key.
-pub const SCHEMA_VERSION: i64 = 3;
+///
+/// The same constant as `idem_core`'s, which a relay checks before it
+/// claims (`idem_runtime::check_schema`).
+pub const SCHEMA_VERSION: i64 = idem_core::SCHEMA_VERSION;
 
 /// The statements creating idem's tables as the first release did
 /// (schema version 1) on `dialect`, in order; each is safe to run twice.

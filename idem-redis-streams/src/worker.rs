@@ -5,6 +5,7 @@
 use super::commands::{self, Entry};
 use super::shared::Shared;
 use idem_core::Error;
+use idem_core::backoff::{Backoff, FailureLog};
 use idem_core::consume::Counter;
 use redis::RedisError;
 use redis::aio::ConnectionManager;
@@ -41,6 +42,12 @@ pub(super) async fn run(
     // consumer stops.
     let (ending, ending_rx) = watch::channel(false);
     let keeper = tokio::spawn(keep(shared.clone()));
+    // Failing reads: one warning, then one line when they succeed again
+    // (read again every second meanwhile).
+    let mut reads = FailureLog::new(
+        "Redis Streams reads",
+        Backoff::new(Duration::from_secs(1), Duration::from_secs(1)),
+    );
     let mut claims = Claims {
         cursor: "0-0".to_owned(),
         last: None,
@@ -60,6 +67,7 @@ pub(super) async fn run(
         // returns is this consumer's, and is handled.
         match shared.fetch(&mut reader, &mut claims, permits.len()).await {
             Ok(batch) => {
+                reads.succeeded();
                 for (entry, delivered) in batch {
                     if !shared.take(&entry.id) {
                         continue;
@@ -74,8 +82,8 @@ pub(super) async fn run(
                 match commands::recreate_if_lost(&mut conn, &shared.stream, &shared.group, &e).await
                 {
                     Ok(true) => continue,
-                    Ok(false) => shared.read_failed(&e),
-                    Err(e) => shared.read_failed(&e),
+                    Ok(false) => shared.read_failed(&mut reads, &e),
+                    Err(e) => shared.read_failed(&mut reads, &e),
                 }
                 drop(permits);
                 if pause(&mut stop, Duration::from_secs(1)).await {
@@ -170,8 +178,12 @@ impl Shared {
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }
 
-    fn read_failed(&self, e: &dyn std::fmt::Display) {
+    /// Counts a failed read; logged once per change of state (`log`).
+    fn read_failed(&self, log: &mut FailureLog, e: &dyn std::fmt::Display) {
         self.stats.count(Counter::PullFailure);
-        tracing::warn!(stream = %self.stream, group = %self.group, error = %e, "reading the stream failed; reading again in 1 s");
+        log.failed(&format!(
+            "{e} (stream {}, group {})",
+            self.stream, self.group
+        ));
     }
 }

@@ -4,7 +4,6 @@
 use super::{
     KEYS_PROPERTY, MSG_ID_PROPERTY, ORDERING_KEY_PROPERTY, TAGS_PROPERTY, UNIQ_KEY_PROPERTY,
 };
-use crate::publisher::reserved;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::message::MessageQueue;
 use std::collections::BTreeMap;
@@ -266,6 +265,14 @@ pub(crate) fn field_text(body: &[u8], field: &str) -> Option<String> {
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
+}
+
+/// Whether a user header named `name` is dropped: idem's own names
+/// (`IDEM_…`, in any case) and RocketMQ's system properties.
+pub(crate) fn reserved(name: &str) -> bool {
+    name.get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case("IDEM_"))
+        || rocketmq_model::common::message::STRING_HASH_SET.contains(name)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! the broker answered `SEND_OK`.
 
 use super::error::{self, from_client};
-use super::message::field_text;
+use super::message::{field_text, reserved};
 use super::{MSG_ID_PROPERTY, ORDERING_KEY_PROPERTY, TOPIC_PROPERTY};
 use idem_core::Backend;
 use idem_core::outbox::forward::{self, Forward};
@@ -13,7 +13,6 @@ use rocketmq_client_rust::{
     ClientOptions, ClientRuntime, DefaultMQProducer, MessageQueueSelector,
     SelectMessageQueueByHash, SendResult, SendStatus,
 };
-use rocketmq_model::common::message::STRING_HASH_SET;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::message::MessageQueue;
 use serde::de::IgnoredAny;
@@ -241,14 +240,6 @@ impl Forward for Publisher {
         .await
         .map(|_| ())
     }
-}
-
-/// Whether a user header named `name` is dropped: idem's own names
-/// (`IDEM_…`, in any case) and RocketMQ's system properties.
-pub(crate) fn reserved(name: &str) -> bool {
-    name.get(..5)
-        .is_some_and(|p| p.eq_ignore_ascii_case("IDEM_"))
-        || STRING_HASH_SET.contains(name)
 }
 
 /// A message's properties: idem's own, then the user's but the

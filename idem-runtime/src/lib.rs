@@ -106,6 +106,11 @@
 //!   by hand or behind a tower layer, their `#[idempotent]` calls and
 //!   outbox messages in the request's transaction, and signed third-party
 //!   callbacks, for axum 0.8.
+//! - `opentelemetry`: W3C trace context in the outbox: [`outbox::enqueue`]
+//!   stores the current `tracing` span's OpenTelemetry context (through
+//!   `tracing-opentelemetry`) as `traceparent`/`tracestate` headers, and the
+//!   relay's `outbox_delivery` span and the RabbitMQ consumer's
+//!   `amqp_delivery` span continue it (see [`guide::operating`]).
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 //!
 //! ## Crates

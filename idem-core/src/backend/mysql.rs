@@ -103,7 +103,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
         },
         lock: Some(|ids| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, lease_owner \
+                "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, \
+                 TIMESTAMPDIFF(MICROSECOND, created_at, CURRENT_TIMESTAMP(6)) / 1e6, lease_owner \
                  FROM idem_outbox WHERE id IN ({ids}) AND status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) \
                  AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) \
                  ORDER BY next_attempt_at, id FOR UPDATE SKIP LOCKED"
@@ -119,7 +120,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     claim_recover: |ids| {
         format!(
-            "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers FROM idem_outbox \
+            "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, \
+             TIMESTAMPDIFF(MICROSECOND, created_at, CURRENT_TIMESTAMP(6)) / 1e6 FROM idem_outbox \
              WHERE lease_owner = ? AND status = 'pending' AND locked_until > UTC_TIMESTAMP(6) \
              AND id IN ({ids})"
         )

@@ -116,7 +116,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
                    /*order*/ \
                    ORDER BY next_attempt_at, id LIMIT ? OFFSET ? FOR UPDATE SKIP LOCKED) c \
                  WHERE o.id = c.id \
-                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, o.ordering_key, o.headers, c.prev"
+                 RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, o.ordering_key, o.headers, \
+                 EXTRACT(EPOCH FROM now() - o.created_at)::float8, c.prev"
             )
         },
         // A claim lost in a crash only means the message is claimed
@@ -127,7 +128,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     claim_recover: |ids| {
         format!(
-            "SELECT id, topic::text, msg_id::text, payload, attempts, ordering_key::text, headers \
+            "SELECT id, topic::text, msg_id::text, payload, attempts, ordering_key::text, headers, \
+             EXTRACT(EPOCH FROM now() - created_at)::float8 \
              FROM idem_outbox \
              WHERE lease_owner = ? AND status = 'pending' AND locked_until > now() AND id IN ({ids})"
         )

@@ -82,7 +82,7 @@ fn claim_sql_numbers_topics_after_owner_and_lease() {
     );
     assert!(pg.contains("RETURNING o.id"), "{pg}");
     assert!(
-        pg.ends_with("o.attempts, o.ordering_key, o.headers, c.prev"),
+        pg.ends_with("o.attempts, o.ordering_key, o.headers, EXTRACT(EPOCH FROM now() - o.created_at)::float8, c.prev"),
         "{pg}"
     );
     // No topics yet: one placeholder, so the statement still parses.

@@ -77,7 +77,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     claim: Claim::LockThenLease {
         render: |topics| {
             format!(
-                "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, lease_owner \
+                "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, \
+                 (julianday('now') - julianday(created_at)) * 86400.0, lease_owner \
                  FROM idem_outbox q \
                  WHERE status = 'pending' AND topic IN ({topics}) \
                  AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
@@ -97,7 +98,8 @@ pub(crate) const SQL: SqlSet = SqlSet {
     },
     claim_recover: |ids| {
         format!(
-            "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers FROM idem_outbox \
+            "SELECT id, topic, msg_id, payload, attempts, ordering_key, headers, \
+             (julianday('now') - julianday(created_at)) * 86400.0 FROM idem_outbox \
              WHERE lease_owner = ? AND status = 'pending' \
              AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now') AND id IN ({ids})"
         )

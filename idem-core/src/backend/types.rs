@@ -90,6 +90,20 @@ pub struct OutboxRow {
     /// The headers it was enqueued with (see
     /// [`EnqueueOptions::header`](crate::outbox::EnqueueOptions::header)).
     pub headers: crate::outbox::Headers,
+    /// How long it had been enqueued when it was claimed, by the
+    /// database's clock (see [`enqueued_ago`](Self::enqueued_ago)).
+    pub age: std::time::Duration,
+    /// When it was read back from its claim, by this process's clock.
+    pub(crate) claimed_at: std::time::Instant,
+}
+
+impl OutboxRow {
+    /// How long ago it was enqueued: its [`age`](Self::age) at the claim,
+    /// by the database's clock (no skew between the producer's host and
+    /// this one), plus the time since the claim.
+    pub fn enqueued_ago(&self) -> std::time::Duration {
+        self.age + self.claimed_at.elapsed()
+    }
 }
 
 /// A message to insert into the outbox (see

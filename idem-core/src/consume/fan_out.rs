@@ -69,6 +69,7 @@ pub fn fan_out<M: Send + 'static>(
             let last = subscribers.len().saturating_sub(1);
             for (k, s) in subscribers.iter().enumerate() {
                 let message = hand(&m, k == last && failed.is_none());
+                let started = tokio::time::Instant::now();
                 let result = match (s.handler)(message) {
                     Err(e) => Err(Error::Handler {
                         source: unparsable(&e).into(),
@@ -83,6 +84,7 @@ pub fn fan_out<M: Send + 'static>(
                         })
                     }),
                 };
+                crate::metrics::subscriber(&s.name, &result, started.elapsed());
                 match result {
                     Ok(ran) => executed |= ran,
                     Err(e) => {

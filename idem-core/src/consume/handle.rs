@@ -2,11 +2,13 @@
 
 use super::ConsumerStats;
 use crate::Error;
-use crate::task::TaskHandle;
+use crate::task::{TaskError, TaskHandle, TaskStatus};
 use std::any::Any;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A running consumer of `M`s: `amqp::ConsumerHandle` is the handle of an
 /// AMQP consumer (of `amqp::Message`s), `nats::ConsumerHandle` of a NATS
@@ -75,6 +77,82 @@ impl<M> ConsumerHandle<M> {
             Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
         }
     }
+
+    /// [`shutdown`](Self::shutdown), waiting at most `deadline`; then the
+    /// consumer's task is aborted. Nothing is lost by the abort: the
+    /// messages it had taken and not acknowledged go back to the broker
+    /// (AMQP: requeued when its channel closes; NATS: after their ack wait;
+    /// Kafka, RocketMQ, Redis Streams: their offsets or entries are not
+    /// committed), which delivers them again, and the `#[idempotent]`
+    /// handler acts once whatever the deliveries. (A handler already
+    /// running goes on in its own task to its end; its message is
+    /// delivered again all the same.)
+    ///
+    /// An `Err` if the consumer had stopped by itself: its channel or
+    /// connection failed ([`TaskError::Failed`]), or its task panicked.
+    pub async fn shutdown_within(
+        self,
+        deadline: Duration,
+    ) -> Result<ConsumerStopReport, TaskError> {
+        let started = Instant::now();
+        let stats = self.stats();
+        let ended = self.task.shutdown_within(deadline).await?;
+        let abandoned = match ended {
+            Some(Ok(())) => false,
+            Some(Err(e)) => return Err(TaskError::Failed(e)),
+            None => true,
+        };
+        Ok(ConsumerStopReport {
+            elapsed: started.elapsed(),
+            abandoned,
+            stats,
+        })
+    }
+
+    /// Stops the consumer gracefully (as [`shutdown`](Self::shutdown),
+    /// without waiting) once `signal` completes: a `CancellationToken`'s
+    /// `cancelled_owned()`, `tokio::signal::ctrl_c()`, a
+    /// `oneshot::Receiver`… (its output is ignored).
+    pub fn stop_on<S>(self, signal: S) -> Self
+    where
+        S: Future + Send + 'static,
+    {
+        self.task.stop_on(signal);
+        self
+    }
+
+    /// Asks the consumer to stop, without waiting.
+    pub fn stop(&self) {
+        self.task.stop();
+    }
+
+    /// Where the consumer stands: running, stopping, stopped, or how it
+    /// ended by itself (its channel or connection failed: failed, with the
+    /// error; panicked, with the message). For a readiness probe:
+    /// [`TaskStatus::is_running`].
+    pub fn status(&self) -> TaskStatus {
+        self.task.status()
+    }
+
+    /// Waits until the consumer's task has ended, without asking it to
+    /// stop.
+    pub async fn finished(&self) {
+        self.task.finished().await;
+    }
+}
+
+/// What a consumer's [`shutdown_within`](ConsumerHandle::shutdown_within)
+/// did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConsumerStopReport {
+    /// From the stop request to the consumer's end.
+    pub elapsed: Duration,
+    /// Whether the deadline passed and the consumer's task was aborted
+    /// (what it had not acknowledged is delivered again by the broker).
+    pub abandoned: bool,
+    /// Its counters, final.
+    pub stats: Arc<ConsumerStats>,
 }
 
 impl<M> fmt::Debug for ConsumerHandle<M> {

@@ -119,8 +119,10 @@ mod stats;
 
 pub use failure::{Failure, Next, Verdict};
 pub use fan_out::{Handling, Subscriber, add, fan_out};
-pub use handle::{ConsumerHandle, Running};
+pub use handle::{ConsumerHandle, ConsumerStopReport, Running};
 pub use outage::{OUTAGE_RETRY, through_outages};
+#[cfg(feature = "opentelemetry")]
+pub use run::continue_trace;
 pub use run::{Handler, Incoming, Inline, handler, inline, run, start, verdict};
 pub use settle::{Settle, settle};
 pub use stats::{ConsumerStats, Counter};

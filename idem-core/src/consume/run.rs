@@ -52,6 +52,11 @@ pub fn start<M>(
     message: M,
 ) -> Result<JoinHandle<Result<bool, Error>>, Failure> {
     match handler(message) {
+        // With OpenTelemetry, the handler's spans nest under the caller's
+        // (a relay's delivery), in the trace it continues.
+        #[cfg(feature = "opentelemetry")]
+        Ok(fut) => Ok(tokio::spawn(tracing::Instrument::in_current_span(fut))),
+        #[cfg(not(feature = "opentelemetry"))]
         Ok(fut) => Ok(tokio::spawn(fut)),
         Err(e) => Err(Failure::dead(unparsable(&e))),
     }
@@ -128,6 +133,26 @@ pub async fn run<M>(handler: &Handler<M>, message: M) -> Verdict {
         Ok(task) => verdict(task.await),
         Err(failure) => Err(failure),
     }
+}
+
+/// Makes `span`, the span an entry point runs one broker delivery in,
+/// continue the trace its message carries (the W3C `traceparent` and
+/// `tracestate` in `headers`, as the outbox publishers send them), and
+/// gives it OpenTelemetry's messaging attributes: `messaging.system`
+/// (`system`, as `"rabbitmq"`), `messaging.destination.name`
+/// (`destination`: the queue, subject, topic), `messaging.message.id` and
+/// `messaging.operation.type` = `process`. Call it before the span is
+/// first entered; without a valid `traceparent` the span keeps its parent.
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub fn continue_trace(
+    span: &tracing::Span,
+    headers: &crate::outbox::Headers,
+    system: &'static str,
+    destination: &str,
+    message_id: Option<&str>,
+) {
+    crate::otel::consumed(span, headers, system, destination, message_id);
 }
 
 pub(super) fn unparsable(e: &serde_json::Error) -> String {

@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of one consumer, since it started: the same for the AMQP, the
 /// NATS and the Kafka consumer, each counter counted by the consumers it
-/// names.
+/// names. Each one also counts in the `metrics` facade's
+/// `idem_consumer_<name>_total` (see [`crate::metrics`]).
 #[derive(Debug, Default)]
 #[non_exhaustive]
 pub struct ConsumerStats {
@@ -148,6 +149,7 @@ impl ConsumerStats {
             Counter::Reconnect => &self.reconnects,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::consumer(c.metric());
     }
 
     /// Counts an acknowledged delivery: `executed`, or a duplicate.
@@ -157,6 +159,7 @@ impl ConsumerStats {
             false => &self.duplicates,
         }
         .fetch_add(1, Ordering::Relaxed);
+        crate::metrics::consumer_acked(executed);
     }
 }
 
@@ -183,4 +186,22 @@ pub enum Counter {
     OutageWait,
     /// A connection dialled again after the consumer's died.
     Reconnect,
+}
+
+impl Counter {
+    /// Its name in the metrics.
+    fn metric(self) -> &'static str {
+        use crate::metrics::*;
+        match self {
+            Counter::Received => CONSUMER_RECEIVED,
+            Counter::Redelivered => CONSUMER_REDELIVERED,
+            Counter::Retried => CONSUMER_RETRIED,
+            Counter::DeadLettered => CONSUMER_DEAD_LETTERED,
+            Counter::ProgressAck => CONSUMER_PROGRESS_ACKS,
+            Counter::SettleFailed => CONSUMER_SETTLE_FAILED,
+            Counter::PullFailure => CONSUMER_PULL_FAILURES,
+            Counter::OutageWait => CONSUMER_OUTAGE_WAITS,
+            Counter::Reconnect => CONSUMER_RECONNECTS,
+        }
+    }
 }

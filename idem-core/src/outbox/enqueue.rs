@@ -1,7 +1,7 @@
 //! The producer's side: [`enqueue`] a message in the caller's transaction,
 //! idempotently.
 
-use super::options::EnqueueOptions;
+use super::options::{EnqueueOptions, check_text};
 use crate::Error;
 use crate::backend::{Backend, NewMessage, OutboxInsert};
 use sqlx::Transaction;
@@ -52,12 +52,6 @@ pub fn notify_on_enqueue(on: bool) {
 pub fn notify_on_enqueue_enabled() -> bool {
     NOTIFY.load(Ordering::Relaxed)
 }
-
-/// The longest `topic` and the longest `msg_id` [`enqueue`] accepts, in
-/// bytes of UTF-8: the `VARCHAR(128)` columns of PostgreSQL and MariaDB
-/// hold 128 characters, so every backend takes the same ids (SQLite's
-/// `TEXT` would take more).
-pub const MAX_ID_LEN: usize = 128;
 
 /// The longest payload [`enqueue`] accepts, in bytes of its JSON text: what
 /// MariaDB's `MEDIUMTEXT` column holds (16 MiB - 1), the same on every
@@ -120,7 +114,7 @@ impl Enqueued {
 /// usable (on PostgreSQL a unique violation would abort it). An insert of
 /// the same message by a concurrent, uncommitted transaction is waited for.
 ///
-/// `topic` and `msg_id` must be non-empty, at most [`MAX_ID_LEN`] bytes and
+/// `topic` and `msg_id` must be non-empty, at most [`MAX_ID_LEN`](super::MAX_ID_LEN) bytes and
 /// free of control characters, and the payload at most
 /// [`MAX_PAYLOAD_LEN`] bytes: checked before any SQL
 /// ([`Error::InvalidMessage`]), the same on every backend. The comparison
@@ -324,23 +318,6 @@ fn check_message(topic: &str, msg_id: &str) -> Result<(), Error> {
         .map_err(|reason| invalid(topic, msg_id, reason))
 }
 
-/// The check of an identifier `what` of a message (its topic, its id, its
-/// ordering key): 1 to [`MAX_ID_LEN`] bytes, no control characters.
-pub(super) fn check_text(what: &str, value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        Err(format!("the {what} is empty"))
-    } else if value.len() > MAX_ID_LEN {
-        Err(format!(
-            "the {what} is {} bytes long, at most {MAX_ID_LEN} are allowed",
-            value.len()
-        ))
-    } else if let Some(c) = value.chars().find(|c| c.is_control()) {
-        Err(format!("the {what} contains the control character {c:?}"))
-    } else {
-        Ok(())
-    }
-}
-
 fn invalid(topic: &str, msg_id: &str, reason: String) -> Error {
     Error::InvalidMessage {
         topic: shown(topic),
@@ -411,6 +388,7 @@ connection_in_transaction! {
 
 #[cfg(test)]
 mod tests {
+    use super::super::options::MAX_ID_LEN;
     use super::*;
 
     #[test]

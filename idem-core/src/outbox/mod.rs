@@ -54,7 +54,7 @@ pub use crate::backend::OutboxRow;
 pub use crate::lease::OutboxLease;
 pub use crate::status::Status;
 pub use enqueue::{
-    Enqueued, InTransaction, MAX_ID_LEN, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, enqueue_with,
+    Enqueued, InTransaction, MAX_PAYLOAD_LEN, NOTIFY_CHANNEL, enqueue, enqueue_with,
     notify_on_enqueue, notify_on_enqueue_enabled,
 };
 pub use notifier::{
@@ -63,9 +63,10 @@ pub use notifier::{
 pub(crate) use options::headers_of;
 pub use options::{
     EnqueueOptions, Headers, MAX_DELAY, MAX_HEADER_NAME_LEN, MAX_HEADERS, MAX_HEADERS_LEN,
+    MAX_ID_LEN,
 };
 pub use relay::forward;
 pub use relay::{
     Delivery, DrainReport, LISTENER_APP, OnDeadHead, Relay, RelayHandle, RelaySettings, RelayStats,
-    RelayStatsSnapshot, Settled, Settlement, TopicLimit,
+    RelayStatsSnapshot, Settled, Settlement, StopReport, TopicLimit,
 };

@@ -5,6 +5,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
+/// The longest `topic` and the longest `msg_id`
+/// [`enqueue`](super::enqueue) accepts, in bytes of UTF-8: the
+/// `VARCHAR(128)` columns of PostgreSQL and MariaDB hold 128 characters,
+/// so every backend takes the same ids (SQLite's `TEXT` would take more).
+pub const MAX_ID_LEN: usize = 128;
+
 /// A message's headers: names to values, both text. Handlers read them
 /// with [`Delivery::headers`](super::Delivery::headers); the broker
 /// publishers carry them as the broker's own headers (AMQP headers, NATS
@@ -61,7 +67,7 @@ impl EnqueueOptions {
     /// A failing head holds back its own key only, through its retries;
     /// once it is dead-lettered the rest of the key goes on, unless the
     /// relay says [`OnDeadHead::Hold`](super::OnDeadHead::Hold). At most
-    /// [`MAX_ID_LEN`](super::MAX_ID_LEN) bytes, no control characters.
+    /// [`MAX_ID_LEN`] bytes, no control characters.
     ///
     /// "Enqueue order" is commit order: enqueues of one key wait for each
     /// other's transactions (a lock on the key until the transaction
@@ -124,7 +130,7 @@ impl EnqueueOptions {
     /// them otherwise.
     pub(crate) fn check(&self) -> Result<(), String> {
         if let Some(key) = &self.ordering_key {
-            super::enqueue::check_text("ordering key", key)?;
+            check_text("ordering key", key)?;
         }
         if self.delay_now() > MAX_DELAY {
             return Err(format!(
@@ -164,7 +170,13 @@ impl EnqueueOptions {
     }
 
     /// The headers as stored: a JSON object, or `None` without headers.
+    /// With the feature `opentelemetry`, the current span's trace context
+    /// is added (`traceparent`, `tracestate`) unless the caller set one.
     pub(crate) fn headers_json(&self) -> Option<String> {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(traced) = crate::otel::with_current(&self.headers) {
+            return Some(serde_json::to_string(&traced).expect("strings serialize"));
+        }
         (!self.headers.is_empty())
             .then(|| serde_json::to_string(&self.headers).expect("strings serialize"))
     }
@@ -183,6 +195,24 @@ pub(crate) fn headers_of(id: i64, stored: Option<&str>) -> Headers {
             tracing::warn!(id, %error, "an outbox message's headers are not a JSON object of strings; delivered without them");
             Headers::new()
         }
+    }
+}
+
+/// The check of an identifier `what` of a message (its topic, its id, its
+/// ordering key): 1 to [`MAX_ID_LEN`] bytes, no control characters.
+pub(super) fn check_text(what: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        Err(format!("the {what} is empty"))
+    } else if value.len() > MAX_ID_LEN {
+        Err(format!(
+            "the {what} is {} bytes long, at most {} are allowed",
+            value.len(),
+            MAX_ID_LEN
+        ))
+    } else if let Some(c) = value.chars().find(|c| c.is_control()) {
+        Err(format!("the {what} contains the control character {c:?}"))
+    } else {
+        Ok(())
     }
 }
 

@@ -37,7 +37,8 @@ macro_rules! settle_query {
 }
 
 /// A row as read back: id, topic, msg_id, payload, attempts, ordering
-/// key, headers.
+/// key, headers, its age in seconds (the database's now minus its
+/// `created_at`).
 type RowTuple = (
     i64,
     String,
@@ -46,6 +47,7 @@ type RowTuple = (
     i32,
     Option<String>,
     Option<String>,
+    f64,
 );
 
 /// A claimed row and its lease owner before the claim.
@@ -57,6 +59,7 @@ type ClaimTuple = (
     i32,
     Option<String>,
     Option<String>,
+    f64,
     Option<String>,
 );
 
@@ -78,8 +81,13 @@ fn to_state((topic, status, lease_owner, attempts): StateRow) -> Result<OutboxSt
     })
 }
 
-fn to_row((id, topic, msg_id, payload, attempts, ordering_key, headers): RowTuple) -> OutboxRow {
+fn to_row(
+    (id, topic, msg_id, payload, attempts, ordering_key, headers, age): RowTuple,
+) -> OutboxRow {
     OutboxRow {
+        // A clock stepped back between the insert and the claim: no age.
+        age: std::time::Duration::try_from_secs_f64(age).unwrap_or_default(),
+        claimed_at: std::time::Instant::now(),
         headers: crate::outbox::headers_of(id, headers.as_deref()),
         id,
         topic,
@@ -92,11 +100,11 @@ fn to_row((id, topic, msg_id, payload, attempts, ordering_key, headers): RowTupl
 
 /// A claimed row's lease owner before the claim, and the row.
 fn split_claimed(
-    (id, topic, msg_id, payload, attempts, key, headers, prev): ClaimTuple,
+    (id, topic, msg_id, payload, attempts, key, headers, age, prev): ClaimTuple,
 ) -> (Option<String>, OutboxRow) {
     (
         prev,
-        to_row((id, topic, msg_id, payload, attempts, key, headers)),
+        to_row((id, topic, msg_id, payload, attempts, key, headers, age)),
     )
 }
 

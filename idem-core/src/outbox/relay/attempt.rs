@@ -69,6 +69,8 @@ impl<DB: Backend> Inner<DB> {
         let i = self;
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
+        #[cfg(feature = "opentelemetry")]
+        crate::otel::delivery(&span, &row);
         let Some(route) = i.routing.routes.get(&row.topic).cloned() else {
             // Not claimable: claims filter on the routed topics.
             return;
@@ -78,14 +80,22 @@ impl<DB: Backend> Inner<DB> {
             .backoff
             .jittered(u32::try_from(attempts).unwrap_or(0), id);
         let lease = OutboxLease::new(id, row.topic.clone(), &*owner, attempts)
-            .with_book(i.policy.max_attempts, delay.as_secs_f64());
+            .with_book(i.policy.max_attempts, delay.as_secs_f64())
+            .enqueued(row.enqueued_ago());
         let mut reruns = 0;
+        let started = tokio::time::Instant::now();
         let (takes, result) = loop {
             let takes = Arc::new(AtomicU32::new(0));
             let delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
             let result = match consume::inline(&route, delivery) {
                 Err(failure) => Err(failure),
-                Ok(handler) => self.heartbeat(&lease, handler, &span).await,
+                Ok(handler) => {
+                    // The handler's spans (its `idempotent` call) nest
+                    // under the delivery, in the trace it continues.
+                    #[cfg(feature = "opentelemetry")]
+                    let handler = tracing::Instrument::instrument(handler, span.clone());
+                    self.heartbeat(&lease, handler, &span).await
+                }
             };
             let takes = takes.load(Ordering::Relaxed);
             if result.as_ref().is_err_and(|f| f.conflict)
@@ -104,7 +114,9 @@ impl<DB: Backend> Inner<DB> {
             break (takes, result);
         };
         let result = one_call_per_delivery(takes, result);
-        self.settle(&lease, &owner, takes > 0, result, &span).await;
+        let ran = started.elapsed();
+        self.settle(&lease, &owner, takes > 0, result, ran, &span)
+            .await;
     }
 
     /// Whether the message `lease` holds is still pending under it: the
@@ -122,13 +134,15 @@ impl<DB: Backend> Inner<DB> {
     }
 
     /// The bookkeeping of one attempt of the message `lease` holds, whose
-    /// handler came to `result` (`marked`: it marked the message itself).
+    /// handler came to `result` (`marked`: it marked the message itself)
+    /// after running for `ran`.
     pub(super) async fn settle(
         &self,
         lease: &OutboxLease,
         owner: &str,
         marked: bool,
         result: Verdict,
+        ran: Duration,
         span: &tracing::Span,
     ) {
         if !marked {
@@ -141,7 +155,13 @@ impl<DB: Backend> Inner<DB> {
                 || serde_json::json!({ "ok": result.is_ok() }),
             );
         }
+        // A failure `book_outage` gives back uncounted: its retry is
+        // labelled `outage` in the metrics (also in the rare case where
+        // the message's own call had marked it and it is booked as any
+        // failure).
+        let outage = matches!(&result, Err(f) if f.outage && f.retryable && !f.commit_unknown);
         let settlement = self.book(lease, owner, marked, result, span).await;
+        crate::metrics::outbox_settled(lease, settlement, outage, ran);
         let i = self;
         tracing::debug!(parent: span, ?settlement, "outbox attempt settled");
         if let Some(hook) = &i.on_settled {
@@ -180,10 +200,10 @@ impl<DB: Backend> Inner<DB> {
             // held the row throughout (see `FailureBook`).
             Err(_) if let Some(dead) = lease.book.as_ref().and_then(|b| b.written()) => {
                 let counter = if dead {
-                    crate::metrics::outbox_dead_letter();
+                    crate::metrics::outbox_dead_letter(lease.topic());
                     &i.stats.dead_lettered
                 } else {
-                    crate::metrics::outbox_retry();
+                    crate::metrics::outbox_retry(lease.topic());
                     &i.stats.retried
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -269,11 +289,11 @@ impl<DB: Backend> Inner<DB> {
         if matches!(released, Ok(true)) {
             i.stats.outages.fetch_add(1, Ordering::Relaxed);
             i.stats.retried.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::outbox_retry();
+            crate::metrics::outbox_retry(lease.topic());
             tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed in an outage; not counted, will retry");
             return Some(Settlement::Retried);
         }
-        Some(self.failure_settled(released, false, &reason, delay, span))
+        Some(self.failure_settled(lease.topic(), released, false, &reason, delay, span))
     }
 
     /// A handler that ended well: counted, and the message marked `success`
@@ -420,12 +440,14 @@ impl<DB: Backend> Inner<DB> {
         if over_success && matches!(settled, Ok(true)) {
             tracing::warn!(parent: span, %reason, "the handler failed after its call marked the outbox message `success`; the success is undone so that the message runs again");
         }
-        self.failure_settled(settled, dead, &reason, delay, span)
+        self.failure_settled(lease.topic(), settled, dead, &reason, delay, span)
     }
 
-    /// What the relay's booking of a failed attempt came to.
+    /// What the relay's booking of a failed attempt of a message of
+    /// `topic` came to.
     fn failure_settled(
         &self,
+        topic: &str,
         settled: Result<bool, sqlx::Error>,
         dead: bool,
         reason: &str,
@@ -436,13 +458,13 @@ impl<DB: Backend> Inner<DB> {
         match settled {
             Ok(true) if dead => {
                 i.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::outbox_dead_letter();
+                crate::metrics::outbox_dead_letter(topic);
                 tracing::warn!(parent: span, %reason, "outbox message dead-lettered");
                 Settlement::DeadLettered
             }
             Ok(true) => {
                 i.stats.retried.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::outbox_retry();
+                crate::metrics::outbox_retry(topic);
                 tracing::info!(parent: span, %reason, retry_in = ?delay, "outbox attempt failed; will retry");
                 Settlement::Retried
             }

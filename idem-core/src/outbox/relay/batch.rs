@@ -65,6 +65,7 @@ use crate::error::Error;
 use crate::lease::OutboxLease;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 use tokio::task::JoinSet;
 
 /// The batch size in force (AIMD): halved when a batch meets contention,
@@ -230,6 +231,8 @@ struct Ran {
     /// the batch's transaction).
     marked: bool,
     result: Verdict,
+    /// How long its handler ran.
+    ran: Duration,
     span: tracing::Span,
 }
 
@@ -471,7 +474,7 @@ impl<DB: Backend> Inner<DB> {
                 }
                 shared.cache_markers.write().await;
                 for r in ran {
-                    self.settle(&r.lease, owner, r.marked, r.result, &r.span)
+                    self.settle(&r.lease, owner, r.marked, r.result, r.ran, &r.span)
                         .await;
                 }
                 self.deliver_each(rest, owner.clone()).await;
@@ -491,7 +494,7 @@ impl<DB: Backend> Inner<DB> {
                         }),
                         other => other,
                     };
-                    self.settle(&r.lease, owner, r.marked, result, &r.span)
+                    self.settle(&r.lease, owner, r.marked, result, r.ran, &r.span)
                         .await;
                 }
                 self.deliver_each(rest, owner.clone()).await;
@@ -696,6 +699,8 @@ impl<DB: Backend> Inner<DB> {
         let i = self;
         let (id, attempts) = (row.id, row.attempts);
         let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts, batch = true);
+        #[cfg(feature = "opentelemetry")]
+        crate::otel::delivery(&span, &row);
         // Not claimable otherwise: claims filter on the routed topics.
         let route = i.routing.routes.get(&row.topic).cloned()?;
         let takes = Arc::new(AtomicU32::new(0));
@@ -704,19 +709,28 @@ impl<DB: Backend> Inner<DB> {
             .backoff
             .jittered(u32::try_from(attempts).unwrap_or(0), id);
         let lease = OutboxLease::new(id, row.topic.clone(), &**owner, attempts)
-            .with_book(i.policy.max_attempts, delay.as_secs_f64());
+            .with_book(i.policy.max_attempts, delay.as_secs_f64())
+            .enqueued(row.enqueued_ago());
         let mut delivery = Delivery::new(i.pool.clone(), row.clone(), lease.clone(), takes.clone());
         delivery.batch = Some(shared.clone());
         // A panicking handler is a failed attempt: its task unwinds,
         // which rolls its call back to the savepoint and hands the batch's
         // transaction back.
-        let result = consume::run(&route, delivery).await;
+        let started = tokio::time::Instant::now();
+        let run = consume::run(&route, delivery);
+        // The handler's spans nest under the delivery (its task is started
+        // in the current span).
+        #[cfg(feature = "opentelemetry")]
+        let run = tracing::Instrument::instrument(run, span.clone());
+        let result = run.await;
+        let ran = started.elapsed();
         let takes = takes.load(Ordering::Relaxed);
         Some(Ran {
             row,
             lease,
             marked: takes > 0,
             result: one_call_per_delivery(takes, result),
+            ran,
             span,
         })
     }

@@ -99,6 +99,8 @@ impl<DB: Backend> Inner<DB> {
             unreleased: Default::default(),
             gates: Default::default(),
             limits: Default::default(),
+            in_flight: Default::default(),
+            schema_ok: AtomicBool::new(false),
         }
     }
 

@@ -61,6 +61,7 @@ mod delivery;
 pub mod forward;
 mod gate;
 mod handle;
+mod lifecycle;
 mod limit;
 mod progress;
 mod run;
@@ -70,6 +71,7 @@ mod wake;
 pub use builder::RelaySettings;
 pub use delivery::Delivery;
 pub use handle::{RelayHandle, RelayStats, RelayStatsSnapshot};
+pub use lifecycle::StopReport;
 pub use limit::TopicLimit;
 pub use progress::{Settled, Settlement};
 pub use run::DrainReport;
@@ -605,12 +607,120 @@ impl<DB: Backend> Relay<DB> {
         })
     }
 
-    /// Runs the relay as a tokio task until [`RelayHandle::shutdown`].
+    /// Runs the relay as a tokio task until [`RelayHandle::shutdown`] (or
+    /// [`shutdown_within`](RelayHandle::shutdown_within), a signal given to
+    /// [`RelayHandle::stop_on`], or the handle dropped).
+    ///
+    /// **The schema is checked first.** `spawn` is not async: before its
+    /// first claim the task checks that the database has idem's tables at
+    /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION) or later
+    /// ([`check_schema`](crate::check_schema)). On a database without them,
+    /// or with an older version, the relay claims nothing: it logs the
+    /// reason at error level and its task ends with that
+    /// [`Error::Config`] (naming the version found and the one expected,
+    /// and telling to run `idem migrate`), which
+    /// [`RelayHandle::status`] shows as
+    /// [`TaskStatus::Failed`](crate::task::TaskStatus::Failed) and
+    /// [`shutdown_within`](RelayHandle::shutdown_within) returns. A
+    /// database that cannot be reached yet is waited for (backing off,
+    /// logged once). So migrate before spawning.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use idem_runtime::{outbox::Relay, task::{TaskError, TaskStatus}, Outcome};
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// // Not migrated: the relay refuses to run.
+    /// let relay = Relay::new(pool)
+    ///     .route("mail.send", |_d, _m: serde_json::Value| async { Ok(Outcome::Executed(())) })
+    ///     .spawn();
+    /// relay.finished().await;
+    /// assert!(matches!(relay.status(), TaskStatus::Failed(ref e) if e.contains("idem migrate")));
+    /// let refused = relay.shutdown_within(std::time::Duration::from_secs(1)).await;
+    /// assert!(matches!(refused, Err(TaskError::Failed(idem_runtime::Error::Config { .. }))));
+    /// # }
+    /// ```
     pub fn spawn(self) -> RelayHandle {
+        let inner = self.inner.clone();
         RelayHandle {
-            task: TaskHandle::spawn(|stop| self.inner.clone().run(stop)),
+            task: TaskHandle::spawn(|stop| inner.run(stop)),
             relay: self.inner.stats_owner(),
         }
+    }
+
+    /// [`spawn`](Relay::spawn), stopping gracefully (claiming nothing more,
+    /// finishing what is in flight) once `signal` completes: a
+    /// `CancellationToken`'s `cancelled_owned()`, `tokio::signal::ctrl_c()`,
+    /// a `oneshot::Receiver`… (its output is ignored). The handle says
+    /// when it has stopped ([`RelayHandle::status`],
+    /// [`finished`](RelayHandle::finished)); a
+    /// [`shutdown_within`](RelayHandle::shutdown_within) then returns its
+    /// report, or bounds the wait.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # idem_runtime::migrate(&pool).await?;
+    /// use idem_runtime::{outbox::Relay, task::TaskStatus, Outcome};
+    /// use std::time::Duration;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let token = CancellationToken::new();
+    /// let relay = Relay::new(pool)
+    ///     .route("mail.send", |_d, _m: serde_json::Value| async { Ok(Outcome::Executed(())) })
+    ///     .spawn_until(token.clone().cancelled_owned());
+    /// assert!(relay.status().is_running());
+    /// token.cancel(); // SIGTERM, say
+    /// relay.finished().await;
+    /// assert_eq!(relay.status(), TaskStatus::Stopped);
+    /// let report = relay.shutdown_within(Duration::from_secs(5)).await?;
+    /// assert!(report.abandoned.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn_until<S>(self, signal: S) -> RelayHandle
+    where
+        S: Future + Send + 'static,
+    {
+        self.spawn().stop_on(signal)
+    }
+
+    /// Runs the relay (as [`spawn`](Relay::spawn) does) until `signal`
+    /// completes or the relay ends by itself (a refused schema, a panic),
+    /// then stops it within `deadline` (see
+    /// [`RelayHandle::shutdown_within`]) and returns its report: the body
+    /// of a worker process's `main`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # idem_runtime::migrate(&pool).await?;
+    /// use idem_runtime::{outbox::Relay, Outcome};
+    /// use std::time::Duration;
+    ///
+    /// let relay = Relay::new(pool)
+    ///     .route("mail.send", |_d, _m: serde_json::Value| async { Ok(Outcome::Executed(())) });
+    /// # let ctrl_c = tokio::time::sleep(Duration::from_millis(50));
+    /// // let ctrl_c = tokio::signal::ctrl_c();
+    /// let report = relay.run_until(ctrl_c, Duration::from_secs(30)).await?;
+    /// println!("stopped in {:?}, {} abandoned", report.elapsed, report.abandoned.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_until<S>(
+        self,
+        signal: S,
+        deadline: Duration,
+    ) -> Result<StopReport, crate::task::TaskError>
+    where
+        S: Future,
+    {
+        let handle = self.spawn();
+        tokio::select! {
+            _ = signal => {}
+            _ = handle.finished() => {}
+        }
+        handle.shutdown_within(deadline).await
     }
 }
 
@@ -648,6 +758,12 @@ struct Inner<DB: Backend> {
     gates: gate::Gates,
     /// See [`Relay::topic_limit`].
     limits: limit::Limits,
+    /// The messages claimed and not yet settled (see
+    /// [`RelayHandle::shutdown_within`]).
+    in_flight: lifecycle::InFlight,
+    /// Whether the database's schema was found at the version needed
+    /// (checked before the first claim).
+    schema_ok: AtomicBool,
 }
 
 /// The topics and their handlers.

@@ -3,9 +3,11 @@
 //! claimed to its one dispatch point.
 
 use super::claim::{Batch, CONFLICT_RETRIES, Round};
+use super::lifecycle::claim_health;
 use super::{Inner, RelayStatsSnapshot, wake};
 use crate::Error;
 use crate::backend::{Backend, OutboxRow};
+use crate::backoff::FailureLog;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +34,7 @@ pub struct DrainReport {
 impl<DB: Backend> Inner<DB> {
     /// See [`Relay::run_once`](super::Relay::run_once).
     pub(super) async fn run_once(self: &Arc<Self>) -> Result<usize, Error> {
+        self.schema_checked().await?;
         if !self.release_kept().await {
             // The database is not back yet: claim nothing this round.
             return Ok(0);
@@ -54,8 +57,12 @@ impl<DB: Backend> Inner<DB> {
     }
 
     /// The spawned relay's loop (see [`Relay::spawn`](super::Relay::spawn)), until `stop`.
-    pub(super) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    /// Ends with an error only when the database's schema is refused.
+    pub(super) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) -> Result<(), Error> {
         self.warn_short_lease();
+        if !self.schema_ready(&mut stop).await? {
+            return Ok(());
+        }
         // Woken by the listener (push wake-up); a wake-up while the relay
         // is busy is kept as Notify's one permit.
         let wake = Arc::new(Notify::new());
@@ -72,6 +79,7 @@ impl<DB: Backend> Inner<DB> {
         // of the time claiming only free slots, 71% with half the slots
         // ahead, 86% with all.
         let waiting = Arc::new(AtomicUsize::new(0));
+        let mut health = claim_health(self.policy.poll_interval);
         while !*stop.borrow() {
             while tasks.try_join_next().is_some() {}
             let backlog = self.claiming.backlog.load(Ordering::Relaxed);
@@ -108,19 +116,15 @@ impl<DB: Backend> Inner<DB> {
                 continue;
             }
             let Some(batch) = self
-                .claim_or_recover(room, &mut tasks, &permits, &waiting)
+                .claim_or_recover(room, &mut tasks, &permits, &waiting, &mut health)
                 .await
             else {
                 continue;
             };
             if batch.is_empty() {
-                let idle = self.idle_wait().await;
-                tokio::select! {
-                    _ = tokio::time::sleep(idle) => {}
-                    _ = wake.notified() => {}
-                    _ = self.waking.kick.notified() => {}
-                    // A dropped handle stops the relay like a shutdown.
-                    changed = stop.changed() => if changed.is_err() { break },
+                let backoff = health.backoff();
+                if self.idle(&wake, &mut stop, backoff).await {
+                    break;
                 }
                 continue;
             }
@@ -133,14 +137,11 @@ impl<DB: Backend> Inner<DB> {
             // notification that arrived during the claim is Notify's
             // stored permit: it wakes this wait at once. (A claim at a
             // spread offset that took fewer saw only the due set's end.)
-            if listener.is_some() && self.claiming.emptied.load(Ordering::Relaxed) {
-                let idle = self.idle_wait().await;
-                tokio::select! {
-                    _ = tokio::time::sleep(idle) => {}
-                    _ = wake.notified() => {}
-                    _ = self.waking.kick.notified() => {}
-                    changed = stop.changed() => if changed.is_err() { break },
-                }
+            if listener.is_some()
+                && self.claiming.emptied.load(Ordering::Relaxed)
+                && self.idle(&wake, &mut stop, None).await
+            {
+                break;
             }
         }
         // Graceful shutdown: claim nothing more, finish what is in flight,
@@ -150,6 +151,33 @@ impl<DB: Backend> Inner<DB> {
         // The listener saw the same stop signal.
         if let Some(listener) = listener {
             let _ = listener.await;
+        }
+        Ok(())
+    }
+
+    /// Waits before the next claim: `backoff` while claims fail (no
+    /// wake-up shortens it), otherwise until the idle wait is over (see
+    /// [`idle_wait`](Self::idle_wait)), a notification, or a kick. `true`:
+    /// the handle is gone (a dropped handle stops the relay like a
+    /// shutdown).
+    async fn idle(
+        &self,
+        wake: &Notify,
+        stop: &mut watch::Receiver<bool>,
+        backoff: Option<Duration>,
+    ) -> bool {
+        if let Some(backoff) = backoff {
+            return tokio::select! {
+                _ = tokio::time::sleep(backoff) => false,
+                changed = stop.changed() => changed.is_err(),
+            };
+        }
+        let idle = self.idle_wait().await;
+        tokio::select! {
+            _ = tokio::time::sleep(idle) => false,
+            _ = wake.notified() => false,
+            _ = self.waking.kick.notified() => false,
+            changed = stop.changed() => changed.is_err(),
         }
     }
 
@@ -229,7 +257,7 @@ impl<DB: Backend> Inner<DB> {
     }
 
     /// One claim of up to `room` messages: what it took (empty when it
-    /// failed, to claim again after the poll interval), or `None` when its
+    /// failed, to claim again after `health`'s back-off), or `None` when its
     /// outcome is unknown and its rows are read back in a task of `tasks`
     /// (what is read back waits for its slots as a claimed message does).
     async fn claim_or_recover(
@@ -238,8 +266,13 @@ impl<DB: Backend> Inner<DB> {
         tasks: &mut JoinSet<()>,
         permits: &Arc<Semaphore>,
         waiting: &Arc<AtomicUsize>,
+        health: &mut FailureLog,
     ) -> Option<Vec<(OutboxRow, Arc<str>)>> {
-        match self.claim_round(room as i64).await {
+        let round = self.claim_round(room as i64).await;
+        if round.is_ok() {
+            health.succeeded();
+        }
+        match round {
             Ok(Round::Claimed(b)) => {
                 Some(b.rows.into_iter().map(|r| (r, b.owner.clone())).collect())
             }
@@ -271,7 +304,9 @@ impl<DB: Backend> Inner<DB> {
                 Some(Vec::new())
             }
             Err(e) => {
-                tracing::warn!(error = %format_args!("{e:#}"), "outbox claim failed; retrying after the poll interval");
+                // Logged once per change (failing, succeeding again), and
+                // backed off (see `claim_health`).
+                health.failed(&e);
                 Some(Vec::new())
             }
         }
@@ -299,6 +334,7 @@ impl<DB: Backend> Inner<DB> {
             // A slot per message, as below.
             let slots = u32::try_from(rows.len()).unwrap_or(u32::MAX);
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            self.in_flight.claimed(ids.iter().copied());
             let me = self.clone();
             let permits = permits.clone();
             waiting.fetch_add(rows.len(), Ordering::Relaxed);
@@ -310,6 +346,7 @@ impl<DB: Backend> Inner<DB> {
                 waiting.fetch_sub(ids.len(), Ordering::Relaxed);
                 let ordered = rows.iter().any(|r| r.ordering_key.is_some());
                 me.deliver_batches(rows, owner).await;
+                me.in_flight.settled(&ids);
                 drop(reserved);
                 if ordered {
                     me.waking.kick.notify_one();
@@ -358,6 +395,8 @@ impl<DB: Backend> Inner<DB> {
         permits: &Arc<Semaphore>,
         waiting: &Arc<AtomicUsize>,
     ) {
+        let id = row.id;
+        self.in_flight.claimed([id]);
         let held = self.limits.hold(&row.topic);
         if held.is_none() {
             waiting.fetch_add(1, Ordering::Relaxed);
@@ -385,6 +424,7 @@ impl<DB: Backend> Inner<DB> {
             // The key's next message, or the topic's next start, is due.
             let kick = row.ordering_key.is_some() || held.is_some();
             me.deliver(row, owner).await;
+            me.in_flight.settled(&[id]);
             drop(permit);
             drop(held);
             if kick {

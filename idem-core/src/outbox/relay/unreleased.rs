@@ -121,7 +121,7 @@ impl<DB: Backend> Inner<DB> {
                 Ok(true) => {
                     self.stats.outages.fetch_add(1, Ordering::Relaxed);
                     self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                    crate::metrics::outbox_retry();
+                    crate::metrics::outbox_retry(r.lease.topic());
                     tracing::info!(
                         id,
                         attempts,
@@ -164,7 +164,7 @@ impl<DB: Backend> Inner<DB> {
                     row.attempts -= 1;
                     self.stats.outages.fetch_add(1, Ordering::Relaxed);
                     self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                    crate::metrics::outbox_retry();
+                    crate::metrics::outbox_retry(&row.topic);
                     tracing::info!(
                         id,
                         attempts = row.attempts,
