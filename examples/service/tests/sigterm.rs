@@ -108,6 +108,42 @@ fn database() -> (PathBuf, String) {
     (dir, url)
 }
 
+/// Each order twice under its key (the retry replayed), five of them again
+/// under new keys (answered by the record), then the probes.
+async fn requests(http: &reqwest::Client, base: &str) {
+    for n in 0..ORDERS {
+        let key = format!("order-{n}");
+        let first = order(http, base, &key, n).await;
+        assert_eq!(first, (201, "order placed".to_owned()), "order {n}");
+        // The client's retry: the stored answer, not a second order.
+        assert_eq!(
+            order(http, base, &key, n).await,
+            first,
+            "replay of order {n}"
+        );
+    }
+    // The same orders under new keys: the record answers, no second order.
+    for n in 0..5 {
+        let again = order(http, base, &format!("other-{n}"), n).await;
+        assert_eq!(again, (200, "order already placed".to_owned()));
+    }
+    let health = http
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status().as_u16(), 200);
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    assert!(metrics.contains("# HELP"), "described metrics:\n{metrics}");
+}
+
 #[tokio::test]
 async fn sigterm_drains_the_service_and_it_exits_0_having_acted_once() {
     let (dir, url) = database();
@@ -116,37 +152,7 @@ async fn sigterm_drains_the_service_and_it_exits_0_having_acted_once() {
     // second or two of them even on a loaded machine).
     let mut service = Service::start(&url, 1000);
     let http = reqwest::Client::new();
-    for n in 0..ORDERS {
-        let key = format!("order-{n}");
-        let first = order(&http, &service.base, &key, n).await;
-        assert_eq!(first, (201, "order placed".to_owned()), "order {n}");
-        // The client's retry: the stored answer, not a second order.
-        assert_eq!(
-            order(&http, &service.base, &key, n).await,
-            first,
-            "replay of order {n}"
-        );
-    }
-    // The same orders under new keys: the record answers, no second order.
-    for n in 0..5 {
-        let again = order(&http, &service.base, &format!("other-{n}"), n).await;
-        assert_eq!(again, (200, "order already placed".to_owned()));
-    }
-    let health = http
-        .get(format!("{}/healthz", service.base))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(health.status().as_u16(), 200);
-    let metrics = http
-        .get(format!("{}/metrics", service.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    assert!(metrics.contains("# HELP"), "described metrics:\n{metrics}");
+    requests(&http, &service.base).await;
 
     let pool = sqlx::SqlitePool::connect(&url)
         .await
