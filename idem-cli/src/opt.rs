@@ -123,6 +123,11 @@ pub(crate) struct ServeArgs {
     /// although the proxy replaced Host (nginx's default), and its host is answered.
     #[arg(long = "public-origin", value_name = "ORIGIN")]
     pub(crate) public_origins: Vec<String>,
+    /// How the console logs, on stderr, filtered by RUST_LOG (default: info): text, or json
+    /// (one object per line, for a log collector). Each requeue is logged with what it asked
+    /// for and how many messages it requeued.
+    #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -213,6 +218,15 @@ pub(crate) enum RecordCommand {
         #[arg(long)]
         biz_type: Option<String>,
     },
+}
+
+/// `idem serve --log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Lines for a person.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -14,6 +14,8 @@ const TOKEN: &str = "cli-serve-token-0123456789";
 struct Server {
     child: Child,
     base: String,
+    /// Its stderr after the line naming its address.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Server {
@@ -42,7 +44,13 @@ fn serve_with(url: &str, token: Option<&str>, more: &[&str]) -> (Server, String)
     }
     let mut child = cmd.spawn().expect("start idem serve");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("a line").expect("utf-8");
+    // The line naming the address: after any log line the start wrote
+    // (a slow statement's warning on a loaded machine).
+    let first = lines
+        .by_ref()
+        .map(|l| l.expect("utf-8"))
+        .find(|l| l.contains("http://"))
+        .expect("a line naming the address");
     let base = first
         .split("http://")
         .nth(1)
@@ -50,8 +58,14 @@ fn serve_with(url: &str, token: Option<&str>, more: &[&str]) -> (Server, String)
         .map(|hostport| format!("http://{hostport}"))
         .unwrap_or_else(|| panic!("no address in {first:?}"));
     // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (Server { child, base }, first)
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            kept.lock().unwrap().push(line);
+        }
+    });
+    (Server { child, base, log }, first)
 }
 
 fn http() -> reqwest::Client {
@@ -147,6 +161,38 @@ async fn serve_runs_the_console_and_stops_on_sigterm() {
         }
         let status = status.expect("idem serve stops within 5 s of SIGTERM");
         assert!(status.success(), "{d:?}: {status:?}");
+    }
+}
+
+/// `--log-format json`: each requeue is a JSON line on stderr, with what
+/// it asked for and how many it requeued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_logs_each_requeue_as_a_json_line() {
+    for (url, pool) in databases().await {
+        let d = dialect(&pool);
+        let topic = format!("cli-serve-log-{}", ids(1));
+        let dead = insert_message(&pool, &topic, "m1", "{}", "failed", 4, Some("boom")).await;
+        let (rw, _) = serve_with(&url, Some(TOKEN), &["--log-format", "json"]);
+        assert_eq!(requeue_by_bearer(&rw.base, dead).await, 200, "{d:?}");
+        assert_eq!(rows_of(&pool, &topic).await[0].1, "pending", "{d:?}");
+        let mut event = None;
+        for _ in 0..100 {
+            event = rw
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v["fields"]["message"] == "idem console: requeue");
+            if event.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let event = event.unwrap_or_else(|| panic!("{d:?}: no requeue event in {:?}", rw.log));
+        assert_eq!(event["level"], "INFO", "{d:?}: {event}");
+        assert_eq!(event["fields"]["requeued"], 1, "{d:?}: {event}");
+        assert_eq!(event["fields"]["max_id"], dead, "{d:?}: {event}");
     }
 }
 

@@ -1,12 +1,13 @@
 //! `idem serve`: the web console of [`idem_console`], on its own.
 
 use crate::Fail;
-use crate::opt::ServeArgs;
+use crate::opt::{LogFormat, ServeArgs};
 use idem_console::Console;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use sqlx::AnyPool;
 
 pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
+    init_logging(args.log_format);
     // The console's own counters (requeues, refused writes) land here; the
     // outbox gauges are read from the database.
     let prometheus = PrometheusBuilder::new()
@@ -85,6 +86,22 @@ pub(crate) async fn run(pool: &AnyPool, args: ServeArgs) -> Result<(), Fail> {
         })?;
     eprintln!("idem: console stopped");
     Ok(())
+}
+
+/// The console's events (its requeues, refused sign-ins, the runtime's
+/// warnings) on stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    // A subscriber set already (a test harness): keep it.
+    let _ = match format {
+        LogFormat::Text => fmt.try_init(),
+        LogFormat::Json => fmt.json().try_init(),
+    };
 }
 
 /// Ctrl-C or SIGTERM.
