@@ -199,6 +199,8 @@ impl Shared {
             stream_sequence = meta.stream_sequence,
             delivered = meta.delivered,
         );
+        #[cfg(feature = "opentelemetry")]
+        continue_trace(&span, &m, &self.stream, message_id.as_deref());
         async move {
             let verdict = match message_id {
                 None => Err(Failure::unkeyed("Nats-Msg-Id header")),
@@ -360,4 +362,17 @@ impl Settle for Settling<'_> {
     async fn dead_letter(&self, reason: &str) {
         self.shared.dead_letter(self.m, reason, self.meta).await;
     }
+}
+
+/// The delivery's span continues the trace of its `traceparent` header.
+#[cfg(feature = "opentelemetry")]
+fn continue_trace(span: &tracing::Span, m: &JsMessage, stream: &str, message_id: Option<&str>) {
+    let headers = ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|name| {
+            let value = m.headers.as_ref()?.get(name)?;
+            Some((name.to_owned(), value.as_str().to_owned()))
+        })
+        .collect();
+    consume::continue_trace(span, &headers, "nats", stream, message_id);
 }

@@ -47,6 +47,17 @@ impl Shared {
             msg_id = msg_id.as_deref().unwrap_or(""),
             delivered,
         );
+        #[cfg(feature = "opentelemetry")]
+        {
+            let headers = ["traceparent", "tracestate"]
+                .into_iter()
+                .filter_map(|name| {
+                    let value = entry.text(&format!("{}{name}", super::HEADER_FIELD_PREFIX))?;
+                    Some((name.to_owned(), value))
+                })
+                .collect();
+            consume::continue_trace(&span, &headers, "redis", &self.stream, msg_id.as_deref());
+        }
         self.tries(&entry, msg_id, delivered, ending)
             .instrument(span)
             .await;

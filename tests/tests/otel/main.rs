@@ -4,7 +4,8 @@
 //! that trace. The spans are exported to memory by an OpenTelemetry SDK
 //! tracer behind `tracing-opentelemetry`, installed once for the binary
 //! (the relay runs its deliveries in tasks of its own). Through RabbitMQ
-//! to a consumer: `amqp.rs`.
+//! to a consumer: `amqp.rs`; through NATS JetStream: `nats.rs`; through Redis Streams:
+//! `redis_streams.rs`.
 
 #[macro_use]
 #[path = "../common"]
@@ -15,11 +16,15 @@ mod common {
     pub(crate) mod brokers;
     pub(crate) mod coupons;
     pub(crate) mod hooks;
+    pub(crate) mod nats;
+    pub(crate) mod redis_streams;
     #[macro_use]
     pub(crate) mod relay;
 }
 
 mod amqp;
+mod nats;
+mod redis_streams;
 
 use crate::common::hooks;
 use crate::common::relay::*;
