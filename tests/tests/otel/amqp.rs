@@ -3,13 +3,10 @@
 //! header), and consumed: the relay's `outbox_delivery` and the consumer's
 //! `amqp_delivery` spans are in the enqueuing span's trace.
 
-use super::{attribute, exported, exporter};
+use super::{continued, enqueue_in_span, exported, exporter};
 use crate::common::amqp::*;
 use crate::common::hooks;
-use idem_runtime::outbox::{Relay, enqueue};
-use opentelemetry::trace::TraceContextExt as _;
-use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use idem_runtime::outbox::Relay;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_from_the_request_through_rabbitmq_to_the_consumer() {
@@ -20,18 +17,7 @@ async fn one_trace_from_the_request_through_rabbitmq_to_the_consumer() {
     };
     let (t, exchange, topic) = topology(&conn, "otel").await;
     let msg_id = format!("o-{}", ids(1));
-    let (trace_id, span_id) = async {
-        let mut tx = pool.begin().await.expect("begin");
-        enqueue(&mut tx, &topic, &msg_id, &serde_json::json!({ "n": 1 }))
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-        let cx = tracing::Span::current().context();
-        let sc = cx.span().span_context().clone();
-        (sc.trace_id(), sc.span_id())
-    }
-    .instrument(tracing::info_span!("http_request"))
-    .await;
+    let enqueued = enqueue_in_span(&pool, &topic, &msg_id, serde_json::json!({ "n": 1 })).await;
 
     let relay = Relay::new(pool.clone())
         .route(
@@ -62,21 +48,10 @@ async fn one_trace_from_the_request_through_rabbitmq_to_the_consumer() {
     .await;
 
     let published = exported("outbox_delivery", &msg_id).await;
-    assert_eq!(published.span_context.trace_id(), trace_id);
-    assert_eq!(published.parent_span_id, span_id);
+    assert_eq!(published.span_context.trace_id(), enqueued.0);
+    assert_eq!(published.parent_span_id, enqueued.1);
     let consumed = exported("amqp_delivery", &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    assert_eq!(consumed.span_context.trace_id(), trace_id, "one trace");
-    // The message carries the enqueuing span's context.
-    assert_eq!(consumed.parent_span_id, span_id);
-    assert!(consumed.parent_span_is_remote);
-    assert_eq!(
-        attribute(&consumed, "messaging.system").as_deref(),
-        Some("rabbitmq")
-    );
-    assert_eq!(
-        attribute(&consumed, "messaging.destination.name"),
-        Some(t.queue.clone())
-    );
+    continued(&consumed, enqueued, "rabbitmq", &t.queue);
     teardown(&conn, &t).await;
 }

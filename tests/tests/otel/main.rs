@@ -79,6 +79,55 @@ fn attribute(span: &SpanData, key: &str) -> Option<String> {
         .map(|kv| kv.value.as_str().into_owned())
 }
 
+/// Enqueues message `msg_id` of `topic` inside a span `http_request`;
+/// that span's trace and span ids.
+async fn enqueue_in_span<DB: idem_runtime::Backend>(
+    pool: &sqlx::Pool<DB>,
+    topic: &str,
+    msg_id: &str,
+    payload: serde_json::Value,
+) -> (opentelemetry::trace::TraceId, opentelemetry::trace::SpanId) {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing::Instrument as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    async {
+        let mut tx = <DB as idem_runtime::Backend>::begin(pool)
+            .await
+            .expect("begin");
+        idem_runtime::outbox::enqueue(&mut tx, topic, msg_id, &payload)
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let cx = tracing::Span::current().context();
+        let sc = cx.span().span_context().clone();
+        (sc.trace_id(), sc.span_id())
+    }
+    .instrument(tracing::info_span!("http_request"))
+    .await
+}
+
+/// Asserts that a consumer's span continued the trace of the enqueuing
+/// span `(trace_id, span_id)`, the message carrying that span's context,
+/// with the messaging attributes of `system` and `destination`.
+fn continued(
+    consumed: &SpanData,
+    (trace_id, span_id): (opentelemetry::trace::TraceId, opentelemetry::trace::SpanId),
+    system: &str,
+    destination: &str,
+) {
+    assert_eq!(consumed.span_context.trace_id(), trace_id, "one trace");
+    assert_eq!(consumed.parent_span_id, span_id);
+    assert!(consumed.parent_span_is_remote);
+    assert_eq!(
+        attribute(consumed, "messaging.system").as_deref(),
+        Some(system)
+    );
+    assert_eq!(
+        attribute(consumed, "messaging.destination.name").as_deref(),
+        Some(destination)
+    );
+}
+
 /// Asserts that the handler's `#[idempotent]` call ran in a span under
 /// `delivery`, in its trace.
 fn call_under(delivery: &SpanData) {

@@ -3,13 +3,10 @@
 //! `traceparent` header), and consumed: the consumer's `nats_delivery` span
 //! is in the enqueuing span's trace.
 
-use super::{attribute, exported, exporter};
+use super::{continued, enqueue_in_span, exported, exporter};
 use crate::common::hooks;
 use crate::common::nats::*;
-use idem_runtime::outbox::{Relay, enqueue};
-use opentelemetry::trace::TraceContextExt as _;
-use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use idem_runtime::outbox::Relay;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_from_the_request_through_jetstream_to_the_consumer() {
@@ -21,18 +18,7 @@ async fn one_trace_from_the_request_through_jetstream_to_the_consumer() {
     let t = topology(&js, "otel", |t| t).await;
     let topic = t.subjects[0].clone();
     let msg_id = format!("o-{}", ids(1));
-    let (trace_id, span_id) = async {
-        let mut tx = pool.begin().await.expect("begin");
-        enqueue(&mut tx, &topic, &msg_id, &serde_json::json!({ "item": 1 }))
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-        let cx = tracing::Span::current().context();
-        let sc = cx.span().span_context().clone();
-        (sc.trace_id(), sc.span_id())
-    }
-    .instrument(tracing::info_span!("http_request"))
-    .await;
+    let enqueued = enqueue_in_span(&pool, &topic, &msg_id, serde_json::json!({ "item": 1 })).await;
 
     let publisher = Publisher::new(js.clone()).expected_stream(&t.stream);
     let relay = Relay::new(pool.clone())
@@ -63,17 +49,6 @@ async fn one_trace_from_the_request_through_jetstream_to_the_consumer() {
 
     let consumed = exported("nats_delivery", &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    assert_eq!(consumed.span_context.trace_id(), trace_id, "one trace");
-    // The message carries the enqueuing span's context.
-    assert_eq!(consumed.parent_span_id, span_id);
-    assert!(consumed.parent_span_is_remote);
-    assert_eq!(
-        attribute(&consumed, "messaging.system").as_deref(),
-        Some("nats")
-    );
-    assert_eq!(
-        attribute(&consumed, "messaging.destination.name"),
-        Some(t.stream.clone())
-    );
+    continued(&consumed, enqueued, "nats", &t.stream);
     teardown(&js, &t).await;
 }

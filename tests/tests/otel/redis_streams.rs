@@ -3,15 +3,12 @@
 //! `traceparent` header as the field `h.traceparent`), and consumed: the
 //! consumer's `redis_stream_entry` span is in the enqueuing span's trace.
 
-use super::{attribute, exported, exporter};
+use super::{continued, enqueue_in_span, exported, exporter};
 use crate::common::hooks;
 use crate::common::redis_streams::*;
-use idem_runtime::outbox::{Relay, enqueue};
-use opentelemetry::trace::TraceContextExt as _;
+use idem_runtime::outbox::Relay;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_from_the_request_through_a_stream_to_the_consumer() {
@@ -25,18 +22,7 @@ async fn one_trace_from_the_request_through_a_stream_to_the_consumer() {
     };
     let topic = unique("idem_rs_otel");
     let msg_id = format!("o-{}", ids(1));
-    let (trace_id, span_id) = async {
-        let mut tx = pool.begin().await.expect("begin");
-        enqueue(&mut tx, &topic, &msg_id, &serde_json::json!({ "n": 1 }))
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-        let cx = tracing::Span::current().context();
-        let sc = cx.span().span_context().clone();
-        (sc.trace_id(), sc.span_id())
-    }
-    .instrument(tracing::info_span!("http_request"))
-    .await;
+    let enqueued = enqueue_in_span(&pool, &topic, &msg_id, serde_json::json!({ "n": 1 })).await;
 
     let relay = Relay::new(pool.clone())
         .route(topic.clone(), Publisher::new(client.clone()).route())
@@ -81,16 +67,5 @@ async fn one_trace_from_the_request_through_a_stream_to_the_consumer() {
 
     let consumed = exported("redis_stream_entry", &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    assert_eq!(consumed.span_context.trace_id(), trace_id, "one trace");
-    // The entry carries the enqueuing span's context.
-    assert_eq!(consumed.parent_span_id, span_id);
-    assert!(consumed.parent_span_is_remote);
-    assert_eq!(
-        attribute(&consumed, "messaging.system").as_deref(),
-        Some("redis")
-    );
-    assert_eq!(
-        attribute(&consumed, "messaging.destination.name"),
-        Some(topic.clone())
-    );
+    continued(&consumed, enqueued, "redis", &topic);
 }
