@@ -21,6 +21,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::{Mutex, OwnedMutexGuard};
+use tracing::Instrument as _;
 
 /// The largest body [`IdempotencyLayer`] reads by default (axum's own
 /// default body limit).
@@ -151,7 +152,18 @@ where
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        Box::pin(async move { Ok(layer.run(ready, req).await) })
+        let span = tracing::info_span!(
+            "idempotent_request",
+            scope = layer.policy.scope(),
+            method = %req.method(),
+            path = req.uri().path(),
+        );
+        #[cfg(feature = "opentelemetry")]
+        {
+            let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+            idem_core::requests::continue_trace(&span, header("traceparent"), header("tracestate"));
+        }
+        Box::pin(async move { Ok(layer.run(ready, req).await) }.instrument(span))
     }
 }
 

@@ -118,3 +118,17 @@ pub async fn release<DB: Backend>(
 pub fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
     crate::backend::classify::commit_outcome_unknown(e)
 }
+
+/// Makes `span`, the span an HTTP entry point runs one request in,
+/// continue the trace of the request's W3C `traceparent` (and
+/// `tracestate`) header, so that what the handler enqueues, and the
+/// relay's and the consumers' spans after it, are in the caller's trace.
+/// Call it before the span is first entered, in the span the request
+/// arrives in: when that span has a valid trace context already (the
+/// application's own HTTP tracing continued the header), `span` stays
+/// under it. A missing or malformed header changes nothing.
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
+    crate::otel::requested(span, traceparent, tracestate);
+}

@@ -4,6 +4,7 @@
 
 use crate::Error;
 use crate::backend::Backend;
+use crate::backend::classify::{is_transient, pooler_error};
 use sqlx::Pool;
 
 /// The schema version this release creates, upgrades to and runs on
@@ -18,8 +19,12 @@ pub const SCHEMA_VERSION: i64 = 3;
 /// is an [`Error::Config`] naming the version found and the one expected
 /// and telling to run `idem migrate` (or `idem_runtime::migrate`). A newer
 /// version is accepted (a rolling upgrade migrates before every relay runs
-/// the new release). A database that cannot be reached is an
-/// [`Error::Database`] (see [`Error::is_outage`]): nothing is known yet.
+/// the new release). A database that cannot be reached, or that answers
+/// with an error a retry can get past (a failover's, a deadlock), is an
+/// [`Error::Database`] (see [`Error::is_outage`]): nothing is known yet. A
+/// connection pooler in transaction mode in front of the database without
+/// idem's mode (see `idem_runtime::pooler`) is the [`Error::Config`] that
+/// names it.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -45,6 +50,12 @@ pub async fn check_schema<DB: Backend>(pool: &Pool<DB>) -> Result<i64, Error> {
              {SCHEMA_VERSION}: run `idem migrate` (or `idem_runtime::migrate(&pool)`) to upgrade \
              them, then start again"
         ))),
+        // A connection pooler in transaction mode between idem and the
+        // database: the Config error naming it, not "no tables".
+        Err(e) if pooler_error(&e).is_some() => Err(Error::database(e)),
+        // The server answered, but with an error a retry can get past (a
+        // failover's 57P01, a deadlock): nothing is known yet.
+        Err(e) if is_transient(&e) => Err(Error::Database(e)),
         // The server answered: no version table (no idem tables, or tables
         // of a release before versioning).
         Err(sqlx::Error::Database(e)) => Err(Error::config(format!(

@@ -242,6 +242,8 @@ impl Shared {
             offset = record.offset,
             attempt = copy.attempt,
         );
+        #[cfg(feature = "opentelemetry")]
+        continue_trace(&span, record, &copy.origin, copy.msg_id.as_deref());
         async move {
             let mut attempt = copy.attempt;
             loop {
@@ -337,4 +339,17 @@ impl Shared {
             offset: record.offset,
         }
     }
+}
+
+/// The record's span continues the trace of its `traceparent` header (a
+/// header that is not UTF-8 is no trace context).
+#[cfg(feature = "opentelemetry")]
+fn continue_trace(span: &tracing::Span, record: &Record, topic: &str, message_id: Option<&str>) {
+    let headers = record
+        .headers
+        .iter()
+        .filter(|(name, _)| name == "traceparent" || name == "tracestate")
+        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
+        .collect();
+    consume::continue_trace(span, &headers, "kafka", topic, message_id);
 }

@@ -169,6 +169,8 @@ impl Shared {
             queue = record.queue.queue_id(),
             offset = record.offset,
         );
+        #[cfg(feature = "opentelemetry")]
+        continue_trace(&span, record, &self.topic, msg_id.as_deref());
         async move {
             let mut attempt = 1u32;
             loop {
@@ -201,4 +203,16 @@ impl Shared {
         .instrument(span)
         .await
     }
+}
+
+/// The message's span continues the trace of its `traceparent` property.
+#[cfg(feature = "opentelemetry")]
+fn continue_trace(span: &tracing::Span, record: &Record, topic: &str, message_id: Option<&str>) {
+    let headers = record
+        .properties
+        .iter()
+        .filter(|(name, _)| name == "traceparent" || name == "tracestate")
+        .cloned()
+        .collect();
+    consume::continue_trace(span, &headers, "rocketmq", topic, message_id);
 }

@@ -69,6 +69,7 @@ async fn relay_drains_through_pgbouncer_without_dead_letters() {
         d.secs
     );
     assert_eq!(d.messages, 300);
+    assert_eq!(d.ended, None, "the relay ended on its own");
     assert_eq!(
         (d.dead, d.pending),
         (0, 0),

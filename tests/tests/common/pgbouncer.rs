@@ -420,6 +420,9 @@ pub(crate) struct Drain {
     pub config_dead: i64,
     /// Dead letters by the error kind their reason starts with.
     pub dead_by_kind: BTreeMap<String, i64>,
+    /// The relay's error, had it ended on its own (its schema check
+    /// refused, say).
+    pub ended: Option<String>,
 }
 
 impl Drain {
@@ -488,11 +491,18 @@ pub(crate) async fn relay_drain(
         .poll_interval(Duration::from_millis(20))
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .spawn();
-    while by_status(&rig.direct, &topic, "pending").await > 0 && start.elapsed() < within {
+    while by_status(&rig.direct, &topic, "pending").await > 0
+        && start.elapsed() < within
+        && relay.status().is_running()
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let secs = start.elapsed().as_secs_f64();
     let (executed, duplicates) = (relay.stats().executed(), relay.stats().duplicates());
+    let ended = match relay.status() {
+        idem_runtime::task::TaskStatus::Running => None,
+        other => Some(format!("{other:?}")),
+    };
     relay.shutdown().await;
     let mut d = Drain {
         messages,
@@ -502,6 +512,7 @@ pub(crate) async fn relay_drain(
         executed,
         duplicates,
         secs,
+        ended,
         ..Drain::default()
     };
     d.reason = sqlx::query_scalar("SELECT last_error FROM idem_outbox WHERE topic = $1 AND status = 'failed' ORDER BY id LIMIT 1")

@@ -5,7 +5,8 @@
 //! tracer behind `tracing-opentelemetry`, installed once for the binary
 //! (the relay runs its deliveries in tasks of its own). Through RabbitMQ
 //! to a consumer: `amqp.rs`; through NATS JetStream: `nats.rs`; through Redis Streams:
-//! `redis_streams.rs`.
+//! `redis_streams.rs`; through Kafka: `kafka.rs`; through RocketMQ: `rocketmq.rs`. From an
+//! HTTP request behind the `Idempotency-Key` layer: `http.rs`.
 
 #[macro_use]
 #[path = "../common"]
@@ -16,15 +17,21 @@ mod common {
     pub(crate) mod brokers;
     pub(crate) mod coupons;
     pub(crate) mod hooks;
+    pub(crate) mod http;
+    pub(crate) mod kafka;
     pub(crate) mod nats;
     pub(crate) mod redis_streams;
+    pub(crate) mod rocketmq;
     #[macro_use]
     pub(crate) mod relay;
 }
 
 mod amqp;
+mod http;
+mod kafka;
 mod nats;
 mod redis_streams;
+mod rocketmq;
 
 use crate::common::hooks;
 use crate::common::relay::*;
