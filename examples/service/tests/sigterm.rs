@@ -4,11 +4,15 @@
 //! deliver. It must finish its requests and its relay's messages, exit 0,
 //! and have acted once: every order placed once, every coupon deducted
 //! once, every answer replayed. Started again on the same database, it
-//! delivers whatever the stop left pending, still once.
+//! delivers whatever the stop left pending, still once. With an
+//! OpenTelemetry collector's address, a request's trace reaches it: the
+//! request's span, the relay's delivery and the handler's call, in the
+//! caller's trace.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const ORDERS: i64 = 40;
@@ -21,7 +25,12 @@ struct Service {
 
 impl Service {
     fn start(db: &str, work_ms: u64) -> Service {
+        Service::start_with(db, work_ms, &[])
+    }
+
+    fn start_with(db: &str, work_ms: u64, env: &[(&str, &str)]) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem-example-service"))
+            .envs(env.iter().copied())
             .env("DATABASE_URL", db)
             .env("BIND", "127.0.0.1:0")
             .env("DEDUCT_WORK_MS", work_ms.to_string())
@@ -231,4 +240,88 @@ async fn sigterm_drains_the_service_and_it_exits_0_having_acted_once() {
     );
     pool.close().await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The caller's trace and span a traced request comes from.
+const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const PARENT: &str = "b7ad6b7169203331";
+
+/// An OTLP/HTTP collector on a loopback port: the bodies of the exports
+/// posted to `/v1/traces`, and its endpoint.
+async fn collector() -> (Arc<Mutex<Vec<Vec<u8>>>>, String) {
+    let bodies: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let kept = bodies.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            kept.lock().expect("bodies").push(body.to_vec());
+            async { "" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (bodies, endpoint)
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+// Two workers: the collector answers while the test waits for the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_trace_reaches_the_collector_through_the_relay() {
+    let (bodies, endpoint) = collector().await;
+    let (dir, url) = database();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    ];
+    let mut service = Service::start_with(&url, 0, &env);
+    let res = reqwest::Client::new()
+        .post(format!("{}/orders", service.base))
+        .header("content-type", "application/json")
+        .header("x-api-key", "svc-trace")
+        .header("idempotency-key", "traced-1")
+        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
+        .body(r#"{"order_id":7,"coupon_id":1007}"#)
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(res.status().as_u16(), 201);
+    let pool = sqlx::SqlitePool::connect(&url)
+        .await
+        .expect("open the database");
+    let start = Instant::now();
+    while count(&pool, "SELECT COUNT(*) FROM svc_deduction").await < 1 {
+        assert!(start.elapsed() < Duration::from_secs(30), "not delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The exit flushes what the batch processor holds (an export it
+    // could not finish would say so on stderr and take 5 s).
+    service.terminate();
+    let status = tokio::task::block_in_place(|| service.wait(Duration::from_secs(30)));
+    assert!(status.success());
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(dir);
+
+    let all: Vec<u8> = bodies.lock().expect("bodies").concat();
+    assert!(!all.is_empty(), "nothing exported");
+    for span in ["idempotent_request", "outbox_delivery", "idempotent"] {
+        assert!(contains(&all, span.as_bytes()), "no {span} span exported");
+    }
+    // The caller's trace id, as the spans' 16 raw bytes: the request's,
+    // the delivery's and the handler's spans each carry it.
+    let trace = hex_bytes(TRACE);
+    let carried = all.windows(trace.len()).filter(|w| *w == trace).count();
+    assert!(carried >= 3, "the caller's trace in {carried} span(s)");
 }
