@@ -2,7 +2,6 @@
 //! record key it becomes once scoped by the caller.
 
 use axum::http::HeaderMap;
-use sha2::{Digest, Sha256};
 
 /// The request header's name (lower case, as `http` stores it).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -134,16 +133,9 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
     v
 }
 
-/// The record's key: `http:` and the hex SHA-256 of the caller's identity
-/// and the client's key, length-prefixed so that no two pairs collide.
-/// Fixed length whatever the identity, and no client byte reaches the
-/// column.
+/// The record's key (see [`idem_core::requests::record_key`]).
 pub(super) fn record_key(identity: &str, key: &IdempotencyKey) -> String {
-    let mut h = Sha256::new();
-    h.update((identity.len() as u64).to_be_bytes());
-    h.update(identity.as_bytes());
-    h.update(key.0.as_bytes());
-    format!("http:{}", hex::encode(h.finalize()))
+    idem_core::requests::record_key(identity, &key.0)
 }
 
 #[cfg(test)]

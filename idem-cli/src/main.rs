@@ -5,7 +5,8 @@
 //! One binary serves PostgreSQL, MariaDB / MySQL and SQLite (through
 //! `sqlx::Any`; the URL's scheme picks the database).
 //!
-//! Exit codes: 0 success, 1 not found (`record show`), 2 usage or
+//! Exit codes: 0 success, 1 not found (`record show`, `outbox show`,
+//! `request`), 2 usage or
 //! configuration error, 3 database error.
 // The doc comments of opt.rs are also the `--help` text, where a URL is
 // written bare.
@@ -134,6 +135,9 @@ async fn run(cli: Cli) -> Result<(), Fail> {
         Command::Outbox(OutboxCommand::Requeue(args)) => {
             cmd::outbox::requeue(&pool, args, out).await
         }
+        Command::Outbox(other) => cmd::actions::run(&pool, other, out).await,
+        Command::Processes => cmd::request::processes(&pool, out).await,
+        Command::Request(args) => cmd::request::show(&pool, &args.key, &args.caller, out).await,
         Command::Archive(args) => cmd::archive::run(&pool, args, out).await,
         Command::Record(RecordCommand::Show { key, biz_type }) => {
             cmd::record::show(&pool, &key, biz_type.as_deref(), out).await

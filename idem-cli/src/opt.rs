@@ -9,15 +9,17 @@ use std::time::Duration;
     name = "idem",
     version,
     about = "Operate idem's tables: migrate, inspect and repair the outbox, archive, look up records",
-    long_about = "Operate idem's tables: create them, inspect the outbox (local message table) and \
-        requeue dead-lettered messages, move expired records and finished messages to the history \
-        tables, and look up an idempotency record by key, online or archived.\n\n\
+    long_about = "Operate idem's tables: create them, inspect the outbox (local message table), \
+        requeue, discard or retry its messages and pause its topics, list the relays and \
+        consumers alive, move expired records and finished messages to the history tables, and \
+        look up an idempotency record by key, or an HTTP request by its Idempotency-Key and \
+        caller, online or archived.\n\n\
         One binary serves PostgreSQL (postgres://…), MariaDB / MySQL (mysql://…) and SQLite \
         (sqlite://path?mode=rwc).\n\n\
         Durations are numbers each with a unit (ms, s, m, h, d): 500ms, 30s, 7d, 1d12h or \
         \"1d 12h\"; a bare number is refused.\n\n\
-        Exit codes: 0 success, 1 not found (record show), 2 usage or configuration error, \
-        3 database error.",
+        Exit codes: 0 success, 1 not found (record show, outbox show, request), 2 usage or \
+        configuration error, 3 database error.",
     propagate_version = true
 )]
 pub(crate) struct Cli {
@@ -81,6 +83,23 @@ pub(crate) enum Command {
             flag, which other users can see in the process list). Stops on Ctrl-C or SIGTERM."
     )]
     Serve(ServeArgs),
+    /// List the relays and consumers alive, with their last heartbeat.
+    #[command(
+        long_about = "List the processes registered in idem_process: the outbox relays (their id \
+            is the lease owner their messages show) and the consumers, by kind, name and id, \
+            with their host, pid, start and last heartbeat (its age by the database's clock: a \
+            process that stopped without unregistering shows a growing age)."
+    )]
+    Processes,
+    /// Show what the HTTP Idempotency-Key layer stored for one request.
+    #[command(
+        long_about = "Show the record the HTTP Idempotency-Key layer (idem_runtime::http) keeps for \
+            the request CALLER sent with Idempotency-Key KEY: the record key it derives (http: \
+            and a SHA-256 of the caller and the key), its scope, whether the request is in \
+            flight or answered, the answer's status and body, when it was first seen and when \
+            it expires; online, else archived. Exits with code 1 if there is none."
+    )]
+    Request(RequestArgs),
 }
 
 #[derive(Args, Debug)]
@@ -161,6 +180,82 @@ pub(crate) enum OutboxCommand {
             changes nothing."
     )]
     Requeue(RequeueArgs),
+    /// Show one message in full (online or archived) and its attempt log.
+    #[command(
+        long_about = "Show outbox message ID with every column (payload and headers included), \
+            online (idem_outbox) or, once archived or discarded, from idem_outbox_history, and \
+            its attempt log: the failed attempts the relays recorded (retry, dead) and the \
+            operator's actions (discarded, retry_now, requeued), oldest first, the last 32 at \
+            most. With --json: {\"message\": …, \"attempts\": […]}. Exits with code 1 if there \
+            is no such message."
+    )]
+    Show {
+        /// The message's id.
+        id: i64,
+    },
+    /// Give up on dead or pending messages: move them to the history as failed, never delivered.
+    #[command(
+        long_about = "Discard messages: each dead-lettered (failed) or pending message among IDs \
+            moves to idem_outbox_history now, with status failed and last_error \"discarded: \
+            REASON\", and its attempt log records who discarded it and why. A discarded message \
+            is never delivered, and no requeue brings it back. A message a relay is delivering \
+            right now (its lease is live) is refused; delivered and unknown ids are skipped. \
+            Each message changes in a short transaction of its own. Exits with 0 when the \
+            command ran, whatever it refused: the output lists what was done, refused and \
+            skipped."
+    )]
+    Discard {
+        /// The messages' ids (at most 1000).
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<i64>,
+        /// Why (1 to 500 characters): the message's log and last error keep it.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Make messages due now: dead ones back to pending (attempts reset), waiting ones at once.
+    #[command(
+        long_about = "Make messages due now: a dead-lettered (failed) message goes back to pending \
+            with attempts 0 (as requeue does); a pending message waiting for its next attempt \
+            becomes due at once, keeping its attempts. A message a relay is delivering right \
+            now is refused; delivered and unknown ids are skipped. Each message's attempt log \
+            records the action."
+    )]
+    RetryNow {
+        /// The messages' ids (at most 1000).
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<i64>,
+    },
+    /// Pause a topic: relays stop claiming its messages until it is resumed.
+    #[command(
+        long_about = "Pause TOPIC: the relays stop claiming its pending messages (those they hold \
+            already are finished) until `idem outbox resume TOPIC`. Producers go on enqueueing. \
+            Pausing a paused topic changes nothing (its first reason stays). The topic is \
+            matched exactly, spaces included."
+    )]
+    Pause {
+        /// The topic, exactly as its messages have it.
+        topic: String,
+        /// Why (at most 500 characters), shown by `idem outbox paused`.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused topic: relays claim its messages again.
+    Resume {
+        /// The topic, exactly as paused.
+        topic: String,
+    },
+    /// List the paused topics, with who paused them, when and why.
+    Paused,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RequestArgs {
+    /// The Idempotency-Key the client sent, unquoted (e.g. 8e03978e-40d5).
+    #[arg(long)]
+    pub(crate) key: String,
+    /// The caller, as the service's identity function names it (e.g. its API key's id).
+    #[arg(long)]
+    pub(crate) caller: String,
 }
 
 #[derive(Args, Debug)]

@@ -10,7 +10,10 @@ const NAV: &[(&str, &str)] = &[
     ("/", "Overview"),
     ("/messages", "Messages"),
     ("/dead-letters", "Dead letters"),
+    ("/topics", "Topics"),
+    ("/processes", "Processes"),
     ("/records", "Records"),
+    ("/lookup", "Requests"),
     ("/archive", "Archiving"),
     ("/metrics", "Metrics"),
 ];

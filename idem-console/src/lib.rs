@@ -27,6 +27,13 @@
 //! | `/` | GET | the outbox by topic and status, the oldest pending age, a live chart of the backlog and deliveries/s, the relays holding leases |
 //! | `/live` | GET | the live part of `/` alone (the page refreshes it every 3 s) |
 //! | `/messages?status=&topic=&after=&limit=` | GET | messages of one status, oldest first, paginated |
+//! | `/messages/{id}` | GET | one message, online or archived: its fields, headers, payload and attempt log |
+//! | `/messages/{id}/retry-now` | POST | makes a dead letter or a waiting pending message due now (write token, CSRF) |
+//! | `/messages/{id}/discard` | POST | archives a dead letter or pending message as failed, with a reason (write token, CSRF) |
+//! | `/topics` | GET | each topic's backlog and dead letters, and whether it is paused |
+//! | `/topics/pause`, `/topics/resume` | POST | pauses a topic (relays stop claiming it) or resumes it; the topic in the body (write token, CSRF) |
+//! | `/lookup?key=&caller=` | GET | what the `Idempotency-Key` layer kept for an HTTP request |
+//! | `/processes` | GET | the relays and consumers with their heartbeats, stale ones marked |
 //! | `/dead-letters?topic=&after=&limit=` | GET | failed messages with their reasons, to select for a requeue |
 //! | `/requeue?id=…&id=…` / `?topic=` / `?all=1` | GET | the preview: how many failed messages a requeue would take, and which |
 //! | `/requeue` | POST | the confirmation: requeues what the preview showed (write token, CSRF) |
@@ -48,7 +55,12 @@
 //! refused either way (behind a reverse proxy that rewrites `Host`, give
 //! the console its [`public_origin`](Console::public_origin)). Requeues
 //! go through [`idem_runtime::outbox::admin::requeue`], the guarded function the CLI
-//! uses: only failed messages change, never successful or pending ones.
+//! uses: only failed messages change, never successful or pending ones;
+//! retry-now, discard, pause and resume through their guarded functions
+//! of [`idem_runtime::outbox::admin`] likewise (a message a relay is
+//! delivering is refused). Every write is logged (`tracing` target
+//! `idem::audit`) with who made it: `console:` and the session or bearer,
+//! and the client's address when the server gives it.
 //! Nothing from a request reaches SQL except as a bound value.
 //!
 //! # Several consoles over one database
@@ -78,7 +90,7 @@
 use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use chart::Samples;
 use idem_runtime::Operable;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -100,6 +112,7 @@ mod params;
 mod read;
 mod throttle;
 mod viewer;
+mod write;
 
 pub use auth::TokenError;
 pub use host::HostError;
@@ -328,33 +341,7 @@ impl<DB: Operable> Console<DB> {
         };
         let base = shared.mount.base().to_string();
         let at = |path: &str| format!("{base}{path}");
-        let mut router = Router::new()
-            .route(&at("/"), get(pages::overview::page::<DB>))
-            .route(&at("/live"), get(pages::overview::live::<DB>))
-            .route(&at("/messages"), get(pages::messages::messages::<DB>))
-            .route(
-                &at("/dead-letters"),
-                get(pages::messages::dead_letters::<DB>),
-            )
-            .route(
-                &at("/requeue"),
-                get(pages::requeue::preview::<DB>).post(pages::requeue::confirm::<DB>),
-            )
-            .route(&at("/records"), get(pages::records::page::<DB>))
-            .route(&at("/archive"), get(pages::archive::page::<DB>))
-            .route(
-                &at("/login"),
-                get(pages::login::form_page::<DB>).post(pages::login::login::<DB>),
-            )
-            .route(
-                &at("/logout"),
-                axum::routing::post(pages::login::logout::<DB>),
-            )
-            .route(&at("/metrics"), get(metrics_page::metrics::<DB>))
-            .route(&at("/metrics/database"), get(metrics_page::database::<DB>))
-            .route(&at("/health"), get(metrics_page::health::<DB>))
-            .route(&at("/static/console.css"), get(css))
-            .route(&at("/static/console.js"), get(js));
+        let mut router = routes::<DB>(&at);
         router = if base.is_empty() {
             router.fallback(not_found)
         } else {
@@ -381,6 +368,48 @@ impl<DB: Operable> Console<DB> {
             }))
             .with_state(shared)
     }
+}
+
+/// Every page and endpoint, each at `at(path)` (its path under the mount).
+fn routes<DB: Operable>(at: &dyn Fn(&str) -> String) -> Router<Shared<DB>> {
+    Router::new()
+        .route(&at("/"), get(pages::overview::page::<DB>))
+        .route(&at("/live"), get(pages::overview::live::<DB>))
+        .route(&at("/messages"), get(pages::messages::messages::<DB>))
+        .route(&at("/messages/{id}"), get(pages::message::page::<DB>))
+        .route(
+            &at("/messages/{id}/retry-now"),
+            post(pages::actions::retry_now::<DB>),
+        )
+        .route(
+            &at("/messages/{id}/discard"),
+            post(pages::actions::discard::<DB>),
+        )
+        .route(&at("/topics"), get(pages::topics::page::<DB>))
+        .route(&at("/topics/pause"), post(pages::topics::pause::<DB>))
+        .route(&at("/topics/resume"), post(pages::topics::resume::<DB>))
+        .route(&at("/lookup"), get(pages::lookup::page::<DB>))
+        .route(&at("/processes"), get(pages::processes::page::<DB>))
+        .route(
+            &at("/dead-letters"),
+            get(pages::messages::dead_letters::<DB>),
+        )
+        .route(
+            &at("/requeue"),
+            get(pages::requeue::preview::<DB>).post(pages::requeue::confirm::<DB>),
+        )
+        .route(&at("/records"), get(pages::records::page::<DB>))
+        .route(&at("/archive"), get(pages::archive::page::<DB>))
+        .route(
+            &at("/login"),
+            get(pages::login::form_page::<DB>).post(pages::login::login::<DB>),
+        )
+        .route(&at("/logout"), post(pages::login::logout::<DB>))
+        .route(&at("/metrics"), get(metrics_page::metrics::<DB>))
+        .route(&at("/metrics/database"), get(metrics_page::database::<DB>))
+        .route(&at("/health"), get(metrics_page::health::<DB>))
+        .route(&at("/static/console.css"), get(css))
+        .route(&at("/static/console.js"), get(js))
 }
 
 async fn css() -> Response {

@@ -4,8 +4,9 @@
 //! the pool's own acquire timeout), so a database that is down or
 //! black-holed answers 503 with `Retry-After` within it; then
 //! [`READ_TIMEOUT`] for each read of a page or a scrape, [`SCAN_TIMEOUT`]
-//! for those that scan a table or requeue many messages (on a database
-//! that just answered), each enforced by [`bounded`].
+//! for those that scan a table and for the operator's writes (a requeue
+//! of many messages, a discard that may wait on a row a relay locks), on
+//! a database that just answered, each enforced by [`bounded`].
 
 use idem_runtime::{Error, Operable};
 use sqlx::{Connection, Pool};
@@ -19,9 +20,10 @@ use std::time::Duration;
 pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The same for the reads that scan the outbox or the history tables
-/// (the delivered counts, the archive page) and for a requeue, which the
-/// sampler or a single operator runs, not every scrape: a database that
-/// does not answer is caught before them, by [`answering`].
+/// (the delivered counts, the archive page) and for the operator's
+/// writes (requeue, retry now, discard, pause, resume), which the sampler
+/// or a single operator runs, not every scrape: a database that does not
+/// answer is caught before them, by [`answering`].
 pub(crate) const SCAN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `read`, failed when it takes longer than `limit`.

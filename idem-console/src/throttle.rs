@@ -128,7 +128,7 @@ impl Client {
     }
 
     /// Its address; an IPv4-mapped IPv6 address is the IPv4 one.
-    fn ip(self) -> Option<IpAddr> {
+    pub(crate) fn ip(self) -> Option<IpAddr> {
         match self.0? {
             IpAddr::V6(v6) => Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)),
             v4 => Some(v4),

@@ -760,6 +760,8 @@ async fn pages_escape_what_the_database_holds_and_set_safety_headers() {
         "/dead-letters",
         "/messages?status=failed",
         "/requeue?all=1",
+        "/topics",
+        "/messages/1",
     ] {
         let r = client()
             .get(format!("{}{path}", served.base))
@@ -918,6 +920,9 @@ async fn mounted_under_a_prefix_every_link_form_redirect_and_cookie_stay_under_i
         "archive",
         "metrics",
         "live",
+        "topics",
+        "processes",
+        "lookup",
     ] {
         assert!(
             seen.iter()
@@ -929,19 +934,42 @@ async fn mounted_under_a_prefix_every_link_form_redirect_and_cookie_stay_under_i
         seen.contains(&format!("{prefix}requeue?id={failed}")),
         "{seen:?}"
     );
-    let mut posts: Vec<&str> = forms
+    assert!(
+        seen.contains(&format!("{prefix}messages/{failed}")),
+        "{seen:?}"
+    );
+    // The write forms, a message's id written `{id}`.
+    let mut posts: Vec<String> = forms
         .iter()
         .filter(|(_, u)| *u == Use::PostForm)
-        .map(|(l, _)| l.as_str())
+        .map(|(l, _)| {
+            l.split('/')
+                .map(|seg| {
+                    if !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) {
+                        "{id}"
+                    } else {
+                        seg
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        })
         .collect();
     posts.sort();
+    posts.dedup();
     assert_eq!(
         posts,
-        ["/ops/idem/logout", "/ops/idem/requeue"],
+        [
+            "/ops/idem/logout",
+            "/ops/idem/messages/{id}/discard",
+            "/ops/idem/messages/{id}/retry-now",
+            "/ops/idem/requeue",
+            "/ops/idem/topics/pause",
+        ],
         "the write forms"
     );
     // The GET forms: the filters, the selection to preview, the lookup.
-    for action in ["messages", "dead-letters", "requeue", "records"] {
+    for action in ["messages", "dead-letters", "requeue", "records", "lookup"] {
         assert!(
             forms.contains(&(format!("{prefix}{action}"), Use::GetForm)),
             "no GET form to {prefix}{action}: {forms:?}"

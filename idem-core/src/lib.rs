@@ -49,6 +49,7 @@ mod otel;
 pub mod outbox;
 pub mod pooler;
 pub mod probe;
+pub mod process;
 pub mod requests;
 mod schema_check;
 mod state;

@@ -132,6 +132,23 @@ pub(crate) fn consumed(
     }
 }
 
+/// An HTTP request's span: the trace of the request's `traceparent`
+/// header, unless the span it runs in (the application's own HTTP tracing)
+/// already has a valid trace context, which it keeps.
+pub(crate) fn requested(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
+    let enclosing = tracing::Span::current().context();
+    if enclosing.span().span_context().is_valid() {
+        return;
+    }
+    let Some(parent) = traceparent else { return };
+    let mut headers = Headers::new();
+    headers.insert(TRACEPARENT.to_owned(), parent.to_owned());
+    if let Some(state) = tracestate {
+        headers.insert(TRACESTATE.to_owned(), state.to_owned());
+    }
+    continue_trace(span, &headers);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,21 +195,4 @@ mod tests {
         assert!(current_headers().is_none());
         assert!(with_current(&Headers::new()).is_none());
     }
-}
-
-/// An HTTP request's span: the trace of the request's `traceparent`
-/// header, unless the span it runs in (the application's own HTTP tracing)
-/// already has a valid trace context, which it keeps.
-pub(crate) fn requested(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
-    let enclosing = tracing::Span::current().context();
-    if enclosing.span().span_context().is_valid() {
-        return;
-    }
-    let Some(parent) = traceparent else { return };
-    let mut headers = Headers::new();
-    headers.insert(TRACEPARENT.to_owned(), parent.to_owned());
-    if let Some(state) = tracestate {
-        headers.insert(TRACESTATE.to_owned(), state.to_owned());
-    }
-    continue_trace(span, &headers);
 }

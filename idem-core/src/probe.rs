@@ -299,11 +299,15 @@ pub enum Break {
     /// not give back yet (the database came back during the claim) keeps
     /// the claim's attempt: the outage attempt is counted after all.
     ReclaimCounted,
+    /// A relay's claim ignores `idem_topic_pause` (renders no pause guard,
+    /// see `backend::sql::PAUSE_GUARD_SQL`): a paused topic's messages are
+    /// delivered. Read when the relay's routes are set.
+    IgnorePause,
 }
 
 #[cfg(idem_broken)]
-static BROKEN: [std::sync::atomic::AtomicBool; 10] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 10];
+static BROKEN: [std::sync::atomic::AtomicBool; 11] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 11];
 
 /// Turns the broken variant `b` on or off, process-wide (`--cfg
 /// idem_broken` builds only).

@@ -22,6 +22,7 @@
 
 use crate::backend::Backend;
 pub use crate::backend::{ClaimedRow, NewRecord};
+use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
 /// A request's row as [`find`] reads it.
@@ -131,4 +132,33 @@ pub fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
     crate::otel::requested(span, traceparent, tracestate);
+}
+
+/// The record key of a request: `http:` and the hex SHA-256 of the
+/// caller's identity and the client's `Idempotency-Key` (its value, without
+/// the quotes of the structured header), the identity length-prefixed so
+/// that no two pairs collide. Fixed length whatever the identity, and no
+/// client byte reaches the column. The layer keys its records with it, and
+/// the operator's look-up (`idem request --key K --caller C`) finds them
+/// with it.
+///
+/// ```
+/// use idem_runtime::requests::record_key;
+/// let k = record_key("alice", "order-1");
+/// assert!(k.starts_with("http:") && k.len() == 5 + 64);
+/// assert_ne!(k, record_key("bob", "order-1"));
+/// assert_ne!(record_key("ab", "c"), record_key("a", "bc"));
+/// ```
+pub fn record_key(identity: &str, key: &str) -> String {
+    let mut h = Sha256::new();
+    h.update((identity.len() as u64).to_be_bytes());
+    h.update(identity.as_bytes());
+    h.update(key.as_bytes());
+    let digest = h.finalize();
+    let mut text = String::with_capacity(5 + 2 * digest.len());
+    text.push_str("http:");
+    for b in digest.iter() {
+        text.push_str(&format!("{b:02x}"));
+    }
+    text
 }

@@ -10,7 +10,7 @@ use sqlx::Pool;
 /// The schema version this release creates, upgrades to and runs on
 /// (`idem_runtime::migrate` brings a database to it; see
 /// `idem_runtime::schema` for what each version holds).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Checks that `pool`'s database has idem's tables at
 /// [`SCHEMA_VERSION`] or later, and returns the version found.

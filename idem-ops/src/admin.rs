@@ -1,6 +1,13 @@
 //! The operator's outbox API: what `idem outbox stats | list | requeue`
 //! runs, as guarded library functions (the CLI holds no SQL).
 //!
+//! Beside the reads and the requeue: one message in full with its attempt
+//! log ([`message`], [`attempts`]), the actions on messages and topics
+//! ([`discard`], [`retry_now`], [`pause`], [`resume`], [`paused`]), the
+//! relays and consumers alive ([`processes`]), and the record kept for an
+//! HTTP request ([`request`]). Every action is audited: one `tracing`
+//! event of target `idem::audit` naming its actor.
+//!
 //! ```
 //! use idem_runtime::outbox::admin::{self, Requeue, RequeueTarget};
 //! use std::time::Duration;
@@ -19,6 +26,16 @@
 //! assert_eq!(minutes, vec![0; 10]);
 //! # Ok(()) }
 //! ```
+
+mod actions;
+mod detail;
+
+pub(crate) use actions::{Act, Acted};
+pub use actions::{ActionReport, PausedTopic, discard, pause, paused, resume, retry_now};
+pub use detail::{
+    ATTEMPT_LOG_MAX, Attempt, MessageDetail, Process, RequestRecord, attempts, message, processes,
+    request,
+};
 
 use crate::Operable;
 use idem_core::Error;
@@ -311,13 +328,39 @@ pub struct RequeueReport {
 /// so that messages which failed in between are left alone. A
 /// [`RequeueTarget::Ids`] selection of no ids or of more than 1000 is an
 /// [`Error::Config`].
+///
+/// Each message requeued gets a `requeued` entry in its attempt log, and
+/// the requeue is audited (see [`requeue_by`], which names who asked; here
+/// the actor is `unspecified`).
 pub async fn requeue<DB: Operable>(
     pool: &Pool<DB>,
     what: &Requeue,
 ) -> Result<RequeueReport, Error> {
+    requeue_by(pool, what, UNSPECIFIED_ACTOR).await
+}
+
+/// The actor [`requeue`] records.
+const UNSPECIFIED_ACTOR: &str = "unspecified";
+
+/// [`requeue`] on behalf of `actor` (the operator: `console`,
+/// `cli:<user>`; 1 to 128 bytes, no control character, else
+/// [`Error::Config`]), whom the attempt log's `requeued` entries and the
+/// `idem::audit` event name.
+pub async fn requeue_by<DB: Operable>(
+    pool: &Pool<DB>,
+    what: &Requeue,
+    actor: &str,
+) -> Result<RequeueReport, Error> {
     check_selection(&what.target)?;
+    actions::check_actor(actor)?;
     let (messages, requeued) =
-        DB::outbox_requeue(pool, &what.target, what.max_id, what.dry_run).await?;
+        DB::outbox_requeue(pool, &what.target, what.max_id, what.dry_run, actor).await?;
+    if !what.dry_run {
+        tracing::info!(target: "idem::audit", actor, action = "requeue",
+            target = ?what.target, max_id = what.max_id, requeued,
+            ids = ?messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+            "outbox messages requeued");
+    }
     Ok(RequeueReport {
         dry_run: what.dry_run,
         requeued,

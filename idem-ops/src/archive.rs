@@ -12,7 +12,13 @@
 //!   outbox's whole retry horizon plus what brokers, callback senders and
 //!   relay outages add. [`RetentionPolicy::check`] says so at start-up,
 //!   with the numbers;
-//! - archived records stay queryable by key ([`find_record`]).
+//! - archived records stay queryable by key ([`find_record`]);
+//! - an archived message keeps its id in `idem_outbox_history`, and its
+//!   attempt log (`idem_outbox_attempt`, keyed by that id) stays where it
+//!   is: the history of a finished message still shows its failed
+//!   attempts. Nothing purges the history tables, so no attempt row is
+//!   left without its message; a purge added later deletes the attempt
+//!   rows of the messages it deletes, in its transaction.
 //!
 //! Each batch is one short transaction per table: lock up to `batch_size`
 //! candidate rows (PostgreSQL and MariaDB: `FOR UPDATE SKIP LOCKED`, under

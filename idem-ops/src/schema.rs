@@ -25,6 +25,11 @@ use sqlx::{Connection, Pool};
 /// 3. Outbox messages' `ordering_key` and `headers` (online and history),
 ///    the index of a key's messages by id; MariaDB: `idem_outbox_key`,
 ///    whose rows serialize the enqueues of one ordering key.
+/// 4. The operator's tables: `idem_outbox_attempt` (each message's failed
+///    attempts and the operator's actions on it, bounded per message),
+///    `idem_topic_pause` (topics the relays do not claim) and
+///    `idem_process` (the relays and consumers alive, with their
+///    heartbeats).
 ///
 /// The same constant as `idem_core`'s, which a relay checks before it
 /// claims (`idem_runtime::check_schema`).

@@ -93,6 +93,9 @@ pub(crate) struct AdminSql {
     /// (fractional seconds, or whole microseconds where `micros`), in the
     /// format of the timestamp columns: the archiver's way.
     pub ago: &'static str,
+    /// Pauses a topic unless it is paused already (then changes nothing,
+    /// 0 rows): `topic, reason, paused_by`.
+    pub pause: &'static str,
 }
 
 /// How the migration serializes with itself, and upgrades.

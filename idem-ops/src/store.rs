@@ -4,10 +4,12 @@
 //! what they need: each of idem's four. They are reachable from nowhere
 //! outside the crate; [`Operable`] names them.
 
-use crate::admin::{OutboxMessage, RequeueTarget};
+use crate::admin::{
+    Act, Acted, Attempt, MessageDetail, OutboxMessage, PausedTopic, Process, RequeueTarget,
+};
 use crate::archive::{ArchiveTable, RecordInfo};
 use crate::sql::OpsSql;
-use idem_core::Backend;
+use idem_core::{Backend, Dialect};
 use sqlx::{Database, Pool};
 use std::future::Future;
 
@@ -25,9 +27,9 @@ use std::future::Future;
 ///     Ok(admin::stats(pool, None).await?.totals.failed)
 /// }
 /// ```
-pub trait Operable: Backend + ArchiveStore + AdminStore {}
+pub trait Operable: Backend + ArchiveStore + AdminStore + ActionStore {}
 
-impl<DB: Backend + ArchiveStore + AdminStore> Operable for DB {}
+impl<DB: Backend + ArchiveStore + AdminStore + ActionStore> Operable for DB {}
 
 /// `impl<DB> $trait for DB` for every [`Backend`] whose driver runs and
 /// binds what the statements need: the bounds are written once, here.
@@ -41,6 +43,7 @@ macro_rules! for_every_backend {
             usize: sqlx::ColumnIndex<<DB as Database>::Row>,
             str: sqlx::Type<DB>,
             for<'q> &'q str: sqlx::Encode<'q, DB>,
+            for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
             String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
             i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
             i32: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
@@ -107,6 +110,7 @@ fn sql_of_pool<DB: Backend>(pool: &Pool<DB>) -> &'static OpsSql {
     crate::sql::of(DB::pool_dialect(pool))
 }
 
+mod actions;
 mod admin;
 mod archive;
 
@@ -190,14 +194,15 @@ pub trait AdminStore: Database {
 
     /// The failed messages `target` selects (with `max_id`, only ids up to
     /// it), locked; unless `dry_run`, set back to pending (attempts 0, due
-    /// now, lease cleared, `last_error` prefixed with `requeued: `).
-    /// Returns them (as they were) and how many changed (dry run: would
+    /// now, lease cleared, `last_error` prefixed with `requeued: `), each
+    /// with a `requeued` entry by `actor` in its attempt log. Returns them (as they were) and how many changed (dry run: would
     /// change).
     fn outbox_requeue<'a>(
         pool: &'a Pool<Self>,
         target: &'a RequeueTarget,
         max_id: Option<i64>,
         dry_run: bool,
+        actor: &'a str,
     ) -> impl Future<Output = Result<(Vec<OutboxMessage>, u64), sqlx::Error>> + Send + 'a;
 
     /// What [`outbox_requeue`](Self::outbox_requeue) of `target` would
@@ -234,4 +239,89 @@ pub trait AdminStore: Database {
         pool: &'a Pool<Self>,
         id: i64,
     ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
+}
+
+/// One message in full, its attempt log, the operator's actions on
+/// messages and topics, and the processes (see [`admin`](crate::admin),
+/// which guards and documents them).
+pub trait ActionStore: Database {
+    /// Message `id`: the online row, else the archived one.
+    fn outbox_detail<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<MessageDetail>, sqlx::Error>> + Send + 'a;
+
+    /// Message `id`'s attempt log, newest first, at most `limit` entries.
+    fn outbox_attempt_log<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Attempt>, sqlx::Error>> + Send + 'a;
+
+    /// `what` on message `id`, in a transaction of its own that locks
+    /// the row before it reads its status and lease.
+    fn outbox_act<'a>(
+        pool: &'a Pool<Self>,
+        id: i64,
+        what: Act<'a>,
+    ) -> impl Future<Output = Result<Acted, sqlx::Error>> + Send + 'a;
+
+    /// Adds an entry to message `id`'s attempt log on `conn` (in the
+    /// caller's transaction), keeping the newest
+    /// [`ATTEMPT_LOG_MAX`](crate::admin::ATTEMPT_LOG_MAX).
+    #[allow(clippy::too_many_arguments)]
+    fn attempt_log_add<'a>(
+        conn: &'a mut Self::Connection,
+        d: Dialect,
+        id: i64,
+        attempt: i32,
+        outcome: &'a str,
+        detail: Option<&'a str>,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Deletes all but the newest
+    /// [`ATTEMPT_LOG_MAX`](crate::admin::ATTEMPT_LOG_MAX) entries of
+    /// message `id`'s attempt log, on `conn`.
+    fn attempt_log_trim<'a>(
+        conn: &'a mut Self::Connection,
+        d: Dialect,
+        id: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Adds an entry `outcome` by `actor` (no detail) to the attempt log
+    /// of each `(message id, attempt)` of `entries` (at most 500) on
+    /// `conn`, keeping each message's newest
+    /// [`ATTEMPT_LOG_MAX`](crate::admin::ATTEMPT_LOG_MAX).
+    fn attempt_log_bulk<'a>(
+        conn: &'a mut Self::Connection,
+        d: Dialect,
+        entries: &'a [(i64, i32)],
+        outcome: &'a str,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Pauses `topic` unless paused: true when newly paused.
+    fn topic_pause<'a>(
+        pool: &'a Pool<Self>,
+        topic: &'a str,
+        reason: Option<&'a str>,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Resumes `topic`: true when it was paused.
+    fn topic_resume<'a>(
+        pool: &'a Pool<Self>,
+        topic: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// The paused topics, in no order.
+    fn topic_paused<'a>(
+        pool: &'a Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<PausedTopic>, sqlx::Error>> + Send + 'a;
+
+    /// The registered processes, in no order.
+    fn process_list<'a>(
+        pool: &'a Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<Process>, sqlx::Error>> + Send + 'a;
 }

@@ -298,6 +298,12 @@ pub fn set_broken_reclaim_counted(on: bool) {
     set_broken(probe::Break::ReclaimCounted, on);
 }
 
+/// A relay's claim takes the messages of paused topics too (a control;
+/// see the [crate documentation](crate)).
+pub fn set_broken_ignore_pause(on: bool) {
+    set_broken(probe::Break::IgnorePause, on);
+}
+
 /// An attempt that failed in an outage closes no gate on its topic: the
 /// relay keeps claiming and giving back the topic's backlog while the
 /// outage lasts (a control; see the [crate documentation](crate)).

@@ -80,7 +80,7 @@ pub use servers::{
     scratch_file, sqlite, sqlite_url, unreachable,
 };
 pub use sql::sql;
-pub use wait::wait_for;
+pub use wait::{published, wait_for};
 
 /// What [`for_each_backend!`] names in its expansion, so that a test
 /// crate needs no dependency for it.

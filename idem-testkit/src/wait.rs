@@ -18,3 +18,26 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until every outbox message of `topic` on `pool` (a `sqlx::Any`
+/// pool on a database of `dialect`) is `success`: a relay has published
+/// them all (at most `within`).
+pub async fn published(
+    pool: &sqlx::AnyPool,
+    dialect: idem_runtime::Dialect,
+    topic: &str,
+    within: Duration,
+) {
+    wait_for("the outbox drained", within, || async move {
+        let left: i64 = sqlx::query_scalar(crate::sql(
+            dialect,
+            "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status <> 'success'",
+        ))
+        .bind(topic)
+        .fetch_one(pool)
+        .await
+        .expect("pending messages");
+        left == 0
+    })
+    .await;
+}

@@ -99,7 +99,7 @@ pub(crate) async fn requeue(pool: &AnyPool, args: RequeueArgs, out: Out) -> Resu
         max_id: None,
         dry_run: args.dry_run,
     };
-    let report = admin::requeue(pool, &what).await?;
+    let report = admin::requeue_by(pool, &what, &super::actions::actor()).await?;
     if let (Some(id), true) = (t.id, report.messages.is_empty()) {
         // Say why nothing happened.
         match admin::status_of(pool, id).await? {

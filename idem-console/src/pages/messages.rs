@@ -209,7 +209,7 @@ pub(crate) fn message_table(mount: &Mount, messages: &[OutboxMessage], select: b
                 @for m in messages {
                     tr data-id=(m.id) {
                         @if select { td { input type="checkbox" name="id" value=(m.id) aria-label=(format!("select message {}", m.id)); } }
-                        td.num { (m.id) }
+                        td.num.id { a.message-link href=(super::message::url(mount, m.id)) { (m.id) } }
                         td.topic { (fmt::name(&m.topic)) }
                         td { code { (m.msg_id) } }
                         td { span class=(format!("status {}", m.status)) { (m.status) } }

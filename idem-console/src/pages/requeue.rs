@@ -9,7 +9,7 @@ use crate::fmt;
 use crate::params::{Params, query_string};
 use crate::read::{SCAN_TIMEOUT, answering, bounded};
 use crate::throttle::Client;
-use crate::{Shared, layout};
+use crate::{Shared, layout, write};
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
@@ -138,10 +138,7 @@ pub(crate) async fn confirm<DB: Operable>(
     body: Bytes,
 ) -> Result<Html<String>, PageError> {
     let p = Params::body(&body);
-    if let Err(refused) = c.auth.authorize(&headers, p.get("csrf"), client, &c.site) {
-        metrics::counter!("idem_console_refused_writes_total").increment(1);
-        return Err(refused);
-    }
+    let actor = write::authorize(&c, &headers, p.get("csrf"), client)?;
     let target = target(&p)?;
     let Some(max_id) = p.int("max_id")? else {
         return Err(PageError::BadRequest(
@@ -158,10 +155,10 @@ pub(crate) async fn confirm<DB: Operable>(
         dry_run: false,
         max_id: Some(max_id),
     };
-    let done = bounded(SCAN_TIMEOUT, admin::requeue(&c.pool, &what)).await?;
+    let done = bounded(SCAN_TIMEOUT, admin::requeue_by(&c.pool, &what, &actor)).await?;
     c.figures.backlog.clear().await;
     metrics::counter!("idem_console_requeued_total").increment(done.requeued);
-    tracing::info!(requeued = done.requeued, target = ?target, max_id, "idem console: requeue");
+    tracing::info!(requeued = done.requeued, target = ?target, max_id, actor = %actor, "idem console: requeue");
     let viewer = c.auth.viewer(&headers);
     let body = html! {
         h1 { "Requeued" }

@@ -42,6 +42,9 @@ pub(crate) async fn databases(test: &str) -> Vec<Db> {
             "idem_outbox_history",
             "idem_record",
             "idem_record_history",
+            "idem_outbox_attempt",
+            "idem_topic_pause",
+            "idem_process",
         ] {
             sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
                 .execute(&pool)
@@ -114,6 +117,24 @@ impl Db {
                 )
             })
             .collect()
+    }
+
+    /// An SQL expression of the database's clock, now moved by `secs`
+    /// seconds (negative: in the past), as its timestamp columns hold it.
+    pub(crate) fn now_plus(&self, secs: i64) -> String {
+        match self.d {
+            Dialect::Postgres => format!("(now() + make_interval(secs => {secs}))"),
+            Dialect::MySql => format!("(UTC_TIMESTAMP(6) + INTERVAL {secs} SECOND)"),
+            Dialect::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '{secs:+} seconds')"),
+        }
+    }
+
+    /// Runs `statement` (no bound values; built by the test itself).
+    pub(crate) async fn exec(&self, statement: String) {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&self.pool)
+            .await
+            .expect("the test's statement");
     }
 
     /// The status of message `id`.

@@ -46,7 +46,9 @@ pub use dialect::Dialect;
 // crate: their methods and argument types are not API.
 pub(crate) use migrate::Migrate;
 pub(crate) use sql::{ClaimSql, StateSql};
-pub(crate) use types::{ClaimError, Claimed, NewMessage, OutboxInsert, OutboxState, StoredRecord};
+pub(crate) use types::{
+    ClaimError, Claimed, NewMessage, OutboxInsert, OutboxState, ProcessRow, StoredRecord,
+};
 pub use types::{ClaimedRow, NewRecord, OutboxRow};
 
 pub(crate) mod sealed {
@@ -409,7 +411,10 @@ pub trait OutboxStore: Database {
     /// `failed` when `dead`. Only while the message is still pending and
     /// leased by `owner` as attempt `attempt`: it never overwrites a
     /// success, nor lands on a message another claim took over. True if
-    /// applied.
+    /// applied; then, in the same transaction, the attempt is logged in
+    /// `idem_outbox_attempt` (outcome `retry` or `dead`, `error` as the
+    /// detail, `owner` as the actor), the message's log cut to its
+    /// [`ATTEMPT_LOG_MAX`](crate::outbox::ATTEMPT_LOG_MAX) newest rows.
     ///
     /// With `over_success`, the failure is written over a `success` of
     /// this attempt (`attempt`) instead: its handler's call marked the
@@ -434,6 +439,9 @@ pub trait OutboxStore: Database {
     /// after `delay_secs`, `attempts` back to `attempt - 1`, the lease
     /// cleared, fenced as
     /// [`outbox_settle_failure`](OutboxStore::outbox_settle_failure).
+    /// Not logged in `idem_outbox_attempt`: the attempt is taken back,
+    /// not counted (its number is used again by the next claim), and an
+    /// outage must not push a message's real failures out of its log.
     fn outbox_release<'a>(
         pool: &'a Pool<Self>,
         id: i64,
@@ -470,6 +478,19 @@ pub trait OutboxStore: Database {
         dead: bool,
         delay_secs: f64,
         error: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Writes a process's row in `idem_process`, or refreshes its
+    /// `heartbeat_at` (see [`crate::process`]).
+    fn process_beat<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a ProcessRow<'a>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Deletes a process's row; true if there was one.
+    fn process_end<'a>(
+        pool: &'a Pool<Self>,
+        id: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
 

@@ -88,6 +88,19 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), last_error = ?, \
         lease_owner = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
         WHERE id = ? AND status = 'success' AND (lease_owner IS NULL OR lease_owner = ?) AND attempts = ?",
+    attempt_log: "INSERT INTO idem_outbox_attempt (outbox_id, attempt, outcome, detail, actor, at) \
+        VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
+    // The newest rows' boundary through a derived table: MariaDB refuses
+    // a subquery on the table a DELETE changes (1093), not one on a
+    // materialized copy of it.
+    attempt_trim: "DELETE FROM idem_outbox_attempt WHERE outbox_id = ? AND id < \
+        (SELECT b.id FROM (SELECT id FROM idem_outbox_attempt WHERE outbox_id = ? \
+        ORDER BY id DESC LIMIT 1 OFFSET ?) b)",
+    process_beat: "INSERT INTO idem_process (id, kind, name, host, pid, started_at, heartbeat_at) \
+        VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE \
+        kind = VALUES(kind), name = VALUES(name), host = VALUES(host), pid = VALUES(pid), \
+        heartbeat_at = UTC_TIMESTAMP(6)",
+    process_end: "DELETE FROM idem_process WHERE id = ?",
     insert_id: InsertId::LastInsertId,
     // No UPDATE … RETURNING: pick the due rows (a consistent read, no
     // locks), lock those still due (skipping rows other relays hold),
@@ -97,7 +110,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
             format!(
                 "SELECT id FROM idem_outbox q \
                  WHERE status = 'pending' AND topic IN ({topics}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
-                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) /*order*/ \
+                 AND (locked_until IS NULL OR locked_until < UTC_TIMESTAMP(6)) /*order*/ /*pause*/ \
                  ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },

@@ -3,7 +3,7 @@
 
 use super::class::{Class, PoolerFault};
 use super::dialect::Dialect;
-use super::sql::{Claim, InsertId, Renew, RequestSql, SqlSet};
+use super::sql::{Claim, InsertId, PAUSE_GUARD_SQL, Renew, RequestSql, SqlSet};
 
 /// The PostgreSQL statements.
 pub(crate) const SQL: SqlSet = SqlSet {
@@ -52,9 +52,9 @@ pub(crate) const SQL: SqlSet = SqlSet {
             .split(", ")
             .map(|t| {
                 format!(
-                    "(SELECT next_attempt_at AS t FROM idem_outbox \
+                    "(SELECT next_attempt_at AS t FROM idem_outbox q \
                      WHERE status = 'pending' AND topic = {t} AND next_attempt_at > now() \
-                     ORDER BY next_attempt_at LIMIT 1)"
+                     {PAUSE_GUARD_SQL} ORDER BY next_attempt_at LIMIT 1)"
                 )
             })
             .collect();
@@ -103,6 +103,15 @@ pub(crate) const SQL: SqlSet = SqlSet {
         next_attempt_at = now() + make_interval(secs => $2::float8), last_error = $3, \
         lease_owner = NULL, locked_until = NULL, updated_at = now() \
         WHERE id = $4 AND status = 'success' AND (lease_owner IS NULL OR lease_owner = $5) AND attempts = $6",
+    attempt_log: "INSERT INTO idem_outbox_attempt (outbox_id, attempt, outcome, detail, actor, at) \
+        VALUES ($1, $2, $3, $4, $5, now())",
+    attempt_trim: "DELETE FROM idem_outbox_attempt WHERE outbox_id = $1 AND id < \
+        (SELECT id FROM idem_outbox_attempt WHERE outbox_id = $2 ORDER BY id DESC LIMIT 1 OFFSET $3)",
+    process_beat: "INSERT INTO idem_process (id, kind, name, host, pid, started_at, heartbeat_at) \
+        VALUES ($1, $2, $3, $4, $5, now(), now()) ON CONFLICT (id) DO UPDATE SET \
+        kind = EXCLUDED.kind, name = EXCLUDED.name, host = EXCLUDED.host, pid = EXCLUDED.pid, \
+        heartbeat_at = now()",
+    process_end: "DELETE FROM idem_process WHERE id = $1",
     insert_id: InsertId::Returning,
     claim: Claim::Returning {
         render: |topics| {
@@ -113,7 +122,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
                  FROM (SELECT id, lease_owner AS prev FROM idem_outbox q WHERE status = 'pending' \
                    AND topic IN ({topics}) \
                    AND next_attempt_at <= now() AND (locked_until IS NULL OR locked_until < now()) \
-                   /*order*/ \
+                   /*order*/ /*pause*/ \
                    ORDER BY next_attempt_at, id LIMIT ? OFFSET ? FOR UPDATE SKIP LOCKED) c \
                  WHERE o.id = c.id \
                  RETURNING o.id, o.topic, o.msg_id, o.payload, o.attempts, o.ordering_key, o.headers, \

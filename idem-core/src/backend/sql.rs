@@ -36,6 +36,15 @@ pub struct ClaimSql {
 /// ([`order_guard`]); its scan of `idem_outbox` is aliased `q`.
 pub(crate) const ORDER_GUARD: &str = "/*order*/";
 
+/// Where each dialect's claim statement places the pause guard
+/// ([`PAUSE_GUARD_SQL`]); its scan of `idem_outbox` is aliased `q`.
+pub(crate) const PAUSE_GUARD: &str = "/*pause*/";
+
+/// The claim's pause guard: no message of a topic in `idem_topic_pause`
+/// is due. One probe of that table's primary key per candidate row.
+pub(crate) const PAUSE_GUARD_SQL: &str =
+    "AND NOT EXISTS (SELECT 1 FROM idem_topic_pause z WHERE z.topic = q.topic)";
+
 /// The claim's ordering guard: a row with an ordering key is due only as
 /// its key's head, when no other pending row of the key has a smaller id
 /// or holds a running lease (and, `hold_after_dead`, no dead-lettered row
@@ -165,6 +174,22 @@ pub(crate) struct SqlSet {
     /// message: `attempts - 1`, the lease kept. Binds: id, owner, attempt
     /// (the later claim's). Native.
     pub outbox_uncount: &'static str,
+    /// One failed attempt's row in the attempt log, written with its
+    /// settle (see [`ATTEMPT_LOG_MAX`](crate::outbox::ATTEMPT_LOG_MAX)), at
+    /// the database's now. Binds: outbox id, attempt, outcome, detail,
+    /// actor. Native placeholders.
+    pub attempt_log: &'static str,
+    /// The attempt log of one message cut to its newest rows: deletes
+    /// those older than the one at the offset (binds: outbox id, outbox
+    /// id, offset: the rows kept minus one). Native placeholders.
+    pub attempt_trim: &'static str,
+    /// A process's row in `idem_process` written or refreshed: inserted
+    /// (`started_at` and `heartbeat_at` now), or its `heartbeat_at` set to
+    /// now and its description rewritten. Binds: id, kind, name, host,
+    /// pid. Native placeholders.
+    pub process_beat: &'static str,
+    /// A stopped process's row deleted. Binds: id. Native placeholders.
+    pub process_end: &'static str,
     /// The relay's claim.
     pub claim: Claim,
     /// The rows a claim whose commit outcome is unknown leased, if it
@@ -303,7 +328,14 @@ impl SqlSet {
         let render = match self.claim {
             Claim::Returning { render, .. } | Claim::LockThenLease { render, .. } => render,
         };
-        let claim = render(&list).replace(ORDER_GUARD, &order_guard(self.now, hold_after_dead));
+        // The control `probe::Break::IgnorePause` claims paused topics too.
+        let pause = match crate::probe::broken(crate::probe::Break::IgnorePause) {
+            true => "",
+            false => PAUSE_GUARD_SQL,
+        };
+        let claim = render(&list)
+            .replace(ORDER_GUARD, &order_guard(self.now, hold_after_dead))
+            .replace(PAUSE_GUARD, pause);
         let next_due = self.next_due.map(|render| self.render(&render(&list)));
         ClaimSql {
             claim: self.render(&claim),

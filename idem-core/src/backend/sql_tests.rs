@@ -137,6 +137,33 @@ fn every_claim_takes_only_the_heads_of_ordering_keys() {
 }
 
 #[test]
+fn every_claim_passes_paused_topics_over() {
+    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+        let claim = d.claim_sql(2, false).claim;
+        assert!(!claim.contains(PAUSE_GUARD), "{claim}");
+        assert_eq!(claim.matches(PAUSE_GUARD_SQL).count(), 1, "{claim}");
+        // Without the ordering guard (the control `Unordered`) too.
+        assert!(d.unordered_claim_sql(2).contains(PAUSE_GUARD_SQL));
+    }
+    // What wakes a pushed relay early is no paused message either.
+    let next_due = Dialect::Postgres.claim_sql(2, false).next_due.unwrap();
+    assert_eq!(next_due.matches(PAUSE_GUARD_SQL).count(), 2, "{next_due}");
+}
+
+#[test]
+fn the_attempt_log_keeps_its_newest_rows() {
+    for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+        let sql = d.sql();
+        assert!(
+            sql.attempt_log
+                .starts_with("INSERT INTO idem_outbox_attempt")
+        );
+        assert!(sql.attempt_trim.contains("ORDER BY id DESC LIMIT 1 OFFSET"));
+        assert!(sql.process_beat.contains("heartbeat_at"));
+    }
+}
+
+#[test]
 fn claim_recovery_reads_back_the_claims_own_rows() {
     for d in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
         let sql = d.sql();

@@ -72,6 +72,15 @@ pub(crate) const SQL: SqlSet = SqlSet {
         last_error = ?, lease_owner = NULL, locked_until = NULL, \
         updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
         WHERE id = ? AND status = 'success' AND (lease_owner IS NULL OR lease_owner = ?) AND attempts = ?",
+    attempt_log: "INSERT INTO idem_outbox_attempt (outbox_id, attempt, outcome, detail, actor, at) \
+        VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+    attempt_trim: "DELETE FROM idem_outbox_attempt WHERE outbox_id = ? AND id < \
+        (SELECT id FROM idem_outbox_attempt WHERE outbox_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+    process_beat: "INSERT INTO idem_process (id, kind, name, host, pid, started_at, heartbeat_at) \
+        VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+        ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, name = excluded.name, \
+        host = excluded.host, pid = excluded.pid, heartbeat_at = strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    process_end: "DELETE FROM idem_process WHERE id = ?",
     insert_id: InsertId::Returning,
     // BEGIN IMMEDIATE: the two statements run under the write lock.
     claim: Claim::LockThenLease {
@@ -82,7 +91,7 @@ pub(crate) const SQL: SqlSet = SqlSet {
                  FROM idem_outbox q \
                  WHERE status = 'pending' AND topic IN ({topics}) \
                  AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                 AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) /*order*/ \
+                 AND (locked_until IS NULL OR locked_until < strftime('%Y-%m-%d %H:%M:%f', 'now')) /*order*/ /*pause*/ \
                  ORDER BY next_attempt_at, id LIMIT ? OFFSET ?"
             )
         },

@@ -162,3 +162,19 @@ impl ClaimError {
         }
     }
 }
+
+/// A process's row in `idem_process` (see [`crate::process`]), as its
+/// heartbeat writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessRow<'a> {
+    /// Its id: a relay's owner, a consumer's id.
+    pub id: &'a str,
+    /// `relay` or `consumer`.
+    pub kind: &'a str,
+    /// What it serves: its topics, its queue.
+    pub name: &'a str,
+    /// The machine's hostname, if known.
+    pub host: Option<&'a str>,
+    /// The process id.
+    pub pid: i64,
+}

@@ -2,6 +2,7 @@
 
 use super::ConsumerStats;
 use crate::Error;
+use crate::process::Heartbeat;
 use crate::task::{TaskError, TaskHandle, TaskStatus};
 use std::any::Any;
 use std::fmt;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 pub struct ConsumerHandle<M> {
     task: TaskHandle<Result<(), Error>>,
     running: Arc<dyn Running>,
+    heartbeat: Option<Heartbeat>,
     message: PhantomData<fn() -> M>,
 }
 
@@ -38,8 +40,28 @@ impl<M> ConsumerHandle<M> {
         ConsumerHandle {
             task,
             running,
+            heartbeat: None,
             message: PhantomData,
         }
+    }
+
+    /// Shows the consumer among the processes alive (`idem_process`, the
+    /// console's and `idem processes`' list) with `beat`'s row, which
+    /// goes when the consumer is shut down (a dropped handle deletes it in
+    /// the background). A consumer has no pool of its own: the heartbeat
+    /// writes on the one it was started on.
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool, handle: idem_runtime::consume::ConsumerHandle<()>) {
+    /// use idem_runtime::process::Heartbeat;
+    /// let handle = handle.heartbeat(
+    ///     Heartbeat::builder("orders-consumer-1", "consumer", "queue orders").start(pool),
+    /// );
+    /// # }
+    /// ```
+    pub fn heartbeat(mut self, beat: Heartbeat) -> Self {
+        self.heartbeat = Some(beat);
+        self
     }
 
     /// What the consumer shares, as the entry point that spawned it knows
@@ -71,8 +93,13 @@ impl<M> ConsumerHandle<M> {
     /// out again at once). The connection stays open. An error if the
     /// consumer had stopped because its channel or connection failed
     /// (AMQP), or its task panicked.
-    pub async fn shutdown(self) -> Result<(), Error> {
-        match self.task.shutdown().await {
+    pub async fn shutdown(mut self) -> Result<(), Error> {
+        let beat = self.heartbeat.take();
+        let ended = self.task.shutdown().await;
+        if let Some(beat) = beat {
+            stop_beat(beat).await;
+        }
+        match ended {
             Ok(r) => r,
             Err(e) => Err(Error::retryable(format!("consumer task failed: {e}"))),
         }
@@ -91,12 +118,17 @@ impl<M> ConsumerHandle<M> {
     /// An `Err` if the consumer had stopped by itself: its channel or
     /// connection failed ([`TaskError::Failed`]), or its task panicked.
     pub async fn shutdown_within(
-        self,
+        mut self,
         deadline: Duration,
     ) -> Result<ConsumerStopReport, TaskError> {
         let started = Instant::now();
         let stats = self.stats();
-        let ended = self.task.shutdown_within(deadline).await?;
+        let beat = self.heartbeat.take();
+        let ended = self.task.shutdown_within(deadline).await;
+        if let Some(beat) = beat {
+            stop_beat(beat).await;
+        }
+        let ended = ended?;
         let abandoned = match ended {
             Some(Ok(())) => false,
             Some(Err(e)) => return Err(TaskError::Failed(e)),
@@ -153,6 +185,13 @@ pub struct ConsumerStopReport {
     pub abandoned: bool,
     /// Its counters, final.
     pub stats: Arc<ConsumerStats>,
+}
+
+/// Deletes a consumer's heartbeat row: the consumer ended.
+async fn stop_beat(beat: Heartbeat) {
+    if let Err(e) = beat.stop().await {
+        tracing::warn!(error = %e, "the consumer's heartbeat row could not be deleted");
+    }
 }
 
 impl<M> fmt::Debug for ConsumerHandle<M> {

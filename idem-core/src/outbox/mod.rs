@@ -67,6 +67,6 @@ pub use options::{
 };
 pub use relay::forward;
 pub use relay::{
-    Delivery, DrainReport, LISTENER_APP, OnDeadHead, Relay, RelayHandle, RelaySettings, RelayStats,
-    RelayStatsSnapshot, Settled, Settlement, StopReport, TopicLimit,
+    ATTEMPT_LOG_MAX, Delivery, DrainReport, LISTENER_APP, OnDeadHead, Relay, RelayHandle,
+    RelaySettings, RelayStats, RelayStatsSnapshot, Settled, Settlement, StopReport, TopicLimit,
 };

@@ -53,6 +53,10 @@ pub(crate) const SQL: OpsSql = OpsSql {
         age_secs: |col| format!("(TIMESTAMPDIFF(MICROSECOND, {col}, UTC_TIMESTAMP(6)) / 1e6)"),
         floor_int: |e| format!("CAST(FLOOR({e}) AS SIGNED)"),
         ago: "DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
+        // The values are checked first (lengths): IGNORE skips only the
+        // duplicate.
+        pause: "INSERT IGNORE INTO idem_topic_pause (topic, reason, paused_by, paused_at) \
+            VALUES (?, ?, ?, UTC_TIMESTAMP(6))",
     },
     schema: SCHEMA,
     migrate: MigrateSql {
@@ -75,7 +79,7 @@ pub(crate) const SQL: OpsSql = OpsSql {
             } else {
                 MySqlFlavor::MySql8
             };
-            vec![mysql_v2(flavor), mysql_v3(flavor)]
+            vec![mysql_v2(flavor), mysql_v3(flavor), mysql_v4(flavor)]
         },
     },
 };
@@ -212,6 +216,49 @@ fn mysql_v3(flavor: MySqlFlavor) -> Vec<String> {
         format!(
             "CREATE TABLE IF NOT EXISTS idem_outbox_key ( \
              ordering_key VARCHAR(128) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL PRIMARY KEY \
+             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        ),
+    ]
+}
+
+/// Version 4 on MariaDB / MySQL: the operator's tables (see the
+/// PostgreSQL file's `PG_V4`), each statement safe to run again after a
+/// crash between them; topics in the same binary collation as the
+/// outbox's.
+fn mysql_v4(flavor: MySqlFlavor) -> Vec<String> {
+    let c = match flavor {
+        MySqlFlavor::MariaDb => "utf8mb4_nopad_bin",
+        MySqlFlavor::MySql8 => "utf8mb4_0900_bin",
+    };
+    vec![
+        "CREATE TABLE IF NOT EXISTS idem_outbox_attempt ( \
+         id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+         outbox_id BIGINT NOT NULL, \
+         attempt INT NOT NULL, \
+         outcome VARCHAR(16) NOT NULL, \
+         detail TEXT NULL, \
+         actor VARCHAR(128) NULL, \
+         at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+         KEY idx_idem_outbox_attempt_msg (outbox_id, id) \
+         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+            .to_string(),
+        format!(
+            "CREATE TABLE IF NOT EXISTS idem_topic_pause ( \
+             topic VARCHAR(128) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL PRIMARY KEY, \
+             reason TEXT NULL, \
+             paused_by VARCHAR(128) NULL, \
+             paused_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) \
+             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS idem_process ( \
+             id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL PRIMARY KEY, \
+             kind VARCHAR(16) NOT NULL, \
+             name VARCHAR(256) NOT NULL, \
+             host VARCHAR(128) NULL, \
+             pid BIGINT NULL, \
+             started_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             heartbeat_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) \
              ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
         ),
     ]

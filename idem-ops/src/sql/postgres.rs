@@ -53,6 +53,8 @@ pub(crate) const SQL: OpsSql = OpsSql {
         age_secs: |col| format!("CAST(EXTRACT(EPOCH FROM now() - {col}) AS DOUBLE PRECISION)"),
         floor_int: |e| format!("CAST(FLOOR({e}) AS BIGINT)"),
         ago: "now() - make_interval(secs => ?::float8)",
+        pause: "INSERT INTO idem_topic_pause (topic, reason, paused_by, paused_at) \
+            VALUES (?, ?, ?, now()) ON CONFLICT (topic) DO NOTHING",
     },
     schema: SCHEMA,
     migrate: MigrateSql {
@@ -63,7 +65,7 @@ pub(crate) const SQL: OpsSql = OpsSql {
             lock: Some("SELECT pg_advisory_xact_lock(4242424242)"),
         },
         flavor_probe: None,
-        upgrades: |_| vec![owned(PG_V2), owned(PG_V3)],
+        upgrades: |_| vec![owned(PG_V2), owned(PG_V3), owned(PG_V4)],
     },
 };
 
@@ -161,6 +163,39 @@ const PG_V3: &[&str] = &[
      WHERE status = 'failed' AND ordering_key IS NOT NULL",
     "ALTER TABLE idem_outbox_history ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(128), \
      ADD COLUMN IF NOT EXISTS headers TEXT",
+];
+
+/// Version 4 on PostgreSQL (one transaction): the operator's tables. The
+/// attempt log (failed attempts and operator actions per message, bounded,
+/// kept for archived messages until the history's retention removes
+/// them), the paused topics the relays' claims skip, and the relays and
+/// consumers alive with their heartbeats.
+const PG_V4: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_outbox_attempt (
+            id BIGSERIAL PRIMARY KEY,
+            outbox_id BIGINT NOT NULL,
+            attempt INTEGER NOT NULL,
+            outcome VARCHAR(16) NOT NULL,
+            detail TEXT,
+            actor VARCHAR(128),
+            at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_attempt_msg ON idem_outbox_attempt (outbox_id, id)",
+    "CREATE TABLE IF NOT EXISTS idem_topic_pause (
+            topic VARCHAR(128) PRIMARY KEY,
+            reason TEXT,
+            paused_by VARCHAR(128),
+            paused_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    "CREATE TABLE IF NOT EXISTS idem_process (
+            id VARCHAR(64) PRIMARY KEY,
+            kind VARCHAR(16) NOT NULL,
+            name VARCHAR(256) NOT NULL,
+            host VARCHAR(128),
+            pid BIGINT,
+            started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
 ];
 
 /// A version's statements, owned.

@@ -50,6 +50,8 @@ pub(crate) const SQL: OpsSql = OpsSql {
         age_secs: |col| format!("((julianday('now') - julianday({col})) * 86400.0)"),
         floor_int: |e| format!("CAST({e} AS INTEGER)"),
         ago: "strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ? || ' seconds')",
+        pause: "INSERT INTO idem_topic_pause (topic, reason, paused_by, paused_at) \
+            VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now')) ON CONFLICT (topic) DO NOTHING",
     },
     schema: SCHEMA,
     migrate: MigrateSql {
@@ -59,7 +61,7 @@ pub(crate) const SQL: OpsSql = OpsSql {
             lock: None,
         },
         flavor_probe: None,
-        upgrades: |_| vec![owned(LITE_V2), owned(LITE_V3)],
+        upgrades: |_| vec![owned(LITE_V2), owned(LITE_V3), owned(LITE_V4)],
     },
 };
 
@@ -173,6 +175,36 @@ const LITE_V3: &[&str] = &[
      WHERE status = 'failed' AND ordering_key IS NOT NULL",
     "ALTER TABLE idem_outbox_history ADD COLUMN ordering_key TEXT",
     "ALTER TABLE idem_outbox_history ADD COLUMN headers TEXT",
+];
+
+/// Version 4 on SQLite: the operator's tables (see the PostgreSQL file's
+/// `PG_V4`).
+const LITE_V4: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_outbox_attempt (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            outbox_id INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            outcome TEXT NOT NULL,
+            detail TEXT,
+            actor TEXT,
+            at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
+    "CREATE INDEX IF NOT EXISTS idx_idem_outbox_attempt_msg ON idem_outbox_attempt (outbox_id, id)",
+    "CREATE TABLE IF NOT EXISTS idem_topic_pause (
+            topic TEXT PRIMARY KEY,
+            reason TEXT,
+            paused_by TEXT,
+            paused_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
+    "CREATE TABLE IF NOT EXISTS idem_process (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            host TEXT,
+            pid INTEGER,
+            started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+            heartbeat_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+        )",
 ];
 
 /// A version's statements, owned.

@@ -1,7 +1,7 @@
 //! [`AdminStore`] for every backend: the operator's queries, composed from
 //! the dialect's [`AdminSql`](crate::sql::AdminSql) pieces.
 
-use super::{AdminStore, persist, sql_of_pool};
+use super::{ActionStore, AdminStore, persist, sql_of_pool};
 use crate::admin::{OutboxMessage, RequeueTarget};
 use crate::sql::{OpsSql, marks};
 use idem_core::{Backend, Dialect};
@@ -17,16 +17,25 @@ type MessageRow = (i64, String, String, String, i32, Option<String>, String);
 /// UTF-8), which no `String` decodes: there the column is read as the hex
 /// of its bytes (always ASCII) and [`lossy`] turns it back, lossily.
 /// PostgreSQL and MariaDB hold valid UTF-8 only: the column as it is.
-fn text_column(d: Dialect, column: &str) -> String {
+pub(super) fn text_column(d: Dialect, column: &str) -> String {
     match d {
         Dialect::Sqlite => format!("hex({column})"),
         Dialect::Postgres | Dialect::MySql => column.to_string(),
     }
 }
 
+/// [`text_column`] of a nullable column: NULL stays NULL (SQLite's
+/// `hex(NULL)` is the empty string, which would read as `Some("")`).
+pub(super) fn opt_text_column(d: Dialect, column: &str) -> String {
+    match d {
+        Dialect::Sqlite => format!("CASE WHEN {column} IS NULL THEN NULL ELSE hex({column}) END"),
+        Dialect::Postgres | Dialect::MySql => column.to_string(),
+    }
+}
+
 /// A value of a [`text_column`]: on SQLite its bytes, decoded with
 /// U+FFFD for what is no UTF-8.
-fn lossy(d: Dialect, value: String) -> String {
+pub(super) fn lossy(d: Dialect, value: String) -> String {
     match d {
         Dialect::Sqlite => {
             let bytes: Vec<u8> = value
@@ -61,7 +70,7 @@ fn message_columns(d: Dialect, sql: &OpsSql) -> String {
         "id, {}, {}, status, attempts, {}, {}",
         text_column(d, "topic"),
         text_column(d, "msg_id"),
-        text_column(d, "last_error"),
+        opt_text_column(d, "last_error"),
         (sql.admin.ts_text)("updated_at")
     )
 }
@@ -194,6 +203,7 @@ impl AdminStore for DB {
         target: &'a RequeueTarget,
         max_id: Option<i64>,
         dry_run: bool,
+        actor: &'a str,
     ) -> Result<(Vec<OutboxMessage>, u64), sqlx::Error> {
         let sql = sql_of_pool(pool);
         let d = DB::pool_dialect(pool);
@@ -250,6 +260,11 @@ impl AdminStore for DB {
                 q = q.bind(m.id);
             }
             requeued += DB::rows_changed(&q.execute(&mut *tx).await?);
+            let entries: Vec<(i64, i32)> = chunk
+                .iter()
+                .map(|m| (m.id, i32::try_from(m.attempts).unwrap_or(i32::MAX)))
+                .collect();
+            DB::attempt_log_bulk(&mut *tx, d, &entries, "requeued", actor).await?;
         }
         tx.commit().await?;
         Ok((messages, requeued))

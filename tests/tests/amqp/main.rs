@@ -22,4 +22,5 @@ mod end_to_end;
 mod failures;
 mod fanout;
 mod headers;
+mod heartbeat;
 mod restart;

@@ -34,6 +34,7 @@ impl Drop for Exclusive {
         testing::set_broken_batch_leases(false);
         testing::set_broken_outage_counted(false);
         testing::set_broken_outage_ungated(false);
+        testing::set_broken_ignore_pause(false);
         testing::set_broken_settle_first(false);
         testing::set_broken_queued_renewal(false);
         testing::set_broken_adaptive_batching(false);

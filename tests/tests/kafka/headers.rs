@@ -17,26 +17,6 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 3;
 
-/// Waits until the relay published every message of `topic`.
-async fn drained(pool: &AnyPool, d: Dialect, topic: &str) {
-    wait_for(
-        "the outbox drained",
-        Duration::from_secs(60),
-        || async move {
-            let left: i64 = sqlx::query_scalar(sql(
-                d,
-                "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status <> 'success'",
-            ))
-            .bind(topic)
-            .fetch_one(pool)
-            .await
-            .expect("pending");
-            left == 0
-        },
-    )
-    .await;
-}
-
 /// A record as read back: (partition, key, headers in order, payload).
 type Record = (i32, Option<String>, Vec<(String, String)>, Vec<u8>);
 
@@ -122,7 +102,7 @@ async fn the_ordering_key_is_the_record_key_and_every_header_is_carried() {
         .route(&topic, publisher.route())
         .poll_interval(Duration::from_millis(20))
         .spawn();
-    drained(&pool, d, &topic).await;
+    idem_testkit::published(&pool, d, &topic, Duration::from_secs(60)).await;
     relay.shutdown().await;
 
     let read = records_of(&brokers, &topic, 5);

@@ -34,7 +34,7 @@ async fn one_trace_from_the_request_through_kafka_to_the_consumer() {
         .route(&topic, publisher.route())
         .poll_interval(Duration::from_millis(20))
         .spawn();
-    published(&pool, d, &topic).await;
+    idem_testkit::published(&pool, d, &topic, Duration::from_secs(60)).await;
     relay.shutdown().await;
 
     let seen = Arc::new(AtomicUsize::new(0));
@@ -60,24 +60,4 @@ async fn one_trace_from_the_request_through_kafka_to_the_consumer() {
     let consumed = exported("kafka_record", &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
     continued(&consumed, enqueued, "kafka", &topic);
-}
-
-/// Waits until the relay published every message of `topic`.
-async fn published(pool: &AnyPool, d: Dialect, topic: &str) {
-    wait_for(
-        "the outbox drained",
-        Duration::from_secs(60),
-        || async move {
-            let left: i64 = sqlx::query_scalar(sql(
-                d,
-                "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status <> 'success'",
-            ))
-            .bind(topic)
-            .fetch_one(pool)
-            .await
-            .expect("pending");
-            left == 0
-        },
-    )
-    .await;
 }

@@ -15,11 +15,14 @@
 mod common {
     pub(crate) mod coupons;
     pub(crate) mod hooks;
+    pub(crate) mod http;
     #[macro_use]
     pub(crate) mod relay;
 }
 
+mod admin_actions;
 mod admin_api;
+mod attempt_log;
 mod batch;
 mod booking;
 mod conformance;
@@ -27,10 +30,12 @@ mod delayed;
 mod enqueue;
 mod fanout;
 mod faults;
+mod heartbeat;
 mod leases;
 mod limits;
 mod ordering;
 mod outage_gate;
+mod pause;
 mod push;
 mod reclaim_outage;
 mod recovery;

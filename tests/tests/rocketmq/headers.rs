@@ -16,26 +16,6 @@ use std::sync::{Arc, Mutex};
 
 const QUEUES: u32 = 4;
 
-/// Waits until the relay published every message of `topic`.
-async fn drained(pool: &AnyPool, d: Dialect, topic: &str) {
-    wait_for(
-        "the outbox drained",
-        Duration::from_secs(60),
-        || async move {
-            let left: i64 = sqlx::query_scalar(sql(
-                d,
-                "SELECT COUNT(*) FROM idem_outbox WHERE topic = ? AND status <> 'success'",
-            ))
-            .bind(topic)
-            .fetch_one(pool)
-            .await
-            .expect("pending");
-            left == 0
-        },
-    )
-    .await;
-}
-
 /// Three messages of each ordering key (header `seq` 1 to 3), with user
 /// headers named like idem's own and RocketMQ's, and one without a key.
 async fn enqueued(pool: &AnyPool, topic: &str) {
@@ -90,7 +70,7 @@ async fn the_ordering_key_selects_the_queue_and_every_header_is_carried() {
         .route(&topic, publisher.route())
         .poll_interval(Duration::from_millis(20))
         .spawn();
-    drained(&pool, d, &topic).await;
+    idem_testkit::published(&pool, d, &topic, Duration::from_secs(60)).await;
     relay.shutdown().await;
     publisher.shutdown().await;
 

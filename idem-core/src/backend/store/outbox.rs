@@ -2,7 +2,9 @@
 //! read back outbox messages, with the dialect's statements.
 
 use super::super::sql::{Claim, InsertId, Renew, marks};
-use super::super::types::{ClaimError, Claimed, NewMessage, OutboxInsert, OutboxRow, OutboxState};
+use super::super::types::{
+    ClaimError, Claimed, NewMessage, OutboxInsert, OutboxRow, OutboxState, ProcessRow,
+};
 use super::super::{ClaimSql, OutboxStore, sealed::Sealed};
 use super::{begin, persist, sql_of, stmt};
 use crate::lease::OutboxLease;
@@ -34,6 +36,50 @@ macro_rules! settle_query {
             .bind($owner)
             .bind($attempt)
     }};
+}
+
+/// Writes the attempt log's row of a failed attempt whose settle applied
+/// in `tx` (outcome `dead` or `retry`, the error as `last_error` holds it,
+/// the lease owner as the actor), and cuts the message's log to its
+/// [`ATTEMPT_LOG_MAX`](crate::outbox::ATTEMPT_LOG_MAX) newest rows: in
+/// the settle's transaction, so both commit or neither does.
+async fn log_attempt<DB>(
+    tx: &mut Transaction<'_, DB>,
+    id: i64,
+    attempt: i32,
+    dead: bool,
+    error: &str,
+    owner: &str,
+) -> Result<(), sqlx::Error>
+where
+    DB: Sealed,
+    for<'c> &'c mut <DB as Database>::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    str: sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB>,
+    i64: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB>,
+    i32: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB>,
+{
+    let sql = sql_of(tx);
+    let outcome = if dead { "dead" } else { "retry" };
+    sqlx::query(stmt(sql.attempt_log))
+        .persistent(persist())
+        .bind(id)
+        .bind(attempt)
+        .bind(outcome)
+        .bind(error)
+        .bind(owner)
+        .execute(&mut **tx)
+        .await?;
+    let kept = i64::try_from(crate::outbox::ATTEMPT_LOG_MAX).unwrap_or(i64::MAX);
+    sqlx::query(stmt(sql.attempt_trim))
+        .persistent(persist())
+        .bind(id)
+        .bind(id)
+        .bind(kept - 1)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// A row as read back: id, topic, msg_id, payload, attempts, ordering
@@ -446,19 +492,22 @@ impl OutboxStore for DB {
         delay_secs: f64,
         error: &'a str,
     ) -> Result<bool, sqlx::Error> {
-        let q = settle_query!(
-            DB::dialect_of_pool(pool).sql(),
+        // The settle and its attempt log's row in one transaction.
+        let mut tx = begin(pool).await?;
+        let applied = Self::outbox_settle_failure_in(
+            &mut tx,
             over_success,
             id,
             owner,
             attempt,
             dead,
             delay_secs,
-            error
-        );
-        let done = on_pool!(pool, |conn| q.execute(conn));
-        let done = crate::probe::after_commit(crate::probe::Commit::Settle, done);
-        Ok(DB::rows_affected(&done?) == 1)
+            error,
+        )
+        .await?;
+        let committed = tx.commit().await;
+        crate::probe::after_commit(crate::probe::Commit::Settle, committed)?;
+        Ok(applied)
     }
 
     async fn outbox_release<'a>(
@@ -520,7 +569,35 @@ impl OutboxStore for DB {
             delay_secs,
             error
         );
-        Ok(DB::rows_affected(&q.execute(&mut **tx).await?) == 1)
+        let applied = DB::rows_affected(&q.execute(&mut **tx).await?) == 1;
+        // A settle whose lease was lost writes nothing: no attempt either.
+        if applied {
+            log_attempt(tx, id, attempt, dead, error, owner).await?;
+        }
+        Ok(applied)
+    }
+
+    async fn process_beat<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a ProcessRow<'a>,
+    ) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().process_beat))
+            .persistent(persist())
+            .bind(row.id)
+            .bind(row.kind)
+            .bind(row.name)
+            .bind(row.host)
+            .bind(row.pid);
+        on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(())
+    }
+
+    async fn process_end<'a>(pool: &'a Pool<Self>, id: &'a str) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(stmt(DB::dialect_of_pool(pool).sql().process_end))
+            .persistent(persist())
+            .bind(id);
+        let done = on_pool!(pool, |conn| q.execute(conn))?;
+        Ok(DB::rows_affected(&done) == 1)
     }
 }
 }

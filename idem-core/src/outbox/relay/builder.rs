@@ -46,6 +46,9 @@ pub struct RelaySettings {
     /// Whether a spawned relay listens for enqueues (see
     /// [`Relay::pushes`](super::Relay::pushes)).
     pub push_wakeup: bool,
+    /// How often a spawned relay refreshes its row in `idem_process` (see
+    /// [`Relay::heartbeat_interval`](super::Relay::heartbeat_interval)).
+    pub heartbeat_interval: Duration,
 }
 
 impl<DB: Backend> Inner<DB> {
@@ -82,6 +85,7 @@ impl<DB: Backend> Inner<DB> {
                 max_attempts: 10,
                 backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(60)),
                 outage_retry: super::DEFAULT_OUTAGE_RETRY,
+                heartbeat: crate::process::DEFAULT_INTERVAL,
             },
             batching: Batching {
                 commit_batch: 1,
@@ -154,6 +158,7 @@ impl<DB: Backend> Inner<DB> {
             commit_batch: self.batching.commit_batch,
             batch_lock_wait: self.batching.lock_wait,
             push_wakeup: self.pushes(),
+            heartbeat_interval: self.policy.heartbeat,
         }
     }
 

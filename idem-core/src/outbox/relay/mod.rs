@@ -91,6 +91,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
+/// The most rows `idem_outbox_attempt` keeps per message: writing one
+/// more (a failed attempt the relay settles, an operator's action) deletes
+/// the oldest in the same transaction.
+pub const ATTEMPT_LOG_MAX: usize = 32;
+
 type Route<DB> = consume::Handler<Delivery<DB>>;
 
 /// A fanned-out topic's subscriber: its name and its handler.
@@ -456,6 +461,16 @@ impl<DB: Backend> Relay<DB> {
         self.edit(|i| i.policy.outage_retry = d.max(Duration::from_millis(1)))
     }
 
+    /// How often a spawned relay refreshes its row in `idem_process`
+    /// (default 5 s, at least 10 ms; see [`crate::process`]). The row
+    /// (id: the relay's [owner](Relay::owner), kind `relay`, name: its
+    /// topics joined with `,`) is written once the schema is checked,
+    /// and deleted when the relay stops; a failing write is logged, never
+    /// stops the relay.
+    pub fn heartbeat_interval(self, d: Duration) -> Self {
+        self.edit(|i| i.policy.heartbeat = d.max(crate::process::MIN_INTERVAL))
+    }
+
     /// The lease owner name (default `relay-<pid>-<random>`); unique per
     /// relay. Each claim writes it followed by `#` and a sequence number
     /// (`relay-a#1f3c…`), so a claim whose acknowledgement is lost can be
@@ -807,6 +822,8 @@ struct Policy {
     backoff: Backoff,
     /// See [`Relay::outage_retry`].
     outage_retry: Duration,
+    /// See [`Relay::heartbeat_interval`].
+    heartbeat: Duration,
 }
 
 /// The default of [`Relay::outage_retry`].

@@ -63,6 +63,9 @@ impl<DB: Backend> Inner<DB> {
         if !self.schema_ready(&mut stop).await? {
             return Ok(());
         }
+        // Dropped with this future when a shutdown's deadline aborts it:
+        // the heartbeat then deletes its row in the background.
+        let heartbeat = self.process_heartbeat();
         // Woken by the listener (push wake-up); a wake-up while the relay
         // is busy is kept as Notify's one permit.
         let wake = Arc::new(Notify::new());
@@ -152,7 +155,21 @@ impl<DB: Backend> Inner<DB> {
         if let Some(listener) = listener {
             let _ = listener.await;
         }
+        // Its failure is logged by the heartbeat itself.
+        let _ = heartbeat.stop().await;
         Ok(())
+    }
+
+    /// The spawned relay's row in `idem_process`, kept fresh (see
+    /// [`Relay::heartbeat_interval`](super::Relay::heartbeat_interval)).
+    fn process_heartbeat(&self) -> crate::process::Heartbeat {
+        crate::process::Heartbeat::builder(
+            self.claiming.owner.as_str(),
+            "relay",
+            self.routing.topics.join(","),
+        )
+        .interval(self.policy.heartbeat)
+        .start(self.pool.clone())
     }
 
     /// Waits before the next claim: `backoff` while claims fail (no
