@@ -7,7 +7,12 @@ use super::fields::short;
 use idem_core::Error;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation};
+use std::time::Duration;
 use tokio::sync::Mutex;
+
+/// How long a publish may take, the channel's opening and the broker's
+/// confirm included, by default (see `Publisher::confirm_timeout`).
+pub(super) const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A publishing channel in confirm mode, opened lazily and reopened when it
 /// was closed (a channel-level error such as publishing to a missing
@@ -47,10 +52,44 @@ impl ConfirmChannel {
         Ok(ch)
     }
 
-    /// Publishes and waits for the broker's confirm. `Ok` only when the
-    /// broker acknowledged the message and (with `mandatory`) routed it to
-    /// at least one queue.
+    /// Publishes and waits for the broker's confirm, at most `within` (the
+    /// channel's opening included). `Ok` only when the broker acknowledged
+    /// the message and (with `mandatory`) routed it to at least one queue.
+    ///
+    /// A confirm that never comes (a broker killed, or a network that lost
+    /// the connection without closing it, before the heartbeats tell) ends
+    /// in an [outage](Error::is_outage) after `within` (not an attempt
+    /// the relay counts), and the channel is opened again at the next
+    /// publish: the message is published again, which
+    /// the consumer's `#[idempotent]` handler answers once.
     pub(super) async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        body: &[u8],
+        properties: BasicProperties,
+        within: Duration,
+    ) -> Result<(), Error> {
+        let sent = self.publish_confirmed(exchange, routing_key, mandatory, body, properties);
+        match tokio::time::timeout(within, sent).await {
+            Ok(done) => done,
+            Err(_) => {
+                // Cut short, the publish let go of the channel's lock.
+                *self.channel.lock().await = None;
+                Err(Error::broker_unavailable(
+                    "amqp",
+                    format!(
+                        "no publisher confirm from the broker within {within:?} on exchange \
+                         `{exchange}` (the connection may be lost without being closed): \
+                         published again on a new channel"
+                    ),
+                ))
+            }
+        }
+    }
+
+    async fn publish_confirmed(
         &self,
         exchange: &str,
         routing_key: &str,

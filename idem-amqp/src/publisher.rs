@@ -1,7 +1,7 @@
 //! Outbox messages forwarded to an exchange, publisher-confirmed.
 
 use super::Connector;
-use super::channel::ConfirmChannel;
+use super::channel::{ConfirmChannel, DEFAULT_CONFIRM_TIMEOUT};
 use super::fields::{long, short};
 use super::{IDEM_HEADER_PREFIX, ORDERING_KEY_HEADER, TOPIC_HEADER};
 use idem_core::Backend;
@@ -14,6 +14,7 @@ use lapin::types::FieldTable;
 use serde::de::IgnoredAny;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Publishes outbox messages to an exchange: the relay as a forwarder.
 ///
@@ -83,6 +84,7 @@ pub struct Publisher {
     exchange: String,
     routing_key: Option<String>,
     mandatory: bool,
+    confirm_timeout: Duration,
 }
 
 impl fmt::Debug for Publisher {
@@ -106,7 +108,21 @@ impl Publisher {
             exchange: exchange.into(),
             routing_key: None,
             mandatory: true,
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
         }
+    }
+
+    /// How long a publish may wait for the broker, its channel's opening
+    /// and the broker's confirm included (default 10 s). A confirm that
+    /// never comes (a broker killed, or a connection lost without being
+    /// closed, which the heartbeats tell only after a minute or more) is
+    /// then an outage: the relay puts the message back without counting
+    /// the attempt and publishes it again on a new channel; the broker may
+    /// have taken the first copy, which the consumer's `#[idempotent]`
+    /// handler answers as a duplicate.
+    pub fn confirm_timeout(mut self, within: Duration) -> Self {
+        self.confirm_timeout = within;
+        self
     }
 
     /// A fixed routing key instead of the topic.
@@ -160,6 +176,7 @@ impl Publisher {
                 self.mandatory,
                 payload,
                 properties,
+                self.confirm_timeout,
             )
             .await
     }

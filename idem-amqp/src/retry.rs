@@ -21,9 +21,14 @@ impl Shared {
         // first-out.
         let delay = self.backoff.delay(attempt);
         let properties = retry_properties(d, attempt, delay);
-        let publish = self
-            .retry
-            .publish("", &self.retry_queue, true, &d.data, properties);
+        let publish = self.retry.publish(
+            "",
+            &self.retry_queue,
+            true,
+            &d.data,
+            properties,
+            SETTLE_TIMEOUT,
+        );
         let published = match tokio::time::timeout(SETTLE_TIMEOUT, publish).await {
             Ok(published) => published,
             Err(_) => Err(Error::broker_unavailable(

@@ -17,6 +17,7 @@ mod common {
 }
 
 mod cluster;
+mod confirm_timeout;
 mod db_outage;
 mod end_to_end;
 mod failures;
