@@ -79,7 +79,10 @@ async fn a_confirm_that_never_comes_is_an_outage_after_the_timeout() {
     .expect("the publish ended")
     .expect_err("no confirm came");
     assert!(lost.is_outage() && lost.is_retryable(), "{lost:#}");
-    assert!(format!("{lost:#}").contains("no publisher confirm"), "{lost:#}");
+    assert!(
+        format!("{lost:#}").contains("no publisher confirm"),
+        "{lost:#}"
+    );
     // The broker took both copies: the second one's confirm was lost.
     let channel = conn.create_channel().await.expect("channel");
     idem_testkit::wait_for("both copies in the queue", Duration::from_secs(10), || {
