@@ -238,15 +238,7 @@ pub const DEAD_DELIVERED_FIELD: &str = "delivered";
 pub struct ConsumerHandle(idem_core::consume::ConsumerHandle<Message>);
 
 impl ConsumerHandle {
-    /// The consumer's counters (final once it stopped).
-    pub fn stats(&self) -> std::sync::Arc<ConsumerStats> {
-        self.0.stats()
-    }
-
-    /// Whether the consumer stopped.
-    pub fn is_finished(&self) -> bool {
-        self.0.is_finished()
-    }
+    idem_core::__consumer_handle_methods!();
 
     /// Graceful shutdown: it stops reading and claiming, and waits for
     /// the handlers in flight and their `XACK`s (a handler waiting out an
@@ -255,44 +247,6 @@ impl ConsumerHandle {
     /// [`consume::ConsumerHandle::shutdown`](idem_core::consume::ConsumerHandle::shutdown).
     pub async fn shutdown(self) -> Result<(), Error> {
         self.0.shutdown().await
-    }
-
-    /// Graceful shutdown waiting at most `deadline`, then the consumer's
-    /// task aborted (what it had not acknowledged is delivered again): see
-    /// [`consume::ConsumerHandle::shutdown_within`](idem_core::consume::ConsumerHandle::shutdown_within).
-    pub async fn shutdown_within(
-        self,
-        deadline: std::time::Duration,
-    ) -> Result<idem_core::consume::ConsumerStopReport, idem_core::task::TaskError> {
-        self.0.shutdown_within(deadline).await
-    }
-
-    /// Stops the consumer gracefully once `signal` completes (a
-    /// `CancellationToken`'s `cancelled_owned()`, `tokio::signal::ctrl_c()`…):
-    /// see [`consume::ConsumerHandle::stop_on`](idem_core::consume::ConsumerHandle::stop_on).
-    pub fn stop_on<S>(self, signal: S) -> Self
-    where
-        S: std::future::Future + Send + 'static,
-    {
-        ConsumerHandle(self.0.stop_on(signal))
-    }
-
-    /// Asks the consumer to stop, without waiting.
-    pub fn stop(&self) {
-        self.0.stop();
-    }
-
-    /// Where the consumer stands: running, stopping, stopped, or how it
-    /// ended by itself (see [`idem_core::task::TaskStatus`]); for a
-    /// readiness probe, `status().is_running()`.
-    pub fn status(&self) -> idem_core::task::TaskStatus {
-        self.0.status()
-    }
-
-    /// Waits until the consumer's task has ended, without asking it to
-    /// stop.
-    pub async fn finished(&self) {
-        self.0.finished().await;
     }
 }
 

@@ -203,3 +203,70 @@ impl<M> fmt::Debug for ConsumerHandle<M> {
             .finish()
     }
 }
+
+/// The methods an entry point's `ConsumerHandle` (a newtype over
+/// [`ConsumerHandle`], field `.0`) forwards unchanged, written once: its
+/// counters, `is_finished`, `shutdown_within`, `stop_on`, `stop`,
+/// `status`, `finished` and `heartbeat`. Invoked inside the newtype's
+/// `impl`, beside its own `shutdown` (whose documentation says what a
+/// graceful stop does on its broker).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __consumer_handle_methods {
+    () => {
+        /// The consumer's counters (final once it stopped).
+        pub fn stats(&self) -> ::std::sync::Arc<$crate::consume::ConsumerStats> {
+            self.0.stats()
+        }
+
+        /// Whether the consumer stopped.
+        pub fn is_finished(&self) -> bool {
+            self.0.is_finished()
+        }
+
+        /// Graceful shutdown waiting at most `deadline`, then the consumer's
+        /// task aborted (what it had not acknowledged is delivered again): see
+        /// [`consume::ConsumerHandle::shutdown_within`](idem_core::consume::ConsumerHandle::shutdown_within).
+        pub async fn shutdown_within(
+            self,
+            deadline: ::std::time::Duration,
+        ) -> ::std::result::Result<$crate::consume::ConsumerStopReport, $crate::task::TaskError> {
+            self.0.shutdown_within(deadline).await
+        }
+
+        /// Stops the consumer gracefully once `signal` completes (a
+        /// `CancellationToken`'s `cancelled_owned()`, `tokio::signal::ctrl_c()`…):
+        /// see [`consume::ConsumerHandle::stop_on`](idem_core::consume::ConsumerHandle::stop_on).
+        pub fn stop_on<S>(self, signal: S) -> Self
+        where
+            S: ::std::future::Future + Send + 'static,
+        {
+            Self(self.0.stop_on(signal))
+        }
+
+        /// Asks the consumer to stop, without waiting.
+        pub fn stop(&self) {
+            self.0.stop();
+        }
+
+        /// Where the consumer stands: running, stopping, stopped, or how it
+        /// ended by itself (see [`idem_core::task::TaskStatus`]); for a
+        /// readiness probe, `status().is_running()`.
+        pub fn status(&self) -> $crate::task::TaskStatus {
+            self.0.status()
+        }
+
+        /// Waits until the consumer's task has ended, without asking it to
+        /// stop.
+        pub async fn finished(&self) {
+            self.0.finished().await;
+        }
+
+        /// Shows the consumer among the processes alive with `beat`'s row,
+        /// deleted when the consumer is shut down: see
+        /// [`consume::ConsumerHandle::heartbeat`](idem_core::consume::ConsumerHandle::heartbeat).
+        pub fn heartbeat(self, beat: $crate::process::Heartbeat) -> Self {
+            Self(self.0.heartbeat(beat))
+        }
+    };
+}
