@@ -194,6 +194,10 @@ impl Publisher {
 }
 
 impl Forward for Publisher {
+    fn system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
         self.send(
             &message.topic,

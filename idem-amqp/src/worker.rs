@@ -204,6 +204,8 @@ impl Shared {
             message_id = message_id.as_deref().unwrap_or(""),
             attempt,
             redelivered = d.redelivered,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
         );
         #[cfg(feature = "opentelemetry")]
         continue_trace(&span, &d, &self.queue, message_id.as_deref());

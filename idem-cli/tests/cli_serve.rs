@@ -164,8 +164,9 @@ async fn serve_runs_the_console_and_stops_on_sigterm() {
     }
 }
 
-/// `--log-format json`: each requeue is a JSON line on stderr, with what
-/// it asked for and how many it requeued.
+/// `--log-format json`: each operator action is one JSON line on stderr,
+/// its `idem::audit` event, with who asked and what it did: a requeue
+/// (what and how many it requeued), then a pause, one event each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_logs_each_requeue_as_a_json_line() {
     for (url, pool) in databases().await {
@@ -175,24 +176,44 @@ async fn serve_logs_each_requeue_as_a_json_line() {
         let (rw, _) = serve_with(&url, Some(TOKEN), &["--log-format", "json"]);
         assert_eq!(requeue_by_bearer(&rw.base, dead).await, 200, "{d:?}");
         assert_eq!(rows_of(&pool, &topic).await[0].1, "pending", "{d:?}");
-        let mut event = None;
-        for _ in 0..100 {
-            event = rw
-                .log
+        let paused = http()
+            .post(format!("{}/topics/pause", rw.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("topic={topic}&reason=maintenance"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(paused.status().as_u16(), 200, "{d:?}");
+        let audits = || -> Vec<serde_json::Value> {
+            rw.log
                 .lock()
                 .unwrap()
                 .iter()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .find(|v| v["fields"]["message"] == "idem console: requeue");
-            if event.is_some() {
+                .filter(|v| v["target"] == "idem::audit")
+                .collect()
+        };
+        for _ in 0..100 {
+            if audits().len() >= 2 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let event = event.unwrap_or_else(|| panic!("{d:?}: no requeue event in {:?}", rw.log));
+        let audits = audits();
+        let [event, pause] = audits.as_slice() else {
+            panic!("{d:?}: one audit event per action, not {audits:?}")
+        };
+        assert_eq!(pause["fields"]["action"], "pause", "{d:?}: {pause}");
+        assert_eq!(pause["fields"]["topic"], topic.as_str(), "{d:?}: {pause}");
+        let resumed = idem_runtime::outbox::admin::resume(&pool, &topic, "cli_serve test").await;
+        assert_eq!(resumed.ok(), Some(true), "{d:?}");
         assert_eq!(event["level"], "INFO", "{d:?}: {event}");
+        assert_eq!(event["fields"]["action"], "requeue", "{d:?}: {event}");
         assert_eq!(event["fields"]["requeued"], 1, "{d:?}: {event}");
         assert_eq!(event["fields"]["max_id"], dead, "{d:?}: {event}");
+        let actor = event["fields"]["actor"].as_str().unwrap_or_default();
+        assert!(actor.starts_with("console:"), "{d:?}: {event}");
     }
 }
 

@@ -27,8 +27,10 @@
 //! span's OpenTelemetry context (read through `tracing-opentelemetry`) in the
 //! message's headers as W3C `traceparent` and `tracestate`, unless the caller
 //! set a `traceparent`; the relay's `outbox_delivery` span continues that
-//! trace, with OpenTelemetry's messaging attributes. Without it, no header is
-//! added and no OpenTelemetry crate is built.
+//! trace, a forwarding route's publish span writes its own context into the
+//! broker's message, and the consumers continue it, with OpenTelemetry's
+//! messaging names, kinds and attributes. Without it, no header is added and
+//! no OpenTelemetry crate is built.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -1,12 +1,22 @@
 //! W3C trace context in a message's headers (feature `opentelemetry`):
 //! [`enqueue`](crate::outbox::enqueue) writes the current span's context as
 //! `traceparent` (and `tracestate`), the relay's `outbox_delivery` span
-//! continues it.
+//! continues it, a forwarding route's `outbox_publish` span (a child of the
+//! delivery's) writes its own context into the headers the broker gets,
+//! and a consumer's span continues that. A relay's batch has a span of its
+//! own, linked to each of its messages' traces and linked from each of
+//! their delivery spans.
+//!
+//! The spans are named and attributed per OpenTelemetry's messaging
+//! conventions: `process <destination>` (kind `consumer`) for a delivery,
+//! `send <topic>` (kind `producer`) for a publish, through the `otel.name`
+//! and `otel.kind` fields `tracing-opentelemetry` reads.
 //!
 //! The headers are written and read here, by the W3C Trace Context format
 //! (version `00`), whatever global propagator the application installed:
 //! the messages stored in the outbox read the same in every process.
 
+use crate::backend::OutboxRow;
 use crate::outbox::Headers;
 use opentelemetry::Context;
 use opentelemetry::trace::{
@@ -98,17 +108,101 @@ pub(crate) fn continue_trace(span: &tracing::Span, headers: &Headers) {
     }
 }
 
+/// The `messaging.system` of the relay's own spans.
+const OUTBOX_SYSTEM: &str = "idem.outbox";
+
+/// Names `span` as the messaging conventions name a span: its operation
+/// and its destination (`process orders`). The span must declare the
+/// field `otel.name` (as `tracing::field::Empty`).
+fn name(span: &tracing::Span, operation: &str, destination: &str) {
+    span.record("otel.name", format!("{operation} {destination}"));
+}
+
 /// The relay's span of one delivery: the trace of the enqueuing span, and
 /// OpenTelemetry's messaging attributes.
-pub(crate) fn delivery(span: &tracing::Span, row: &crate::backend::OutboxRow) {
+pub(crate) fn delivery(span: &tracing::Span, row: &OutboxRow) {
     continue_trace(span, &row.headers);
     if span.is_disabled() {
         return;
     }
-    span.set_attribute("messaging.system", "idem.outbox");
+    name(span, "process", &row.topic);
+    span.set_attribute("messaging.system", OUTBOX_SYSTEM);
     span.set_attribute("messaging.operation.type", "process");
     span.set_attribute("messaging.destination.name", row.topic.clone());
     span.set_attribute("messaging.message.id", row.msg_id.clone());
+}
+
+/// The span of a relay's batch (its handlers' one transaction and its
+/// commit): linked to the trace of each of `rows`, as the messaging
+/// conventions link a batch to its messages.
+pub(crate) fn batch(span: &tracing::Span, rows: &[OutboxRow]) {
+    if span.is_disabled() {
+        return;
+    }
+    for row in rows {
+        if let Some(sc) = extract(&row.headers) {
+            span.add_link(sc);
+        }
+    }
+    let topic = rows.first().map(|r| r.topic.as_str());
+    let one_topic = topic.filter(|t| rows.iter().all(|r| r.topic == *t));
+    name(span, "process", one_topic.unwrap_or("outbox"));
+    span.set_attribute("messaging.system", OUTBOX_SYSTEM);
+    span.set_attribute("messaging.operation.type", "process");
+    if let Some(topic) = one_topic {
+        span.set_attribute("messaging.destination.name", topic.to_owned());
+    }
+    let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    span.set_attribute("messaging.batch.message_count", count);
+}
+
+/// Links the delivery span `span` of a batch's message to the batch's
+/// span.
+pub(crate) fn in_batch(span: &tracing::Span, batch: &tracing::Span) {
+    let cx = batch.context();
+    let sc = cx.span().span_context().clone();
+    span.add_link(sc);
+}
+
+/// The span of one publish by a forwarding route (a child of the current
+/// span: the delivery's), and the message to publish: `message` with its
+/// headers' trace context made that span's (`None`: `message` as it is,
+/// there being no valid span).
+pub(crate) fn sending(
+    system: &'static str,
+    message: &OutboxRow,
+) -> (tracing::Span, Option<OutboxRow>) {
+    let span = tracing::info_span!(
+        "outbox_publish",
+        topic = %message.topic,
+        msg_id = %message.msg_id,
+        "otel.name" = tracing::field::Empty,
+        "otel.kind" = "producer",
+    );
+    if span.is_disabled() {
+        return (span, None);
+    }
+    name(&span, "send", &message.topic);
+    span.set_attribute("messaging.system", system);
+    span.set_attribute("messaging.operation.type", "send");
+    span.set_attribute("messaging.destination.name", message.topic.clone());
+    span.set_attribute("messaging.message.id", message.msg_id.clone());
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    if !sc.is_valid() {
+        return (span, None);
+    }
+    let mut traced = message.clone();
+    traced
+        .headers
+        .insert(TRACEPARENT.to_owned(), traceparent(&sc));
+    let state = sc.trace_state().header();
+    if state.is_empty() {
+        traced.headers.remove(TRACESTATE);
+    } else {
+        traced.headers.insert(TRACESTATE.to_owned(), state);
+    }
+    (span, Some(traced))
 }
 
 /// A broker delivery's span: the trace of the `traceparent` header its
@@ -124,6 +218,7 @@ pub(crate) fn consumed(
     if span.is_disabled() {
         return;
     }
+    name(span, "process", destination);
     span.set_attribute("messaging.system", system);
     span.set_attribute("messaging.operation.type", "process");
     span.set_attribute("messaging.destination.name", destination.to_owned());

@@ -279,6 +279,10 @@ impl Publisher {
 }
 
 impl Forward for Publisher {
+    fn system(&self) -> &'static str {
+        "kafka"
+    }
+
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
         let key = match &message.ordering_key {
             Some(key) => Some(key.clone()),

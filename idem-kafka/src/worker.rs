@@ -11,6 +11,7 @@ use super::{
     ORIGIN_PARTITION_HEADER, ORIGIN_TOPIC_HEADER,
 };
 use idem_core::Error;
+use idem_core::backoff::{Backoff, FailureLog};
 use idem_core::consume::{self, Counter, Failure};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer as _;
@@ -58,19 +59,26 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
     let (ending, ending_rx) = watch::channel(false);
     let mut workers: HashMap<Tp, Worker> = HashMap::new();
     let mut tidy = tokio::time::interval(Duration::from_secs(5));
+    // A broker down fails every read: warned once, then at debug level
+    // until a read succeeds again.
+    let mut reads = FailureLog::new("Kafka consumer reads", read_backoff());
+    let consumer =
+        tracing::info_span!("kafka_consumer", topic = %shared.topic, group = %shared.group);
     loop {
         tokio::select! {
             biased;
             _ = stop.changed() => break,
             read = shared.consumer.recv() => match read {
                 Ok(m) => {
+                    consumer.in_scope(|| reads.succeeded());
                     let m = m.detach();
                     shared.route(&mut workers, m, &ending_rx);
                 }
                 Err(e) => {
                     shared.stats.count(Counter::PullFailure);
-                    tracing::warn!(topic = %shared.topic, group = %shared.group, error = %e, "Kafka consumer error; reading on");
-                    if pause(&mut stop, Duration::from_millis(100)).await {
+                    consumer.in_scope(|| reads.failed(&e));
+                    let wait = reads.backoff().unwrap_or_else(|| read_backoff().delay(0));
+                    if pause(&mut stop, wait).await {
                         break;
                     }
                 }
@@ -87,6 +95,11 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
     // (librdkafka polls until it is closed).
     let _ = tokio::task::spawn_blocking(move || drop(shared)).await;
     Ok(())
+}
+
+/// The waits between reads while they fail: 100 ms, doubling up to 2 s.
+fn read_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
 }
 
 /// Sleeps `d`; `true` when a stop came first.
@@ -241,6 +254,8 @@ impl Shared {
             partition = record.partition,
             offset = record.offset,
             attempt = copy.attempt,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
         );
         #[cfg(feature = "opentelemetry")]
         continue_trace(&span, record, &copy.origin, copy.msg_id.as_deref());

@@ -195,6 +195,10 @@ impl Publisher {
 }
 
 impl Forward for Publisher {
+    fn system(&self) -> &'static str {
+        "nats"
+    }
+
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
         self.send(
             &message.topic,

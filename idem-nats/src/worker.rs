@@ -198,6 +198,8 @@ impl Shared {
             message_id = message_id.as_deref().unwrap_or(""),
             stream_sequence = meta.stream_sequence,
             delivered = meta.delivered,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
         );
         #[cfg(feature = "opentelemetry")]
         continue_trace(&span, &m, &self.stream, message_id.as_deref());

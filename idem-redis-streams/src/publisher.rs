@@ -191,6 +191,10 @@ impl Publisher {
 }
 
 impl Forward for Publisher {
+    fn system(&self) -> &'static str {
+        "redis"
+    }
+
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
         self.send(
             &message.topic,

@@ -46,6 +46,8 @@ impl Shared {
             entry_id = %entry.id,
             msg_id = msg_id.as_deref().unwrap_or(""),
             delivered,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
         );
         #[cfg(feature = "opentelemetry")]
         {

@@ -229,6 +229,10 @@ impl Publisher {
 }
 
 impl Forward for Publisher {
+    fn system(&self) -> &'static str {
+        "rocketmq"
+    }
+
     async fn forward(&self, message: &OutboxRow) -> Result<(), Error> {
         self.send(
             &message.topic,

@@ -168,6 +168,8 @@ impl Shared {
             broker = %record.queue.broker_name(),
             queue = record.queue.queue_id(),
             offset = record.offset,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
         );
         #[cfg(feature = "opentelemetry")]
         continue_trace(&span, record, &self.topic, msg_id.as_deref());

@@ -109,8 +109,9 @@
 //! - `opentelemetry`: W3C trace context in the outbox: [`outbox::enqueue`]
 //!   stores the current `tracing` span's OpenTelemetry context (through
 //!   `tracing-opentelemetry`) as `traceparent`/`tracestate` headers, and the
-//!   relay's `outbox_delivery` span and the RabbitMQ, NATS and Redis Streams
-//!   consumers' spans continue it (see [`guide::operating`]).
+//!   relay's `outbox_delivery` span continues it, the broker publishers send
+//!   their publish span's context, and the RabbitMQ, NATS, Kafka, RocketMQ and
+//!   Redis Streams consumers' spans continue that (see [`guide::operating`]).
 //! - `testing`: fault injection (lost commit acknowledgements) for tests and demos.
 //!
 //! ## Crates

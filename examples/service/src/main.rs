@@ -10,7 +10,8 @@
 //!   OpenTelemetry collector, `http://localhost:4318`): each request's
 //!   `idempotent_request` span continues the caller's `traceparent`, the
 //!   message enqueued carries it, and the relay's `outbox_delivery` span
-//!   and the handler's `idempotent` span are in the same trace; flushed
+//!   (`process coupon.deduct` in the collector) and the handler's
+//!   `idempotent` span are in the same trace; flushed
 //!   at shutdown;
 //! - Prometheus metrics at `GET /metrics`, idem's described;
 //! - `GET /healthz` for a readiness probe: 503 once the relay ended;

@@ -66,9 +66,6 @@ pub(crate) async fn retry_now<DB: Operable>(
     answering(&c.pool).await?;
     let report = bounded(SCAN_TIMEOUT, admin::retry_now(&c.pool, &[id], &actor)).await?;
     c.figures.backlog.clear().await;
-    tracing::info!(target: "idem::audit", action = "retry_now", id, actor = %actor,
-        done = report.done.len(), in_flight = report.in_flight.len(),
-        skipped = report.skipped.len(), "idem console: retry now");
     let (status, title, said) = match outcome(&report, id) {
         Outcome::Done => (
             StatusCode::OK,
@@ -103,9 +100,6 @@ pub(crate) async fn discard<DB: Operable>(
     answering(&c.pool).await?;
     let report = bounded(SCAN_TIMEOUT, admin::discard(&c.pool, &[id], reason, &actor)).await?;
     c.figures.backlog.clear().await;
-    tracing::info!(target: "idem::audit", action = "discard", id, actor = %actor, reason,
-        done = report.done.len(), in_flight = report.in_flight.len(),
-        skipped = report.skipped.len(), "idem console: discard");
     let (status, title, said) = match outcome(&report, id) {
         Outcome::Done => (
             StatusCode::OK,

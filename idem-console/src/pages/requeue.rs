@@ -158,7 +158,6 @@ pub(crate) async fn confirm<DB: Operable>(
     let done = bounded(SCAN_TIMEOUT, admin::requeue_by(&c.pool, &what, &actor)).await?;
     c.figures.backlog.clear().await;
     metrics::counter!("idem_console_requeued_total").increment(done.requeued);
-    tracing::info!(requeued = done.requeued, target = ?target, max_id, actor = %actor, "idem console: requeue");
     let viewer = c.auth.viewer(&headers);
     let body = html! {
         h1 { "Requeued" }

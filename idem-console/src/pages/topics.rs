@@ -143,8 +143,6 @@ pub(crate) async fn pause<DB: Operable>(
     let reason = reason(&p)?.unwrap_or("");
     answering(&c.pool).await?;
     let paused = bounded(SCAN_TIMEOUT, admin::pause(&c.pool, topic, reason, &actor)).await?;
-    tracing::info!(target: "idem::audit", action = "pause", topic, reason, actor = %actor,
-        changed = paused, "idem console: pause topic");
     let said = if paused {
         html! { "Topic " code #result-topic { (fmt::name(topic)) } " is paused: relays no longer claim its pending messages, until it is resumed." }
     } else {
@@ -164,8 +162,6 @@ pub(crate) async fn resume<DB: Operable>(
     let topic = topic(&p)?;
     answering(&c.pool).await?;
     let resumed = bounded(SCAN_TIMEOUT, admin::resume(&c.pool, topic, &actor)).await?;
-    tracing::info!(target: "idem::audit", action = "resume", topic, actor = %actor,
-        changed = resumed, "idem console: resume topic");
     let said = if resumed {
         html! { "Topic " code #result-topic { (fmt::name(topic)) } " is resumed: relays claim its pending messages again." }
     } else {

@@ -143,6 +143,21 @@ pub async fn run<M>(handler: &Handler<M>, message: M) -> Verdict {
 /// (`destination`: the queue, subject, topic), `messaging.message.id` and
 /// `messaging.operation.type` = `process`. Call it before the span is
 /// first entered; without a valid `traceparent` the span keeps its parent.
+///
+/// A span that declares the fields `otel.name` (empty) and `otel.kind`
+/// (`"consumer"`) is also named as the messaging conventions name it,
+/// `process <destination>`:
+///
+/// ```
+/// # fn f(headers: &idem_core::outbox::Headers) {
+/// let span = tracing::info_span!(
+///     "my_broker_delivery",
+///     "otel.name" = tracing::field::Empty,
+///     "otel.kind" = "consumer",
+/// );
+/// idem_core::consume::continue_trace(&span, headers, "my_broker", "orders", Some("m-1"));
+/// # }
+/// ```
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub fn continue_trace(

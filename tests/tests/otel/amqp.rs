@@ -3,7 +3,7 @@
 //! header), and consumed: the relay's `outbox_delivery` and the consumer's
 //! `amqp_delivery` spans are in the enqueuing span's trace.
 
-use super::{continued, enqueue_in_span, exported, exporter};
+use super::{enqueue_in_span, exporter, one_trace};
 use crate::common::amqp::*;
 use crate::common::hooks;
 use idem_runtime::outbox::Relay;
@@ -47,11 +47,7 @@ async fn one_trace_from_the_request_through_rabbitmq_to_the_consumer() {
     })
     .await;
 
-    let published = exported("outbox_delivery", &msg_id).await;
-    assert_eq!(published.span_context.trace_id(), enqueued.0);
-    assert_eq!(published.parent_span_id, enqueued.1);
-    let consumed = exported("amqp_delivery", &msg_id).await;
+    one_trace(enqueued, "rabbitmq", &topic, &t.queue, &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    continued(&consumed, enqueued, "rabbitmq", &t.queue);
     teardown(&conn, &t).await;
 }

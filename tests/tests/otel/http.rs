@@ -6,7 +6,7 @@
 //! the application's own traced span, the request's span stays in that
 //! span's trace.
 
-use super::{attribute, exported, exporter};
+use super::{attribute, delivered, exporter};
 use crate::common::hooks;
 use crate::common::http;
 use axum::Router;
@@ -104,7 +104,7 @@ async fn one_trace_from_the_http_request_through_the_relay() {
         })
         .poll_interval(Duration::from_millis(20))
         .spawn();
-    let delivery = exported("outbox_delivery", &key).await;
+    let delivery = delivered(&topic, &key).await;
     relay.shutdown().await;
     assert_eq!(delivery.span_context.trace_id(), trace, "one trace");
     assert_eq!(delivery.parent_span_id, request.span_context.span_id());

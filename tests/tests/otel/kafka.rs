@@ -3,7 +3,7 @@
 //! record header), and consumed: the consumer's `kafka_record` span is in
 //! the enqueuing span's trace.
 
-use super::{continued, enqueue_in_span, exported, exporter};
+use super::{enqueue_in_span, exporter, one_trace};
 use crate::common::hooks;
 use crate::common::kafka::*;
 use idem_runtime::outbox::Relay;
@@ -57,7 +57,6 @@ async fn one_trace_from_the_request_through_kafka_to_the_consumer() {
     })
     .await;
 
-    let consumed = exported("kafka_record", &msg_id).await;
+    one_trace(enqueued, "kafka", &topic, &topic, &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    continued(&consumed, enqueued, "kafka", &topic);
 }

@@ -57,26 +57,32 @@ fn exporter() -> &'static InMemorySpanExporter {
     })
 }
 
-/// The exported span named `name` whose `messaging.message.id` is
-/// `msg_id`, waited for (a span is exported when it closes).
-async fn exported(name: &str, msg_id: &str) -> SpanData {
+/// The exported span named `name` (its OpenTelemetry name, as
+/// `process orders`) of the messaging system `system` whose
+/// `messaging.message.id` is `msg_id`, waited for (a span is exported when
+/// it closes).
+async fn exported(system: &str, name: &str, msg_id: &str) -> SpanData {
     let start = Instant::now();
     loop {
         let spans = exporter().get_finished_spans().expect("finished spans");
         if let Some(span) = spans.into_iter().find(|s| {
             s.name == name
-                && s.attributes.iter().any(|kv| {
-                    kv.key.as_str() == "messaging.message.id" && kv.value.as_str() == msg_id
-                })
+                && attribute(s, "messaging.system").as_deref() == Some(system)
+                && attribute(s, "messaging.message.id").as_deref() == Some(msg_id)
         }) {
             return span;
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
-            "no {name} span for {msg_id}"
+            "no {system} span {name} for {msg_id}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The relay's delivery span of message `msg_id` of `topic`.
+async fn delivered(topic: &str, msg_id: &str) -> SpanData {
+    exported("idem.outbox", &format!("process {topic}"), msg_id).await
 }
 
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
@@ -113,24 +119,62 @@ async fn enqueue_in_span<DB: idem_runtime::Backend>(
     .await
 }
 
-/// Asserts that a consumer's span continued the trace of the enqueuing
-/// span `(trace_id, span_id)`, the message carrying that span's context,
-/// with the messaging attributes of `system` and `destination`.
-fn continued(
-    consumed: &SpanData,
+/// Asserts the hops of message `msg_id` of `topic`, enqueued in the span
+/// `(trace_id, span_id)` and consumed from `destination` of the broker
+/// `system`, as one trace of spans named and kinded per OpenTelemetry's
+/// messaging conventions: the enqueuing span, the relay's delivery
+/// (`process <topic>`, a consumer), the publish under it (`send <topic>`,
+/// a producer), whose context the message carried to the broker, and the
+/// consumer's `process <destination>`.
+async fn one_trace(
     (trace_id, span_id): (opentelemetry::trace::TraceId, opentelemetry::trace::SpanId),
     system: &str,
+    topic: &str,
     destination: &str,
+    msg_id: &str,
 ) {
-    assert_eq!(consumed.span_context.trace_id(), trace_id, "one trace");
-    assert_eq!(consumed.parent_span_id, span_id);
-    assert!(consumed.parent_span_is_remote);
+    use opentelemetry::trace::SpanKind;
+    let delivery = delivered(topic, msg_id).await;
+    assert_eq!(delivery.span_context.trace_id(), trace_id, "one trace");
     assert_eq!(
-        attribute(consumed, "messaging.system").as_deref(),
-        Some(system)
+        delivery.parent_span_id, span_id,
+        "the relay continues the enqueue"
+    );
+    assert!(delivery.parent_span_is_remote);
+    assert_eq!(delivery.span_kind, SpanKind::Consumer);
+
+    let publish = exported(system, &format!("send {topic}"), msg_id).await;
+    assert_eq!(publish.span_context.trace_id(), trace_id, "one trace");
+    assert_eq!(
+        publish.parent_span_id,
+        delivery.span_context.span_id(),
+        "the publish runs under the delivery"
+    );
+    assert_eq!(publish.span_kind, SpanKind::Producer);
+    assert_eq!(
+        attribute(&publish, "messaging.operation.type").as_deref(),
+        Some("send")
     );
     assert_eq!(
-        attribute(consumed, "messaging.destination.name").as_deref(),
+        attribute(&publish, "messaging.destination.name").as_deref(),
+        Some(topic)
+    );
+
+    let consumed = exported(system, &format!("process {destination}"), msg_id).await;
+    assert_eq!(consumed.span_context.trace_id(), trace_id, "one trace");
+    assert_eq!(
+        consumed.parent_span_id,
+        publish.span_context.span_id(),
+        "the consumer continues the publish"
+    );
+    assert!(consumed.parent_span_is_remote);
+    assert_eq!(consumed.span_kind, SpanKind::Consumer);
+    assert_eq!(
+        attribute(&consumed, "messaging.operation.type").as_deref(),
+        Some("process")
+    );
+    assert_eq!(
+        attribute(&consumed, "messaging.destination.name").as_deref(),
         Some(destination)
     );
 }
@@ -154,7 +198,7 @@ macro_rules! otel_tests {
             // uses only part of them.
             #![allow(dead_code)]
             relay_fixtures!($module, $db, $dialect, $pool);
-            use super::{attribute, call_under, exported, exporter};
+            use super::{attribute, call_under, delivered, exporter};
             use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId};
             use tracing::Instrument as _;
             use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -201,7 +245,7 @@ macro_rules! otel_tests {
 
                 deliver(&pool, &topic).await;
                 let msg_id = format!("m-{coupon}-0");
-                let delivery = exported("outbox_delivery", &msg_id).await;
+                let delivery = delivered(&topic, &msg_id).await;
                 assert_eq!(delivery.span_context.trace_id(), trace_id);
                 assert_eq!(delivery.parent_span_id, span_id);
                 assert!(delivery.parent_span_is_remote);
@@ -248,7 +292,7 @@ macro_rules! otel_tests {
                     run_once_retrying(&relay, false).await;
                 }
                 for (coupon, trace_id) in sent {
-                    let delivery = exported("outbox_delivery", &format!("m-{coupon}-0")).await;
+                    let delivery = delivered(&topic, &format!("m-{coupon}-0")).await;
                     assert_eq!(
                         delivery.span_context.trace_id(),
                         trace_id,
@@ -256,6 +300,39 @@ macro_rules! otel_tests {
                     );
                     assert_eq!(attribute(&delivery, "batch"), Some("true".to_owned()));
                     call_under(&delivery);
+                    // The message's delivery links to its batch's span,
+                    // which links back to the message's trace.
+                    let batch = exporter()
+                        .get_finished_spans()
+                        .expect("finished spans")
+                        .into_iter()
+                        .find(|s| {
+                            delivery
+                                .links
+                                .iter()
+                                .any(|l| l.span_context == s.span_context)
+                        })
+                        .expect("the delivery links to an exported batch span");
+                    assert_eq!(batch.name, format!("process {topic}"));
+                    assert_eq!(batch.span_kind, opentelemetry::trace::SpanKind::Consumer);
+                    assert_eq!(batch.parent_span_id, SpanId::INVALID, "a root span");
+                    assert!(
+                        batch
+                            .links
+                            .iter()
+                            .any(|l| l.span_context.trace_id() == trace_id),
+                        "the batch links to the trace of coupon {coupon}"
+                    );
+                    let count = batch
+                        .attributes
+                        .iter()
+                        .find(|kv| kv.key.as_str() == "messaging.batch.message_count")
+                        .map(|kv| kv.value.clone());
+                    assert_eq!(
+                        count,
+                        Some(opentelemetry::Value::I64(batch.links.len() as i64)),
+                        "one link per message of the batch"
+                    );
                 }
             }
 
@@ -268,7 +345,7 @@ macro_rules! otel_tests {
                 let coupon = produce(&pool, &topic, 1).await;
                 assert_eq!(headers_of(&pool, &topic).await, None, "no headers stored");
                 deliver(&pool, &topic).await;
-                let delivery = exported("outbox_delivery", &format!("m-{coupon}-0")).await;
+                let delivery = delivered(&topic, &format!("m-{coupon}-0")).await;
                 assert_eq!(delivery.parent_span_id, SpanId::INVALID, "a root span");
             }
 

@@ -3,7 +3,7 @@
 //! `traceparent` header), and consumed: the consumer's `nats_delivery` span
 //! is in the enqueuing span's trace.
 
-use super::{continued, enqueue_in_span, exported, exporter};
+use super::{enqueue_in_span, exporter, one_trace};
 use crate::common::hooks;
 use crate::common::nats::*;
 use idem_runtime::outbox::Relay;
@@ -47,8 +47,7 @@ async fn one_trace_from_the_request_through_jetstream_to_the_consumer() {
     })
     .await;
 
-    let consumed = exported("nats_delivery", &msg_id).await;
+    one_trace(enqueued, "nats", &topic, &t.stream, &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    continued(&consumed, enqueued, "nats", &t.stream);
     teardown(&js, &t).await;
 }

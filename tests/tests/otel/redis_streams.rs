@@ -3,7 +3,7 @@
 //! `traceparent` header as the field `h.traceparent`), and consumed: the
 //! consumer's `redis_stream_entry` span is in the enqueuing span's trace.
 
-use super::{continued, enqueue_in_span, exported, exporter};
+use super::{enqueue_in_span, exporter, one_trace};
 use crate::common::hooks;
 use crate::common::redis_streams::*;
 use idem_runtime::outbox::Relay;
@@ -65,7 +65,6 @@ async fn one_trace_from_the_request_through_a_stream_to_the_consumer() {
     })
     .await;
 
-    let consumed = exported("redis_stream_entry", &msg_id).await;
+    one_trace(enqueued, "redis", &topic, &topic, &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    continued(&consumed, enqueued, "redis", &topic);
 }

@@ -3,7 +3,7 @@
 //! user property), and consumed: the consumer's `rocketmq_message` span is
 //! in the enqueuing span's trace.
 
-use super::{continued, enqueue_in_span, exported, exporter};
+use super::{enqueue_in_span, exporter, one_trace};
 use crate::common::hooks;
 use crate::common::rocketmq::*;
 use idem_runtime::outbox::Relay;
@@ -65,7 +65,6 @@ async fn one_trace_from_the_request_through_rocketmq_to_the_consumer() {
     })
     .await;
 
-    let consumed = exported("rocketmq_message", &msg_id).await;
+    one_trace(enqueued, "rocketmq", &topic, &topic, &msg_id).await;
     consumer.shutdown().await.expect("clean shutdown");
-    continued(&consumed, enqueued, "rocketmq", &topic);
 }

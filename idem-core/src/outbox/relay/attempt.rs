@@ -68,7 +68,15 @@ impl<DB: Backend> Inner<DB> {
     pub(super) async fn deliver(&self, row: OutboxRow, owner: Arc<str>) {
         let i = self;
         let (id, attempts) = (row.id, row.attempts);
-        let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts);
+        let span = tracing::info_span!(
+            "outbox_delivery",
+            id,
+            topic = %row.topic,
+            msg_id = %row.msg_id,
+            attempts,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
+        );
         #[cfg(feature = "opentelemetry")]
         crate::otel::delivery(&span, &row);
         let Some(route) = i.routing.routes.get(&row.topic).cloned() else {

@@ -335,16 +335,26 @@ impl<DB: Backend> Inner<DB> {
         let (rows, alone): (Vec<_>, Vec<_>) = rows
             .into_iter()
             .partition(|r| held.contains(&(r.id, r.attempts)));
+        let span = tracing::info_span!(
+            parent: None,
+            "outbox_batch",
+            messages = rows.len(),
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
+        );
+        #[cfg(feature = "opentelemetry")]
+        crate::otel::batch(&span, &rows);
         let BatchRun {
             ran,
             rest,
             lost,
             conflict,
-        } = self.run_batch(rows, &owner, &shared).await;
+        } = self.run_batch(rows, &owner, &shared, &span).await;
         if conflict {
             i.batching.adaptive.shrink(i.batching.commit_batch);
         }
-        let committed = self.end_batch(&shared, &owner, &ran, lost).await;
+        let ending = self.end_batch(&shared, &owner, &ran, lost);
+        let committed = tracing::Instrument::instrument(ending, span).await;
         // The batch's transaction has ended.
         drop(open);
         self.after_batch(&shared, committed, ran, rest, conflict, &owner)
@@ -353,18 +363,20 @@ impl<DB: Backend> Inner<DB> {
     }
 
     /// Runs the handlers of `rows` in the batch's transaction, one after
-    /// the other, until one loses a conflict or the transaction is lost.
+    /// the other, until one loses a conflict or the transaction is lost;
+    /// `batch` is the batch's span.
     async fn run_batch(
         &self,
         rows: Vec<OutboxRow>,
         owner: &Arc<str>,
         shared: &SharedTx<DB>,
+        batch: &tracing::Span,
     ) -> BatchRun {
         let mut ran = Vec::with_capacity(rows.len());
         let mut rows = rows.into_iter();
         let (mut lost, mut conflicted) = (None, None);
         for row in rows.by_ref() {
-            if let Some(r) = self.run_in_batch(row, owner, shared).await {
+            if let Some(r) = self.run_in_batch(row, owner, shared, batch).await {
                 if r.result.as_ref().is_err_and(|f| f.conflict) {
                     // A deadlock or a lock wait met by the handler's own
                     // statement, under its savepoint: the batch's
@@ -689,18 +701,33 @@ impl<DB: Backend> Inner<DB> {
         }
     }
 
-    /// Runs one message's handler in the batch's transaction `shared`.
+    /// Runs one message's handler in the batch's transaction `shared`, its
+    /// span linked to the batch's span `batch`.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
     async fn run_in_batch(
         &self,
         row: OutboxRow,
         owner: &Arc<str>,
         shared: &SharedTx<DB>,
+        batch: &tracing::Span,
     ) -> Option<Ran> {
         let i = self;
         let (id, attempts) = (row.id, row.attempts);
-        let span = tracing::info_span!("outbox_delivery", id, topic = %row.topic, msg_id = %row.msg_id, attempts, batch = true);
+        let span = tracing::info_span!(
+            "outbox_delivery",
+            id,
+            topic = %row.topic,
+            msg_id = %row.msg_id,
+            attempts,
+            batch = true,
+            "otel.name" = tracing::field::Empty,
+            "otel.kind" = "consumer",
+        );
         #[cfg(feature = "opentelemetry")]
-        crate::otel::delivery(&span, &row);
+        {
+            crate::otel::delivery(&span, &row);
+            crate::otel::in_batch(&span, batch);
+        }
         // Not claimable otherwise: claims filter on the routed topics.
         let route = i.routing.routes.get(&row.topic).cloned()?;
         let takes = Arc::new(AtomicU32::new(0));
