@@ -17,8 +17,8 @@
 
 use idem_examples::readme::state_machine::{DeductCoupon, deduct_coupon_for_order};
 use idem_examples::readme::{
-    archive, by_hand, cache, console, http, kafka, nats, outbox, quick_start, rabbitmq, record,
-    redis_streams, rocketmq, shards, transaction, unique_insert, using,
+    acts_once, archive, by_hand, cache, console, http, kafka, nats, outbox, quick_start, rabbitmq,
+    record, redis_streams, rocketmq, shards, transaction, unique_insert, using,
 };
 use idem_runtime::archive::RetentionPolicy;
 use idem_runtime::outbox::{Relay, enqueue};
@@ -197,6 +197,44 @@ fn every_readme_and_guide_rust_block_is_a_compiled_region() {
 #[test]
 fn the_quick_start_runs() {
     quick_start::run().expect("the quick start");
+}
+
+/// The guide's "Prove your handlers act once", on SQLite: the payment
+/// handler goes through every scenario, each injects its faults, and every
+/// payment's ledger rows, counted in the run's database, are exactly one.
+#[tokio::test]
+async fn acts_once_proves_the_payment_handler() {
+    let report = acts_once::run().await.expect("the acts_once run");
+    assert!(report.acts_once(), "{report}");
+    assert_eq!(report.handler, "record_payment");
+    assert_eq!(
+        report.scenarios.len(),
+        idem_test::Scenario::ALL.len(),
+        "{report}"
+    );
+    for scenario in &report.scenarios {
+        assert!(!scenario.actions.is_empty(), "{report}");
+        for action in &scenario.actions {
+            assert_eq!(
+                action.effect,
+                1,
+                "{}: #{}: {report}",
+                scenario.scenario.name(),
+                action.action
+            );
+            assert!(
+                action.keys.iter().all(|k| k.starts_with("pay:PAY")),
+                "{report}"
+            );
+        }
+        let faulted = scenario.scenario != idem_test::Scenario::Single;
+        assert_eq!(
+            scenario.faults() > 0,
+            faulted,
+            "{}: {report}",
+            scenario.scenario.name()
+        );
+    }
 }
 
 #[test]

@@ -63,13 +63,15 @@ pub mod cluster;
 mod env;
 mod matrix;
 pub mod names;
-pub mod proxy;
 #[cfg(feature = "redis")]
 mod redis_server;
 pub mod servers;
 mod sql;
 mod wait;
 
+/// The fault-injection proxy, published in `idem-test` (`idem_test::proxy`)
+/// and re-exported here under its old path.
+pub use idem_test::proxy;
 pub use burst::concurrently;
 pub use env::env_setting;
 pub use names::{id_base, ids, unique};

@@ -21,6 +21,8 @@
 use sqlx::PgPool;
 
 #[rustfmt::skip]
+pub mod acts_once;
+#[rustfmt::skip]
 pub mod archive;
 #[rustfmt::skip]
 pub mod by_hand;

@@ -13,18 +13,21 @@
 //!    fault injection, and the model the protocol is checked against.
 //! 4. [`composition`]: one message for several handlers (fan-out), and a
 //!    handler inside a transaction the caller holds.
-//! 5. [`entry_points`]: the front layers of each entry point: the Redis
+//! 5. [`acts_once`]: prove your own handlers act once, in your CI, with
+//!    the `idem-test` crate: concurrent duplicates, lost commit
+//!    acknowledgements and cancelled calls, and what a failure says.
+//! 6. [`entry_points`]: the front layers of each entry point: the Redis
 //!    cache, RabbitMQ, NATS JetStream, Kafka, RocketMQ, Redis Streams, payment
 //!    callbacks, `Idempotency-Key` requests over HTTP.
-//! 6. [`operating`]: metrics and spans, record expiry and archiving, the
+//! 7. [`operating`]: metrics and spans, record expiry and archiving, the
 //!    retention check, the `idem` command-line tool and the web console.
-//! 7. [`deployments`]: the backends and their features, standbys, Galera,
+//! 8. [`deployments`]: the backends and their features, standbys, Galera,
 //!    pgbouncer, several databases.
-//! 8. [`errors`]: the error enum, what is retryable, which database errors
+//! 9. [`errors`]: the error enum, what is retryable, which database errors
 //!    are transient.
-//! 9. [`upgrading`]: schema versions, what `migrate` changes, the rolling
-//!    upgrade rule, and key changes.
-//! 10. [`attributes`]: every option of `#[idempotent]` and what is checked
+//! 10. [`upgrading`]: schema versions, what `migrate` changes, the rolling
+//!     upgrade rule, and key changes.
+//! 11. [`attributes`]: every option of `#[idempotent]` and what is checked
 //!     at compile time.
 //!
 //! # How the examples are tested
@@ -64,6 +67,9 @@ pub mod outbox {}
 #[cfg_attr(not(doctest), doc = include_str!("composition.md"))]
 #[doc = include_str!("composition.doctest.md")]
 pub mod composition {}
+
+#[cfg_attr(not(doctest), doc = include_str!("acts_once.md"))]
+pub mod acts_once {}
 
 #[cfg_attr(not(doctest), doc = include_str!("entry_points.md"))]
 pub mod entry_points {}

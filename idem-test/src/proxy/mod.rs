@@ -28,6 +28,10 @@
 //!   prepared statement (`COM_STMT_EXECUTE`) is not recognised. A client
 //!   that switches to TLS is passed through untouched.
 //!
+//! Besides the random drops, one fault can be scripted on the `n`-th
+//! `COMMIT` from now ([`FaultProxy::fault_commit`]): its acknowledgement
+//! lost, the `COMMIT` cut before the server has it, or held for a while.
+//!
 //! A dropped acknowledgement waits for the server's reply to the `COMMIT`
 //! (PostgreSQL: `ReadyForQuery` with status idle; MySQL: the first `OK` or
 //! `ERR` packet with sequence id 1), at most [`REPLY_TIMEOUT`], then closes.
@@ -48,6 +52,9 @@ mod connection;
 mod wire;
 
 use connection::accept_loop;
+
+pub use crate::script::CommitFault;
+use crate::script::Script;
 
 /// How long a dropped acknowledgement waits for the server's reply to the
 /// `COMMIT` before closing anyway (the commit's outcome is then unknown).
@@ -131,6 +138,8 @@ struct Shared {
     /// Whether the server is down: every connection closed, new ones
     /// closed when accepted.
     down: tokio::sync::watch::Sender<bool>,
+    /// The fault scripted on one `COMMIT` ([`FaultProxy::fault_commit`]).
+    script: Script,
 }
 
 impl Shared {
@@ -192,6 +201,7 @@ impl FaultProxy {
             begins_held: AtomicU64::new(0),
             black_hole: AtomicBool::new(false),
             down: tokio::sync::watch::Sender::new(false),
+            script: Script::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(FaultProxy {
@@ -291,6 +301,28 @@ impl FaultProxy {
     /// starts, before the reply reaches the client.
     pub fn begins_held(&self) -> u64 {
         self.shared.begins_held.load(Ordering::SeqCst)
+    }
+
+    /// Scripts `fault` on the `nth` `COMMIT` forwarded from now on (1: the
+    /// next one), whatever the connection, replacing a scripted fault that
+    /// has not fired. The receiver resolves when the fault fires (for
+    /// [`CommitFault::LoseAck`], when the `COMMIT` leaves for the server,
+    /// before its reply). Exact, where [`set_drop_fraction`](Self::set_drop_fraction)
+    /// draws at random; the two add up.
+    pub fn fault_commit(&self, nth: u64, fault: CommitFault) -> tokio::sync::oneshot::Receiver<()> {
+        self.shared.script.arm(nth, fault)
+    }
+
+    /// Takes back the fault of [`fault_commit`](Self::fault_commit) if it
+    /// has not fired.
+    pub fn clear_commit_fault(&self) {
+        self.shared.script.disarm();
+    }
+
+    /// How many faults scripted with [`fault_commit`](Self::fault_commit)
+    /// fired.
+    pub fn commit_faults(&self) -> u64 {
+        self.shared.script.fired()
     }
 
     /// `base_url` with its `host:port` replaced by the proxy's, and TLS

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::wire::{ClientInspector, Frame, Framer, Seen};
-use super::{Protocol, REPLY_TIMEOUT, Shared};
+use super::{CommitFault, Protocol, REPLY_TIMEOUT, Shared};
 
 pub(super) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut connections = JoinSet::new();
@@ -113,133 +113,176 @@ async fn run_connection(
         hold_ms: AtomicU64::new(0),
     };
 
-    let client_to_server = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        // The bytes that followed PostgreSQL's startup message come first.
-        let mut pending = leftover;
-        loop {
-            let chunk: &[u8] = if !pending.is_empty() {
-                &pending
-            } else {
-                let n = client_read.read(&mut buf).await?;
-                if n == 0 {
-                    // The client is done: let the server see EOF, and let
-                    // the other half drain whatever it still says.
-                    let _ = server_write.shutdown().await;
-                    return Ok::<(), io::Error>(());
-                }
-                &buf[..n]
-            };
-            let Seen {
-                commits,
-                begins,
-                savepoints,
-            } = inspector.feed(chunk);
-            if savepoints > 0 {
-                let hold = shared.savepoint_hold_ms.load(Ordering::SeqCst);
-                if hold > 0 {
-                    arm.hold_ms.store(hold, Ordering::SeqCst);
-                }
-            }
-            if begins > 0 {
-                shared.begins_seen.fetch_add(begins, Ordering::SeqCst);
-                let hold = shared.begin_hold_ms.load(Ordering::SeqCst);
-                if hold > 0 {
-                    // Set before the BEGIN's last byte leaves: the server's
-                    // reply can only come after this.
-                    arm.hold_ms.store(hold, Ordering::SeqCst);
-                }
-            }
-            if commits > 0 {
-                shared.commits_seen.fetch_add(commits, Ordering::SeqCst);
-                tracing::trace!("fault proxy: {commits} COMMIT(s) from the client");
-                if !arm.is_armed() && (0..commits).any(|_| shared.draw_drop()) {
-                    // Armed before the COMMIT's last byte leaves: the
-                    // server's reply can only come after this.
-                    arm.arm();
-                }
-            }
-            through_the_hole(shared).await;
-            server_write.write_all(chunk).await?;
-            pending.clear();
-        }
-    };
+    let up = client_to_server(
+        &mut client_read,
+        &mut server_write,
+        inspector,
+        leftover,
+        &arm,
+        shared,
+    );
+    let down = server_to_client(&mut server_read, &mut client_write, &arm, shared);
+    tokio::try_join!(up, down).map(|_| ())
+}
 
-    let server_to_client = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut frames = Framer::new(shared.protocol, 1);
-        let mut deadline: Option<tokio::time::Instant> = None;
-        loop {
-            let wait_until = deadline;
-            let (sr, b) = (&mut server_read, &mut buf);
-            let read = async move {
-                match wait_until {
-                    Some(d) => match tokio::time::timeout_at(d, sr.read(b)).await {
-                        Ok(r) => r.map(Some),
-                        Err(_) => Ok(None), // timed out waiting for the reply
-                    },
-                    None => sr.read(b).await.map(Some),
-                }
-            };
-            let n = tokio::select! {
-                r = read => r?,
-                _ = arm.notify.notified(), if deadline.is_none() => {
-                    deadline = Some(tokio::time::Instant::now() + REPLY_TIMEOUT);
-                    continue;
-                }
-            };
-            let armed = arm.is_armed();
-            if armed && deadline.is_none() {
-                deadline = Some(tokio::time::Instant::now() + REPLY_TIMEOUT);
-            }
-            let Some(n) = n else {
-                return Err::<std::convert::Infallible, _>(drop_ack(
-                    shared,
-                    "no reply to COMMIT within the time-out",
-                ));
-            };
+/// The client-to-server half: every chunk inspected for `COMMIT`s (the
+/// scripted fault, the random drops arm the other half) and `BEGIN`s, then
+/// forwarded.
+async fn client_to_server(
+    client_read: &mut (impl AsyncReadExt + Unpin),
+    server_write: &mut (impl AsyncWriteExt + Unpin),
+    mut inspector: ClientInspector,
+    leftover: Vec<u8>,
+    arm: &Arm,
+    shared: &Shared,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    // The bytes that followed PostgreSQL's startup message come first.
+    let mut pending = leftover;
+    loop {
+        let chunk: &[u8] = if !pending.is_empty() {
+            &pending
+        } else {
+            let n = client_read.read(&mut buf).await?;
             if n == 0 {
-                if armed {
-                    return Err(drop_ack(shared, "server closed before replying to COMMIT"));
-                }
-                // The server is gone: end the whole connection.
-                let _ = client_write.shutdown().await;
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "server closed",
-                ));
+                // The client is done: let the server see EOF, and let
+                // the other half drain whatever it still says.
+                let _ = server_write.shutdown().await;
+                return Ok(());
             }
-            let chunk = &buf[..n];
-            let mut replied = false;
-            let mut begin_replied = false;
-            let holding = arm.hold_ms.load(Ordering::SeqCst) > 0;
-            frames.feed(chunk, |frame| {
-                if armed && is_commit_reply(shared.protocol, frame) {
-                    replied = true;
-                }
-                if holding && is_reply_end(shared.protocol, frame) {
-                    begin_replied = true;
-                }
-            });
-            if begin_replied && !armed {
-                let hold = arm.hold_ms.swap(0, Ordering::SeqCst);
-                shared.begins_held.fetch_add(1, Ordering::SeqCst);
-                tracing::debug!("fault proxy: holding the reply to BEGIN for {hold} ms");
-                tokio::time::sleep(Duration::from_millis(hold)).await;
+            &buf[..n]
+        };
+        let Seen {
+            commits,
+            begins,
+            savepoints,
+        } = inspector.feed(chunk);
+        if savepoints > 0 {
+            let hold = shared.savepoint_hold_ms.load(Ordering::SeqCst);
+            if hold > 0 {
+                arm.hold_ms.store(hold, Ordering::SeqCst);
             }
-            if armed {
-                // Everything read after the COMMIT left is thrown away.
-                if replied {
-                    return Err(drop_ack(shared, "COMMIT acknowledgement dropped"));
+        }
+        if begins > 0 {
+            shared.begins_seen.fetch_add(begins, Ordering::SeqCst);
+            let hold = shared.begin_hold_ms.load(Ordering::SeqCst);
+            if hold > 0 {
+                // Set before the BEGIN's last byte leaves: the server's
+                // reply can only come after this.
+                arm.hold_ms.store(hold, Ordering::SeqCst);
+            }
+        }
+        if commits > 0 {
+            shared.commits_seen.fetch_add(commits, Ordering::SeqCst);
+            tracing::trace!("fault proxy: {commits} COMMIT(s) from the client");
+            match scripted(shared, commits) {
+                Some(CommitFault::Cut) => {
+                    // Never forwarded: the server sees the connection
+                    // close inside its transaction, and rolls back.
+                    tracing::debug!("fault proxy: COMMIT cut; closing both connections");
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "COMMIT cut by the proxy's script",
+                    ));
                 }
+                Some(CommitFault::Hold(hold)) => tokio::time::sleep(hold).await,
+                Some(CommitFault::LoseAck) => arm.arm(),
+                _ => {}
+            }
+            if !arm.is_armed() && (0..commits).any(|_| shared.draw_drop()) {
+                // Armed before the COMMIT's last byte leaves: the
+                // server's reply can only come after this.
+                arm.arm();
+            }
+        }
+        through_the_hole(shared).await;
+        server_write.write_all(chunk).await?;
+        pending.clear();
+    }
+}
+
+/// The server-to-client half: replies forwarded, but those after an armed
+/// `COMMIT` thrown away, and a held `BEGIN`'s reply held.
+async fn server_to_client(
+    server_read: &mut (impl AsyncReadExt + Unpin),
+    client_write: &mut (impl AsyncWriteExt + Unpin),
+    arm: &Arm,
+    shared: &Shared,
+) -> io::Result<std::convert::Infallible> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut frames = Framer::new(shared.protocol, 1);
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let wait_until = deadline;
+        let (sr, b) = (&mut *server_read, &mut buf);
+        let read = async move {
+            match wait_until {
+                Some(d) => match tokio::time::timeout_at(d, sr.read(b)).await {
+                    Ok(r) => r.map(Some),
+                    Err(_) => Ok(None), // timed out waiting for the reply
+                },
+                None => sr.read(b).await.map(Some),
+            }
+        };
+        let n = tokio::select! {
+            r = read => r?,
+            _ = arm.notify.notified(), if deadline.is_none() => {
+                deadline = Some(tokio::time::Instant::now() + REPLY_TIMEOUT);
                 continue;
             }
-            through_the_hole(shared).await;
-            client_write.write_all(chunk).await?;
+        };
+        let armed = arm.is_armed();
+        if armed && deadline.is_none() {
+            deadline = Some(tokio::time::Instant::now() + REPLY_TIMEOUT);
         }
-    };
+        let Some(n) = n else {
+            return Err(drop_ack(shared, "no reply to COMMIT within the time-out"));
+        };
+        if n == 0 {
+            if armed {
+                return Err(drop_ack(shared, "server closed before replying to COMMIT"));
+            }
+            // The server is gone: end the whole connection.
+            let _ = client_write.shutdown().await;
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "server closed",
+            ));
+        }
+        let chunk = &buf[..n];
+        let mut replied = false;
+        let mut begin_replied = false;
+        let holding = arm.hold_ms.load(Ordering::SeqCst) > 0;
+        frames.feed(chunk, |frame| {
+            if armed && is_commit_reply(shared.protocol, frame) {
+                replied = true;
+            }
+            if holding && is_reply_end(shared.protocol, frame) {
+                begin_replied = true;
+            }
+        });
+        if begin_replied && !armed {
+            let hold = arm.hold_ms.swap(0, Ordering::SeqCst);
+            shared.begins_held.fetch_add(1, Ordering::SeqCst);
+            tracing::debug!("fault proxy: holding the reply to BEGIN for {hold} ms");
+            tokio::time::sleep(Duration::from_millis(hold)).await;
+        }
+        if armed {
+            // Everything read after the COMMIT left is thrown away.
+            if replied {
+                return Err(drop_ack(shared, "COMMIT acknowledgement dropped"));
+            }
+            continue;
+        }
+        through_the_hole(shared).await;
+        client_write.write_all(chunk).await?;
+    }
+}
 
-    tokio::try_join!(client_to_server, server_to_client).map(|_| ())
+/// The scripted fault of the `commits` `COMMIT`s of one chunk, if one of
+/// them is the scripted one.
+fn scripted(shared: &Shared, commits: u64) -> Option<CommitFault> {
+    (0..commits).fold(None, |found, _| shared.script.on_commit().or(found))
 }
 
 /// Counts a dropped acknowledgement; the error ends the connection.

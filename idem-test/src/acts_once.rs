@@ -1,0 +1,307 @@
+//! The run's description ([`ActsOnce`]) and its driver.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::Outcome;
+use sqlx::Pool;
+
+use crate::backend::TestBackend;
+use crate::error::Error;
+use crate::keys::Keys;
+use crate::report::Report;
+use crate::scenario::{Runner, Scenario};
+
+type Local<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+pub(crate) type CallFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Answer>>;
+type SetupFn<DB> = Box<dyn Fn(Pool<DB>) -> Local<'static, Result<(), sqlx::Error>>>;
+type PrepareFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Result<(), sqlx::Error>>>;
+type EffectFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Result<i64, sqlx::Error>>>;
+
+/// What one call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Executed,
+    Duplicate,
+    Failed(String),
+    /// Dropped by a fault while it committed (SQLite).
+    Dropped,
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Answer::Executed => f.write_str("Executed"),
+            Answer::Duplicate => f.write_str("Duplicate"),
+            Answer::Failed(e) => write!(f, "an error ({e})"),
+            Answer::Dropped => f.write_str("nothing (dropped while it committed)"),
+        }
+    }
+}
+
+/// A proof that a handler acts once: the actions to run it on, how to
+/// call it and how to count its effect, and the [`Scenario`]s to put it
+/// through. [`run`](ActsOnce::run) gives a [`Report`].
+///
+/// `DB` is the handler's database, `I` the input of one action (its
+/// message, its arguments). Action `n` is `input(n)`; each scenario takes
+/// [`actions`](ActsOnce::actions) new ones, so `input` must give distinct
+/// actions for distinct numbers.
+pub struct ActsOnce<DB: TestBackend, I> {
+    handler: String,
+    url: Option<String>,
+    pub(crate) input: Box<dyn Fn(usize) -> I>,
+    setup: Option<SetupFn<DB>>,
+    prepare: Option<PrepareFn<DB, I>>,
+    call: Option<CallFn<DB, I>>,
+    effect: Option<EffectFn<DB, I>>,
+    scenarios: Vec<Scenario>,
+    pub(crate) actions: usize,
+    pub(crate) duplicates: usize,
+    pub(crate) hold: Duration,
+    pub(crate) expected: i64,
+    pub(crate) retries: usize,
+}
+
+impl<DB: TestBackend, I> fmt::Debug for ActsOnce<DB, I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActsOnce")
+            .field("handler", &self.handler)
+            .field("backend", &DB::LABEL)
+            .field("scenarios", &self.scenarios)
+            .field("actions", &self.actions)
+            .field("duplicates", &self.duplicates)
+            .field("hold", &self.hold)
+            .field("expected", &self.expected)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<I: Clone + 'static> ActsOnce<sqlx::Sqlite, I> {
+    /// A run on SQLite: a fresh database file of its own in the system's
+    /// temporary directory (WAL mode, removed when the run ends). Nothing
+    /// to set up.
+    pub fn sqlite(handler: &str, input: impl Fn(usize) -> I + 'static) -> Self {
+        Self::new(handler, None, input)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<I: Clone + 'static> ActsOnce<sqlx::Postgres, I> {
+    /// A run on the PostgreSQL server at `url`, through a fault proxy of
+    /// the run's own. Name your tables so that they meet no other test's.
+    pub fn postgres(handler: &str, url: &str, input: impl Fn(usize) -> I + 'static) -> Self {
+        Self::new(handler, Some(url), input)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<I: Clone + 'static> ActsOnce<sqlx::MySql, I> {
+    /// A run on the MariaDB or MySQL server at `url`, through a fault
+    /// proxy of the run's own.
+    pub fn mysql(handler: &str, url: &str, input: impl Fn(usize) -> I + 'static) -> Self {
+        Self::new(handler, Some(url), input)
+    }
+}
+
+impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
+    /// A run of `handler` (its name in the report) on actions `input(0)`,
+    /// `input(1)`, …, on the database at `url` (`None`: SQLite's own).
+    pub fn new(handler: &str, url: Option<&str>, input: impl Fn(usize) -> I + 'static) -> Self {
+        ActsOnce {
+            handler: handler.to_owned(),
+            url: url.map(str::to_owned),
+            input: Box::new(input),
+            setup: None,
+            prepare: None,
+            call: None,
+            effect: None,
+            scenarios: Scenario::ALL.to_vec(),
+            actions: 4,
+            duplicates: 8,
+            hold: Duration::from_millis(200),
+            expected: 1,
+            retries: 3,
+        }
+    }
+
+    /// Runs once, after idem's tables are migrated and before any call:
+    /// create the handler's tables (drop what an earlier run left on a
+    /// server). The pool is the one the calls get.
+    pub fn setup<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Pool<DB>) -> Fut + 'static,
+        Fut: Future<Output = Result<(), sqlx::Error>> + 'static,
+    {
+        self.setup = Some(Box::new(move |pool| Box::pin(f(pool))));
+        self
+    }
+
+    /// Runs for each action before its scenario starts: seed the rows its
+    /// call needs (the entity a `state_machine` handler moves).
+    pub fn prepare<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Pool<DB>, I) -> Fut + 'static,
+        Fut: Future<Output = Result<(), sqlx::Error>> + 'static,
+    {
+        self.prepare = Some(Box::new(move |pool, input| Box::pin(f(pool, input))));
+        self
+    }
+
+    /// The call: your handler on the pool and one action's input. It may
+    /// open its own transaction or be given one; it answers what the
+    /// handler answered (`Outcome::Executed`, `Outcome::Duplicate`, an
+    /// error).
+    ///
+    /// The future runs in the caller's task, so it need not be `Send`.
+    /// While it runs, the default `tracing` subscriber is the run's own,
+    /// which reads the key each call derives from the attribute's
+    /// `idempotent` span: your handler's spans and events do not reach
+    /// your subscriber then, and a call spawned onto another task shows no
+    /// key in the report.
+    pub fn call<F, Fut, T, E>(mut self, f: F) -> Self
+    where
+        F: Fn(Pool<DB>, I) -> Fut + 'static,
+        Fut: Future<Output = Result<Outcome<T>, E>> + 'static,
+        E: fmt::Display,
+    {
+        self.call = Some(Box::new(move |pool, input| {
+            let call = f(pool, input);
+            Box::pin(async move {
+                match call.await {
+                    Ok(Outcome::Executed(_)) => Answer::Executed,
+                    Ok(Outcome::Duplicate(_)) => Answer::Duplicate,
+                    Err(e) => Answer::Failed(e.to_string()),
+                }
+            })
+        }));
+        self
+    }
+
+    /// How much of one action's effect the database holds (a `COUNT(*)`
+    /// of its rows, with the action's id bound): checked against
+    /// [`expect_effect`](Self::expect_effect) once its calls are done.
+    pub fn effect<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Pool<DB>, I) -> Fut + 'static,
+        Fut: Future<Output = Result<i64, sqlx::Error>> + 'static,
+    {
+        self.effect = Some(Box::new(move |pool, input| Box::pin(f(pool, input))));
+        self
+    }
+
+    /// The scenarios to run ([`Scenario::ALL`] by default);
+    /// [`Scenario::Single`] always runs first.
+    pub fn scenarios(mut self, scenarios: impl IntoIterator<Item = Scenario>) -> Self {
+        let mut list: Vec<Scenario> = scenarios.into_iter().collect();
+        list.push(Scenario::Single);
+        list.sort();
+        list.dedup();
+        self.scenarios = list;
+        self
+    }
+
+    /// Actions per scenario (default 4, at least 1).
+    pub fn actions(mut self, n: usize) -> Self {
+        self.actions = n.max(1);
+        self
+    }
+
+    /// Calls of each action side by side in
+    /// [`Scenario::ConcurrentDuplicates`] (default 8, at least 2).
+    pub fn duplicates(mut self, n: usize) -> Self {
+        self.duplicates = n.max(2);
+        self
+    }
+
+    /// How long the first commit of each burst of duplicates is held, its
+    /// locks kept, while the others run into it (default 200 ms).
+    pub fn hold(mut self, hold: Duration) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    /// The effect one action must leave (default 1).
+    pub fn expect_effect(mut self, n: i64) -> Self {
+        self.expected = n;
+        self
+    }
+
+    /// Retries after a faulted call, until one answers (default 3).
+    pub fn retries(mut self, n: usize) -> Self {
+        self.retries = n;
+        self
+    }
+
+    /// Runs every scenario and reports. An error means the run could not
+    /// be made (a server down, a failing setup), never that the handler
+    /// failed to act once: that is in the report.
+    pub async fn run(&self) -> Result<Report, Error> {
+        let call = self.call.as_ref().ok_or_else(|| missing("call"))?;
+        self.effect.as_ref().ok_or_else(|| missing("effect"))?;
+        let connections = u32::try_from(self.duplicates + 2).unwrap_or(u32::MAX);
+        let fx = DB::open(self.url.as_deref(), connections).await?;
+        idem_runtime::migrate(&fx.pool)
+            .await
+            .map_err(|e| Error::Config(format!("idem's migration failed: {e}")))?;
+        if let Some(setup) = &self.setup {
+            setup(fx.pool.clone())
+                .await
+                .map_err(|source| Error::Fixture {
+                    step: "setup".into(),
+                    source,
+                })?;
+        }
+        let keys = Arc::new(Keys::default());
+        let mut runner = Runner {
+            spec: self,
+            call,
+            fx: &fx,
+            dispatch: Keys::dispatch(&keys),
+            keys,
+            commits_per_call: 0,
+        };
+        let mut scenarios = Vec::new();
+        for (i, &scenario) in self.scenarios.iter().enumerate() {
+            scenarios.push(runner.scenario(scenario, i * self.actions).await?);
+        }
+        fx.pool.close().await;
+        Ok(Report {
+            handler: self.handler.clone(),
+            backend: DB::LABEL,
+            scenarios,
+        })
+    }
+
+    /// Runs [`prepare`](Self::prepare) for action `n`.
+    pub(crate) async fn prepare_action(&self, pool: &Pool<DB>, n: usize) -> Result<(), Error> {
+        match &self.prepare {
+            Some(prepare) => prepare(pool.clone(), (self.input)(n))
+                .await
+                .map_err(|source| Error::Fixture {
+                    step: format!("prepare of action #{n}"),
+                    source,
+                }),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts action `n`'s effect.
+    pub(crate) async fn count_effect(&self, pool: &Pool<DB>, n: usize) -> Result<i64, Error> {
+        let effect = self.effect.as_ref().ok_or_else(|| missing("effect"))?;
+        effect(pool.clone(), (self.input)(n))
+            .await
+            .map_err(|source| Error::Fixture {
+                step: format!("effect of action #{n}"),
+                source,
+            })
+    }
+}
+
+fn missing(what: &str) -> Error {
+    Error::Config(format!("the run has no `{what}`: set it with `.{what}(…)`"))
+}
