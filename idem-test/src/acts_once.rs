@@ -3,7 +3,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::Outcome;
@@ -11,9 +10,7 @@ use sqlx::Pool;
 
 use crate::backend::TestBackend;
 use crate::error::Error;
-use crate::keys::Keys;
-use crate::report::Report;
-use crate::scenario::{Runner, Scenario};
+use crate::scenario::Scenario;
 
 type Local<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 pub(crate) type CallFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Answer>>;
@@ -44,21 +41,21 @@ impl fmt::Display for Answer {
 
 /// A proof that a handler acts once: the actions to run it on, how to
 /// call it and how to count its effect, and the [`Scenario`]s to put it
-/// through. [`run`](ActsOnce::run) gives a [`Report`].
+/// through. [`run`](ActsOnce::run) gives a [`Report`](crate::Report).
 ///
 /// `DB` is the handler's database, `I` the input of one action (its
 /// message, its arguments). Action `n` is `input(n)`; each scenario takes
 /// [`actions`](ActsOnce::actions) new ones, so `input` must give distinct
 /// actions for distinct numbers.
 pub struct ActsOnce<DB: TestBackend, I> {
-    handler: String,
-    url: Option<String>,
+    pub(crate) handler: String,
+    pub(crate) url: Option<String>,
     pub(crate) input: Box<dyn Fn(usize) -> I>,
-    setup: Option<SetupFn<DB>>,
+    pub(crate) setup: Option<SetupFn<DB>>,
     prepare: Option<PrepareFn<DB, I>>,
-    call: Option<CallFn<DB, I>>,
-    effect: Option<EffectFn<DB, I>>,
-    scenarios: Vec<Scenario>,
+    pub(crate) call: Option<CallFn<DB, I>>,
+    pub(crate) effect: Option<EffectFn<DB, I>>,
+    pub(crate) scenarios: Vec<Scenario>,
     pub(crate) actions: usize,
     pub(crate) duplicates: usize,
     pub(crate) hold: Duration,
@@ -237,46 +234,6 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
         self
     }
 
-    /// Runs every scenario and reports. An error means the run could not
-    /// be made (a server down, a failing setup), never that the handler
-    /// failed to act once: that is in the report.
-    pub async fn run(&self) -> Result<Report, Error> {
-        let call = self.call.as_ref().ok_or_else(|| missing("call"))?;
-        self.effect.as_ref().ok_or_else(|| missing("effect"))?;
-        let connections = u32::try_from(self.duplicates + 2).unwrap_or(u32::MAX);
-        let fx = DB::open(self.url.as_deref(), connections).await?;
-        idem_runtime::migrate(&fx.pool)
-            .await
-            .map_err(|e| Error::Config(format!("idem's migration failed: {e}")))?;
-        if let Some(setup) = &self.setup {
-            setup(fx.pool.clone())
-                .await
-                .map_err(|source| Error::Fixture {
-                    step: "setup".into(),
-                    source,
-                })?;
-        }
-        let keys = Arc::new(Keys::default());
-        let mut runner = Runner {
-            spec: self,
-            call,
-            fx: &fx,
-            dispatch: Keys::dispatch(&keys),
-            keys,
-            commits_per_call: 0,
-        };
-        let mut scenarios = Vec::new();
-        for (i, &scenario) in self.scenarios.iter().enumerate() {
-            scenarios.push(runner.scenario(scenario, i * self.actions).await?);
-        }
-        fx.pool.close().await;
-        Ok(Report {
-            handler: self.handler.clone(),
-            backend: DB::LABEL,
-            scenarios,
-        })
-    }
-
     /// Runs [`prepare`](Self::prepare) for action `n`.
     pub(crate) async fn prepare_action(&self, pool: &Pool<DB>, n: usize) -> Result<(), Error> {
         match &self.prepare {
@@ -302,6 +259,6 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
     }
 }
 
-fn missing(what: &str) -> Error {
+pub(crate) fn missing(what: &str) -> Error {
     Error::Config(format!("the run has no `{what}`: set it with `.{what}(…)`"))
 }

@@ -135,6 +135,7 @@ mod error;
 mod keys;
 pub mod proxy;
 mod report;
+mod runner;
 mod scenario;
 mod script;
 

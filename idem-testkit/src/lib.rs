@@ -69,11 +69,11 @@ pub mod servers;
 mod sql;
 mod wait;
 
+pub use burst::concurrently;
+pub use env::env_setting;
 /// The fault-injection proxy, published in `idem-test` (`idem_test::proxy`)
 /// and re-exported here under its old path.
 pub use idem_test::proxy;
-pub use burst::concurrently;
-pub use env::env_setting;
 pub use names::{id_base, ids, unique};
 #[cfg(feature = "redis")]
 pub use redis_server::{redis_get, redis_up, redis_url};
