@@ -228,9 +228,11 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
         self
     }
 
-    /// Retries after a faulted call, until one answers (default 3).
+    /// Retries after a faulted call, until one answers (default 3, at
+    /// least 1: a cancelled call left unretried would read as an effect
+    /// the handler lost).
     pub fn retries(mut self, n: usize) -> Self {
-        self.retries = n;
+        self.retries = n.max(1);
         self
     }
 

@@ -136,6 +136,26 @@ async fn state_machine_acts_once() {
     assert_eq!((lost.executed(), lost.duplicates()), (0, 4), "{report}");
 }
 
+/// `retries(0)` still retries a cancelled call once: left unretried, a
+/// correct handler's cancelled action would read as a lost effect.
+#[tokio::test]
+async fn a_cancelled_call_is_retried_even_with_retries_0() {
+    let report = coupons()
+        .call(|pool, (coupon, order)| async move { deduct_coupon(&pool, coupon, order).await })
+        .scenarios([Scenario::Cancelled])
+        .retries(0)
+        .run()
+        .await
+        .expect("run");
+    report.assert_acts_once();
+    let cancelled = report.scenario(Scenario::Cancelled).unwrap();
+    assert_eq!(
+        (cancelled.faults(), cancelled.executed()),
+        (4, 4),
+        "{report}"
+    );
+}
+
 #[tokio::test]
 async fn record_acts_once() {
     let report = ActsOnce::sqlite("send_notice", |n| Notice {
