@@ -6,8 +6,9 @@
 //! One topic holds `--messages` due messages (10,000), and
 //! `idem_topic_pause` holds `--paused` other topics (100; the guard's
 //! probe then looks up a populated index). Each claim picks `--limit` (64)
-//! rows at a random offset into the due ones, as relays do, and is rolled
-//! back, so every claim sees the same rows: PostgreSQL runs its
+//! rows at the offset a relay picks under a backlog (a random one of the
+//! first 8 multiples of the limit: `Relay::claim_spread`'s default), and
+//! is rolled back, so every claim sees the same rows: PostgreSQL runs its
 //! `UPDATE … RETURNING` (the lease written, then undone), MariaDB its
 //! picking `SELECT` (where its guard sits). The two statements alternate
 //! claim by claim, for `--claims` claims each per round; the rates are the
@@ -65,16 +66,18 @@ fn statements(dialect: Dialect) -> Result<(String, String), BoxError> {
     Ok((guarded, unguarded))
 }
 
-/// A pseudo-random offset into the due rows (xorshift: no dependency,
-/// the same sequence for both statements).
+/// The relay's own offsets (`Relay::claim_spread`, default 8): `k × limit`
+/// for a pseudo-random `k` below the spread (xorshift: no dependency, the
+/// same sequence for both statements), within the due rows.
 fn offsets(messages: usize, limit: i64) -> impl FnMut() -> i64 {
-    let span = (messages as i64 - limit).max(1) as u64;
+    const SPREAD: u64 = 8;
+    let last = (messages as i64 - limit).max(0);
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        (x % span) as i64
+        ((x % SPREAD) as i64 * limit).min(last)
     }
 }
 
