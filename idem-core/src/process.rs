@@ -200,12 +200,22 @@ async fn beat<DB: Backend>(
         if *stop.borrow() {
             break;
         }
-        tokio::select! {
-            done = DB::process_beat(&pool, &written) => match done {
-                Ok(()) => health.succeeded(),
-                Err(e) => health.failed(&format_args!("{e:#} (process `{}`)", row.id)),
-            },
-            _ = stop.changed() => break,
+        // A write stopped half-way is finished first (for at most
+        // `DROP_DELETE_WITHIN`), never dropped: dropped, its statement
+        // could still land after the delete below and leave a row no
+        // process refreshes.
+        let beat = DB::process_beat(&pool, &written);
+        tokio::pin!(beat);
+        let done = tokio::select! {
+            done = &mut beat => done,
+            _ = stop.changed() => {
+                let _ = tokio::time::timeout(DROP_DELETE_WITHIN, beat).await;
+                break;
+            }
+        };
+        match done {
+            Ok(()) => health.succeeded(),
+            Err(e) => health.failed(&format_args!("{e:#} (process `{}`)", row.id)),
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}

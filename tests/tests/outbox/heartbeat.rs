@@ -133,3 +133,81 @@ macro_rules! heartbeat_tests {
 }
 
 idem_testkit::for_each_backend!(heartbeat_tests);
+
+/// PostgreSQL: a heartbeat stopped while its write waits for a lock.
+macro_rules! stalled_heartbeat_tests {
+    ($module:ident, $db:ty, $dialect:expr, $pool:expr) => {
+        mod $module {
+            #![allow(dead_code)]
+            relay_fixtures!($module, $db, $dialect, $pool);
+
+            /// How many sessions wait for a lock in a statement starting
+            /// with `head` on `idem_process`.
+            async fn waiting(pool: &Pool<Db>, head: &str) -> i64 {
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE $1",
+                )
+                .bind(format!("{head} idem_process%"))
+                .fetch_one(pool)
+                .await
+                .expect("pg_stat_activity")
+            }
+
+            /// The row an earlier beat wrote is deleted by a transaction
+            /// still open, so the next beat's upsert waits for it. The
+            /// heartbeat is stopped then: its delete must come after that
+            /// write, whose row would otherwise outlive the process. (Before
+            /// the fix the waiting write was dropped and the delete sent at
+            /// once; it found the old row gone when the transaction
+            /// committed, and the write then inserted a row nothing deleted.)
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_heartbeat_stopped_during_its_write_leaves_no_row() {
+                let Some(pool) = pool().await else { return };
+                let id = format!("stalled-{}", ids(1));
+                sqlx::query(
+                    "INSERT INTO idem_process (id, kind, name, started_at, heartbeat_at) \
+                     VALUES ($1, 'consumer', 'q', now(), now())",
+                )
+                .bind(&id)
+                .execute(&pool)
+                .await
+                .expect("an earlier beat's row");
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query("DELETE FROM idem_process WHERE id = $1")
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("delete under a lock");
+                let hb = Heartbeat::builder(id.clone(), "consumer", "q")
+                    .interval(EVERY)
+                    .start(pool.clone());
+                until("the beat waiting for the lock", || async {
+                    waiting(&pool, "INSERT INTO").await > 0
+                })
+                .await;
+                let stop = tokio::spawn(hb.stop());
+                // The broken heartbeat's delete waits too, at once; the
+                // fixed one's waits for the write. (Up to 1 s: the fixed
+                // one never comes.)
+                let start = Instant::now();
+                while waiting(&pool, "DELETE FROM").await == 0
+                    && start.elapsed() < Duration::from_secs(1)
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                tx.commit().await.expect("commit");
+                let _ = stop.await.expect("the stop's task");
+                let left: Option<String> =
+                    sqlx::query_scalar("SELECT kind FROM idem_process WHERE id = $1")
+                        .bind(&id)
+                        .fetch_optional(&pool)
+                        .await
+                        .expect("process row");
+                assert_eq!(left, None, "the stopped heartbeat left its row");
+            }
+        }
+    };
+}
+
+idem_testkit::for_each_backend!(stalled_heartbeat_tests; postgres as postgres_stalled);
