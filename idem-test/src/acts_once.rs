@@ -12,7 +12,7 @@ use crate::backend::TestBackend;
 use crate::error::Error;
 use crate::scenario::Scenario;
 
-type Local<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+pub(crate) type Local<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 pub(crate) type CallFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Answer>>;
 type SetupFn<DB> = Box<dyn Fn(Pool<DB>) -> Local<'static, Result<(), sqlx::Error>>>;
 type PrepareFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Result<(), sqlx::Error>>>;
@@ -55,7 +55,10 @@ pub struct ActsOnce<DB: TestBackend, I> {
     prepare: Option<PrepareFn<DB, I>>,
     pub(crate) call: Option<CallFn<DB, I>>,
     pub(crate) effect: Option<EffectFn<DB, I>>,
-    pub(crate) scenarios: Vec<Scenario>,
+    /// The scenarios asked for; `None`: those the run's parts allow.
+    pub(crate) scenarios: Option<Vec<Scenario>>,
+    pub(crate) route: Option<crate::relay::Route<DB>>,
+    pub(crate) enqueue: Option<crate::relay::EnqueueFn<DB, I>>,
     pub(crate) actions: usize,
     pub(crate) duplicates: usize,
     pub(crate) hold: Duration,
@@ -117,7 +120,9 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
             prepare: None,
             call: None,
             effect: None,
-            scenarios: Scenario::ALL.to_vec(),
+            scenarios: None,
+            route: None,
+            enqueue: None,
             actions: 4,
             duplicates: 8,
             hold: Duration::from_millis(200),
@@ -191,15 +196,33 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
         self
     }
 
-    /// The scenarios to run ([`Scenario::ALL`] by default);
-    /// [`Scenario::Single`] always runs first.
+    /// The scenarios to run. By default, those the run's parts allow:
+    /// [`Scenario::CALLS`] with a [`call`](Self::call),
+    /// [`Scenario::RELAY`] with a [`route`](Self::route). With any of
+    /// the call scenarios, [`Scenario::Single`] runs first.
     pub fn scenarios(mut self, scenarios: impl IntoIterator<Item = Scenario>) -> Self {
         let mut list: Vec<Scenario> = scenarios.into_iter().collect();
-        list.push(Scenario::Single);
+        if list.iter().any(|s| !s.through_relay()) {
+            list.push(Scenario::Single);
+        }
         list.sort();
         list.dedup();
-        self.scenarios = list;
+        self.scenarios = Some(list);
         self
+    }
+
+    /// The scenarios the run takes (see [`scenarios`](Self::scenarios)).
+    pub(crate) fn planned(&self) -> Vec<Scenario> {
+        match &self.scenarios {
+            Some(list) => list.clone(),
+            None => Scenario::ALL
+                .into_iter()
+                .filter(|s| match s.through_relay() {
+                    true => self.route.is_some(),
+                    false => self.call.is_some(),
+                })
+                .collect(),
+        }
     }
 
     /// Actions per scenario (default 4, at least 1).

@@ -21,9 +21,18 @@ pub(crate) mod sealed {
     use crate::error::Error;
 
     /// How a backend opens the run's pool with its faults.
-    pub trait Open: idem_runtime::Backend {
+    pub trait Open: idem_runtime::Backend + idem_runtime::Operable {
         /// The backend's name in reports.
         const LABEL: &'static str;
+
+        /// Ends the lease relay `owner` holds on `topic`'s pending
+        /// messages (its claims are named `owner#…`): any relay may claim
+        /// them at once, as after the lease ran out. How many it ended.
+        fn expire_lease(
+            pool: &sqlx::Pool<Self>,
+            topic: &str,
+            owner: &str,
+        ) -> impl std::future::Future<Output = Result<u64, sqlx::Error>>;
 
         /// Opens the pool (`url`, or SQLite's own temporary database when
         /// `None`) with room for `connections` at once.
@@ -33,6 +42,15 @@ pub(crate) mod sealed {
         ) -> impl std::future::Future<Output = Result<Fixture<Self>, Error>>;
     }
 }
+
+/// [`sealed::Open::expire_lease`]'s statement, `?` placeholders.
+const EXPIRE_LEASE: &str = "UPDATE idem_outbox SET locked_until = NULL \
+    WHERE topic = ? AND status = 'pending' AND lease_owner LIKE ?";
+
+/// [`EXPIRE_LEASE`] with PostgreSQL's placeholders.
+#[cfg(feature = "postgres")]
+const EXPIRE_LEASE_PG: &str = "UPDATE idem_outbox SET locked_until = NULL \
+    WHERE topic = $1 AND status = 'pending' AND lease_owner LIKE $2";
 
 /// Where the faults are injected.
 #[derive(Debug)]
@@ -232,6 +250,19 @@ pub(crate) mod sqlite {
             });
             Ok(Fixture { pool, faults })
         }
+
+        async fn expire_lease(
+            pool: &SqlitePool,
+            topic: &str,
+            owner: &str,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(super::EXPIRE_LEASE)
+                .bind(topic)
+                .bind(format!("{owner}#%"))
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
     }
 }
 
@@ -265,6 +296,19 @@ impl sealed::Open for sqlx::Postgres {
         let (pool, faults) = through_proxy(url, connections).await?;
         Ok(Fixture { pool, faults })
     }
+
+    async fn expire_lease(
+        pool: &sqlx::PgPool,
+        topic: &str,
+        owner: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(EXPIRE_LEASE_PG)
+            .bind(topic)
+            .bind(format!("{owner}#%"))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -274,5 +318,18 @@ impl sealed::Open for sqlx::MySql {
     async fn open(url: Option<&str>, connections: u32) -> Result<Fixture<Self>, Error> {
         let (pool, faults) = through_proxy(url, connections).await?;
         Ok(Fixture { pool, faults })
+    }
+
+    async fn expire_lease(
+        pool: &sqlx::MySqlPool,
+        topic: &str,
+        owner: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(EXPIRE_LEASE)
+            .bind(topic)
+            .bind(format!("{owner}#%"))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

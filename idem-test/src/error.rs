@@ -25,6 +25,13 @@ pub enum Error {
         /// The step's error.
         source: sqlx::Error,
     },
+    /// The run's `enqueue` failed for an action.
+    Enqueue {
+        /// The action's number.
+        action: usize,
+        /// Its error.
+        source: idem_runtime::Error,
+    },
     /// The run is missing something it needs (its `call`, its `effect`, a
     /// server's URL) or cannot start its fault proxy.
     Config(String),
@@ -43,6 +50,9 @@ impl fmt::Display for Error {
             Error::Unreachable { url, source } => write!(f, "cannot reach {url}: {source}"),
             Error::Database(e) => write!(f, "database: {e}"),
             Error::Fixture { step, source } => write!(f, "{step} failed: {source}"),
+            Error::Enqueue { action, source } => {
+                write!(f, "enqueue of action #{action} failed: {source}")
+            }
             Error::Config(why) => write!(f, "acts_once: {why}"),
         }
     }
@@ -53,6 +63,7 @@ impl std::error::Error for Error {
         match self {
             Error::Unreachable { source, .. } | Error::Fixture { source, .. } => Some(source),
             Error::Database(e) => Some(e),
+            Error::Enqueue { source, .. } => Some(source),
             Error::Config(_) => None,
         }
     }

@@ -134,6 +134,8 @@ mod backend;
 mod error;
 mod keys;
 pub mod proxy;
+mod relay;
+mod relay_runner;
 mod report;
 mod runner;
 mod scenario;

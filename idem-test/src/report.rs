@@ -121,6 +121,20 @@ impl ActionReport {
                 "a single call acted more than once: the effect counted is not one per action"
                     .to_owned()
             }
+            Scenario::RelayRestarted => {
+                "the relay that died left an effect behind that the next delivery added to: \
+                 part of the effect is written outside the handler's transaction (a second \
+                 pool or connection, an HTTP call), or the duplicate check does not see what \
+                 the committed delivery wrote"
+                    .to_owned()
+            }
+            Scenario::LeaseExpired => {
+                "both relays' handlers acted: once the lease ran out, the old owner's handler \
+                 was not fenced off, and the duplicate check does not run in the handler's \
+                 transaction under a lock (pass `d.source()` to the #[idempotent] call: its \
+                 transaction then marks the message, fenced by the delivery's lease)"
+                    .to_owned()
+            }
         })
     }
 }

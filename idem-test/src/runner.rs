@@ -20,7 +20,14 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
     /// be made (a server down, a failing setup), never that the handler
     /// failed to act once: that is in the report.
     pub async fn run(&self) -> Result<Report, Error> {
-        let call = self.call.as_ref().ok_or_else(|| missing("call"))?;
+        let planned = self.planned();
+        if planned.is_empty() {
+            return Err(missing("call"));
+        }
+        let call = match planned.iter().any(|s| !s.through_relay()) {
+            true => Some(self.call.as_ref().ok_or_else(|| missing("call"))?),
+            false => None,
+        };
         self.effect.as_ref().ok_or_else(|| missing("effect"))?;
         let connections = u32::try_from(self.duplicates + 2).unwrap_or(u32::MAX);
         let fx = DB::open(self.url.as_deref(), connections).await?;
@@ -44,8 +51,11 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
             keys,
             commits_per_call: 0,
         };
+        if planned.iter().any(|s| s.through_relay()) {
+            runner.check_topic().await?;
+        }
         let mut scenarios = Vec::new();
-        for (i, &scenario) in self.scenarios.iter().enumerate() {
+        for (i, &scenario) in planned.iter().enumerate() {
             scenarios.push(runner.scenario(scenario, i * self.actions).await?);
         }
         fx.pool.close().await;
@@ -59,17 +69,17 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
 
 /// The counts of one action's calls.
 #[derive(Debug, Default)]
-struct Tally {
+pub(crate) struct Tally {
     calls: u64,
     executed: u64,
     duplicates: u64,
     failed: u64,
     first_error: Option<String>,
-    faults: u64,
+    pub(crate) faults: u64,
 }
 
 impl Tally {
-    fn add(&mut self, answer: &Answer) {
+    pub(crate) fn add(&mut self, answer: &Answer) {
         self.calls += 1;
         match answer {
             Answer::Executed => self.executed += 1,
@@ -86,7 +96,8 @@ impl Tally {
 /// One run: the spec, its database, and the keys its calls derive.
 pub(crate) struct Runner<'a, DB: TestBackend, I> {
     pub(crate) spec: &'a ActsOnce<DB, I>,
-    pub(crate) call: &'a CallFn<DB, I>,
+    /// The call, when a call scenario runs.
+    pub(crate) call: Option<&'a CallFn<DB, I>>,
     pub(crate) fx: &'a Fixture<DB>,
     pub(crate) keys: Arc<Keys>,
     pub(crate) dispatch: Dispatch,
@@ -120,6 +131,8 @@ impl<DB: TestBackend, I: Clone + 'static> Runner<'_, DB, I> {
                     self.faulted(n, j, input, CommitFault::Cut, &mut tally)
                         .await?
                 }
+                Scenario::RelayRestarted => self.restarted(n, j, &mut tally).await?,
+                Scenario::LeaseExpired => self.lease_expired(n, &mut tally).await?,
             };
             actions.push(self.action_report(n, tally, story).await?);
         }
@@ -154,8 +167,11 @@ impl<DB: TestBackend, I: Clone + 'static> Runner<'_, DB, I> {
 
     /// One call of action `n`, in a span that ties its key to it.
     async fn invoke(&self, n: usize, input: I) -> Answer {
+        let Some(call) = self.call else {
+            return Answer::Failed("the run has no `call`".into());
+        };
         let span = Keys::span(&self.dispatch, n);
-        (self.call)(self.fx.pool.clone(), input)
+        call(self.fx.pool.clone(), input)
             .instrument(span)
             .with_subscriber(self.dispatch.clone())
             .await

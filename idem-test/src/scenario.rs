@@ -2,6 +2,10 @@
 
 /// A way the calls of an action arrive. Each scenario runs on actions of
 /// its own (distinct inputs), then counts every action's effect.
+///
+/// The first four call the handler directly ([`ActsOnce::call`](crate::ActsOnce::call));
+/// the last two deliver each action as an outbox message through real
+/// relays ([`ActsOnce::route`](crate::ActsOnce::route)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Scenario {
@@ -23,16 +27,44 @@ pub enum Scenario {
     /// `LostAcks`), after its statements: the commit does not happen; then
     /// the call is retried.
     Cancelled,
+    /// Each action's message is claimed by a relay that dies while its
+    /// handler runs: after the handler's transaction committed (the first,
+    /// third, … action) or with its commit cut (the second, fourth, …),
+    /// before the relay records anything. The dead relay's lease is then
+    /// expired and a new relay drains the topic.
+    RelayRestarted,
+    /// Each action's message is claimed by relay A, whose lease runs out
+    /// before A's handler starts (a stalled process); relay B reclaims it,
+    /// and both handlers then run side by side, the first commit held for
+    /// `hold`: the old owner's handler must not act once the message is
+    /// someone else's.
+    LeaseExpired,
 }
 
 impl Scenario {
     /// Every scenario, in the order a run takes them.
-    pub const ALL: [Scenario; 4] = [
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Single,
+        Scenario::ConcurrentDuplicates,
+        Scenario::LostAcks,
+        Scenario::Cancelled,
+        Scenario::RelayRestarted,
+        Scenario::LeaseExpired,
+    ];
+
+    /// The scenarios that call the handler directly (they need
+    /// [`ActsOnce::call`](crate::ActsOnce::call)).
+    pub const CALLS: [Scenario; 4] = [
         Scenario::Single,
         Scenario::ConcurrentDuplicates,
         Scenario::LostAcks,
         Scenario::Cancelled,
     ];
+
+    /// The scenarios that deliver through relays (they need
+    /// [`ActsOnce::route`](crate::ActsOnce::route) and
+    /// [`ActsOnce::enqueue`](crate::ActsOnce::enqueue)).
+    pub const RELAY: [Scenario; 2] = [Scenario::RelayRestarted, Scenario::LeaseExpired];
 
     /// Its name in messages and reports.
     pub fn name(self) -> &'static str {
@@ -41,6 +73,13 @@ impl Scenario {
             Scenario::ConcurrentDuplicates => "concurrent duplicates",
             Scenario::LostAcks => "lost commit acknowledgements",
             Scenario::Cancelled => "cancelled before commit",
+            Scenario::RelayRestarted => "relay restarted mid-drain",
+            Scenario::LeaseExpired => "lease expired under a slow handler",
         }
+    }
+
+    /// Whether it delivers through relays rather than calling the handler.
+    pub fn through_relay(self) -> bool {
+        Scenario::RELAY.contains(&self)
     }
 }

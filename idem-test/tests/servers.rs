@@ -1,14 +1,18 @@
 //! On PostgreSQL and MariaDB, faults through the run's fault proxy: the
 //! harness passes the three strategies, and catches the article's fault
-//! version and a handler writing through a second pool. A server that is
-//! down skips its tests (SKIPPED), or fails them when `CI=true`.
+//! version and a handler writing through a second pool; through real
+//! relays, a route passing its source acts once when its relay restarts
+//! and when its lease runs out, and the same two broken handlers are
+//! caught. A server that is down skips its tests (SKIPPED), or fails them
+//! when `CI=true`.
 
 mod common;
 
 use common::{mysql_url, numbered, postgres_url, run_base, skipped};
+use idem_runtime::outbox::{self, Delivery};
 use idem_runtime::{Outcome, State, idempotent};
 use idem_test::{ActsOnce, Report, Scenario};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::AssertSqlSafe;
 
 #[derive(Clone, Copy, State)]
@@ -21,6 +25,13 @@ enum CouponState {
 struct Notice {
     msg_id: String,
     user_id: i64,
+}
+
+/// A coupon route's message.
+#[derive(Clone, Serialize, Deserialize)]
+struct Deduct {
+    coupon_id: i64,
+    order_id: i64,
 }
 
 #[derive(Clone)]
@@ -144,6 +155,90 @@ macro_rules! server_suite {
                         sqlx::query_scalar(q("SELECT COUNT(*) FROM {t}_deduction WHERE order_id = ?"))
                             .bind(order).fetch_one(&pool).await
                     })
+            }
+
+            /// A coupon route's run on a topic of its own: coupon and order
+            /// `base + n`, the message enqueued in a transaction of its own.
+            fn coupon_route(handler: &str) -> (ActsOnce<Db, Deduct>, String) {
+                let base = run_base();
+                let topic = format!("idem-test.{}.{base}", $t);
+                let t = topic.clone();
+                let run = ActsOnce::$ctor(handler, &$url, move |n| Deduct { coupon_id: base + n as i64, order_id: base + n as i64 })
+                    .setup(tables)
+                    .prepare(|pool, m| async move {
+                        sqlx::query(q("INSERT INTO {t} (id, status) VALUES (?, 'UNUSED')"))
+                            .bind(m.coupon_id).execute(&pool).await?;
+                        Ok(())
+                    })
+                    .enqueue(move |pool, m| {
+                        let topic = t.clone();
+                        async move {
+                            let mut tx = pool.begin().await?;
+                            let payload = serde_json::to_value(&m).expect("a plain struct");
+                            outbox::enqueue(&mut tx, &topic, &format!("order-{}", m.order_id), &payload).await?;
+                            tx.commit().await?;
+                            Ok(())
+                        }
+                    })
+                    .effect(|pool, m| async move {
+                        sqlx::query_scalar(q("SELECT COUNT(*) FROM {t}_deduction WHERE order_id = ?"))
+                            .bind(m.order_id).fetch_one(&pool).await
+                    });
+                (run, topic)
+            }
+
+            #[tokio::test]
+            async fn a_route_passing_its_source_acts_once_through_restarts_and_lost_leases() {
+                let (run, topic) = coupon_route("deduct_coupon route");
+                let run = run
+                    .route(&topic, |d: Delivery<Db>, m: Deduct| async move {
+                        deduct_coupon(d.source(), m.coupon_id, m.order_id).await
+                    })
+                    .run().await;
+                if skipped(&run, "a_route_acts_once") { return; }
+                let report = run.expect("run");
+                println!("{report}");
+                report.assert_acts_once();
+                for s in &report.scenarios {
+                    assert_eq!(s.faults(), 4, "{}: faults injected\n{report}", s.scenario.name());
+                }
+                assert_eq!(report.scenarios.len(), 2, "{report}");
+            }
+
+            #[tokio::test]
+            async fn broken_routes_are_caught_through_restarts_and_lost_leases() {
+                let Ok(ledger) = Pool::connect(&$url).await else {
+                    let (run, _) = coupon_route("second pool route");
+                    assert!(skipped(&run.run().await, "broken_routes_are_caught"), "the server is up for the harness but not for the test");
+                    return;
+                };
+                // Its effect through a second pool: doubled when the relay dies with its commit cut.
+                let (run, topic) = coupon_route("deduct_through_second_pool route");
+                let report = run
+                    .route(&topic, move |d: Delivery<Db>, m: Deduct| {
+                        let ledger = ledger.clone();
+                        async move { deduct_through_second_pool(d.source(), &ledger, m.coupon_id, m.order_id).await }
+                    })
+                    .scenarios([Scenario::RelayRestarted])
+                    .run().await.expect("run");
+                println!("{report}");
+                let failures = report.failures();
+                eprintln!("{}", failures.join("\n"));
+                assert_eq!(failures.len(), 2, "the second and fourth actions: {failures:#?}");
+                assert!(failures[0].contains("(doubled): relay A died with its handler's commit cut"), "{}", failures[0]);
+                // The article's fault version on the relay's pool: doubled when two relays hold the message.
+                let (run, topic) = coupon_route("fault_version route");
+                let report = run
+                    .route(&topic, |d: Delivery<Db>, m: Deduct| async move {
+                        Ok(fault_version(d.pool().clone(), m.coupon_id, m.order_id).await?)
+                    })
+                    .scenarios([Scenario::LeaseExpired])
+                    .run().await.expect("run");
+                println!("{report}");
+                let failures = report.failures();
+                eprintln!("{}", failures.join("\n"));
+                assert_eq!(report.scenario(Scenario::LeaseExpired).unwrap().doubled(), 4, "{report}");
+                assert!(failures[0].contains("was not fenced off"), "{}", failures[0]);
             }
 
             #[tokio::test]
