@@ -72,7 +72,77 @@
 //!   call is retried;
 //! - **cancelled before commit**: each call is cancelled at one of its
 //!   commits, after its statements; the commit does not happen; then the
-//!   call is retried.
+//!   call is retried;
+//! - **relay restarted mid-drain** (a route's): a relay claims the
+//!   action's message and dies in its handler, after its commit or with
+//!   the commit cut, recording nothing; a new relay drains the topic;
+//! - **lease expired under a slow handler** (a route's): relay A claims
+//!   the message and stalls until its lease is gone, relay B reclaims it,
+//!   and both handlers run side by side, the first commit held.
+//!
+//! # Through a relay
+//!
+//! For a handler behind the outbox, give [`ActsOnce::enqueue`] (how an
+//! action becomes a message) and [`ActsOnce::route`] (the topic and its
+//! handler, as for `Relay::route`) instead of `call`: the run delivers
+//! each action through real relays.
+//!
+//! ```
+//! # use idem_runtime::{idempotent, outbox, State};
+//! # use idem_test::ActsOnce;
+//! # use sqlx::SqliteConnection;
+//! # #[derive(Clone, Copy, State)]
+//! # enum CouponState { Unused, Used }
+//! #[derive(Clone, serde::Serialize, serde::Deserialize)]
+//! struct Deduct { coupon_id: i64, order_id: i64 }
+//!
+//! #[idempotent(
+//!     key = "coupon-deduct:{order_id}",
+//!     strategy = state_machine,
+//!     table = "coupon", id = coupon_id,
+//!     from = CouponState::Unused, to = CouponState::Used,
+//! )]
+//! async fn deduct_coupon(tx: &mut SqliteConnection, coupon_id: i64, order_id: i64) -> Result<(), sqlx::Error> {
+//!     sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
+//!         .bind(coupon_id).bind(order_id).execute(&mut *tx).await?;
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let report = ActsOnce::sqlite("coupon.deduct route", |n| Deduct { coupon_id: n as i64, order_id: 100 + n as i64 })
+//!     .setup(|pool| async move {
+//!         sqlx::query("CREATE TABLE coupon (id INTEGER PRIMARY KEY, status TEXT NOT NULL)").execute(&pool).await?;
+//!         sqlx::query("CREATE TABLE deduction (coupon_id INTEGER, order_id INTEGER)").execute(&pool).await?;
+//!         Ok(())
+//!     })
+//!     .prepare(|pool, m| async move {
+//!         sqlx::query("INSERT INTO coupon VALUES (?, 'UNUSED')").bind(m.coupon_id).execute(&pool).await?;
+//!         Ok(())
+//!     })
+//!     .enqueue(|pool, m| async move {
+//!         let mut tx = pool.begin().await?;
+//!         let payload = serde_json::json!({ "coupon_id": m.coupon_id, "order_id": m.order_id });
+//!         outbox::enqueue(&mut tx, "coupon.deduct", &format!("order-{}", m.order_id), &payload).await?;
+//!         tx.commit().await?;
+//!         Ok(())
+//!     })
+//!     // `d.source()`: the call's transaction marks the message, fenced by the delivery's lease.
+//!     .route("coupon.deduct", |d, m: Deduct| async move { deduct_coupon(d.source(), m.coupon_id, m.order_id).await })
+//!     .effect(|pool, m| async move {
+//!         sqlx::query_scalar("SELECT COUNT(*) FROM deduction WHERE order_id = ?").bind(m.order_id).fetch_one(&pool).await
+//!     })
+//!     .run()
+//!     .await?;
+//! report.assert_acts_once();
+//! # Ok(()) }
+//! ```
+//!
+//! The run's relays deliver one message at a time and poll every 10 ms;
+//! a relay "dies" when its handler's future never ends and the run aborts
+//! it, and a dead or stalled relay's lease is ended by the run in
+//! `idem_outbox`, so that the next relay claims at once. Name a topic of
+//! the run's own: a run refuses to start while messages of it are pending.
 //!
 //! The faults are injected, never waited for: on SQLite through the
 //! commit hook of the run's connections (a lost acknowledgement drops the
@@ -81,9 +151,10 @@
 //! MariaDB through a [`proxy::FaultProxy`] of the run's own between the
 //! pool and the server (a lost acknowledgement throws the server's reply
 //! to `COMMIT` away; a cancellation closes the connection before the
-//! server has the `COMMIT`). Only the concurrent scenario depends on
-//! timing, and only to catch a broken handler: a correct one acts once
-//! whatever the interleaving.
+//! server has the `COMMIT`). Only the two side-by-side scenarios
+//! (concurrent duplicates, the lease's two handlers) depend on timing, and
+//! only to catch a broken handler: a correct one acts once whatever the
+//! interleaving.
 //!
 //! # The report
 //!

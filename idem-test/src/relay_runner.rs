@@ -42,24 +42,28 @@ impl Events {
                 Ok(Some(e)) if want(&e) => return Ok(e),
                 Ok(Some(e)) => self.seen.push(e),
                 Ok(None) | Err(_) => {
-                    return Err(Error::Config(format!(
-                        "{what} within {PATIENCE:?}: does `enqueue` write a message the route's \
-                         topic and payload type accept?"
-                    )));
+                    return Err(Error::Config(format!("{what} within {PATIENCE:?}")));
                 }
             }
         }
     }
 
     async fn entered(&mut self, who: Who) -> Result<(), Error> {
-        let what = format!("relay {} never started the handler", who.letter());
+        let what = format!(
+            "relay {} never started the handler (does `enqueue` write a message of the \
+             route's topic, whose payload the route's type accepts?)",
+            who.letter()
+        );
         self.take(|e| matches!(e, Event::Entered(w) if *w == who), &what)
             .await
             .map(drop)
     }
 
     async fn answered(&mut self, who: Who) -> Result<Answer, Error> {
-        let what = format!("relay {}'s handler never answered", who.letter());
+        let what = format!(
+            "relay {}'s handler never answered (did it panic, or wait on something?)",
+            who.letter()
+        );
         match self
             .take(|e| matches!(e, Event::Answered(w, _) if *w == who), &what)
             .await?
