@@ -2,42 +2,23 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use idem_runtime::Outcome;
+use idem_runtime::outbox::Delivery;
+use serde::de::DeserializeOwned;
 use sqlx::Pool;
 
+pub(crate) use crate::answer::{Answer, Local};
 use crate::backend::TestBackend;
 use crate::error::Error;
+use crate::relay::{EnqueueFn, Route};
 use crate::scenario::Scenario;
 
-pub(crate) type Local<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 pub(crate) type CallFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Answer>>;
 type SetupFn<DB> = Box<dyn Fn(Pool<DB>) -> Local<'static, Result<(), sqlx::Error>>>;
 type PrepareFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Result<(), sqlx::Error>>>;
 type EffectFn<DB, I> = Box<dyn Fn(Pool<DB>, I) -> Local<'static, Result<i64, sqlx::Error>>>;
-
-/// What one call answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Answer {
-    Executed,
-    Duplicate,
-    Failed(String),
-    /// Dropped by a fault while it committed (SQLite).
-    Dropped,
-}
-
-impl fmt::Display for Answer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Answer::Executed => f.write_str("Executed"),
-            Answer::Duplicate => f.write_str("Duplicate"),
-            Answer::Failed(e) => write!(f, "an error ({e})"),
-            Answer::Dropped => f.write_str("nothing (dropped while it committed)"),
-        }
-    }
-}
 
 /// A proof that a handler acts once: the actions to run it on, how to
 /// call it and how to count its effect, and the [`Scenario`]s to put it
@@ -57,8 +38,8 @@ pub struct ActsOnce<DB: TestBackend, I> {
     pub(crate) effect: Option<EffectFn<DB, I>>,
     /// The scenarios asked for; `None`: those the run's parts allow.
     pub(crate) scenarios: Option<Vec<Scenario>>,
-    pub(crate) route: Option<crate::relay::Route<DB>>,
-    pub(crate) enqueue: Option<crate::relay::EnqueueFn<DB, I>>,
+    pub(crate) route: Option<Route<DB>>,
+    pub(crate) enqueue: Option<EnqueueFn<DB, I>>,
     pub(crate) actions: usize,
     pub(crate) duplicates: usize,
     pub(crate) hold: Duration,
@@ -281,6 +262,38 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
                 step: format!("effect of action #{n}"),
                 source,
             })
+    }
+}
+
+impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
+    /// The route the relay scenarios ([`Scenario::RELAY`](crate::Scenario::RELAY))
+    /// deliver through: `topic` and its handler, as you give them to
+    /// [`Relay::route`](idem_runtime::outbox::Relay::route). Each relay the run starts routes `topic` to it,
+    /// wrapped so that the run knows when the handler starts and what it
+    /// answers. Name a topic of the run's own: a run refuses to start
+    /// while messages of it are pending.
+    pub fn route<P, F, Fut, T>(mut self, topic: &str, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, idem_runtime::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.route = Some(Route::new(topic, handler));
+        self
+    }
+
+    /// How one action becomes a message on the route's topic: your
+    /// producer's code, e.g. [`outbox::enqueue`](idem_runtime::outbox::enqueue)
+    /// in a transaction of its own. The relay scenarios call it once per
+    /// action.
+    pub fn enqueue<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Pool<DB>, I) -> Fut + 'static,
+        Fut: Future<Output = Result<(), idem_runtime::Error>> + 'static,
+    {
+        self.enqueue = Some(Box::new(move |pool, input| Box::pin(f(pool, input))));
+        self
     }
 }
 

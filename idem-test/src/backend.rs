@@ -43,6 +43,20 @@ pub(crate) mod sealed {
     }
 }
 
+/// [`sealed::Open::expire_lease`] for a pool type, with its statement.
+macro_rules! expire_lease {
+    ($pool:ty, $sql:expr) => {
+        async fn expire_lease(pool: &$pool, topic: &str, owner: &str) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query($sql)
+                .bind(topic)
+                .bind(format!("{owner}#%"))
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+}
+
 /// [`sealed::Open::expire_lease`]'s statement, `?` placeholders.
 const EXPIRE_LEASE: &str = "UPDATE idem_outbox SET locked_until = NULL \
     WHERE topic = ? AND status = 'pending' AND lease_owner LIKE ?";
@@ -251,18 +265,7 @@ pub(crate) mod sqlite {
             Ok(Fixture { pool, faults })
         }
 
-        async fn expire_lease(
-            pool: &SqlitePool,
-            topic: &str,
-            owner: &str,
-        ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(super::EXPIRE_LEASE)
-                .bind(topic)
-                .bind(format!("{owner}#%"))
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
+        expire_lease!(SqlitePool, super::EXPIRE_LEASE);
     }
 }
 
@@ -297,18 +300,7 @@ impl sealed::Open for sqlx::Postgres {
         Ok(Fixture { pool, faults })
     }
 
-    async fn expire_lease(
-        pool: &sqlx::PgPool,
-        topic: &str,
-        owner: &str,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(EXPIRE_LEASE_PG)
-            .bind(topic)
-            .bind(format!("{owner}#%"))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    expire_lease!(sqlx::PgPool, EXPIRE_LEASE_PG);
 }
 
 #[cfg(feature = "mysql")]
@@ -320,16 +312,5 @@ impl sealed::Open for sqlx::MySql {
         Ok(Fixture { pool, faults })
     }
 
-    async fn expire_lease(
-        pool: &sqlx::MySqlPool,
-        topic: &str,
-        owner: &str,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(EXPIRE_LEASE)
-            .bind(topic)
-            .bind(format!("{owner}#%"))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    expire_lease!(sqlx::MySqlPool, EXPIRE_LEASE);
 }

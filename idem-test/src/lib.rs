@@ -201,6 +201,7 @@
 #![warn(missing_docs)]
 
 mod acts_once;
+mod answer;
 mod backend;
 mod error;
 mod keys;

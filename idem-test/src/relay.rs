@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tracing::Dispatch;
 use tracing::instrument::{Instrument, WithSubscriber};
 
-use crate::acts_once::{ActsOnce, Answer, Local};
+use crate::answer::{Answer, Local};
 use crate::backend::TestBackend;
 use crate::keys::Keys;
 
@@ -67,14 +67,9 @@ pub(crate) fn owner(who: Who) -> String {
     )
 }
 
-impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
-    /// The route the relay scenarios ([`Scenario::RELAY`](crate::Scenario::RELAY))
-    /// deliver through: `topic` and its handler, as you give them to
-    /// [`Relay::route`]. Each relay the run starts routes `topic` to it,
-    /// wrapped so that the run knows when the handler starts and what it
-    /// answers. Name a topic of the run's own: a run refuses to start
-    /// while messages of it are pending.
-    pub fn route<P, F, Fut, T>(mut self, topic: &str, handler: F) -> Self
+impl<DB: TestBackend> Route<DB> {
+    /// `handler` on `topic`, wrapped in each relay's tap.
+    pub(crate) fn new<P, F, Fut, T>(topic: &str, handler: F) -> Self
     where
         P: DeserializeOwned + Send + 'static,
         F: Fn(Delivery<DB>, P) -> Fut + Send + Sync + 'static,
@@ -89,24 +84,10 @@ impl<DB: TestBackend, I: Clone + 'static> ActsOnce<DB, I> {
                 tap.clone().around(handler(d, p))
             })
         });
-        self.route = Some(Route {
+        Route {
             topic: topic.to_owned(),
             register,
-        });
-        self
-    }
-
-    /// How one action becomes a message on the route's topic: your
-    /// producer's code, e.g. [`outbox::enqueue`](idem_runtime::outbox::enqueue)
-    /// in a transaction of its own. The relay scenarios call it once per
-    /// action.
-    pub fn enqueue<F, Fut>(mut self, f: F) -> Self
-    where
-        F: Fn(Pool<DB>, I) -> Fut + 'static,
-        Fut: Future<Output = Result<(), idem_runtime::Error>> + 'static,
-    {
-        self.enqueue = Some(Box::new(move |pool, input| Box::pin(f(pool, input))));
-        self
+        }
     }
 }
 

@@ -88,6 +88,19 @@ impl Events {
     }
 }
 
+/// One action's message enqueued, relay A spawned on it, and what the
+/// relays' taps report on.
+struct Stage {
+    topic: String,
+    /// The topic's dead letters before the action.
+    failed_before: i64,
+    tx: mpsc::UnboundedSender<Event>,
+    events: Events,
+    a_owner: String,
+    tap_a: std::sync::Arc<Tap>,
+    a: RelayHandle,
+}
+
 /// How a topic's messages stand once drained.
 struct Drained {
     /// Still pending after [`PATIENCE`].
@@ -178,6 +191,31 @@ impl<DB: TestBackend, I: Clone + 'static> Runner<'_, DB, I> {
         }
     }
 
+    /// Enqueues action `n`'s message (the topic's dead letters counted
+    /// before) and spawns relay A on it, its handlers held; `dies`: A dies
+    /// after its handler's first answer.
+    async fn stage(&self, n: usize, dies: bool) -> Result<Stage, Error> {
+        let topic = self.route()?.topic.clone();
+        let (_, failed_before) = self.open_messages(&topic).await?;
+        self.enqueue(n).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let a_owner = owner(Who::A);
+        let tap_a = Tap::new(Who::A, n, true, dies, &tx, &self.dispatch);
+        let a = self.spawn(&tap_a, &a_owner)?;
+        Ok(Stage {
+            topic,
+            failed_before,
+            tx,
+            events: Events {
+                rx,
+                seen: Vec::new(),
+            },
+            a_owner,
+            tap_a,
+            a,
+        })
+    }
+
     fn spawn(&self, tap: &std::sync::Arc<Tap>, owner: &str) -> Result<RelayHandle, Error> {
         Ok(self.route()?.relay(&self.fx.pool, tap, owner).spawn())
     }
@@ -191,17 +229,15 @@ impl<DB: TestBackend, I: Clone + 'static> Runner<'_, DB, I> {
         j: usize,
         tally: &mut Tally,
     ) -> Result<String, Error> {
-        let topic = self.route()?.topic.clone();
-        let (_, failed_before) = self.open_messages(&topic).await?;
-        self.enqueue(n).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut events = Events {
-            rx,
-            seen: Vec::new(),
-        };
-        let a_owner = owner(Who::A);
-        let tap_a = Tap::new(Who::A, n, true, true, &tx, &self.dispatch);
-        let a = self.spawn(&tap_a, &a_owner)?;
+        let Stage {
+            topic,
+            failed_before,
+            tx,
+            mut events,
+            a_owner,
+            tap_a,
+            a,
+        } = self.stage(n, true).await?;
         events.entered(Who::A).await?;
         self.process_row(&a_owner, true).await?;
         let cut = j % 2 == 1;
@@ -242,17 +278,15 @@ impl<DB: TestBackend, I: Clone + 'static> Runner<'_, DB, I> {
     /// relay B reclaims it; both handlers then run side by side, the first
     /// commit held.
     pub(crate) async fn lease_expired(&self, n: usize, tally: &mut Tally) -> Result<String, Error> {
-        let topic = self.route()?.topic.clone();
-        let (_, failed_before) = self.open_messages(&topic).await?;
-        self.enqueue(n).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut events = Events {
-            rx,
-            seen: Vec::new(),
-        };
-        let a_owner = owner(Who::A);
-        let tap_a = Tap::new(Who::A, n, true, false, &tx, &self.dispatch);
-        let a = self.spawn(&tap_a, &a_owner)?;
+        let Stage {
+            topic,
+            failed_before,
+            tx,
+            mut events,
+            a_owner,
+            tap_a,
+            a,
+        } = self.stage(n, false).await?;
         let tap_b = Tap::new(Who::B, n, true, false, &tx, &self.dispatch);
         let b_owner = owner(Who::B);
         let mut b = None;

@@ -5,17 +5,13 @@
 //! version (its check outside the transaction, the message not fenced) is
 //! caught doubling when two relays hold the message.
 
-use idem_runtime::outbox::{self, Delivery};
-use idem_runtime::{Outcome, State, idempotent};
-use idem_test::{ActsOnce, Report, Scenario};
-use serde::{Deserialize, Serialize};
-use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+mod coupons;
 
-#[derive(Clone, Copy, State)]
-enum CouponState {
-    Unused,
-    Used,
-}
+use coupons::{deduct_coupon, deduct_through_second_pool, fault_version, panic_message};
+use idem_runtime::outbox::{self, Delivery};
+use idem_test::{ActsOnce, Scenario};
+use serde::{Deserialize, Serialize};
+use sqlx::{Sqlite, SqlitePool};
 
 const TOPIC: &str = "coupon.deduct";
 
@@ -31,25 +27,6 @@ fn action(n: usize) -> Deduct {
         coupon_id: n as i64,
         order_id: 100 + n as i64,
     }
-}
-
-#[idempotent(
-    key = "coupon-deduct:{order_id}",
-    strategy = state_machine,
-    table = "coupon", id = coupon_id,
-    from = CouponState::Unused, to = CouponState::Used,
-)]
-async fn deduct_coupon(
-    tx: &mut SqliteConnection,
-    coupon_id: i64,
-    order_id: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
-        .bind(coupon_id)
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
 }
 
 /// A run over the coupon route, without its handler: the tables, each
@@ -88,16 +65,6 @@ fn coupons(handler: &str) -> ActsOnce<Sqlite, Deduct> {
         })
 }
 
-fn panic_message(report: &Report) -> String {
-    let caught =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| report.assert_acts_once()));
-    let payload = caught.expect_err("assert_acts_once must panic");
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn a_route_passing_its_source_acts_once_through_restarts_and_lost_leases() {
     let report = coupons("deduct_coupon route")
@@ -126,28 +93,6 @@ async fn a_route_passing_its_source_acts_once_through_restarts_and_lost_leases()
     assert_eq!(expired.faults(), 4, "every first commit held: {report}");
     // Relay A's handler lost its message to B: fenced, it acted nowhere.
     assert_eq!(expired.executed(), 4, "{report}");
-}
-
-/// The coupon route's effect written through a second pool.
-#[idempotent(
-    key = "coupon-deduct:{order_id}",
-    strategy = state_machine,
-    table = "coupon", id = coupon_id,
-    from = CouponState::Unused, to = CouponState::Used,
-)]
-async fn deduct_through_second_pool(
-    tx: &mut SqliteConnection,
-    ledger: &SqlitePool,
-    coupon_id: i64,
-    order_id: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
-        .bind(coupon_id)
-        .bind(order_id)
-        .execute(ledger)
-        .await?;
-    sqlx::query("SELECT 1").execute(&mut *tx).await?;
-    Ok(())
 }
 
 #[tokio::test]
@@ -200,35 +145,13 @@ async fn a_second_pool_is_caught_doubling_when_the_relay_restarts() {
     assert!(panic_message(&report).contains(first.as_str()));
 }
 
-/// The article's fault version as a route: the coupon's status read
-/// outside the transaction, on the relay's pool, the message not fenced.
-async fn fault_version(pool: SqlitePool, m: Deduct) -> Result<Outcome<()>, idem_runtime::Error> {
-    let status: String = sqlx::query_scalar("SELECT status FROM coupon WHERE id = ?")
-        .bind(m.coupon_id)
-        .fetch_one(&pool)
-        .await?;
-    if status != "UNUSED" {
-        return Ok(Outcome::Duplicate(None));
-    }
-    let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
-        .bind(m.coupon_id)
-        .bind(m.order_id)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("UPDATE coupon SET status = 'USED' WHERE id = ?")
-        .bind(m.coupon_id)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(Outcome::Executed(()))
-}
-
 #[tokio::test]
 async fn the_fault_version_is_caught_doubling_when_its_lease_runs_out() {
     let report = coupons("fault_version route")
+        // On the relay's pool: the message is not fenced by the delivery.
         .route(TOPIC, |d: Delivery<Sqlite>, m: Deduct| {
-            fault_version(d.pool().clone(), m)
+            let pool = d.pool().clone();
+            async move { Ok(fault_version(pool, m.coupon_id, m.order_id).await?) }
         })
         .run()
         .await

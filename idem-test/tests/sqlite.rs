@@ -3,38 +3,15 @@
 //! version, a handler writing its effect through a second pool, and a key
 //! template that leaves out what tells two actions apart.
 
-use idem_runtime::{Outcome, State, idempotent};
+mod coupons;
+
+use coupons::{deduct_coupon, deduct_through_second_pool, fault_version, panic_message};
+use idem_runtime::idempotent;
 use idem_test::{ActsOnce, Report, Scenario};
 use serde::Serialize;
-use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
-
-#[derive(Clone, Copy, State)]
-enum CouponState {
-    Unused,
-    Used,
-}
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
 // ---- the three strategies -------------------------------------------------
-
-/// The README's quick-start handler.
-#[idempotent(
-    key = "coupon-deduct:{order_id}",
-    strategy = state_machine,
-    table = "coupon", id = coupon_id,
-    from = CouponState::Unused, to = CouponState::Used,
-)]
-async fn deduct_coupon(
-    tx: &mut SqliteConnection,
-    coupon_id: i64,
-    order_id: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
-        .bind(coupon_id)
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
 
 #[derive(Clone, Serialize)]
 struct Notice {
@@ -212,50 +189,6 @@ async fn unique_insert_acts_once() {
 
 // ---- three broken handlers, caught -----------------------------------------
 
-/// The article's fault version: the coupon's status read outside the
-/// transaction.
-async fn fault_version(
-    pool: SqlitePool,
-    coupon: i64,
-    order: i64,
-) -> Result<Outcome<()>, sqlx::Error> {
-    let status: String = sqlx::query_scalar("SELECT status FROM coupon WHERE id = ?")
-        .bind(coupon)
-        .fetch_one(&pool)
-        .await?;
-    if status != "UNUSED" {
-        return Ok(Outcome::Duplicate(None)); // "coupon already deducted"
-    }
-    let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
-        .bind(coupon)
-        .bind(order)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("UPDATE coupon SET status = 'USED' WHERE id = ?")
-        .bind(coupon)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(Outcome::Executed(()))
-}
-
-/// The panic message of `report.assert_acts_once()`.
-fn panic_message(report: &Report) -> String {
-    let caught =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| report.assert_acts_once()));
-    let payload = caught.expect_err("assert_acts_once must panic");
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_else(|| {
-            payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .unwrap_or_default()
-        })
-}
-
 #[tokio::test]
 async fn the_fault_version_is_caught_doubling_under_concurrent_duplicates() {
     let report = coupons()
@@ -284,30 +217,6 @@ async fn the_fault_version_is_caught_doubling_under_concurrent_duplicates() {
         "{first}"
     );
     assert!(panic_message(&report).contains(first.as_str()));
-}
-
-/// A `state_machine` handler whose effect goes through a second pool (here
-/// another database), outside the call's transaction.
-#[idempotent(
-    key = "coupon-deduct:{order_id}",
-    strategy = state_machine,
-    table = "coupon", id = coupon_id,
-    from = CouponState::Unused, to = CouponState::Used,
-)]
-async fn deduct_through_second_pool(
-    tx: &mut SqliteConnection,
-    ledger: &SqlitePool,
-    coupon_id: i64,
-    order_id: i64,
-) -> Result<(), sqlx::Error> {
-    // Wrong: committed on its own, whatever becomes of the call.
-    sqlx::query("INSERT INTO deduction (coupon_id, order_id) VALUES (?, ?)")
-        .bind(coupon_id)
-        .bind(order_id)
-        .execute(ledger)
-        .await?;
-    sqlx::query("SELECT 1").execute(&mut *tx).await?;
-    Ok(())
 }
 
 #[tokio::test]
