@@ -58,6 +58,13 @@ pub(crate) struct Args {
     /// SQLite, no latency or enqueue runs, no chart.
     #[arg(long)]
     pub(crate) hot_only: bool,
+    /// Only the SQLite runs (idem and the sqlx loop beside it, each mode),
+    /// no server needed.
+    #[arg(long)]
+    pub(crate) sqlite_only: bool,
+    /// Only the HTTP runs (wrk against the plain handler and the layer).
+    #[arg(long)]
+    pub(crate) http_only: bool,
     /// Only the queue-growth runs (`--scale`), not the peers.
     #[arg(long)]
     pub(crate) scale_only: bool,
@@ -96,6 +103,16 @@ pub(crate) struct Args {
         default_value = "8,32"
     )]
     pub(crate) enqueue_producers: Vec<usize>,
+    /// Seconds of each `wrk` run against one axum handler, plain and
+    /// behind the `Idempotency-Key` layer (new keys, replays); 0: skip it.
+    #[arg(long, value_name = "S", default_value_t = 5)]
+    pub(crate) http_seconds: u64,
+    /// wrk's open connections.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub(crate) http_connections: u32,
+    /// The wrk binary.
+    #[arg(long, value_name = "PATH", default_value = "wrk")]
+    pub(crate) wrk: String,
     /// With `--scale`: records of the large table for the duplicate check
     /// (against `--scale-small`; 0: skip it).
     #[arg(long, value_name = "N", default_value_t = 10_000_000)]
@@ -138,6 +155,7 @@ impl Args {
             self.no_chart = true;
             self.latency_seconds = 0;
             self.enqueue_messages = 0;
+            self.http_seconds = 0;
         }
         Ok(self)
     }

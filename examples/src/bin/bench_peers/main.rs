@@ -30,14 +30,20 @@
 //!   built here on first use: it is its own workspace, since its sqlx 0.8
 //!   and idem's sqlx 0.9 cannot share one lockfile's libsqlite3-sys);
 //!
-//! then the embedded default, the same drain on a SQLite file. Each run is
+//! then the embedded default, the same drain on a SQLite file, each mode
+//! beside its anchor: a hand-written sqlx loop running idem's own SQLite
+//! statements (claim, lease, the handler's transaction) on one connection
+//! (`--sqlite-only` runs just these). Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
 //! row). Printed: msg/s, and the ratios to pgbench and to sqlxmq; written:
 //! the chart `docs/bench.svg`. Then the enqueue→effect latency at a light
 //! steady load (`--latency-rate`, 200 msg/s, for `--latency-seconds`),
 //! push wake-up on and off (`bench_latency` measures it at length), and
 //! the enqueue throughput of 8 and 32 producers with push on and off
-//! (`bench_enqueue` at length).
+//! (`bench_enqueue` at length); then the HTTP layer's anchor: `wrk`
+//! (Debian's package) against one axum handler, plain and behind the
+//! `Idempotency-Key` layer, with new keys and with replays
+//! (`--http-seconds`, `--http-only`).
 //!
 //! `--scale` adds the cost as the queue grows: the p50 of the relay's
 //! claim statement and the drain rate with 1M pending messages against 10k
@@ -53,6 +59,7 @@
 
 mod args;
 mod chart;
+mod http;
 mod scale;
 mod sqlite;
 
@@ -117,13 +124,6 @@ const HOT_BATCHED: &str = "idem hot row batched 16";
 /// rows, so concurrent batches take them in varying order (and deadlock).
 const HOT_ROWS_PER_MESSAGE: &str = "idem 10 hot rows per-message";
 const HOT_ROWS_BATCHED: &str = "idem 10 hot rows batched 16";
-
-/// The SQLite variants.
-const SQLITE_VARIANTS: &[(&str, Commits)] = &[
-    ("idem per-message", Commits::PerMessage),
-    ("idem batched 16", Commits::Batched(16)),
-    ("idem batched 64", Commits::Batched(64)),
-];
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -220,6 +220,11 @@ fn ratio(a: f64, b: Option<f64>) -> String {
 async fn run() -> Result<ExitCode, BoxError> {
     let opts = Args::parse().check()?;
     idem_examples::bench::warn_if_debug("bench_peers");
+    if opts.sqlite_only {
+        let rows = sqlite::variants(&opts).await?;
+        sqlite::report(&rows, opts.sqlite_concurrency);
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some(url) = idem_examples::bench::reachable_postgres().await else {
         return Ok(ExitCode::FAILURE);
     };
@@ -229,6 +234,10 @@ async fn run() -> Result<ExitCode, BoxError> {
         batch: opts.batch,
         pgbench: opts.pgbench.clone(),
     };
+    if opts.http_only {
+        http::run(&opts, &url).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if !opts.scale_only {
         peers(&opts, &setup, &url).await?;
         if opts.latency_seconds > 0 {
@@ -236,6 +245,9 @@ async fn run() -> Result<ExitCode, BoxError> {
         }
         if opts.enqueue_messages > 0 {
             enqueue(&opts, &url).await?;
+        }
+        if opts.http_seconds > 0 {
+            http::run(&opts, &url).await?;
         }
     }
     if opts.scale {
@@ -478,16 +490,10 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
     let _ = std::fs::remove_dir_all(&dir);
     admin.close().await;
 
-    let mut sqlite_rows = Vec::new();
-    for &(name, commits) in SQLITE_VARIANTS {
-        if opts.hot_only {
-            break;
-        }
-        let rate =
-            sqlite::sqlite_run(opts.sqlite_messages, opts.sqlite_concurrency, commits).await?;
-        println!("  SQLite {name:<15}{rate:>8.0} msg/s");
-        sqlite_rows.push((name, rate));
-    }
+    let sqlite_rows = match opts.hot_only {
+        true => Vec::new(),
+        false => sqlite::variants(opts).await?,
+    };
 
     let of = |label: &str| rows.iter().find(|r| r.0 == label).map(|r| r.1);
     let (pg, mq) = (of("pgbench per-message"), of("sqlxmq"));
@@ -506,16 +512,7 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
             ratio(*rate, mq)
         );
     }
-    println!(
-        "{:<28}{:>8}{:>12}",
-        format!("SQLite ({} handlers)", opts.sqlite_concurrency),
-        "msg/s",
-        "/ per-msg"
-    );
-    let per = sqlite_rows.first().map(|r| r.1);
-    for (name, rate) in &sqlite_rows {
-        println!("{name:<28}{rate:>8.0}{:>12}", ratio(*rate, per));
-    }
+    sqlite::report(&sqlite_rows, opts.sqlite_concurrency);
     if let (Some(i), Some(p)) = (of("idem per-message"), pg) {
         println!("idem per-message / pgbench: {:.2} (target ≥ 0.9)", i / p);
     }
@@ -539,37 +536,48 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
     }
 
     if !opts.no_chart {
-        let mut bars: Vec<Bar> = rows
-            .iter()
-            .map(|(name, rate)| Bar {
-                group: "PostgreSQL".into(),
-                label: (*name).into(),
-                rate: *rate,
-            })
-            .collect();
-        bars.extend(sqlite_rows.iter().map(|(name, rate)| Bar {
-            group: format!("SQLite, {} handlers", opts.sqlite_concurrency),
+        write_chart(opts, &rows, &sqlite_rows)?;
+    }
+    Ok(())
+}
+
+/// Writes the chart of the PostgreSQL and SQLite rows (`--chart`, or
+/// `docs/bench.svg`).
+fn write_chart(
+    opts: &Args,
+    rows: &[(&str, f64)],
+    sqlite_rows: &[(&str, f64)],
+) -> Result<(), BoxError> {
+    let mut bars: Vec<Bar> = rows
+        .iter()
+        .map(|(name, rate)| Bar {
+            group: "PostgreSQL".into(),
             label: (*name).into(),
             rate: *rate,
-        }));
-        let path = opts
-            .chart
-            .clone()
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join("docs/bench.svg"));
-        let note = format!(
-            "coupon deduction per message, {} messages, {c} handlers, best of {} rounds; made by: \
-             cargo run --release -p idem-examples --bin bench_peers -- --rounds {}",
-            opts.messages, opts.rounds, opts.rounds
-        );
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(
-            &path,
-            chart::svg("idem and its peers: messages per second", &note, &bars),
-        )?;
-        println!("chart: {}", path.display());
+        })
+        .collect();
+    bars.extend(sqlite_rows.iter().map(|(name, rate)| Bar {
+        group: format!("SQLite, {} handlers", opts.sqlite_concurrency),
+        label: (*name).into(),
+        rate: *rate,
+    }));
+    let path = opts
+        .chart
+        .clone()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("docs/bench.svg"));
+    let note = format!(
+        "coupon deduction per message, {} messages, {} handlers, best of {} rounds; made by: \
+         cargo run --release -p idem-examples --bin bench_peers -- --rounds {}",
+        opts.messages, opts.concurrency, opts.rounds, opts.rounds
+    );
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
     }
+    std::fs::write(
+        &path,
+        chart::svg("idem and its peers: messages per second", &note, &bars),
+    )?;
+    println!("chart: {}", path.display());
     Ok(())
 }
