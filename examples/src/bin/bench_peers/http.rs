@@ -171,6 +171,18 @@ const MODES: [(&str, &str, &str); 3] = [
 /// Runs the three modes `--rounds` times, interleaved, each checked in
 /// the database, and prints the best of each and the ratios.
 pub(crate) async fn run(opts: &Args, db_url: &str) -> Result<(), BoxError> {
+    let found = tokio::process::Command::new(&opts.wrk)
+        .arg("--version")
+        .output()
+        .await;
+    if found.is_err() {
+        println!();
+        println!(
+            "HTTP: skipped: {} not found (apt-get install wrk, or pass --wrk PATH)",
+            opts.wrk
+        );
+        return Ok(());
+    }
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .connect(db_url)
