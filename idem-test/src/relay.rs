@@ -122,7 +122,8 @@ pub(crate) struct Tap {
     who: Who,
     action: usize,
     /// After its first answer, the relay "dies": the handler's future
-    /// never ends, so the relay records nothing until it is aborted.
+    /// does not end while the run is there, so the relay records nothing
+    /// until the run aborts it.
     dies: bool,
     /// Closed: handlers start at once; open with no permit: they wait.
     go: Semaphore,
@@ -180,7 +181,10 @@ impl Tap {
         };
         let _ = self.events.send(Event::Answered(self.who, answer));
         if self.dies {
-            std::future::pending::<()>().await;
+            // Until the run aborts this relay; or, if the run itself was
+            // dropped (its receiver with it), no longer: the relay then
+            // settles the delivery and stops instead of waiting forever.
+            self.events.closed().await;
         }
         result
     }
