@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use idem_core::Backend;
 use idem_core::CallerTx;
 use idem_core::Error;
-use idem_core::requests::{self, ClaimedRow, Found, NewRecord};
+use idem_core::requests::{self, Claim, ClaimedRow, Found, NewRecord};
 use sqlx::Pool;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -117,32 +117,27 @@ impl Idempotency {
         fp: &str,
     ) -> Result<ClaimedRow, Response> {
         let lease = lease_text(&held.lease);
+        let row = NewRecord {
+            key: &held.key,
+            biz_type: self.scope,
+            biz_no: key.as_str(),
+            fingerprint: fp,
+            ttl_secs: self.lease_secs(),
+        };
         // Two rounds: a concurrent insert or take-over can win the first.
         for _ in 0..3 {
-            let found = requests::find(pool, &held.key, self.scope)
+            let found = requests::claim(pool, &row, &lease)
                 .await
                 .map_err(|e| self.unavailable(&e))?;
-            let Some(Found {
+            let Found {
                 fingerprint: stored_fp,
                 result,
                 expired,
                 ..
-            }) = found
-            else {
-                let row = NewRecord {
-                    key: &held.key,
-                    biz_type: self.scope,
-                    biz_no: key.as_str(),
-                    fingerprint: fp,
-                    ttl_secs: self.lease_secs(),
-                };
-                if let Some(claimed) = requests::insert(pool, &row, &lease)
-                    .await
-                    .map_err(|e| self.unavailable(&e))?
-                {
-                    return Ok(claimed);
-                }
-                continue;
+            } = match found {
+                Claim::Claimed(claimed) => return Ok(claimed),
+                Claim::Found(found) => found,
+                _ => continue,
             };
             if stored_fp != fp {
                 return Err(self.problem(

@@ -10,6 +10,8 @@
 //!    a concurrent request of the same key won; answer 409). Found with an
 //!    answer of the same fingerprint: replay it. Found with an expired
 //!    lease: [`take_over`] (`None` back: another transaction holds it).
+//!    [`claim`] does the find and the insert in one call (on PostgreSQL in
+//!    one statement).
 //! 2. In the handler's transaction ([`Backend::begin`]): [`fence`] the row
 //!    (still held by this lease, locked until the commit), run the handler,
 //!    [`complete`] the row with the answer, commit. A `false` from either:
@@ -59,6 +61,42 @@ pub async fn insert<DB: Backend>(
     lease: &str,
 ) -> Result<Option<ClaimedRow>, sqlx::Error> {
     DB::request_insert(pool, row, lease).await
+}
+
+/// What [`claim`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The in-flight row is this call's, held by its lease.
+    Claimed(ClaimedRow),
+    /// The key has a row already (an answer, or another request's lease).
+    Found(Found),
+    /// Neither: a concurrent insert of the key committed in between; claim
+    /// again to find it.
+    Raced,
+}
+
+/// Step 1 of the protocol in one call: [`insert`] the in-flight row of
+/// `row` held by `lease` or, where the key has one, the row [`find`] reads.
+/// On PostgreSQL one statement (one round trip, a new key and a replay
+/// alike), whose commit does not wait for the WAL flush: a crash can lose
+/// an in-flight row committed so, never an answer (the answer's
+/// transaction updates the row and commits synchronously, flushing this
+/// insert with it). Elsewhere [`find`], then [`insert`].
+pub async fn claim<DB: Backend>(
+    pool: &Pool<DB>,
+    row: &NewRecord<'_>,
+    lease: &str,
+) -> Result<Claim, sqlx::Error> {
+    Ok(match DB::request_claim(pool, row, lease).await? {
+        Ok(claimed) => Claim::Claimed(claimed),
+        Err(Some((fingerprint, result, expired))) => Claim::Found(Found {
+            fingerprint,
+            result,
+            expired,
+        }),
+        Err(None) => Claim::Raced,
+    })
 }
 
 /// Replaces the expired lease `old` by `lease` for `lease_secs`: `Some` if

@@ -245,6 +245,20 @@ pub trait RequestStore: Database {
         lease: &'a str,
     ) -> impl Future<Output = Result<Option<ClaimedRow>, sqlx::Error>> + Send + 'a;
 
+    /// [`request_insert`](Self::request_insert), and where it inserted
+    /// nothing, [`request_find`](Self::request_find): `Ok(row)` if
+    /// inserted, else `Err` of the row found (`None`: neither, a
+    /// concurrent insert of the pair committed in between).
+    #[allow(clippy::type_complexity)]
+    fn request_claim<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a NewRecord<'a>,
+        lease: &'a str,
+    ) -> impl Future<
+        Output = Result<Result<ClaimedRow, Option<(String, Option<String>, bool)>>, sqlx::Error>,
+    > + Send
+    + 'a;
+
     /// Replaces the expired lease `old` by `lease`; `Some` if it did. Never
     /// waits on a row lock (where there are row locks): `None` when another
     /// transaction holds the row.

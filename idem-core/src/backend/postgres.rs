@@ -249,6 +249,33 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
         VALUES ($1, $2, $3, $4, $5, now(), now() + make_interval(secs => $6::float8)) \
         ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+    // One round trip for a new key and for a replay alike: the row as the
+    // statement's snapshot sees it (a plain read: a row that a running
+    // handler's transaction holds is never waited for), and the insert
+    // where there is none. A row inserted by a concurrent claim that
+    // committed since is in neither: the caller's next round finds it.
+    //
+    // The commit does not wait for the WAL flush (`synchronous_commit` off
+    // for this statement's transaction alone: the setting in force at
+    // commit decides). A crash can lose an in-flight row committed so,
+    // never an answer: the answer's transaction updates this row and
+    // commits synchronously, and its flush takes all earlier WAL, this
+    // insert's too (a standby, receiving WAL in order, likewise). A lost
+    // row is a key whose request failed with the server: its retry claims
+    // it anew. A new key then waits for one flush, not two.
+    claim: Some(
+        "WITH idem_async AS (SELECT set_config('synchronous_commit', 'off', true)), \
+        idem_found AS (SELECT fingerprint::text AS fingerprint, result, \
+        CAST(CASE WHEN expire_time < now() THEN 1 ELSE 0 END AS BIGINT) AS expired \
+        FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2), \
+        idem_claim AS (INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+        SELECT $1, $2, $3, $4, $5, now(), now() + make_interval(secs => $6::float8) \
+        FROM idem_async WHERE NOT EXISTS (SELECT 1 FROM idem_found) \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING RETURNING 1) \
+        SELECT CAST((SELECT COUNT(*) FROM idem_claim) AS BIGINT), f.fingerprint, f.result, \
+        f.expired FROM (SELECT 1) AS one LEFT JOIN idem_found f ON true",
+    ),
     take_over: "UPDATE idem_record SET result = $1, \
         expire_time = now() + make_interval(secs => $2::float8) \
         WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5 AND expire_time < now()",

@@ -384,6 +384,15 @@ pub(crate) struct RequestSql {
     /// `key, biz_type, biz_no, fingerprint, lease, lease_secs`: the
     /// in-flight row, unless the pair exists (0 rows, never an error).
     pub insert: &'static str,
+    /// `key, biz_type, biz_no, fingerprint, lease, lease_secs` →
+    /// `claimed (0/1), fingerprint, result, expired (0/1)`: [`insert`]
+    /// and, where it inserted nothing, [`find`] in one statement, its
+    /// commit asynchronous (see `postgres::REQUESTS`). `None`: the two
+    /// statements in turn.
+    ///
+    /// [`insert`]: Self::insert
+    /// [`find`]: Self::find
+    pub claim: Option<&'static str>,
     /// `lease, lease_secs, key, biz_type, old_lease`: takes over an
     /// in-flight row whose lease ran out, in a transaction of its own after
     /// [`lock`](Self::lock).

@@ -918,3 +918,89 @@ macro_rules! backend_tests {
 }
 
 idem_testkit::for_each_backend!(backend_tests; postgres(|max|), sqlite(|max|), mariadb(|max|));
+
+/// `requests::claim` on PostgreSQL, one statement whose commit does not
+/// wait for the WAL flush: what it answers, what it leaves on the pooled
+/// connection, and that it never waits for a row a running handler holds.
+mod postgres_claim {
+    use idem_runtime::requests::{self, Claim, NewRecord};
+    use idem_testkit::unique;
+
+    fn record<'a>(key: &'a str, ttl_secs: i64) -> NewRecord<'a> {
+        NewRecord {
+            key,
+            biz_type: "http-claim-test",
+            biz_no: key,
+            fingerprint: "fp",
+            ttl_secs,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_answers_claimed_then_found_and_leaves_its_connection_synchronous() {
+        // One connection: the claim's and every statement after it.
+        let Some(pool) = idem_testkit::postgres(1).await else { return };
+        let key = unique("claim");
+        let first = requests::claim(&pool, &record(&key, 60), "lease-1").await.unwrap();
+        assert!(matches!(first, Claim::Claimed(_)), "{first:?}");
+        // The setting was this statement's transaction's alone.
+        let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(sync, "on");
+        let again = requests::claim(&pool, &record(&key, 60), "lease-2").await.unwrap();
+        match again {
+            Claim::Found(found) => {
+                assert_eq!(found.fingerprint, "fp");
+                assert_eq!(found.result.as_deref(), Some("lease-1"));
+                assert!(!found.expired);
+            }
+            other => panic!("a second claim of the key: {other:?}"),
+        }
+        // An expired lease is found as expired (the caller takes it over).
+        let old = unique("claim-expired");
+        let c = requests::claim(&pool, &record(&old, -5), "lease-3").await.unwrap();
+        assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
+        match requests::claim(&pool, &record(&old, 60), "lease-4").await.unwrap() {
+            Claim::Found(found) => assert!(found.expired, "{found:?}"),
+            other => panic!("a claim of an expired key: {other:?}"),
+        }
+        let leases: Vec<String> = sqlx::query_scalar(
+            "SELECT result FROM idem_record WHERE idempotency_key IN ($1, $2) ORDER BY result",
+        )
+        .bind(&key)
+        .bind(&old)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(leases, ["lease-1", "lease-3"]);
+    }
+
+    #[tokio::test]
+    async fn a_claim_of_a_key_whose_handler_runs_answers_found_without_waiting() {
+        let Some(pool) = idem_testkit::postgres(2).await else { return };
+        let key = unique("claim-held");
+        let c = requests::claim(&pool, &record(&key, 60), "lease-1").await.unwrap();
+        assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
+        // The handler's transaction: the row fenced (updated, locked).
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query("UPDATE idem_record SET expire_time = now() + interval '60 seconds' WHERE idempotency_key = $1")
+            .bind(&key)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        // An insert of the key would wait for that transaction; the claim
+        // reads the row first and answers at once. (The time-out is a guard
+        // against hanging, not a time asserted.)
+        let found = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            requests::claim(&pool, &record(&key, 60), "lease-2"),
+        )
+        .await
+        .expect("the claim waited for the handler's transaction")
+        .unwrap();
+        assert!(matches!(found, Claim::Found(_)), "{found:?}");
+        tx.rollback().await.unwrap();
+    }
+}

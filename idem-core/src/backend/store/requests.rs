@@ -47,6 +47,36 @@ impl RequestStore for DB {
         Ok(Some(ClaimedRow { id }))
     }
 
+    async fn request_claim<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a NewRecord<'a>,
+        lease: &'a str,
+    ) -> Result<Result<ClaimedRow, Option<(String, Option<String>, bool)>>, sqlx::Error> {
+        let sql = DB::dialect_of_pool(pool).requests();
+        let Some(claim) = sql.claim else {
+            if let Some(found) = DB::request_find(pool, row.key, row.biz_type).await? {
+                return Ok(Err(Some(found)));
+            }
+            return Ok(DB::request_insert(pool, row, lease).await?.ok_or(None));
+        };
+        let q = sqlx::query_as::<_, (i64, Option<String>, Option<String>, Option<i64>)>(stmt(claim))
+            .persistent(persist())
+            .bind(row.key)
+            .bind(row.biz_type)
+            .bind(row.biz_no)
+            .bind(row.fingerprint)
+            .bind(lease)
+            .bind(row.ttl_secs);
+        let (claimed, fingerprint, result, expired) = on_pool!(pool, |conn| q.fetch_one(conn))?;
+        Ok(match (claimed, fingerprint) {
+            // A dialect with a one-statement claim fences by key (no ids).
+            (1, _) if sql.by_id.is_none() => Ok(ClaimedRow { id: None }),
+            (1, _) => return Err(sqlx::Error::Protocol("a claim statement where rows are fenced by id".into())),
+            (_, Some(fp)) => Err(Some((fp, result, expired.unwrap_or(0) != 0))),
+            (_, None) => Err(None),
+        })
+    }
+
     async fn request_take_over<'a>(
         pool: &'a Pool<Self>,
         key: &'a str,
