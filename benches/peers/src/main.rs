@@ -222,10 +222,7 @@ async fn main() -> Result<(), BoxError> {
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
-                JobBuilder::new(JOB)
-                    .set_json(&msg)?
-                    .spawn(&mut *tx)
-                    .await?;
+                JobBuilder::new(JOB).set_json(&msg)?.spawn(&mut *tx).await?;
                 tx.commit().await?;
             }
         }));

@@ -129,7 +129,7 @@ async fn run() -> Result<ExitCode, BoxError> {
     );
 
     if opts.show_scripts {
-        let (message, claim) = pgbench_scripts();
+        let (message, claim) = pgbench_scripts(1);
         println!("pgbench script 1 (weight {}):\n{message}", opts.batch);
         println!("pgbench script 2 (weight 1):\n{claim}");
     }
@@ -153,6 +153,7 @@ async fn run() -> Result<ExitCode, BoxError> {
             &setup,
             2,
             pgbench_rows(expected, 2, &setup),
+            1,
             &dir,
         )
         .await?;
@@ -196,7 +197,7 @@ async fn run() -> Result<ExitCode, BoxError> {
         idem_rates.push(r.rate);
         last_idem = Some(r);
         let rows = pgbench_rows(expected, opts.pgbench_seconds, &setup);
-        let p = pgbench_run(&admin, &url, &setup, opts.pgbench_seconds, rows, &dir).await?;
+        let p = pgbench_run(&admin, &url, &setup, opts.pgbench_seconds, rows, 1, &dir).await?;
         expected = expected.max(p.rate);
         println!(
             "{:<11}{:>8.0}{:>11}{:>8}s{:>11.3}{:>11.1}{:>8.2}ms{:>10.2}ms{:>7}",

@@ -37,6 +37,9 @@ pub(crate) struct Args {
     /// Leave sqlxmq out (it is built from benches/peers on first use).
     #[arg(long)]
     pub(crate) no_sqlxmq: bool,
+    /// Leave every job-queue peer out (sqlxmq, River, graphile_worker).
+    #[arg(long)]
+    pub(crate) no_peers: bool,
     /// Messages of the SQLite drain.
     #[arg(long, value_name = "N", default_value_t = 5000)]
     pub(crate) sqlite_messages: i64,

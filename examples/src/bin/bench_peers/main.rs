@@ -15,6 +15,11 @@
 //! - **pgbench per-message**: `bench_outbox`'s pgbench side, the physical
 //!   limit of the per-message design: `pgbench -M prepared` running the
 //!   relay's and the handler's statements for `--pgbench-seconds`;
+//! - **pgbench batched 64**: the same statements, 64 messages' worth in one
+//!   transaction, and one claim per 64 × handlers messages: the limit of
+//!   `commit_batch(64)`. A pgbench run whose clients ran past the coupons
+//!   created for it (one client running ahead on a busy machine) says so
+//!   and runs again on twice the rows;
 //! - **idem hot row per-message / batched 16**: the same service where
 //!   every message also takes one unit off one shared stock counter (one
 //!   row every handler updates, last in its body): batches meet each other
@@ -25,17 +30,22 @@
 //!   batch shares: batches wait on one another and deadlock, and each such
 //!   conflict must cost no attempt and little time (`--hot-only` runs just
 //!   the hot-row variants);
-//! - **sqlxmq**: the job queue a peer would pick, sqlxmq 0.6 from
-//!   crates.io, running the same work in its own harness (`benches/peers`,
-//!   built here on first use: it is its own workspace, since its sqlx 0.8
-//!   and idem's sqlx 0.9 cannot share one lockfile's libsqlite3-sys);
+//! - **sqlxmq, River, graphile_worker**: the job queues a peer would pick
+//!   (sqlxmq 0.6, River's Rust client `riverqueue`, `graphile_worker`, from
+//!   crates.io), each running the same work in its own harness
+//!   (`benches/peers`, built here on first use: it is its own workspace,
+//!   since the peers' sqlx 0.8 and idem's sqlx 0.9 cannot share one
+//!   lockfile's libsqlite3-sys), then River's and graphile_worker's no-op
+//!   burn-down (jobs that do nothing), the figure their own benchmarks
+//!   publish (`--no-peers` leaves them all out);
 //!
 //! then the embedded default, the same drain on a SQLite file, each mode
 //! beside its anchor: a hand-written sqlx loop running idem's own SQLite
 //! statements (claim, lease, the handler's transaction) on one connection
 //! (`--sqlite-only` runs just these). Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
-//! row). Printed: msg/s, and the ratios to pgbench and to sqlxmq; written:
+//! row). Printed: msg/s, the ratios to both pgbench runs and to the fastest
+//! peer, and each target met or missed; written:
 //! the chart `docs/bench.svg`. Then the enqueue→effect latency at a light
 //! steady load (`--latency-rate`, 200 msg/s, for `--latency-seconds`),
 //! push wake-up on and off (`bench_latency` measures it at length), and
@@ -60,12 +70,14 @@
 mod args;
 mod chart;
 mod http;
+mod peer;
 mod scale;
 mod sqlite;
 
 use args::Args;
 use chart::Bar;
 use clap::Parser;
+use peer::Peer;
 use idem_examples::bench::outbox::{
     BoxError, Commits, Rows, Setup, best, idem_run, pgbench_rows, pgbench_run, prepare,
 };
@@ -79,10 +91,12 @@ enum Variant {
     /// idem's relay, committing as given, the handlers writing the rows
     /// given.
     Idem(Commits, Rows),
-    /// pgbench running the per-message statements.
-    Pgbench,
-    /// sqlxmq's runner (benches/peers).
-    Sqlxmq,
+    /// pgbench running the handlers' statements, this many messages per
+    /// transaction.
+    Pgbench(u32),
+    /// A job queue's own harness (benches/peers); `true`: its no-op
+    /// burn-down (jobs that do nothing).
+    Peer(Peer, bool),
 }
 
 /// The PostgreSQL variants, in the order they run.
@@ -99,8 +113,13 @@ const VARIANTS: &[(&str, Variant)] = &[
         "idem batched 64",
         Variant::Idem(Commits::Batched(64), Rows::Own),
     ),
-    ("pgbench per-message", Variant::Pgbench),
-    ("sqlxmq", Variant::Sqlxmq),
+    ("pgbench per-message", Variant::Pgbench(1)),
+    ("pgbench batched 64", Variant::Pgbench(64)),
+    ("sqlxmq", Variant::Peer(Peer::Sqlxmq, false)),
+    ("River", Variant::Peer(Peer::River, false)),
+    ("graphile_worker", Variant::Peer(Peer::Graphile, false)),
+    ("River no-op", Variant::Peer(Peer::River, true)),
+    ("graphile_worker no-op", Variant::Peer(Peer::Graphile, true)),
     (
         HOT_PER_MESSAGE,
         Variant::Idem(Commits::PerMessage, Rows::Hot),
@@ -140,74 +159,6 @@ async fn main() -> ExitCode {
 fn workspace() -> PathBuf {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR"));
     examples.parent().unwrap_or(examples).to_path_buf()
-}
-
-/// Builds benches/peers (release) and runs its sqlxmq drain; its last
-/// stdout line is a JSON object with `rate`.
-async fn sqlxmq_run(url: &str, opts: &Args) -> Result<f64, BoxError> {
-    let manifest = workspace().join("benches/peers/Cargo.toml");
-    let status = tokio::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
-        .args(["build", "--release", "--quiet", "--manifest-path"])
-        .arg(&manifest)
-        .status()
-        .await?;
-    if !status.success() {
-        return Err(format!("cannot build {} ({status})", manifest.display()).into());
-    }
-    let migrations = sqlxmq_migrations(&manifest).await?;
-    let out = tokio::process::Command::new(
-        workspace().join("benches/peers/target/release/idem-bench-peers"),
-    )
-    .arg("--migrations")
-    .arg(&migrations)
-    .args(["--url", url])
-    .args(["--messages", &opts.messages.to_string()])
-    .args(["--concurrency", &opts.concurrency.to_string()])
-    .args(["--min-concurrency", &opts.sqlxmq_min.to_string()])
-    .stderr(std::process::Stdio::inherit())
-    .output()
-    .await?;
-    if !out.status.success() {
-        return Err(format!("the sqlxmq run failed ({})", out.status).into());
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout
-        .lines()
-        .last()
-        .ok_or("no output from the sqlxmq run")?;
-    let v: serde_json::Value = serde_json::from_str(last)?;
-    v["rate"]
-        .as_f64()
-        .ok_or_else(|| format!("no rate in the sqlxmq run's output: {last}").into())
-}
-
-/// The `migrations` folder of the sqlxmq package the harness builds
-/// against, from `cargo metadata` (sqlxmq ships its migrations in its crate
-/// for users to apply).
-async fn sqlxmq_migrations(manifest: &Path) -> Result<PathBuf, BoxError> {
-    let out = tokio::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
-        .args(["metadata", "--format-version", "1", "--manifest-path"])
-        .arg(manifest)
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo metadata for {} failed ({})",
-            manifest.display(),
-            out.status
-        )
-        .into());
-    }
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let sqlxmq = meta["packages"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == "sqlxmq"))
-        .and_then(|p| p["manifest_path"].as_str())
-        .ok_or("cargo metadata lists no sqlxmq package")?;
-    Ok(Path::new(sqlxmq)
-        .parent()
-        .ok_or("sqlxmq's manifest has no folder")?
-        .join("migrations"))
 }
 
 fn ratio(a: f64, b: Option<f64>) -> String {
@@ -417,7 +368,9 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
          pgbench -M prepared for {} s; sqlxmq concurrency {}..{c}",
         opts.messages, opts.batch, opts.pgbench_seconds, opts.sqlxmq_min
     );
-    let mut expected = 20_000.0f64;
+    // The pgbench rates seen so far (per message, batched), to size its
+    // rows.
+    let mut expected = [20_000.0f64, 80_000.0];
     if !opts.no_warmup {
         let r = idem_run(
             &admin,
@@ -434,11 +387,12 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
             url,
             setup,
             2,
-            pgbench_rows(expected, 2, setup),
+            pgbench_rows(expected[0], 2, setup),
+            1,
             &dir,
         )
         .await?;
-        expected = p.rate;
+        expected[0] = p.rate;
         println!(
             "warm-up (not counted): idem {:.0} msg/s, pgbench {:.0} msg/s",
             r.rate, p.rate
@@ -462,21 +416,32 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
                             r.shrinks
                         );
                     }
-                    (r.rate, Some((r.client_us, r.server_us)))
+                    (r.rate, Some((r.client_us, Some(r.server_us))))
                 }
-                Variant::Pgbench => {
-                    let n = pgbench_rows(expected, opts.pgbench_seconds, setup);
-                    let p = pgbench_run(&admin, url, setup, opts.pgbench_seconds, n, &dir).await?;
-                    expected = expected.max(p.rate);
-                    (p.rate, Some((p.client_us, p.server_us)))
+                Variant::Pgbench(per_tx) => {
+                    // Sized on the fastest rate of this kind seen so far.
+                    let seen = &mut expected[usize::from(per_tx > 1)];
+                    let n = pgbench_rows(*seen, opts.pgbench_seconds, setup);
+                    let p = pgbench_run(&admin, url, setup, opts.pgbench_seconds, n, per_tx, &dir)
+                        .await?;
+                    *seen = seen.max(p.rate);
+                    (p.rate, Some((p.client_us, Some(p.server_us))))
                 }
-                Variant::Sqlxmq if opts.no_sqlxmq => continue,
-                Variant::Sqlxmq => (sqlxmq_run(url, opts).await?, None),
+                Variant::Peer(Peer::Sqlxmq, _) if opts.no_sqlxmq => continue,
+                Variant::Peer(_, _) if opts.no_peers => continue,
+                Variant::Peer(peer, noop) => {
+                    let r = peer::run(url, opts, peer, noop).await?;
+                    (r.rate, r.cpu_us.map(|us| (us, None)))
+                }
             };
             match cpu {
-                Some((client, server)) => println!(
+                Some((client, Some(server))) => println!(
                     "  round {round}: {name:<26}{rate:>8.0} msg/s   CPU per message: client \
                      {client:>5.0} µs, server {server:>5.0} µs"
+                ),
+                Some((client, None)) => println!(
+                    "  round {round}: {name:<26}{rate:>8.0} msg/s   CPU per message: client \
+                     {client:>5.0} µs (its drain)"
                 ),
                 None => println!("  round {round}: {name:<26}{rate:>8.0} msg/s"),
             }
@@ -495,50 +460,61 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
         false => sqlite::variants(opts).await?,
     };
 
-    let of = |label: &str| rows.iter().find(|r| r.0 == label).map(|r| r.1);
-    let (pg, mq) = (of("pgbench per-message"), of("sqlxmq"));
-    println!();
-    println!(
-        "{:<28}{:>8}{:>12}{:>12}",
-        format!("PostgreSQL (best of {})", opts.rounds),
-        "msg/s",
-        "/ pgbench",
-        "/ sqlxmq"
-    );
-    for (name, rate) in &rows {
-        println!(
-            "{name:<28}{rate:>8.0}{:>12}{:>12}",
-            ratio(*rate, pg),
-            ratio(*rate, mq)
-        );
-    }
-    sqlite::report(&sqlite_rows, opts.sqlite_concurrency);
-    if let (Some(i), Some(p)) = (of("idem per-message"), pg) {
-        println!("idem per-message / pgbench: {:.2} (target ≥ 0.9)", i / p);
-    }
-    for b in ["idem batched 16", "idem batched 64"] {
-        if let (Some(r), Some(p)) = (of(b), pg) {
-            print!("{b} / pgbench: {:.2} (target ≥ 2.0)", r / p);
-            if let Some(m) = mq {
-                print!(", / sqlxmq: {:.2} (target ≥ 4)", r / m);
-            }
-            println!();
-        }
-    }
-
-    for (batched, per) in [
-        (HOT_BATCHED, HOT_PER_MESSAGE),
-        (HOT_ROWS_BATCHED, HOT_ROWS_PER_MESSAGE),
-    ] {
-        if let (Some(b), Some(p)) = (of(batched), of(per)) {
-            println!("{batched} / {per}: {:.2} (target ≥ 0.9)", b / p);
-        }
-    }
-
+    report(opts, &rows, &sqlite_rows);
     if !opts.no_chart {
         write_chart(opts, &rows, &sqlite_rows)?;
     }
     Ok(())
+}
+
+/// The peers that run the coupon work (not their no-op burn-downs).
+const COUPON_PEERS: [&str; 3] = ["sqlxmq", "River", "graphile_worker"];
+
+/// Prints the best rates and each target's ratio.
+fn report(opts: &Args, rows: &[(&str, f64)], sqlite_rows: &[(&str, f64)]) {
+    let of = |label: &str| rows.iter().find(|r| r.0 == label).map(|r| r.1);
+    let (pg, pg64) = (of("pgbench per-message"), of("pgbench batched 64"));
+    let peer = COUPON_PEERS
+        .iter()
+        .filter_map(|p| of(p).map(|r| (*p, r)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    println!();
+    println!(
+        "{:<28}{:>8}{:>14}{:>14}{:>16}",
+        format!("PostgreSQL (best of {})", opts.rounds),
+        "msg/s",
+        "/ pgbench 1",
+        "/ pgbench 64",
+        format!("/ {}", peer.map_or("best peer", |p| p.0)),
+    );
+    for (name, rate) in rows {
+        println!(
+            "{name:<28}{rate:>8.0}{:>14}{:>14}{:>16}",
+            ratio(*rate, pg),
+            ratio(*rate, pg64),
+            ratio(*rate, peer.map(|p| p.1))
+        );
+    }
+    sqlite::report(sqlite_rows, opts.sqlite_concurrency);
+    let line = |what: &str, a: Option<f64>, b: Option<f64>, target: f64| {
+        if let (Some(a), Some(b)) = (a, b) {
+            let met = if a / b >= target { "met" } else { "MISSED" };
+            println!("{what}: {:.2} (target ≥ {target}: {met})", a / b);
+        }
+    };
+    line("idem per-message / pgbench per-message", of("idem per-message"), pg, 0.9);
+    line("idem batched 64 / pgbench batched 64", of("idem batched 64"), pg64, 0.8);
+    if let Some((name, rate)) = peer {
+        for mode in ["idem per-message", "idem batched 64"] {
+            line(&format!("{mode} / {name} (the fastest peer)"), of(mode), Some(rate), 1.0);
+        }
+    }
+    for (batched, per) in [
+        (HOT_BATCHED, HOT_PER_MESSAGE),
+        (HOT_ROWS_BATCHED, HOT_ROWS_PER_MESSAGE),
+    ] {
+        line(&format!("{batched} / {per}"), of(batched), of(per), 0.9);
+    }
 }
 
 /// Writes the chart of the PostgreSQL and SQLite rows (`--chart`, or
