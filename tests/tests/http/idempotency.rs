@@ -939,9 +939,13 @@ mod postgres_claim {
     #[tokio::test]
     async fn a_claim_answers_claimed_then_found_and_leaves_its_connection_synchronous() {
         // One connection: the claim's and every statement after it.
-        let Some(pool) = idem_testkit::postgres(1).await else { return };
+        let Some(pool) = idem_testkit::postgres(1).await else {
+            return;
+        };
         let key = unique("claim");
-        let first = requests::claim(&pool, &record(&key, 60), "lease-1").await.unwrap();
+        let first = requests::claim(&pool, &record(&key, 60), "lease-1")
+            .await
+            .unwrap();
         assert!(matches!(first, Claim::Claimed(_)), "{first:?}");
         // The setting was this statement's transaction's alone.
         let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
@@ -949,7 +953,9 @@ mod postgres_claim {
             .await
             .unwrap();
         assert_eq!(sync, "on");
-        let again = requests::claim(&pool, &record(&key, 60), "lease-2").await.unwrap();
+        let again = requests::claim(&pool, &record(&key, 60), "lease-2")
+            .await
+            .unwrap();
         match again {
             Claim::Found(found) => {
                 assert_eq!(found.fingerprint, "fp");
@@ -960,9 +966,14 @@ mod postgres_claim {
         }
         // An expired lease is found as expired (the caller takes it over).
         let old = unique("claim-expired");
-        let c = requests::claim(&pool, &record(&old, -5), "lease-3").await.unwrap();
+        let c = requests::claim(&pool, &record(&old, -5), "lease-3")
+            .await
+            .unwrap();
         assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
-        match requests::claim(&pool, &record(&old, 60), "lease-4").await.unwrap() {
+        match requests::claim(&pool, &record(&old, 60), "lease-4")
+            .await
+            .unwrap()
+        {
             Claim::Found(found) => assert!(found.expired, "{found:?}"),
             other => panic!("a claim of an expired key: {other:?}"),
         }
@@ -979,9 +990,13 @@ mod postgres_claim {
 
     #[tokio::test]
     async fn a_claim_of_a_key_whose_handler_runs_answers_found_without_waiting() {
-        let Some(pool) = idem_testkit::postgres(2).await else { return };
+        let Some(pool) = idem_testkit::postgres(2).await else {
+            return;
+        };
         let key = unique("claim-held");
-        let c = requests::claim(&pool, &record(&key, 60), "lease-1").await.unwrap();
+        let c = requests::claim(&pool, &record(&key, 60), "lease-1")
+            .await
+            .unwrap();
         assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
         // The handler's transaction: the row fenced (updated, locked).
         let mut tx = pool.begin().await.unwrap();

@@ -77,10 +77,10 @@ mod sqlite;
 use args::Args;
 use chart::Bar;
 use clap::Parser;
-use peer::Peer;
 use idem_examples::bench::outbox::{
     BoxError, Commits, Rows, Setup, best, idem_run, pgbench_rows, pgbench_run, prepare,
 };
+use peer::Peer;
 use sqlx::postgres::PgPoolOptions;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -480,7 +480,7 @@ fn report(opts: &Args, rows: &[(&str, f64)], sqlite_rows: &[(&str, f64)]) {
         .max_by(|a, b| a.1.total_cmp(&b.1));
     println!();
     println!(
-        "{:<28}{:>8}{:>14}{:>14}{:>16}",
+        "{:<28}{:>8}{:>14}{:>14}{:>20}",
         format!("PostgreSQL (best of {})", opts.rounds),
         "msg/s",
         "/ pgbench 1",
@@ -489,7 +489,7 @@ fn report(opts: &Args, rows: &[(&str, f64)], sqlite_rows: &[(&str, f64)]) {
     );
     for (name, rate) in rows {
         println!(
-            "{name:<28}{rate:>8.0}{:>14}{:>14}{:>16}",
+            "{name:<28}{rate:>8.0}{:>14}{:>14}{:>20}",
             ratio(*rate, pg),
             ratio(*rate, pg64),
             ratio(*rate, peer.map(|p| p.1))
@@ -502,11 +502,26 @@ fn report(opts: &Args, rows: &[(&str, f64)], sqlite_rows: &[(&str, f64)]) {
             println!("{what}: {:.2} (target ≥ {target}: {met})", a / b);
         }
     };
-    line("idem per-message / pgbench per-message", of("idem per-message"), pg, 0.9);
-    line("idem batched 64 / pgbench batched 64", of("idem batched 64"), pg64, 0.8);
+    line(
+        "idem per-message / pgbench per-message",
+        of("idem per-message"),
+        pg,
+        0.9,
+    );
+    line(
+        "idem batched 64 / pgbench batched 64",
+        of("idem batched 64"),
+        pg64,
+        0.8,
+    );
     if let Some((name, rate)) = peer {
         for mode in ["idem per-message", "idem batched 64"] {
-            line(&format!("{mode} / {name} (the fastest peer)"), of(mode), Some(rate), 1.0);
+            line(
+                &format!("{mode} / {name} (the fastest peer)"),
+                of(mode),
+                Some(rate),
+                1.0,
+            );
         }
     }
     for (batched, per) in [

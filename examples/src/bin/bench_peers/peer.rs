@@ -68,7 +68,12 @@ fn cargo() -> String {
 
 /// Runs `peer`'s drain of `--messages` coupons with `--concurrency`
 /// workers (`noop`: jobs that do nothing, its burn-down figure).
-pub(crate) async fn run(url: &str, opts: &Args, peer: Peer, noop: bool) -> Result<PeerRun, BoxError> {
+pub(crate) async fn run(
+    url: &str,
+    opts: &Args,
+    peer: Peer,
+    noop: bool,
+) -> Result<PeerRun, BoxError> {
     let manifest = built().await?;
     let mut cmd = tokio::process::Command::new(
         workspace()
