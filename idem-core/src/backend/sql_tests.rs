@@ -206,6 +206,28 @@ fn postgres_claims_in_one_statement() {
     assert!(my.micros && my.insert_id == InsertId::LastInsertId);
 }
 
+/// The claim's own `BEGIN` on PostgreSQL: its commit asynchronous, and no
+/// JIT compilation, whose cost grows with the pending rows' estimate while
+/// the claim itself stays a probe of the pending index.
+#[test]
+fn postgres_claims_without_jit_and_without_waiting_for_the_flush() {
+    let Claim::Returning {
+        begin: Some(begin), ..
+    } = Dialect::Postgres.sql().claim
+    else {
+        panic!("PostgreSQL's claim opens its own transaction");
+    };
+    let settings: Vec<&str> = begin.split("; ").collect();
+    assert_eq!(
+        settings,
+        [
+            "BEGIN",
+            "SET LOCAL synchronous_commit = off",
+            "SET LOCAL jit = off"
+        ]
+    );
+}
+
 #[test]
 fn every_dialect_knows_its_name_and_schema() {
     for (d, name) in [

@@ -82,7 +82,7 @@ pub fn pgbench_scripts(per_tx: u32) -> (String, String) {
     )
     .replace("idem_outbox", PGB_OUTBOX);
     let claim = format!(
-        "-- one claim of up to :batch messages\nBEGIN;\nSET LOCAL synchronous_commit = off;\n{claim};\nCOMMIT;\n"
+        "-- one claim of up to :batch messages\nBEGIN;\nSET LOCAL synchronous_commit = off;\nSET LOCAL jit = off;\n{claim};\nCOMMIT;\n"
     );
     (message, claim)
 }
