@@ -964,12 +964,21 @@ mod postgres_claim {
             }
             other => panic!("a second claim of the key: {other:?}"),
         }
-        // An expired lease is found as expired (the caller takes it over).
+        // An expired lease is found as expired (the caller takes it over):
+        // a row claimed, then aged past its lease.
         let old = unique("claim-expired");
-        let c = requests::claim(&pool, &record(&old, -5), "lease-3")
+        let c = requests::claim(&pool, &record(&old, 60), "lease-3")
             .await
             .unwrap();
         assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
+        sqlx::query(
+            "UPDATE idem_record SET create_time = now() - interval '2 minutes', \
+             expire_time = now() - interval '1 minute' WHERE idempotency_key = $1",
+        )
+        .bind(&old)
+        .execute(&pool)
+        .await
+        .unwrap();
         match requests::claim(&pool, &record(&old, 60), "lease-4")
             .await
             .unwrap()
