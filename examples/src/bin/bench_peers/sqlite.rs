@@ -4,6 +4,7 @@
 
 use crate::args::Args;
 use crate::ratio;
+use idem_examples::bench::cpu::{Cpu, per_message_us};
 use idem_examples::bench::outbox::{BoxError, Commits, CouponState, DeductCoupon, ORDER_OFFSET};
 use idem_runtime::outbox::{Relay, enqueue};
 use idem_runtime::{Dialect, idempotent};
@@ -31,11 +32,14 @@ pub(crate) async fn variants(opts: &Args) -> Result<Vec<(&'static str, f64)>, Bo
     let mut best = vec![0.0_f64; VARIANTS.len()];
     for round in 1..=opts.rounds {
         for (i, &(name, idem, commits)) in VARIANTS.iter().enumerate() {
-            let rate = match idem {
+            let Drained { rate, cpu } = match idem {
                 true => sqlite_run(n, opts.sqlite_concurrency, commits).await?,
                 false => sqlite_loop(n, commits).await?,
             };
-            println!("  round {round}: SQLite {name:<22}{rate:>8.0} msg/s");
+            println!(
+                "  round {round}: SQLite {name:<22}{rate:>8.0} msg/s, CPU {:>5.0} µs/msg",
+                per_message_us(cpu, n)
+            );
             best[i] = best[i].max(rate);
         }
     }
@@ -75,6 +79,14 @@ pub(crate) fn report(rows: &[(&str, f64)], handlers: usize) {
             println!("SQLite {name} / sqlx loop: {:.2} (target ≥ 0.8)", rate / a);
         }
     }
+}
+
+/// One drain: messages per second, and the CPU this process spent in it
+/// (the handlers, the relay or loop, and SQLite itself, which runs in
+/// process), the file's fill left out.
+struct Drained {
+    rate: f64,
+    cpu: Duration,
 }
 
 /// The topic of the SQLite runs.
@@ -162,12 +174,13 @@ async fn verify(pool: SqlitePool, n: i64, what: &str) -> Result<(), BoxError> {
 
 /// Drains `n` messages on a fresh SQLite file through a relay of `c`
 /// handlers; the database is checked afterwards. Returns messages per
-/// second.
-async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64, BoxError> {
+/// second and CPU.
+async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<Drained, BoxError> {
     let dir = Scratch::new("bench-peers-sqlite");
     let pool = fresh(&dir, n, c as u32 + 1).await?;
     let topic = TOPIC;
 
+    let cpu = Cpu::now();
     let started = Instant::now();
     let builder = Relay::new(pool.clone())
         .route(topic, |d, m: DeductCoupon| async move {
@@ -189,10 +202,14 @@ async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64, BoxError>
     };
     let relay = builder.spawn();
     let drain = idem_examples::bench::outbox::drained(&relay, n, started).await?;
+    let cpu = Cpu::now().since(&cpu).own;
     relay.shutdown().await;
 
     verify(pool, n, "run").await?;
-    Ok(n as f64 / drain.as_secs_f64())
+    Ok(Drained {
+        rate: n as f64 / drain.as_secs_f64(),
+        cpu,
+    })
 }
 
 /// The SQLite anchor: idem's own statements, as its relay and handler run
@@ -201,8 +218,8 @@ async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<f64, BoxError>
 /// 64 messages (`BEGIN IMMEDIATE`, the relay's claim query and lease
 /// update), then runs their handlers' transactions: per message, or
 /// `Batched(k)` messages to a transaction. Checked afterwards as the relay
-/// runs are. Returns messages per second.
-async fn sqlite_loop(n: i64, commits: Commits) -> Result<f64, BoxError> {
+/// runs are. Returns messages per second and CPU.
+async fn sqlite_loop(n: i64, commits: Commits) -> Result<Drained, BoxError> {
     let dir = Scratch::new("bench-peers-sqlite-loop");
     let pool = fresh(&dir, n, 1).await?;
     let per_tx = match commits {
@@ -213,6 +230,7 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<f64, BoxError> {
     let claim = Dialect::Sqlite.claim_sql(1, false).claim;
     let state = Dialect::Sqlite.state_sql("bench_peers_coupon", "id", "status", None);
     let mut conn = pool.acquire().await?;
+    let cpu = Cpu::now();
     let started = Instant::now();
     loop {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
@@ -281,7 +299,8 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<f64, BoxError> {
         }
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
+    let cpu = Cpu::now().since(&cpu).own;
     drop(conn);
     verify(pool, n, "loop").await?;
-    Ok(rate)
+    Ok(Drained { rate, cpu })
 }
