@@ -45,7 +45,9 @@
 //! (`--sqlite-only` runs just these). Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
 //! row). Printed: msg/s, the ratios to both pgbench runs and to the fastest
-//! peer, and each target met or missed; written:
+//! peer, CPU µs per message (on SQLite each side's, in its round lines:
+//! the whole cost, SQLite runs in process), and each target met or missed;
+//! written:
 //! the chart `docs/bench.svg`. Then the enqueue→effect latency at a light
 //! steady load (`--latency-rate`, 200 msg/s, for `--latency-seconds`),
 //! push wake-up on and off (`bench_latency` measures it at length), and
