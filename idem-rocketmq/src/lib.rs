@@ -68,6 +68,10 @@
 //! queue and offset and the attempts; its offset is recorded once the
 //! broker stored the copy. A copy that cannot be written is tried again,
 //! the message kept unsettled: never lost, never dropped.
+//! Where the broker does not create topics on a first send
+//! (`autoCreateTopicEnable` off, the usual production setting), create
+//! the dead-letter topic with the group: until it exists, its dead
+//! letters are tried again and their queues wait.
 //!
 //! # Broker restarts and failovers
 //!

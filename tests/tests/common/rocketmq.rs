@@ -205,9 +205,12 @@ pub(crate) fn counts(h: &ConsumerHandle) -> (u64, u64, u64, u64, u64, u64) {
 }
 
 /// Up to `expect` messages of `topic` read from its start by a group of
-/// their own (within 20 s): (body, the named property).
+/// their own: (body, the named property). Waits up to 60 s: three times
+/// the client's rebalance interval (20 s), so that a first rebalance that
+/// finds no queue (the group's heartbeat not yet at the broker) is
+/// followed by another within the wait.
 pub(crate) async fn read_topic(
-    namesrv: &str,
+    cluster: &idem_testkit::cluster::rocketmq::RocketMq,
     topic: &str,
     property: &str,
     expect: usize,
@@ -216,7 +219,7 @@ pub(crate) async fn read_topic(
     let o = out.clone();
     let prop = property.to_owned();
     let reader = Consumer::new(
-        namesrv,
+        cluster.namesrv_addr(),
         unique("idem_r_reader"),
         topic,
         move |m: Message, _: serde::de::IgnoredAny| {
@@ -226,11 +229,12 @@ pub(crate) async fn read_topic(
         },
     )
     .key_from(KeyFrom::msg_id())
+    .client_options(cluster.client_options())
     .spawn()
     .await
     .expect("a reader");
     let start = Instant::now();
-    while out.lock().unwrap().len() < expect && start.elapsed() < Duration::from_secs(20) {
+    while out.lock().unwrap().len() < expect && start.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     reader.shutdown().await.expect("reader shutdown");

@@ -48,8 +48,15 @@ async fn acts_once(backend: &str) {
     })
     .await;
 
-    idem_runtime::testing::set_lost_ack_rate(0.25);
     let group = unique("r_once_group");
+    // The dead-letter topic made and routed ahead, as where the broker
+    // does not create topics on a first send (`autoCreateTopicEnable`
+    // off): one the broker creates on the dead letter's send reaches the
+    // name server's routes by a registration of its own, which the
+    // reader below may start before.
+    let dead_letters = format!("%DLQ%{group}");
+    cluster.create_topic(&dead_letters, 1).await;
+    idem_runtime::testing::set_lost_ack_rate(0.25);
     let running = consumer(&namesrv, &group, &topic, &pool, d, "solo")
         .spawn()
         .await
@@ -80,7 +87,7 @@ async fn acts_once(backend: &str) {
     );
 
     assert_once(&pool, d, &coupons).await;
-    let letters = read_topic(&namesrv, &format!("%DLQ%{group}"), DEAD_REASON_PROPERTY, 1).await;
+    let letters = read_topic(&cluster, &dead_letters, DEAD_REASON_PROPERTY, 1).await;
     assert_eq!(letters.len(), 1, "one dead letter: {letters:?}");
     assert_eq!(letters[0].0, br#"{"coupon": "none"}"#);
     assert!(
