@@ -55,6 +55,54 @@ macro_rules! relay_tests {
                 assert_eq!((executed, duplicates), (60, 20));
             }
 
+            /// 200 messages through a relay of 4 handler slots that claims
+            /// `ahead` messages beyond its free slots (`None`: its
+            /// default, as many as its slots), up to 64 a claim, oldest
+            /// first. Returns its claims, once every message was settled
+            /// once in effect.
+            async fn claims_with(ahead: Option<usize>) -> Option<u64> {
+                let pool = pool().await?;
+                let topic = topic("ahead");
+                let mut coupons = Vec::new();
+                for _ in 0..200 {
+                    coupons.push(produce(&pool, &topic, 1).await);
+                }
+                let relay = Relay::new(pool.clone())
+                    .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
+                    .concurrency(4)
+                    .batch_size(64)
+                    .claim_spread(1)
+                    // The claims that find nothing once the table is
+                    // drained: one, then one per poll.
+                    .poll_interval(Duration::from_secs(5));
+                let relay = match ahead {
+                    Some(a) => relay.claim_ahead(a),
+                    None => relay,
+                };
+                let relay = relay.spawn();
+                drained(&pool, &topic).await;
+                let claims = relay.stats().claims();
+                relay.shutdown().await;
+                for c in &coupons {
+                    assert_eq!(deductions(&pool, *c).await, 1, "coupon {c}");
+                }
+                assert_eq!(attempts_of(&pool, &topic).await, vec![1; 200]);
+                Some(claims)
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn claiming_further_ahead_takes_fewer_larger_claims() {
+                let _hooks = hooks::shared().await;
+                // 4 slots, 4 ahead: claims of at most 8.
+                let Some(default) = claims_with(None).await else { return };
+                // 60 ahead: 64 first, then at least 30 (half of those
+                // ahead) while there is a backlog.
+                let Some(far) = claims_with(Some(60)).await else { return };
+                eprintln!("claims of 200 messages: {default} claiming 4 ahead, {far} claiming 60 ahead");
+                assert!(default >= 25, "claims of at most 8: {default}");
+                assert!(far <= 10, "claims of 30 or more: {far}");
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn poison_messages_are_dead_lettered_without_holding_up_others() {
                 let _hooks = hooks::shared().await;

@@ -46,6 +46,10 @@ pub(crate) struct Args {
     /// Handlers of the SQLite relay.
     #[arg(long, value_name = "C", default_value_t = 4)]
     pub(crate) sqlite_concurrency: usize,
+    /// Messages the SQLite relay claims ahead of its free handler slots
+    /// (`Relay::claim_ahead`; default: the relay's own, its concurrency).
+    #[arg(long, value_name = "A")]
+    pub(crate) sqlite_claim_ahead: Option<usize>,
     /// Skip the unmeasured warm-up.
     #[arg(long)]
     pub(crate) no_warmup: bool,

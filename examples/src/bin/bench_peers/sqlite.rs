@@ -33,7 +33,9 @@ pub(crate) async fn variants(opts: &Args) -> Result<Vec<(&'static str, f64)>, Bo
     for round in 1..=opts.rounds {
         for (i, &(name, idem, commits)) in VARIANTS.iter().enumerate() {
             let Drained { rate, cpu } = match idem {
-                true => sqlite_run(n, opts.sqlite_concurrency, commits).await?,
+                true => {
+                    sqlite_run(n, opts.sqlite_concurrency, opts.sqlite_claim_ahead, commits).await?
+                }
                 false => sqlite_loop(n, commits).await?,
             };
             println!(
@@ -175,7 +177,12 @@ async fn verify(pool: SqlitePool, n: i64, what: &str) -> Result<(), BoxError> {
 /// Drains `n` messages on a fresh SQLite file through a relay of `c`
 /// handlers; the database is checked afterwards. Returns messages per
 /// second and CPU.
-async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<Drained, BoxError> {
+async fn sqlite_run(
+    n: i64,
+    c: usize,
+    ahead: Option<usize>,
+    commits: Commits,
+) -> Result<Drained, BoxError> {
     let dir = Scratch::new("bench-peers-sqlite");
     let pool = fresh(&dir, n, c as u32 + 1).await?;
     let topic = TOPIC;
@@ -189,6 +196,10 @@ async fn sqlite_run(n: i64, c: usize, commits: Commits) -> Result<Drained, BoxEr
         .concurrency(c)
         .batch_size(c as u32)
         .poll_interval(Duration::from_millis(5));
+    let builder = match ahead {
+        Some(a) => builder.claim_ahead(a).batch_size((c + a) as u32),
+        None => builder,
+    };
     let builder = match commits {
         Commits::PerMessage => builder,
         // One batch at a time: SQLite's write lock serializes them anyway.

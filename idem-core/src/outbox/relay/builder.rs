@@ -25,6 +25,9 @@ pub struct RelaySettings {
     pub batch_size: u32,
     /// Handlers running at once.
     pub concurrency: usize,
+    /// Messages a round may claim beyond the free handler slots while
+    /// there is a backlog (see [`Relay::claim_ahead`](super::Relay::claim_ahead)).
+    pub claim_ahead: usize,
     /// How long a claim holds a message.
     pub lease: Duration,
     /// How long to wait when nothing is due.
@@ -71,6 +74,7 @@ impl<DB: Backend> Inner<DB> {
                 backlog: AtomicBool::new(true),
                 emptied: AtomicBool::new(false),
                 batch_size: 64,
+                ahead: None,
             },
             pool,
             routing: Routing {
@@ -149,6 +153,7 @@ impl<DB: Backend> Inner<DB> {
         RelaySettings {
             batch_size: u32::try_from(self.claiming.batch_size).unwrap_or(u32::MAX),
             concurrency: self.policy.concurrency,
+            claim_ahead: self.claim_ahead(),
             lease: self.policy.lease,
             poll_interval: self.policy.poll_interval,
             max_attempts: u32::try_from(self.policy.max_attempts).unwrap_or(1),

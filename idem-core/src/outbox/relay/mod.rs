@@ -232,13 +232,38 @@ impl<DB: Backend> Relay<DB> {
     /// The most messages claimed per round (default 64). With no backlog a
     /// round claims at most the free handler slots (see
     /// [`concurrency`](Relay::concurrency)); while there is one (and the
-    /// lease is a second or longer), up to as many more as there are
-    /// slots, so that the next messages are at hand when the running ones
+    /// lease is a second or longer), up to [`claim_ahead`](Relay::claim_ahead)
+    /// more, so that the next messages are at hand when the running ones
     /// end. Those wait for a slot with their leases
     /// renewed every third of a lease: no claimed message waits out its
     /// lease in the queue.
     pub fn batch_size(self, n: u32) -> Self {
         self.edit(|i| i.claiming.batch_size = i64::from(n.max(1)))
+    }
+
+    /// While there is a backlog, how many messages a round may claim
+    /// beyond the free handler slots (default: as many as there are
+    /// slots, [`concurrency`](Relay::concurrency); 0: only the free
+    /// slots). They wait in this process for a slot, their leases renewed
+    /// every third of a lease, and a claim waits until half of them have
+    /// started: more means fewer and larger claims, each a transaction
+    /// of its own, at the cost of messages that wait here rather than in
+    /// the table, where another relay of the same topics could take them.
+    /// A round never claims more than [`batch_size`](Relay::batch_size).
+    ///
+    /// Worth raising on SQLite: it has one writer, and every claim takes
+    /// the write lock from the handlers.
+    ///
+    /// ```
+    /// # use idem_runtime::outbox::Relay;
+    /// # fn build(pool: sqlx::SqlitePool) {
+    /// // Claims of up to 64 messages: 4 running, up to 60 waiting.
+    /// let relay = Relay::new(pool).concurrency(4).claim_ahead(60).batch_size(64);
+    /// assert_eq!(relay.settings().claim_ahead, 60);
+    /// # }
+    /// ```
+    pub fn claim_ahead(self, n: usize) -> Self {
+        self.edit(|i| i.claiming.ahead = Some(n))
     }
 
     /// Batched commits (default 1: off): with `n ≥ 2`, the messages of a
@@ -811,6 +836,8 @@ struct Claiming {
     /// due set.
     emptied: AtomicBool,
     batch_size: i64,
+    /// See [`Relay::claim_ahead`] (`None`: the concurrency).
+    ahead: Option<usize>,
 }
 
 /// How a claimed message's attempts run.

@@ -90,7 +90,7 @@ impl<DB: Backend> Inner<DB> {
             // queued message, another relay would take it over (and a
             // short-leased relay claiming ahead mostly feeds the others).
             let ahead = match backlog && self.policy.lease >= AHEAD_MIN_LEASE {
-                true => self.policy.concurrency,
+                true => self.claim_ahead(),
                 false => 0,
             };
             let room = (permits.available_permits() + ahead)
@@ -264,13 +264,18 @@ impl<DB: Backend> Inner<DB> {
     /// is a transaction of its own, and one per message would cost as
     /// much as the handlers' own. (With no backlog, a claim takes what
     /// is free at once: a lone message does not wait.)
+    /// With more claimed ahead than there are slots (see
+    /// [`Relay::claim_ahead`](super::Relay::claim_ahead)), half of those.
     fn refill(&self) -> usize {
-        (self
-            .policy
-            .concurrency
-            .min(self.claiming.batch_size.max(1) as usize)
-            / 2)
-        .max(1)
+        let most = self.claiming.batch_size.max(1) as usize;
+        let slots = self.policy.concurrency.min(most);
+        let ahead = self.claim_ahead().min(most);
+        (slots.max(ahead) / 2).max(1)
+    }
+
+    /// See [`Relay::claim_ahead`](super::Relay::claim_ahead).
+    pub(super) fn claim_ahead(&self) -> usize {
+        self.claiming.ahead.unwrap_or(self.policy.concurrency)
     }
 
     /// One claim of up to `room` messages: what it took (empty when it
