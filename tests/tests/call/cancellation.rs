@@ -19,6 +19,14 @@
 //! `Pool::begin` as the cancelled call, which must leave the connection
 //! inside its transaction (if sqlx ever makes `Pool::begin` safe, the
 //! control fails and says so).
+//!
+//! On SQLite the `BEGIN IMMEDIATE` is held by another connection holding
+//! the write lock, on the native pool and on `sqlx::Any`. SQLite's driver
+//! is the exception among sqlx's (`idem_core::tx` says so): its worker
+//! thread rolls back a `BEGIN` whose caller is gone, and sqlx's own
+//! `Pool::begin_with` is held to that. The control cancels a raw
+//! `BEGIN IMMEDIATE` statement (which the driver does not track), whose
+//! open transaction the same checks catch.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -310,6 +318,206 @@ mod mariadb {
         assert_eq!(
             visible, 1,
             "the autocommit write through the pool is not visible"
+        );
+    }
+}
+
+mod sqlite {
+    use super::*;
+    use futures::future::BoxFuture;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+    use sqlx::{Any, AnyPool, Sqlite, SqlitePool, Transaction};
+
+    #[idempotent(key = "cancel-lite:{t.id}", strategy = record, biz_type = "cancel_touch")]
+    async fn touch(tx: &mut Transaction<'_, Sqlite>, t: &Touch) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT 1").fetch_one(&mut **tx).await
+    }
+
+    #[idempotent(key = "cancel-any:{t.id}", strategy = record, biz_type = "cancel_touch")]
+    async fn touch_any(tx: &mut Transaction<'_, Any>, t: &Touch) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT 1").fetch_one(&mut **tx).await
+    }
+
+    /// One pool of one connection on a SQLite file, whichever driver.
+    trait OnePool: Clone + Send + Sync + 'static {
+        fn insert(&self, sql: String) -> BoxFuture<'_, Result<(), sqlx::Error>>;
+        fn touch(&self, id: i64) -> BoxFuture<'_, Result<bool, String>>;
+        fn pool_begin(&self) -> BoxFuture<'_, ()>;
+        fn raw_begin(&self) -> BoxFuture<'_, ()>;
+    }
+
+    /// `OnePool` for a pool type, its calls through the handler `touch`.
+    macro_rules! one_pool {
+        ($pool:ty, $touch:ident) => {
+            impl OnePool for $pool {
+                fn insert(&self, sql: String) -> BoxFuture<'_, Result<(), sqlx::Error>> {
+                    Box::pin(async move {
+                        sqlx::query(AssertSqlSafe(sql))
+                            .execute(self)
+                            .await
+                            .map(drop)
+                    })
+                }
+                fn touch(&self, id: i64) -> BoxFuture<'_, Result<bool, String>> {
+                    Box::pin(async move {
+                        $touch(self, &Touch { id })
+                            .await
+                            .map(|o| o.is_executed())
+                            .map_err(|e| e.to_string())
+                    })
+                }
+                fn pool_begin(&self) -> BoxFuture<'_, ()> {
+                    Box::pin(async move { drop(self.begin_with("BEGIN IMMEDIATE").await) })
+                }
+                fn raw_begin(&self) -> BoxFuture<'_, ()> {
+                    Box::pin(async move {
+                        let _ = sqlx::query("BEGIN IMMEDIATE").execute(self).await;
+                    })
+                }
+            }
+        };
+    }
+
+    one_pool!(SqlitePool, touch);
+    one_pool!(AnyPool, touch_any);
+
+    /// What is cancelled on SQLite.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Call {
+        Handler,
+        PoolBegin,
+        /// The control: a `BEGIN IMMEDIATE` statement.
+        Raw,
+    }
+
+    /// The pool's `BEGIN IMMEDIATE` waits for the write lock `blocker`
+    /// holds; the call is cancelled meanwhile, then the lock is released.
+    /// Returns whether an autocommit write through the pool afterwards is
+    /// visible to another connection.
+    async fn cancelled_then_visible(pool: impl OnePool, file: &std::path::Path, call: Call) -> i64 {
+        let opts = SqliteConnectOptions::new().filename(file);
+        let mut blocker = SqliteConnection::connect_with(&opts)
+            .await
+            .expect("a second connection");
+        let table = unique("cancel");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {table} (id INTEGER PRIMARY KEY)"
+        )))
+        .execute(&mut blocker)
+        .await
+        .expect("create table");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut blocker)
+            .await
+            .expect("take the write lock");
+        let id = idem_testkit::id_base() + 21;
+        let waited = tokio::time::timeout(CANCEL_AFTER, async {
+            match call {
+                Call::Handler => drop(pool.touch(id).await),
+                Call::PoolBegin => pool.pool_begin().await,
+                Call::Raw => pool.raw_begin().await,
+            }
+        })
+        .await;
+        assert!(
+            waited.is_err(),
+            "the call must still wait for the write lock"
+        );
+        sqlx::query("COMMIT")
+            .execute(&mut blocker)
+            .await
+            .expect("release the write lock");
+        // Queued behind the cancelled BEGIN on the pool's one connection
+        // (its worker runs commands in order): after its rollback, if any.
+        pool.insert(format!("INSERT INTO {table} (id) VALUES (1)"))
+            .await
+            .expect("autocommit insert");
+        let visible: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {table} WHERE id = 1"
+        )))
+        .fetch_one(&mut blocker)
+        .await
+        .expect("count");
+        if call == Call::Handler && visible == 1 {
+            assert!(
+                pool.touch(id + 1)
+                    .await
+                    .expect("a call after the cancelled one"),
+                "the next call executes"
+            );
+        }
+        visible
+    }
+
+    async fn native(call: Call) -> i64 {
+        let pool = idem_testkit::sqlite(1).await;
+        let file = pool.connect_options().get_filename().to_owned();
+        let visible = cancelled_then_visible(pool.clone(), &file, call).await;
+        pool.close().await;
+        visible
+    }
+
+    async fn any(call: Call) -> Option<i64> {
+        let url = idem_testkit::sqlite_url();
+        let pool = idem_testkit::any(&url, 1).await?;
+        let file = std::path::PathBuf::from(
+            url.trim_start_matches("sqlite://")
+                .trim_end_matches("?mode=rwc"),
+        );
+        let visible = cancelled_then_visible(pool.clone(), &file, call).await;
+        pool.close().await;
+        Some(visible)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancelled_during_begin_leaves_no_open_transaction() {
+        let visible = tokio::time::timeout(LIMIT, native(Call::Handler))
+            .await
+            .expect("test time-out");
+        assert_eq!(
+            visible, 1,
+            "the autocommit write through the pool is not visible"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancelled_during_begin_on_any_leaves_no_open_transaction() {
+        let visible = tokio::time::timeout(LIMIT, any(Call::Handler))
+            .await
+            .expect("test time-out");
+        assert_eq!(
+            visible,
+            Some(1),
+            "the autocommit write through the pool is not visible"
+        );
+    }
+
+    /// sqlx's own `Pool::begin_with` (`BEGIN IMMEDIATE`, as idem's),
+    /// cancelled, leaves no transaction open on SQLite.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx_pool_begin_cancelled_leaves_no_open_transaction() {
+        let native = tokio::time::timeout(LIMIT, native(Call::PoolBegin))
+            .await
+            .expect("test time-out");
+        let any = tokio::time::timeout(LIMIT, any(Call::PoolBegin))
+            .await
+            .expect("test time-out");
+        assert_eq!(
+            (native, any),
+            (1, Some(1)),
+            "sqlx's SQLite driver no longer rolls back a cancelled BEGIN (idem_core::tx's \
+             documentation says it does)"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn control_a_cancelled_begin_statement_leaves_an_open_transaction() {
+        let visible = tokio::time::timeout(LIMIT, native(Call::Raw))
+            .await
+            .expect("test time-out");
+        assert_eq!(
+            visible, 0,
+            "control: the checks above do not catch a transaction left open"
         );
     }
 }
