@@ -47,9 +47,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "C", default_value_t = 4)]
     pub(crate) sqlite_concurrency: usize,
     /// Messages the SQLite relay claims ahead of its free handler slots
-    /// (`Relay::claim_ahead`; default: the relay's own, its concurrency).
-    #[arg(long, value_name = "A")]
-    pub(crate) sqlite_claim_ahead: Option<usize>,
+    /// while there is a backlog (`Relay::claim_ahead`; its claims then
+    /// take up to the handlers plus these, 64 by default, as the loop's
+    /// do). The relay's own default is its concurrency.
+    #[arg(long, value_name = "A", default_value_t = 60)]
+    pub(crate) sqlite_claim_ahead: usize,
     /// Skip the unmeasured warm-up.
     #[arg(long)]
     pub(crate) no_warmup: bool,

@@ -41,8 +41,11 @@
 //!
 //! then the embedded default, the same drain on a SQLite file, each mode
 //! beside its anchor: a hand-written sqlx loop running idem's own SQLite
-//! statements (claim, lease, the handler's transaction) on one connection
-//! (`--sqlite-only` runs just these). Each run is
+//! statements (claim, lease, the handler's transaction) on one connection,
+//! in a task on the runtime's workers as the relay's handlers run, claiming
+//! 64 messages at a time; idem's relay has 4 handlers (`--sqlite-concurrency`)
+//! and per message claims as many (`--sqlite-claim-ahead 60`:
+//! `Relay::claim_ahead`) (`--sqlite-only` runs just these). Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
 //! row). Printed: msg/s, the ratios to both pgbench runs and to the fastest
 //! peer, CPU µs per message (on SQLite each side's, in its round lines:

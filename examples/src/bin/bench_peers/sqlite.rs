@@ -175,14 +175,10 @@ async fn verify(pool: SqlitePool, n: i64, what: &str) -> Result<(), BoxError> {
 }
 
 /// Drains `n` messages on a fresh SQLite file through a relay of `c`
-/// handlers; the database is checked afterwards. Returns messages per
-/// second and CPU.
-async fn sqlite_run(
-    n: i64,
-    c: usize,
-    ahead: Option<usize>,
-    commits: Commits,
-) -> Result<Drained, BoxError> {
+/// handlers claiming `ahead` messages beyond its free slots (per message;
+/// a batched relay claims its batches); the database is checked
+/// afterwards. Returns messages per second and CPU.
+async fn sqlite_run(n: i64, c: usize, ahead: usize, commits: Commits) -> Result<Drained, BoxError> {
     let dir = Scratch::new("bench-peers-sqlite");
     let pool = fresh(&dir, n, c as u32 + 1).await?;
     let topic = TOPIC;
@@ -194,12 +190,9 @@ async fn sqlite_run(
             deduct(d.source(), &m).await
         })
         .concurrency(c)
-        .batch_size(c as u32)
+        .claim_ahead(ahead)
+        .batch_size((c + ahead) as u32)
         .poll_interval(Duration::from_millis(5));
-    let builder = match ahead {
-        Some(a) => builder.claim_ahead(a).batch_size((c + a) as u32),
-        None => builder,
-    };
     let builder = match commits {
         Commits::PerMessage => builder,
         // One batch at a time: SQLite's write lock serializes them anyway.
@@ -223,6 +216,12 @@ async fn sqlite_run(
     })
 }
 
+/// A fixed statement, its `'static` lifetime kept visible to the `Send`
+/// check of the spawned loop.
+fn lit(s: &'static str) -> sqlx::SqlStr {
+    sqlx::SqlSafeStr::into_sql_str(s)
+}
+
 /// The SQLite anchor: idem's own statements, as its relay and handler run
 /// them on SQLite, in a hand-written loop on one connection (SQLite has
 /// one writer: more connections only wait for it). Each round claims up to
@@ -237,14 +236,26 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<Drained, BoxError> {
         Commits::PerMessage => 1,
         Commits::Batched(k) => k as usize,
     };
+    let cpu = Cpu::now();
+    let started = Instant::now();
+    // On the runtime's workers, where the relay's tasks run: `main`'s own
+    // thread (which `block_on` polls) is woken without them.
+    tokio::spawn(drain_loop(pool.clone(), per_tx)).await??;
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let cpu = Cpu::now().since(&cpu).own;
+    verify(pool, n, "loop").await?;
+    Ok(Drained { rate, cpu })
+}
+
+/// The loop of [`sqlite_loop`] on one connection of `pool`, `per_tx`
+/// messages to a handlers' transaction, until nothing is left to claim.
+async fn drain_loop(pool: SqlitePool, per_tx: usize) -> Result<(), BoxError> {
     let limit = per_tx.max(64) as i64;
     let claim = Dialect::Sqlite.claim_sql(1, false).claim;
     let state = Dialect::Sqlite.state_sql("bench_peers_coupon", "id", "status", None);
     let mut conn = pool.acquire().await?;
-    let cpu = Cpu::now();
-    let started = Instant::now();
     loop {
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = conn.begin_with(lit("BEGIN IMMEDIATE")).await?;
         let rows = sqlx::query(AssertSqlSafe(claim.as_str()))
             .bind(TOPIC)
             .bind(limit)
@@ -271,14 +282,12 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<Drained, BoxError> {
         lease.execute(&mut *tx).await?;
         tx.commit().await?;
         for chunk in claimed.chunks(per_tx) {
-            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = conn.begin_with(lit("BEGIN IMMEDIATE")).await?;
             for (id, payload) in chunk {
                 let m: DeductCoupon = serde_json::from_str(payload)?;
-                sqlx::query(
-                    "UPDATE idem_outbox SET status = 'success', \
+                sqlx::query(lit("UPDATE idem_outbox SET status = 'success', \
                      updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), lease_owner = NULL, \
-                     locked_until = NULL WHERE id = ? AND status = 'pending' AND lease_owner = ?",
-                )
+                     locked_until = NULL WHERE id = ? AND status = 'pending' AND lease_owner = ?"))
                 .bind(*id)
                 .bind("loop#1")
                 .execute(&mut *tx)
@@ -291,9 +300,9 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<Drained, BoxError> {
                 if status != "UNUSED" {
                     return Err(format!("coupon {} is {status}", m.coupon_id).into());
                 }
-                sqlx::query(
+                sqlx::query(lit(
                     "INSERT INTO bench_peers_ledger (coupon_id, order_id, msg_id) VALUES (?, ?, ?)",
-                )
+                ))
                 .bind(m.coupon_id)
                 .bind(m.order_id)
                 .bind(m.msg_id.as_str())
@@ -309,9 +318,5 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<Drained, BoxError> {
             tx.commit().await?;
         }
     }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
-    let cpu = Cpu::now().since(&cpu).own;
-    drop(conn);
-    verify(pool, n, "loop").await?;
-    Ok(Drained { rate, cpu })
+    Ok(())
 }

@@ -252,7 +252,9 @@ impl<DB: Backend> Relay<DB> {
     /// A round never claims more than [`batch_size`](Relay::batch_size).
     ///
     /// Worth raising on SQLite: it has one writer, and every claim takes
-    /// the write lock from the handlers.
+    /// the write lock from the handlers (`bench_peers`: 4 handlers
+    /// claiming 60 ahead drained about 1.6 times the messages per second
+    /// of claims of at most 4).
     ///
     /// ```
     /// # use idem_runtime::outbox::Relay;
