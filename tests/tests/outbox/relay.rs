@@ -104,6 +104,17 @@ macro_rules! relay_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn claiming_ahead_without_bound_is_bounded_by_the_batch_size() {
+                let _hooks = hooks::shared().await;
+                // `usize::MAX` ahead: each claim takes the batch size, and
+                // every message still acts once (asserted inside).
+                let Some(claims) = claims_with(Some(usize::MAX)).await else { return };
+                assert!(claims <= 10, "claims of 64 and then 32 or more: {claims}");
+                // No claim of more than 64: at least four for 200 messages.
+                assert!(claims >= 4, "a claim took more than the batch size: {claims}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn poison_messages_are_dead_lettered_without_holding_up_others() {
                 let _hooks = hooks::shared().await;
                 let Some(pool) = pool().await else { return };

@@ -51,9 +51,9 @@ async fn acts_once(backend: &str) {
     let group = unique("r_once_group");
     // The dead-letter topic made and routed ahead, as where the broker
     // does not create topics on a first send (`autoCreateTopicEnable`
-    // off): one the broker creates on the dead letter's send reaches the
-    // name server's routes by a registration of its own, which the
-    // reader below may start before.
+    // off): the reader below then finds its route when it starts, rather
+    // than depending on when the broker registers a topic it created on
+    // the dead letter's send.
     let dead_letters = format!("%DLQ%{group}");
     cluster.create_topic(&dead_letters, 1).await;
     idem_runtime::testing::set_lost_ack_rate(0.25);

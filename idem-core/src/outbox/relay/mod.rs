@@ -248,8 +248,10 @@ impl<DB: Backend> Relay<DB> {
     /// every third of a lease, and a claim waits until half of them have
     /// started: more means fewer and larger claims, each a transaction
     /// of its own, at the cost of messages that wait here rather than in
-    /// the table, where another relay of the same topics could take them.
-    /// A round never claims more than [`batch_size`](Relay::batch_size).
+    /// the table, where another relay of the same topics could take them,
+    /// and that a graceful shutdown runs before it returns. A round never
+    /// claims more than [`batch_size`](Relay::batch_size), however large
+    /// `n` is.
     ///
     /// Worth raising on SQLite: it has one writer, and every claim takes
     /// the write lock from the handlers (`bench_peers`: 4 handlers

@@ -93,7 +93,7 @@ impl<DB: Backend> Inner<DB> {
                 true => self.claim_ahead(),
                 false => 0,
             };
-            let room = (permits.available_permits() + ahead)
+            let room = (permits.available_permits().saturating_add(ahead))
                 .saturating_sub(waiting.load(Ordering::Relaxed));
             let starved = backlog && room < refill && !tasks.is_empty();
             if room == 0 || starved {
@@ -290,7 +290,11 @@ impl<DB: Backend> Inner<DB> {
         waiting: &Arc<AtomicUsize>,
         health: &mut FailureLog,
     ) -> Option<Vec<(OutboxRow, Arc<str>)>> {
-        let round = self.claim_round(room as i64).await;
+        // Bounded by the batch size in `claim_round`; never wrapped to a
+        // negative LIMIT (which SQLite reads as none, PostgreSQL refuses).
+        let round = self
+            .claim_round(i64::try_from(room).unwrap_or(i64::MAX))
+            .await;
         if round.is_ok() {
             health.succeeded();
         }
