@@ -43,9 +43,10 @@
 //! beside its anchor: a hand-written sqlx loop running idem's own SQLite
 //! statements (claim, lease, the handler's transaction) on one connection,
 //! in a task on the runtime's workers as the relay's handlers run, claiming
-//! 64 messages at a time; idem's relay has 4 handlers (`--sqlite-concurrency`)
-//! and per message claims as many (`--sqlite-claim-ahead 60`:
-//! `Relay::claim_ahead`) (`--sqlite-only` runs just these). Each run is
+//! 64 messages at a time; idem's relay, per message, has 4 handlers
+//! (`--sqlite-concurrency`) and claims up to 64 too: 60 ahead of them
+//! (`--sqlite-claim-ahead`, `Relay::claim_ahead`). `--sqlite-only` runs
+//! just these. Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
 //! row). Printed: msg/s, the ratios to both pgbench runs and to the fastest
 //! peer, CPU µs per message (on SQLite each side's, in its round lines:
