@@ -58,9 +58,10 @@ macro_rules! relay_tests {
             /// 200 messages through a relay of 4 handler slots that claims
             /// `ahead` messages beyond its free slots (`None`: its
             /// default, as many as its slots), up to 64 a claim, oldest
-            /// first. Returns its claims, once every message was settled
-            /// once in effect.
-            async fn claims_with(ahead: Option<usize>) -> Option<u64> {
+            /// first, committing `commit_batch` messages to a transaction.
+            /// Returns its claims, once every message was settled once in
+            /// effect.
+            async fn claims_with(ahead: Option<usize>, commit_batch: usize) -> Option<u64> {
                 let pool = pool().await?;
                 let topic = topic("ahead");
                 let mut coupons = Vec::new();
@@ -71,6 +72,7 @@ macro_rules! relay_tests {
                     .route(topic.clone(), |d, m: Deduct| async move { deduct(d.source(), &m).await })
                     .concurrency(4)
                     .batch_size(64)
+                    .commit_batch(commit_batch)
                     .claim_spread(1)
                     // The claims that find nothing once the table is
                     // drained: one, then one per poll.
@@ -94,13 +96,31 @@ macro_rules! relay_tests {
             async fn claiming_further_ahead_takes_fewer_larger_claims() {
                 let _hooks = hooks::shared().await;
                 // 4 slots, 4 ahead: claims of at most 8.
-                let Some(default) = claims_with(None).await else { return };
+                let Some(default) = claims_with(None, 1).await else { return };
                 // 60 ahead: 64 first, then at least 30 (half of those
                 // ahead) while there is a backlog.
-                let Some(far) = claims_with(Some(60)).await else { return };
+                let Some(far) = claims_with(Some(60), 1).await else { return };
                 eprintln!("claims of 200 messages: {default} claiming 4 ahead, {far} claiming 60 ahead");
                 assert!(default >= 25, "claims of at most 8: {default}");
                 assert!(far <= 10, "claims of 30 or more: {far}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batched_claims_ahead_take_more_than_the_slots() {
+                let _hooks = hooks::shared().await;
+                // Batches of 4 on 4 slots, 60 ahead: claims of 64 (16
+                // groups of 4, each one batch), then at least 30 while the
+                // backlog lasts: 7 claims as a rule (once 10, under load:
+                // a claim that finds fewer than its limit ends the backlog
+                // and the claims after it take the free slots until one
+                // fills again). Far from the control's 50 either way.
+                let Some(far) = claims_with(Some(60), 4).await else { return };
+                // The control, claiming only the free slots: claims of at
+                // most 4, as every batched claim took before.
+                let Some(slots) = claims_with(Some(0), 4).await else { return };
+                eprintln!("batched claims of 200 messages: {far} claiming 60 ahead, {slots} claiming the free slots");
+                assert!(far <= 16, "claims of 30 or more: {far}");
+                assert!(slots >= 50, "claims of at most 4: {slots}");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +128,7 @@ macro_rules! relay_tests {
                 let _hooks = hooks::shared().await;
                 // `usize::MAX` ahead: each claim takes the batch size, and
                 // every message still acts once (asserted inside).
-                let Some(claims) = claims_with(Some(usize::MAX)).await else { return };
+                let Some(claims) = claims_with(Some(usize::MAX), 1).await else { return };
                 assert!(claims <= 10, "claims of 64 and then 32 or more: {claims}");
                 // No claim of more than 64: at least four for 200 messages.
                 assert!(claims >= 4, "a claim took more than the batch size: {claims}");

@@ -45,8 +45,9 @@
 //! in a task on the runtime's workers as the relay's handlers run, claiming
 //! 64 messages at a time; idem's relay, per message, has 4 handlers
 //! (`--sqlite-concurrency`) and claims up to 64 too: 60 ahead of them
-//! (`--sqlite-claim-ahead`, `Relay::claim_ahead`). `--sqlite-only` runs
-//! just these. Each run is
+//! (`--sqlite-claim-ahead`, `Relay::claim_ahead`); batched, one batch at a
+//! time, it claims up to 64 as well (batched 16: four batches, three of
+//! them ahead). `--sqlite-only` runs just these. Each run is
 //! checked in the database (every coupon `USED` with exactly one ledger
 //! row). Printed: msg/s, the ratios to both pgbench runs and to the fastest
 //! peer, CPU µs per message (on SQLite each side's, in its round lines:

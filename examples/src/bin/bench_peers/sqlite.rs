@@ -174,9 +174,12 @@ async fn verify(pool: SqlitePool, n: i64, what: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The most a batched relay claims at once, as the loop claims.
+const BATCHED_CLAIM: usize = 64;
+
 /// Drains `n` messages on a fresh SQLite file through a relay of `c`
 /// handlers claiming `ahead` messages beyond its free slots (per message;
-/// a batched relay claims its batches); the database is checked
+/// a batched relay claims up to [`BATCHED_CLAIM`]); the database is checked
 /// afterwards. Returns messages per second and CPU.
 async fn sqlite_run(n: i64, c: usize, ahead: usize, commits: Commits) -> Result<Drained, BoxError> {
     let dir = Scratch::new("bench-peers-sqlite");
@@ -195,13 +198,16 @@ async fn sqlite_run(n: i64, c: usize, ahead: usize, commits: Commits) -> Result<
         .poll_interval(Duration::from_millis(5));
     let builder = match commits {
         Commits::PerMessage => builder,
-        // One batch at a time: SQLite's write lock serializes them anyway.
+        // One batch at a time (SQLite's write lock serializes them
+        // anyway), claims of up to 64, as the loop's: batched 16 claims
+        // four batches at once, the three beyond its slots ahead.
         Commits::Batched(k) => {
             let k = k as usize;
             builder
                 .commit_batch(k)
                 .concurrency(c.max(k))
-                .batch_size(c.max(k) as u32)
+                .claim_ahead(BATCHED_CLAIM)
+                .batch_size(BATCHED_CLAIM as u32)
         }
     };
     let relay = builder.spawn();
@@ -250,7 +256,7 @@ async fn sqlite_loop(n: i64, commits: Commits) -> Result<Drained, BoxError> {
 /// The loop of [`sqlite_loop`] on one connection of `pool`, `per_tx`
 /// messages to a handlers' transaction, until nothing is left to claim.
 async fn drain_loop(pool: SqlitePool, per_tx: usize) -> Result<(), BoxError> {
-    let limit = per_tx.max(64) as i64;
+    let limit = per_tx.max(BATCHED_CLAIM) as i64;
     let claim = Dialect::Sqlite.claim_sql(1, false).claim;
     let state = Dialect::Sqlite.state_sql("bench_peers_coupon", "id", "status", None);
     let mut conn = pool.acquire().await?;

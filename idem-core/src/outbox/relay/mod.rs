@@ -251,7 +251,9 @@ impl<DB: Backend> Relay<DB> {
     /// the table, where another relay of the same topics could take them,
     /// and that a graceful shutdown runs before it returns. A round never
     /// claims more than [`batch_size`](Relay::batch_size), however large
-    /// `n` is.
+    /// `n` is. With [batched commits](Relay::commit_batch) the messages of
+    /// a claim larger than the slots wait in groups of at most the slots,
+    /// each group delivered in its batches once all its slots are free.
     ///
     /// Worth raising on SQLite: it has one writer, and every claim takes
     /// the write lock from the handlers (`bench_peers`: 4 handlers

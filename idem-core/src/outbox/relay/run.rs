@@ -103,12 +103,6 @@ impl<DB: Backend> Inner<DB> {
                 }
                 continue;
             }
-            // A batched claim takes all its slots at once: never more
-            // than there are.
-            let room = match self.batched() {
-                true => room.min(self.policy.concurrency),
-                false => room,
-            };
             if !self.release_kept().await {
                 // The database is not back yet: no claim until every
                 // outage attempt is given back.
@@ -357,32 +351,55 @@ impl<DB: Backend> Inner<DB> {
             return;
         }
         if self.batched() {
-            // A slot per message, as below.
-            let slots = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-            self.in_flight.claimed(ids.iter().copied());
-            let me = self.clone();
-            let permits = permits.clone();
-            waiting.fetch_add(rows.len(), Ordering::Relaxed);
-            let waiting = waiting.clone();
-            tasks.spawn(async move {
-                let reserved = me
-                    .queued(permits.acquire_many_owned(slots), &owner, &ids)
-                    .await;
-                waiting.fetch_sub(ids.len(), Ordering::Relaxed);
-                let ordered = rows.iter().any(|r| r.ordering_key.is_some());
-                me.deliver_batches(rows, owner).await;
-                me.in_flight.settled(&ids);
-                drop(reserved);
-                if ordered {
-                    me.waking.kick.notify_one();
-                }
-            });
+            // A claim ahead of the free slots can hold more messages than
+            // there are slots: a task per group of at most the slots, each
+            // taking its group's slots at once. (One key never has two
+            // messages in one claim: the groups' order is free.)
+            let slots = self.policy.concurrency.max(1);
+            let mut rows = rows;
+            while !rows.is_empty() {
+                let rest = rows.split_off(rows.len().min(slots));
+                self.spawn_group(tasks, rows, owner.clone(), permits, waiting);
+                rows = rest;
+            }
             return;
         }
         for row in rows {
             self.spawn_one(tasks, row, owner.clone(), permits, waiting);
         }
+    }
+
+    /// Spawns the batched delivery of `rows` (at most the relay's slots)
+    /// in `tasks`, once it has a slot per message (counted in `waiting`
+    /// until then, with their leases renewed while they wait).
+    fn spawn_group(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        rows: Vec<OutboxRow>,
+        owner: Arc<str>,
+        permits: &Arc<Semaphore>,
+        waiting: &Arc<AtomicUsize>,
+    ) {
+        let slots = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        self.in_flight.claimed(ids.iter().copied());
+        let me = self.clone();
+        let permits = permits.clone();
+        waiting.fetch_add(rows.len(), Ordering::Relaxed);
+        let waiting = waiting.clone();
+        tasks.spawn(async move {
+            let reserved = me
+                .queued(permits.acquire_many_owned(slots), &owner, &ids)
+                .await;
+            waiting.fetch_sub(ids.len(), Ordering::Relaxed);
+            let ordered = rows.iter().any(|r| r.ordering_key.is_some());
+            me.deliver_batches(rows, owner).await;
+            me.in_flight.settled(&ids);
+            drop(reserved);
+            if ordered {
+                me.waking.kick.notify_one();
+            }
+        });
     }
 
     /// Spawns the delivery of each of `rows` whose topic has limits (see
@@ -460,9 +477,8 @@ impl<DB: Backend> Inner<DB> {
     }
 
     /// Delivers a read-back claim's messages (counted in `waiting` until
-    /// each has its slot): batched, all at once when their slots are free
-    /// (a batched claim is never larger than the slots); otherwise each as
-    /// soon as it has a slot.
+    /// each has its slot): batched, a group of at most the slots at once
+    /// when their slots are free; otherwise each as soon as it has a slot.
     async fn deliver_claimed(
         self: &Arc<Self>,
         batch: Batch,
