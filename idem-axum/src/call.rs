@@ -26,10 +26,17 @@ impl Idempotency {
     ///    waiting on locks: answered → the stored answer, replayed byte
     ///    for byte (`Idempotent-Replayed: true`); another method, path or
     ///    body → 422; in flight → 409; in flight past its lease → taken
-    ///    over; none → an in-flight row written and committed now, so that
-    ///    a concurrent duplicate sees it (409), never a second effect;
-    /// 3. the handler's transaction, begun with the record locked and
-    ///    fenced by this request's lease.
+    ///    over; none → this request's in-flight row, so that a concurrent
+    ///    duplicate answers 409, never runs a second effect;
+    /// 3. the handler's transaction, the record held by this request.
+    ///
+    /// On PostgreSQL steps 2 and 3 are one: the record is claimed in the
+    /// handler's transaction (one statement, no commit of its own), its
+    /// in-flight row committing with the answer or rolling back with the
+    /// effects; a concurrent duplicate finds the key's transaction lock
+    /// held and answers 409 without waiting. Elsewhere the in-flight row is
+    /// committed first, and the handler's transaction begins with it locked
+    /// and fenced by this request's lease.
     ///
     /// `Err` is the answer to send as it is.
     pub async fn begin<DB: Backend>(
@@ -69,9 +76,18 @@ impl Idempotency {
             key: record_key(&identity, key),
             lease: new_lease(),
             row: ClaimedRow { id: None },
+            in_tx: false,
         };
         let fp = req.fingerprint();
-        held.row = self.claim(pool, &held, key, &fp).await?;
+        if requests::claims_in_transaction(pool) {
+            let mut tx = DB::begin(pool).await.map_err(|e| self.unavailable(&e))?;
+            // An answer sent from here (a replay, 409, 422) drops `tx`: it
+            // rolls back, and nothing of this request stays.
+            held.row = self.claim(Via::Tx(&mut tx), &held, key, &fp).await?;
+            held.in_tx = true;
+            return Ok(RequestCall::new(pool, tx, Some(held), self.clone()));
+        }
+        held.row = self.claim(Via::Pool(pool), &held, key, &fp).await?;
         // From here the key is this request's: a failure, or the request
         // cancelled, frees it (the call's drop).
         let mut call = RequestCall {
@@ -108,91 +124,118 @@ impl Idempotency {
     }
 
     /// Step 2 of [`begin`](Self::begin): `Ok` when this request holds the
-    /// key (its in-flight row committed), with the row it holds.
+    /// key, with the row it holds: its in-flight row committed (`via` the
+    /// pool), or inserted in the handler's transaction (`via` it, on
+    /// PostgreSQL; steps 2 and 3 in one), or an expired lease taken over.
     async fn claim<DB: Backend>(
         &self,
-        pool: &Pool<DB>,
+        mut via: Via<'_, DB>,
         held: &HeldKey,
         key: &IdempotencyKey,
         fp: &str,
     ) -> Result<ClaimedRow, Response> {
         let lease = lease_text(&held.lease);
-        let row = NewRecord {
+        let row = self.record(held, key, fp);
+        let unavailable = |e: sqlx::Error| self.unavailable(&e);
+        // Three rounds: a concurrent insert or take-over can win the first.
+        for _ in 0..3 {
+            let claim = match &mut via {
+                Via::Pool(pool) => Some(
+                    requests::claim(pool, &row, &lease)
+                        .await
+                        .map_err(unavailable)?,
+                ),
+                Via::Tx(tx) => requests::claim_in(tx, &row, &lease)
+                    .await
+                    .map_err(unavailable)?,
+            };
+            let found = match claim {
+                Some(Claim::Claimed(claimed)) => return Ok(claimed),
+                Some(Claim::Found(found)) => found,
+                // A concurrent request of the key holds it (in its
+                // transaction, not committed yet).
+                Some(Claim::Busy) => return Err(self.in_flight()),
+                // A request of the key committed in between: the next
+                // round finds its row.
+                Some(_) => continue,
+                None => {
+                    return Err(self.problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Internal error",
+                        "this database has no claim in the handler's transaction".into(),
+                    ));
+                }
+            };
+            let old = self.judge(found, fp)?;
+            // The request that held it died (or stalls past its lease
+            // before its transaction began): take it over. A row its
+            // handler's transaction still holds (alive, slower than its
+            // lease) is not waited for: `None`, and after the rounds 409
+            // (on SQLite the take-over waits for the write lock, as every
+            // writer does).
+            let (key, scope, secs) = (&held.key, self.scope, self.lease_secs());
+            let taken = match &mut via {
+                Via::Pool(pool) => requests::take_over(pool, key, scope, &old, &lease, secs).await,
+                Via::Tx(tx) => requests::take_over_in(tx, key, scope, &old, &lease, secs).await,
+            };
+            if let Some(claimed) = taken.map_err(unavailable)? {
+                return Ok(claimed);
+            }
+        }
+        Err(self.in_flight())
+    }
+
+    /// The in-flight row of `held`.
+    fn record<'a>(&self, held: &'a HeldKey, key: &'a IdempotencyKey, fp: &'a str) -> NewRecord<'a> {
+        NewRecord {
             key: &held.key,
             biz_type: self.scope,
             biz_no: key.as_str(),
             fingerprint: fp,
             ttl_secs: self.lease_secs(),
-        };
-        // Two rounds: a concurrent insert or take-over can win the first.
-        for _ in 0..3 {
-            let found = requests::claim(pool, &row, &lease)
-                .await
-                .map_err(|e| self.unavailable(&e))?;
-            let Found {
-                fingerprint: stored_fp,
-                result,
-                expired,
-                ..
-            } = match found {
-                Claim::Claimed(claimed) => return Ok(claimed),
-                Claim::Found(found) => found,
-                _ => continue,
-            };
-            if stored_fp != fp {
-                return Err(self.problem(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "Idempotency-Key is already used",
-                    "this key was used with another request (method, path or body); \
-                     use a new key for a new request"
-                        .into(),
-                ));
-            }
-            match Held::of(result.as_deref()) {
-                Held::Answer(stored) => {
-                    return Err(stored.replay().unwrap_or_else(|| {
-                        self.problem(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "Internal error",
-                            "the stored answer of this key cannot be read".into(),
-                        )
-                    }));
-                }
-                Held::Lease(_) if !expired => return Err(self.in_flight()),
-                Held::Lease(old) => {
-                    // The request that held it died (or stalls past its
-                    // lease before its transaction began): take it over.
-                    // A row its handler's transaction still holds (alive,
-                    // slower than its lease) is not waited for: false, and
-                    // after the rounds 409 (on SQLite the take-over waits
-                    // for the write lock, as every writer does).
-                    if let Some(claimed) = requests::take_over(
-                        pool,
-                        &held.key,
-                        self.scope,
-                        &lease_text(&old),
-                        &lease,
-                        self.lease_secs(),
-                    )
-                    .await
-                    .map_err(|e| self.unavailable(&e))?
-                    {
-                        return Ok(claimed);
-                    }
-                }
-                Held::Foreign => {
-                    return Err(self.problem(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "Internal error",
-                        format!(
-                            "scope `{}` holds records that are not HTTP answers",
-                            self.scope
-                        ),
-                    ));
-                }
-            }
         }
-        Err(self.in_flight())
+    }
+
+    /// What the row a claim found means for this request: `Err` the answer
+    /// to send (the stored answer replayed, 409, 422, 500), `Ok` its
+    /// expired lease, to take over.
+    // `Err` is the answer to send, as from `begin`: moved once, to the client.
+    #[allow(clippy::result_large_err)]
+    fn judge(&self, found: Found, fp: &str) -> Result<String, Response> {
+        let Found {
+            fingerprint: stored_fp,
+            result,
+            expired,
+            ..
+        } = found;
+        if stored_fp != fp {
+            return Err(self.problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Idempotency-Key is already used",
+                "this key was used with another request (method, path or body); \
+                 use a new key for a new request"
+                    .into(),
+            ));
+        }
+        match Held::of(result.as_deref()) {
+            Held::Answer(stored) => Err(stored.replay().unwrap_or_else(|| {
+                self.problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal error",
+                    "the stored answer of this key cannot be read".into(),
+                )
+            })),
+            Held::Lease(_) if !expired => Err(self.in_flight()),
+            Held::Lease(old) => Ok(lease_text(&old)),
+            Held::Foreign => Err(self.problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal error",
+                format!(
+                    "scope `{}` holds records that are not HTTP answers",
+                    self.scope
+                ),
+            )),
+        }
     }
 
     async fn release<DB: Backend>(
@@ -202,6 +245,13 @@ impl Idempotency {
     ) -> Result<bool, sqlx::Error> {
         requests::release(pool, &held.key, self.scope, &lease_text(&held.lease)).await
     }
+}
+
+/// Where a request claims its key: on the pool, committed before the
+/// handler's transaction, or in that transaction.
+enum Via<'a, DB: Backend> {
+    Pool(&'a Pool<DB>),
+    Tx(&'a mut sqlx::Transaction<'static, DB>),
 }
 
 /// A lease token unique to this process and moment.
@@ -224,6 +274,9 @@ struct HeldKey {
     lease: String,
     /// The claimed row, once claimed.
     row: ClaimedRow,
+    /// Claimed in the handler's transaction: the in-flight row goes with
+    /// it (nothing to release).
+    in_tx: bool,
 }
 
 /// A request that holds its key: the handler's transaction is open, the
@@ -366,6 +419,7 @@ impl<DB: Backend> RequestCall<DB> {
 /// its parts, not of the call: the call's future then needs no `Sync`.)
 async fn free<DB: Backend>(pool: &Pool<DB>, policy: &Idempotency, held: Option<HeldKey>) {
     if let Some(h) = held
+        && !h.in_tx
         && let Err(e) = policy.release(pool, &h).await
     {
         tracing::warn!(scope = policy.scope, error = %format_args!("{e:#}"),
@@ -380,6 +434,7 @@ impl<DB: Backend> Drop for RequestCall<DB> {
         // in the background, or its lease frees it.
         drop(self.tx.take());
         if let Some(held) = self.held.take()
+            && !held.in_tx
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             let (pool, policy) = (self.pool.clone(), self.policy.clone());

@@ -42,8 +42,10 @@
 //! 2. the key: missing or malformed → 400;
 //! 3. the caller: none → 401;
 //! 4. the record of `(caller, key)`: answered → replayed; another request
-//!    under it → 422; in flight → 409; none → the in-flight row committed;
-//! 5. the handler's transaction begun, the record locked;
+//!    under it → 422; in flight → 409; none → the in-flight row written;
+//! 5. the handler's transaction begun, the record held (on PostgreSQL 4
+//!    and 5 are one: the handler's transaction begins first and claims the
+//!    key in one statement);
 //! 6. the handler's extractors (`Json<T>`, [`RequestTx`]…), on the body
 //!    read in 1: their rejections are answers like any other;
 //! 7. the handler: its effects in the request's transaction;
@@ -55,17 +57,32 @@
 //! |---|---|
 //! | header missing (a required key) | 400 |
 //! | header malformed, repeated, over [`MAX_IDEMPOTENCY_KEY_LEN`] bytes, not printable ASCII | 400 |
-//! | none | the handler runs: the in-flight row is committed first, then the effects, the answer and the row's completion in one transaction |
+//! | none | the handler runs: the in-flight row, the effects, the answer and the row's completion in one transaction (PostgreSQL); elsewhere the in-flight row is committed first |
 //! | answered, same method, target and body | the stored status, headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | answered or in flight, another method, target or body | 422 |
 //! | in flight | 409 (the draft's choice: the client retries later, nothing waits on the server) |
-//! | in flight past its lease (the process that ran it died) | taken over: the handler runs |
+//! | in flight past its lease (the process that ran it died; on PostgreSQL only a row another protocol version left) | taken over: the handler runs |
 //! | in flight past its lease, its handler still running (slower than the lease) | 409: its transaction holds the row, and a retry does not wait for it |
 //!
 //! Two identical requests at the same moment: the in-flight row's insert
-//! is atomic, one of them writes it and runs, the other reads it and gets
-//! 409. The handler's transaction locks the row and is fenced by the
-//! request's lease: a request whose lease was taken over cannot commit.
+//! is atomic, one of them writes it and runs, the other gets 409.
+//!
+//! On PostgreSQL the claim is a statement of the handler's transaction:
+//! the in-flight row is inserted uncommitted, under the key's
+//! transaction-scoped advisory lock, tried and never waited for. A
+//! concurrent duplicate finds no row and the lock held, and answers 409 at
+//! once (an insert of the key would wait for the handler's transaction).
+//! The row commits with the answer or rolls back with the effects, so a
+//! request that fails, is cancelled or dies with its process leaves nothing
+//! behind: its retry runs at once, and there is no lease to wait out. A new
+//! key costs one statement more than the handler's own and no commit of
+//! its own.
+//!
+//! Elsewhere the in-flight row is committed before the handler, which a
+//! concurrent duplicate reads (409); the handler's transaction locks the
+//! row and is fenced by the request's lease: a request whose lease was
+//! taken over cannot commit; a request that dies leaves its row until its
+//! lease runs out.
 //! Errors are problem details (`application/problem+json`) and link the
 //! policy's documentation when the policy names one
 //! ([`Idempotency::policy`]): the draft asks the server to publish how long
@@ -76,17 +93,19 @@
 //!
 //! ## Connections: the pool against retries
 //!
-//! A request holds one connection of the pool at a time: a few statements
-//! in autocommit to read and claim its key (step 4), then its handler's
-//! transaction for as long as the handler runs (5 to 8). The handlers
+//! A request holds one connection of the pool at a time: its handler's
+//! transaction for as long as the handler runs (5 to 8), and elsewhere than
+//! on PostgreSQL a few statements in autocommit before it to read and claim
+//! its key (step 4). The handlers
 //! running at once are what the pool must hold, plus headroom for the
 //! claims: a pool of `n` runs `n - 1` handlers at once and still has a
 //! connection to answer replays, 409s and 422s (a new key's handler waits
 //! for a connection to come back).
 //!
 //! Retries of a key whose request is in flight cost a connection for a few
-//! milliseconds each and never wait on the server: they read the record
-//! without locking it and answer 409. Past the lease, the take-over first
+//! milliseconds each and never wait on the server: on PostgreSQL they find
+//! the key's lock held, elsewhere they read the record without locking it,
+//! and answer 409. Past the lease (elsewhere than on PostgreSQL), the take-over first
 //! locks the row with `FOR UPDATE SKIP LOCKED` (PostgreSQL, MariaDB 10.6+,
 //! MySQL 8.0) in a transaction of its own: a row that a running handler's
 //! transaction holds is skipped, and the retry answers 409 at once, where

@@ -22,7 +22,7 @@ type IdentityFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 /// | scope | — | the record's `biz_type`: 1 to 64 bytes of `[A-Za-z0-9_.-]`; keys of two scopes never meet |
 /// | identity | — | the caller a key belongs to, from the request's head (an API key, an account id); `None` answers 401 |
 /// | [`ttl`](Self::ttl) | 24 h | how long after the answer the key is remembered; after that the same key is a new request |
-/// | [`lease`](Self::lease) | 60 s | how long a request that died in flight (its process crashed) blocks its key with 409 |
+/// | [`lease`](Self::lease) | 60 s | how long a request that died in flight (its process crashed) blocks its key with 409; on PostgreSQL nothing of it stays |
 /// | [`optional`](Self::optional) | required | a request without the header is 400, or, optional, runs without a record |
 /// | [`policy`](Self::policy) | none | the URL documenting this policy: problem `type` and `Link: <…>; rel="describedby"` |
 /// | [`max_answer`](Self::max_answer) | 1 MiB | the largest answer body kept for replays |
@@ -95,7 +95,10 @@ impl Idempotency {
     /// How long a request in flight holds its key before another request
     /// with that key may take it over (a crash mid-request must not block
     /// the key forever). While the handler's transaction is open the key
-    /// stays held whatever its age: that transaction locks the record.
+    /// stays held whatever its age: that transaction locks the record. On
+    /// PostgreSQL, which claims the key in the handler's transaction, a
+    /// request that died leaves no row to take over; the lease only bounds
+    /// rows that a process claiming before its transaction left.
     ///
     /// # Panics
     /// Outside 1 s ..= 1 day.

@@ -4,7 +4,23 @@
 //!
 //! A request's row is the record `(key, scope)`; while the request runs its
 //! `result` column holds the in-flight lease that claimed it, and once it is
-//! answered, the stored answer. The protocol, per request:
+//! answered, the stored answer. The protocol, per request, comes in two
+//! forms.
+//!
+//! **In the handler's transaction**, where the database has it
+//! ([`claims_in_transaction`]: PostgreSQL):
+//!
+//! 1. Begin the handler's transaction ([`Backend::begin`]) and
+//!    [`claim_in`] it: [`Claim::Claimed`], the in-flight row is inserted
+//!    in this transaction (no other sees it until it commits);
+//!    [`Claim::Busy`], a concurrent request of the key holds it (answer
+//!    409); [`Claim::Found`], as below ([`take_over_in`] for an expired
+//!    lease); [`Claim::Raced`], claim again.
+//! 2. Run the handler, [`complete`] the row with the answer, commit. A
+//!    request that ends without an answer to keep rolls back, and nothing
+//!    of it stays: no release, and no lease for a crash to leave behind.
+//!
+//! **Before the handler's transaction** (every database):
 //!
 //! 1. [`find`] the row. None: [`insert`] it with a fresh lease (`None` back:
 //!    a concurrent request of the same key won; answer 409). Found with an
@@ -74,6 +90,9 @@ pub enum Claim {
     /// Neither: a concurrent insert of the key committed in between; claim
     /// again to find it.
     Raced,
+    /// [`claim_in`] only: no row, and a concurrent request of the key holds
+    /// it (its in-flight row is not committed yet): answer 409.
+    Busy,
 }
 
 /// Step 1 of the protocol in one call: [`insert`] the in-flight row of
@@ -99,6 +118,55 @@ pub async fn claim<DB: Backend>(
     })
 }
 
+/// Whether [`claim_in`] claims in the handler's transaction on `pool`'s
+/// database (PostgreSQL); where it does not, [`claim`] before it.
+pub fn claims_in_transaction<DB: Backend>(pool: &Pool<DB>) -> bool {
+    DB::dialect_of_pool(pool).requests().claim_in.is_some()
+}
+
+/// Step 1 of the protocol in the handler's transaction `tx`, in one
+/// statement: the row [`find`] reads, or where there is none, the in-flight
+/// row of `row` held by `lease`, inserted in `tx` ([`Claim::Claimed`]: it
+/// commits with the answer, or rolls back with the effects). A concurrent
+/// request of the key, whose own row is not committed yet, is
+/// [`Claim::Busy`] at once, never waited for. `None` where the database has
+/// no such claim ([`claims_in_transaction`] is false): nothing was run.
+///
+/// After [`Claim::Found`] or [`Claim::Raced`], `tx` stays usable: claim
+/// again, or [`take_over_in`] it.
+pub async fn claim_in<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    row: &NewRecord<'_>,
+    lease: &str,
+) -> Result<Option<Claim>, sqlx::Error> {
+    Ok(DB::request_claim_in(tx, row, lease)
+        .await?
+        .map(|c| match c {
+            Ok(claimed) => Claim::Claimed(claimed),
+            Err((_, Some((fingerprint, result, expired)))) => Claim::Found(Found {
+                fingerprint,
+                result,
+                expired,
+            }),
+            Err((true, None)) => Claim::Busy,
+            Err((false, None)) => Claim::Raced,
+        }))
+}
+
+/// [`take_over`] in the handler's transaction `tx`, after [`claim_in`]
+/// found an expired lease: the row stays locked until `tx` ends, and
+/// reverts to the expired lease if it rolls back.
+pub async fn take_over_in<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    key: &str,
+    scope: &str,
+    old: &str,
+    lease: &str,
+    lease_secs: i64,
+) -> Result<Option<ClaimedRow>, sqlx::Error> {
+    DB::request_take_over_in(tx, key, scope, old, lease, lease_secs).await
+}
+
 /// Replaces the expired lease `old` by `lease` for `lease_secs`: `Some` if
 /// it did; `None` when another transaction holds the row (never waits for
 /// it) or the lease changed.
@@ -110,7 +178,14 @@ pub async fn take_over<DB: Backend>(
     lease: &str,
     lease_secs: i64,
 ) -> Result<Option<ClaimedRow>, sqlx::Error> {
-    DB::request_take_over(pool, key, scope, old, lease, lease_secs).await
+    // In a transaction of its own.
+    let mut tx = DB::begin(pool).await?;
+    let taken = take_over_in(&mut tx, key, scope, old, lease, lease_secs).await?;
+    match taken {
+        Some(_) => tx.commit().await?,
+        None => tx.rollback().await?,
+    }
+    Ok(taken)
 }
 
 /// In the handler's transaction: the row, still held by `lease`, locked

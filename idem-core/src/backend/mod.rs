@@ -259,11 +259,32 @@ pub trait RequestStore: Database {
     > + Send
     + 'a;
 
-    /// Replaces the expired lease `old` by `lease`; `Some` if it did. Never
-    /// waits on a row lock (where there are row locks): `None` when another
-    /// transaction holds the row.
-    fn request_take_over<'a>(
-        pool: &'a Pool<Self>,
+    /// The claim in the handler's transaction `tx`, where the dialect has
+    /// one (`None` where it has not: [`request_claim`](Self::request_claim)
+    /// before the transaction). `Ok(row)` if this call inserted the
+    /// in-flight row (uncommitted, the key's transaction lock held); else
+    /// `Err` of `(busy, row found)`: `busy` when there is no row and
+    /// another transaction holds the key's lock, neither busy nor a row
+    /// when a concurrent request committed the key in between.
+    #[allow(clippy::type_complexity)]
+    fn request_claim_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        row: &'a NewRecord<'a>,
+        lease: &'a str,
+    ) -> impl Future<
+        Output = Result<
+            Option<Result<ClaimedRow, (bool, Option<(String, Option<String>, bool)>)>>,
+            sqlx::Error,
+        >,
+    > + Send
+    + 'a;
+
+    /// Replaces the expired lease `old` by `lease` in `tx`; `Some` if it
+    /// did. Never waits on a row lock (where there are row locks): `None`
+    /// when another transaction holds the row. The row stays locked until
+    /// `tx` ends, as after [`request_fence`](Self::request_fence).
+    fn request_take_over_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
         key: &'a str,
         biz_type: &'a str,
         old: &'a str,

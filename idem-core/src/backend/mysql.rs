@@ -259,6 +259,7 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
         VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND))",
     claim: None,
+    claim_in: None,
     take_over: "UPDATE idem_record SET result = ?, \
         expire_time = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? SECOND) \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ? \

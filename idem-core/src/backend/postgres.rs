@@ -283,6 +283,37 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         SELECT CAST((SELECT COUNT(*) FROM idem_claim) AS BIGINT), f.fingerprint, f.result, \
         f.expired FROM (SELECT 1) AS one LEFT JOIN idem_found f ON true",
     ),
+    // The claim in the handler's transaction, which the layer uses here:
+    // one statement for a new key and a replay alike, and no commit of its
+    // own. The row found is returned as it is (an answer replayed, a
+    // lease answered 409 or taken over). Where there is none, the key's
+    // transaction-scoped advisory lock is tried (never waited for) and,
+    // held, the in-flight row inserted: invisible to every other
+    // transaction until the answer commits with it, so that a crash or a
+    // rollback leaves nothing behind. A concurrent duplicate finds no row
+    // and the lock held: `busy` (409), without waiting for the handler,
+    // as an insert of the key would. The lock is the guard against
+    // waiting only; the unique key stays the guard against a second row:
+    // a request that committed the key between this statement's snapshot
+    // and its lock makes the insert do nothing (`claimed` 0, not busy: the
+    // caller claims again and finds it), and two keys whose lock ids
+    // collide (64 bits of a hash) at worst answer 409 to a retry.
+    claim_in: Some(
+        "WITH idem_found AS (SELECT fingerprint::text AS fingerprint, result, \
+        CAST(CASE WHEN expire_time < now() THEN 1 ELSE 0 END AS BIGINT) AS expired \
+        FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2), \
+        idem_lock AS (SELECT pg_try_advisory_xact_lock(\
+        hashtextextended(length($2) || ':' || $2 || $1, 4243)) AS got \
+        WHERE NOT EXISTS (SELECT 1 FROM idem_found)), \
+        idem_claim AS (INSERT INTO idem_record \
+        (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+        SELECT $1, $2, $3, $4, $5, now(), now() + make_interval(secs => $6::float8) \
+        FROM idem_lock WHERE got \
+        ON CONFLICT (idempotency_key, biz_type) DO NOTHING RETURNING 1) \
+        SELECT CAST((SELECT COUNT(*) FROM idem_claim) AS BIGINT), \
+        CAST(CASE WHEN (SELECT got FROM idem_lock) IS FALSE THEN 1 ELSE 0 END AS BIGINT), \
+        f.fingerprint, f.result, f.expired FROM (SELECT 1) AS one LEFT JOIN idem_found f ON true",
+    ),
     take_over: "UPDATE idem_record SET result = $1, \
         expire_time = now() + make_interval(secs => $2::float8) \
         WHERE idempotency_key = $3 AND biz_type = $4 AND result = $5 AND expire_time < now()",

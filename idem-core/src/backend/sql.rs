@@ -393,6 +393,14 @@ pub(crate) struct RequestSql {
     /// [`insert`]: Self::insert
     /// [`find`]: Self::find
     pub claim: Option<&'static str>,
+    /// `key, biz_type, biz_no, fingerprint, lease, lease_secs` →
+    /// `claimed (0/1), busy (0/1), fingerprint, result, expired (0/1)`: the
+    /// claim in the handler's transaction (see `postgres::REQUESTS`): the
+    /// row found, or where there is none, the key's transaction lock tried
+    /// (`busy`: another transaction holds it) and the in-flight row
+    /// inserted, uncommitted until the answer commits with it. `None`: the
+    /// claim commits on its own, before the handler's transaction.
+    pub claim_in: Option<&'static str>,
     /// `lease, lease_secs, key, biz_type, old_lease`: takes over an
     /// in-flight row whose lease ran out, in a transaction of its own after
     /// [`lock`](Self::lock).

@@ -143,6 +143,7 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
         strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds')) \
         ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
     claim: None,
+    claim_in: None,
     take_over: "UPDATE idem_record SET result = ?, \
         expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ? || ' seconds') \
         WHERE idempotency_key = ? AND biz_type = ? AND result = ? \

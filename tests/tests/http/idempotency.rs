@@ -8,7 +8,8 @@
 //! key is taken over; retries of a key whose slow handler outlived its lease
 //! answer 409 without taking the pool from other requests; a route whose key
 //! is optional runs keyless requests without a record. Effects are counted
-//! in each test's own table.
+//! in each test's own table. On PostgreSQL, the claim in the handler's
+//! transaction (`requests::claim_in`) is tested on its own too.
 
 use crate::common::http;
 
@@ -250,12 +251,16 @@ macro_rules! backend_tests {
                 /// records' unique index (which leads with the key).
                 async fn key_sorting_right_before(&self, held: &str) -> String {
                     let held_record = record_key("caller-1", held);
-                    let stored: String = sqlx::query_scalar(sql($dialect, "SELECT idempotency_key FROM idem_record WHERE biz_type = ?"))
+                    let stored: Option<String> = sqlx::query_scalar(sql($dialect, "SELECT idempotency_key FROM idem_record WHERE biz_type = ?"))
                         .bind(self.scope)
-                        .fetch_one(&self.pool)
+                        .fetch_optional(&self.pool)
                         .await
                         .expect("the held key's record");
-                    assert_eq!(stored, held_record, "the records' key derivation changed: update record_key here");
+                    match stored {
+                        Some(stored) => assert_eq!(stored, held_record, "the records' key derivation changed: update record_key here"),
+                        // PostgreSQL: the in-flight row is not committed.
+                        None => assert_eq!($dialect, Dialect::Postgres, "the held key has no record"),
+                    }
                     let before: Option<String> = sqlx::query_scalar(sql(
                         $dialect,
                         "SELECT MAX(idempotency_key) FROM idem_record WHERE idempotency_key < ?",
@@ -409,6 +414,10 @@ macro_rules! backend_tests {
                 let (status, _, body) = answer(f.post(Some(&k), "{}").send().await.unwrap()).await;
                 assert_eq!(status, 409, "{body}");
                 assert_eq!(f.effects().await, 0);
+                // PostgreSQL claims in the handler's transaction: the
+                // in-flight row is not committed; elsewhere it is.
+                let in_flight = if $dialect == Dialect::Postgres { 0 } else { 1 };
+                assert_eq!(f.records().await, in_flight);
                 f.gate.release();
                 let (status, replayed, body) = answer(first.await.unwrap().unwrap()).await;
                 assert_eq!((status, replayed), (201, false), "{body}");
@@ -1026,5 +1035,271 @@ mod postgres_claim {
         .unwrap();
         assert!(matches!(found, Claim::Found(_)), "{found:?}");
         tx.rollback().await.unwrap();
+    }
+}
+
+/// `requests::claim_in` on PostgreSQL, the claim in the handler's
+/// transaction: a concurrent duplicate is busy at once (the control: the
+/// same insert without the key's lock waits for the handler), nothing of a
+/// rolled-back request stays, a request of the key committed meanwhile is
+/// raced then found, an expired lease is taken over in the transaction.
+mod postgres_claim_in {
+    use idem_runtime::requests::{self, Claim, ClaimedRow, NewRecord};
+    use idem_testkit::unique;
+    use sqlx::PgPool;
+    use std::time::Duration;
+
+    const SCOPE: &str = "http-claim-in-test";
+    /// A guard against hanging, not a time asserted.
+    const GUARD: Duration = Duration::from_secs(20);
+
+    fn record<'a>(key: &'a str, fp: &'a str) -> NewRecord<'a> {
+        NewRecord {
+            key,
+            biz_type: SCOPE,
+            biz_no: key,
+            fingerprint: fp,
+            ttl_secs: 60,
+        }
+    }
+
+    /// The committed rows of `key`, as every other transaction sees them.
+    async fn committed(pool: &PgPool, key: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT result FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2",
+        )
+        .bind(key)
+        .bind(SCOPE)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+
+    /// The server process of `tx`'s connection.
+    async fn pid(tx: &mut sqlx::Transaction<'static, sqlx::Postgres>) -> i32 {
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until a session waits for a lock that `blocker` holds: a
+    /// wait observed, never a time assumed.
+    async fn blocked_by(pool: &PgPool, blocker: i32) {
+        tokio::time::timeout(GUARD, async {
+            loop {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                )
+                .bind(blocker)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                if n > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no session waited for {blocker}'s locks"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_is_busy_at_once_and_the_key_commits_with_its_answer() {
+        let Some(pool) = idem_testkit::postgres(4).await else {
+            return;
+        };
+        assert!(requests::claims_in_transaction(&pool));
+        let key = unique("claim-in");
+        let mut first = pool.begin().await.unwrap();
+        let first_pid = pid(&mut first).await;
+        let claimed = requests::claim_in(&mut first, &record(&key, "fp"), "lease-1")
+            .await
+            .unwrap();
+        assert!(matches!(claimed, Some(Claim::Claimed(_))), "{claimed:?}");
+        // Uncommitted: no other transaction sees the in-flight row.
+        assert!(committed(&pool, &key).await.is_empty());
+
+        // A duplicate meanwhile: busy, without waiting for the first.
+        let mut dup = pool.begin().await.unwrap();
+        let busy = tokio::time::timeout(
+            GUARD,
+            requests::claim_in(&mut dup, &record(&key, "fp"), "lease-2"),
+        )
+        .await
+        .expect("the duplicate waited for the first request")
+        .unwrap();
+        assert!(matches!(busy, Some(Claim::Busy)), "{busy:?}");
+        dup.rollback().await.unwrap();
+
+        // The control: the same insert without the key's lock waits for
+        // the first request's transaction (what the lock spares).
+        let blocked = tokio::spawn({
+            let (pool, key) = (pool.clone(), key.clone());
+            async move {
+                sqlx::query(
+                    "INSERT INTO idem_record \
+                     (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+                     VALUES ($1, $2, $1, 'fp', 'x', now(), now() + interval '1 hour') \
+                     ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
+                )
+                .bind(&key)
+                .bind(SCOPE)
+                .execute(&pool)
+                .await
+                .unwrap()
+                .rows_affected()
+            }
+        });
+        blocked_by(&pool, first_pid).await;
+
+        let done = requests::complete(
+            &mut first,
+            ClaimedRow { id: None },
+            &key,
+            SCOPE,
+            "lease-1",
+            "answer",
+            60,
+        )
+        .await
+        .unwrap();
+        assert!(done);
+        first.commit().await.unwrap();
+        assert_eq!(
+            blocked.await.unwrap(),
+            0,
+            "the control inserted a second row"
+        );
+        assert_eq!(committed(&pool, &key).await, ["answer"]);
+
+        // After the commit: the answer is found (the lock was released).
+        let mut again = pool.begin().await.unwrap();
+        match requests::claim_in(&mut again, &record(&key, "fp"), "lease-3")
+            .await
+            .unwrap()
+        {
+            Some(Claim::Found(found)) => {
+                assert_eq!(
+                    (found.fingerprint.as_str(), found.result.as_deref()),
+                    ("fp", Some("answer"))
+                );
+            }
+            other => panic!("a claim after the answer: {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rolled_back_or_dropped_claim_leaves_nothing() {
+        let Some(pool) = idem_testkit::postgres(3).await else {
+            return;
+        };
+        let key = unique("claim-in-drop");
+        for end in ["rollback", "drop"] {
+            let mut tx = pool.begin().await.unwrap();
+            let c = requests::claim_in(&mut tx, &record(&key, "fp"), end)
+                .await
+                .unwrap();
+            assert!(matches!(c, Some(Claim::Claimed(_))), "{end}: {c:?}");
+            match end {
+                "rollback" => tx.rollback().await.unwrap(),
+                _ => drop(tx),
+            }
+            assert!(committed(&pool, &key).await.is_empty(), "{end}");
+        }
+        // The key is free: claimed again, not busy (the lock went too).
+        let mut tx = pool.begin().await.unwrap();
+        let c = requests::claim_in(&mut tx, &record(&key, "fp"), "last")
+            .await
+            .unwrap();
+        assert!(matches!(c, Some(Claim::Claimed(_))), "{c:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_committed_by_a_request_without_the_lock_is_raced_then_found() {
+        // A request of a process that claims before its transaction (the
+        // other protocol, as in a rolling upgrade), committing the key
+        // while this claim's insert waits for it.
+        let Some(pool) = idem_testkit::postgres(3).await else {
+            return;
+        };
+        let key = unique("claim-in-race");
+        let mut other = pool.begin().await.unwrap();
+        let other_pid = pid(&mut other).await;
+        sqlx::query(
+            "INSERT INTO idem_record \
+             (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
+             VALUES ($1, $2, $1, 'fp', 'answer', now(), now() + interval '1 hour')",
+        )
+        .bind(&key)
+        .bind(SCOPE)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+        let claim = tokio::spawn({
+            let (pool, key) = (pool.clone(), key.clone());
+            async move {
+                let mut tx = pool.begin().await.unwrap();
+                let first = requests::claim_in(&mut tx, &record(&key, "fp"), "mine")
+                    .await
+                    .unwrap();
+                let second = requests::claim_in(&mut tx, &record(&key, "fp"), "mine")
+                    .await
+                    .unwrap();
+                (first, second)
+            }
+        });
+        blocked_by(&pool, other_pid).await;
+        other.commit().await.unwrap();
+        let (first, second) = claim.await.unwrap();
+        assert!(matches!(first, Some(Claim::Raced)), "{first:?}");
+        match second {
+            Some(Claim::Found(found)) => assert_eq!(found.result.as_deref(), Some("answer")),
+            other => panic!("the second claim: {other:?}"),
+        }
+        assert_eq!(committed(&pool, &key).await, ["answer"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_lease_is_taken_over_in_the_transaction() {
+        let Some(pool) = idem_testkit::postgres(3).await else {
+            return;
+        };
+        let key = unique("claim-in-expired");
+        // What a request of the other protocol that died leaves.
+        let c = requests::claim(&pool, &record(&key, "fp"), "dead")
+            .await
+            .unwrap();
+        assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
+        sqlx::query("UPDATE idem_record SET create_time = now() - interval '2 minutes', expire_time = now() - interval '1 minute' WHERE idempotency_key = $1")
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        match requests::claim_in(&mut tx, &record(&key, "fp"), "mine")
+            .await
+            .unwrap()
+        {
+            Some(Claim::Found(found)) => assert!(found.expired, "{found:?}"),
+            other => panic!("a claim of an expired lease: {other:?}"),
+        }
+        let taken = requests::take_over_in(&mut tx, &key, SCOPE, "dead", "mine", 60)
+            .await
+            .unwrap();
+        assert!(taken.is_some());
+        // Held by this transaction: a take-over elsewhere skips it at once.
+        let elsewhere = tokio::time::timeout(
+            GUARD,
+            requests::take_over(&pool, &key, SCOPE, "dead", "theirs", 60),
+        )
+        .await
+        .expect("the take-over waited for the transaction")
+        .unwrap();
+        assert!(elsewhere.is_none());
+        // Rolled back: the expired lease again, for the next request.
+        tx.rollback().await.unwrap();
+        assert_eq!(committed(&pool, &key).await, ["dead"]);
     }
 }

@@ -2,8 +2,24 @@
 
 use super::super::types::{ClaimedRow, NewRecord};
 use super::super::{RequestStore, sealed::Sealed};
-use super::{begin, persist, stmt};
+use super::{persist, stmt};
 use sqlx::{Database, Pool, Transaction};
+
+/// `query` bound for an in-flight row: `key, biz_type, biz_no,
+/// fingerprint, lease, lease_secs`, the order of `RequestSql`'s `insert`,
+/// `claim` and `claim_in`.
+macro_rules! in_flight {
+    ($query:expr, $row:expr, $lease:expr) => {
+        $query
+            .persistent(persist())
+            .bind($row.key)
+            .bind($row.biz_type)
+            .bind($row.biz_no)
+            .bind($row.fingerprint)
+            .bind($lease)
+            .bind($row.ttl_secs)
+    };
+}
 
 for_every_backend! {
 impl RequestStore for DB {
@@ -28,14 +44,7 @@ impl RequestStore for DB {
         lease: &'a str,
     ) -> Result<Option<ClaimedRow>, sqlx::Error> {
         let sql = DB::dialect_of_pool(pool).requests();
-        let q = sqlx::query(stmt(sql.insert))
-            .persistent(persist())
-            .bind(row.key)
-            .bind(row.biz_type)
-            .bind(row.biz_no)
-            .bind(row.fingerprint)
-            .bind(lease)
-            .bind(row.ttl_secs);
+        let q = in_flight!(sqlx::query(stmt(sql.insert)), row, lease);
         let done = on_pool!(pool, |conn| q.execute(conn))?;
         if DB::rows_affected(&done) != 1 {
             return Ok(None);
@@ -59,14 +68,8 @@ impl RequestStore for DB {
             }
             return Ok(DB::request_insert(pool, row, lease).await?.ok_or(None));
         };
-        let q = sqlx::query_as::<_, (i64, Option<String>, Option<String>, Option<i64>)>(stmt(claim))
-            .persistent(persist())
-            .bind(row.key)
-            .bind(row.biz_type)
-            .bind(row.biz_no)
-            .bind(row.fingerprint)
-            .bind(lease)
-            .bind(row.ttl_secs);
+        type Answer = (i64, Option<String>, Option<String>, Option<i64>);
+        let q = in_flight!(sqlx::query_as::<_, Answer>(stmt(claim)), row, lease);
         let (claimed, fingerprint, result, expired) = on_pool!(pool, |conn| q.fetch_one(conn))?;
         Ok(match (claimed, fingerprint) {
             // A dialect with a one-statement claim fences by key (no ids).
@@ -77,30 +80,48 @@ impl RequestStore for DB {
         })
     }
 
-    async fn request_take_over<'a>(
-        pool: &'a Pool<Self>,
+    async fn request_claim_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        row: &'a NewRecord<'a>,
+        lease: &'a str,
+    ) -> Result<Option<Result<ClaimedRow, (bool, Option<(String, Option<String>, bool)>)>>, sqlx::Error> {
+        let sql = DB::dialect_of_tx(tx).requests();
+        let Some(claim) = sql.claim_in else {
+            return Ok(None);
+        };
+        type Answer = (i64, i64, Option<String>, Option<String>, Option<i64>);
+        let q = in_flight!(sqlx::query_as::<_, Answer>(stmt(claim)), row, lease);
+        let (claimed, busy, fingerprint, result, expired) = q.fetch_one(&mut **tx).await?;
+        Ok(Some(match (claimed, fingerprint) {
+            // A dialect that claims in the transaction fences by key.
+            (1, _) if sql.by_id.is_none() => Ok(ClaimedRow { id: None }),
+            (1, _) => return Err(sqlx::Error::Protocol("a claim statement where rows are fenced by id".into())),
+            (_, Some(fp)) => Err((false, Some((fp, result, expired.unwrap_or(0) != 0)))),
+            (_, None) => Err((busy != 0, None)),
+        }))
+    }
+
+    async fn request_take_over_in<'a>(
+        tx: &'a mut Transaction<'_, Self>,
         key: &'a str,
         biz_type: &'a str,
         old: &'a str,
         lease: &'a str,
         lease_secs: i64,
     ) -> Result<Option<ClaimedRow>, sqlx::Error> {
-        let sql = DB::dialect_of_pool(pool).requests();
-        // The row locked first, in a transaction of its own: a row that a
-        // running handler's transaction holds is skipped (`None`: the caller
-        // answers 409), where the UPDATE alone would wait for that
-        // transaction with a connection of the pool.
-        let mut tx = begin(pool).await?;
+        let sql = DB::dialect_of_tx(tx).requests();
+        // The row locked first: a row that a running handler's transaction
+        // holds is skipped (`None`: the caller answers 409), where the
+        // UPDATE alone would wait for that transaction.
         let mut id = None;
         if let Some(lock) = sql.lock {
             let row: Option<i64> = sqlx::query_scalar(stmt(lock))
                 .persistent(persist())
                 .bind(key)
                 .bind(biz_type)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&mut **tx)
                 .await?;
             let Some(locked) = row else {
-                tx.rollback().await?;
                 return Ok(None);
             };
             id = sql.by_id.map(|_| locked);
@@ -112,9 +133,8 @@ impl RequestStore for DB {
             .bind(key)
             .bind(biz_type)
             .bind(old)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        tx.commit().await?;
         Ok((DB::rows_affected(&done) == 1).then_some(ClaimedRow { id }))
     }
 
