@@ -363,7 +363,9 @@ impl<DB: Backend> RequestCall<DB> {
         let (stored, now) = match Stored::capture(answer.into_response(), policy.max_answer).await {
             Ok(pair) => pair,
             Err(why) => {
-                drop(tx);
+                // Rolled back before the answer goes: its locks (the key's,
+                // on PostgreSQL) are gone when the client retries.
+                let _ = tx.rollback().await;
                 free(&self.pool, &self.policy, held).await;
                 return policy.problem(StatusCode::INTERNAL_SERVER_ERROR, "Internal error", why);
             }
@@ -384,7 +386,7 @@ impl<DB: Backend> RequestCall<DB> {
                 Ok(true) => {}
                 Ok(false) => return policy.in_flight(),
                 Err(e) => {
-                    drop(tx);
+                    let _ = tx.rollback().await;
                     free(&self.pool, &self.policy, held).await;
                     return policy.failed(&e);
                 }
