@@ -2,7 +2,7 @@
 //! beside them in the backend module.)
 
 /// The SQL dialects idem speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dialect {
     /// PostgreSQL.
     Postgres,
