@@ -4,7 +4,7 @@
 //! lease; [`RequestCall`] runs the effects in it and ends with the answer
 //! stored and committed with them, or with the key freed.
 
-use super::key::{IdempotencyKey, KeyError, record_key};
+use super::key::{KeyError, record_key};
 use super::policy::Idempotency;
 use super::request::IdempotentRequest;
 use super::stored::{Held, Stored, lease_text};
@@ -30,13 +30,13 @@ impl Idempotency {
     ///    duplicate answers 409, never runs a second effect;
     /// 3. the handler's transaction, the record held by this request.
     ///
-    /// On PostgreSQL steps 2 and 3 are one: the record is claimed in the
-    /// handler's transaction (one statement, no commit of its own), its
-    /// in-flight row committing with the answer or rolling back with the
-    /// effects; a concurrent duplicate finds the key's transaction lock
-    /// held and answers 409 without waiting. Elsewhere the in-flight row is
-    /// committed first, and the handler's transaction begins with it locked
-    /// and fenced by this request's lease.
+    /// On PostgreSQL steps 2 and 3 are one: the key is claimed in the
+    /// handler's transaction (one statement, no row written, no commit of
+    /// its own: the key's transaction lock), its answered row inserted
+    /// with the effects; a concurrent duplicate finds the key's
+    /// transaction lock held and answers 409 without waiting. Elsewhere
+    /// the in-flight row is committed first, and the handler's transaction
+    /// begins with it locked and fenced by this request's lease.
     ///
     /// `Err` is the answer to send as it is.
     pub async fn begin<DB: Backend>(
@@ -74,20 +74,24 @@ impl Idempotency {
         };
         let mut held = HeldKey {
             key: record_key(&identity, key),
+            biz_no: key.as_str().to_owned(),
+            fingerprint: req.fingerprint(),
             lease: new_lease(),
-            row: ClaimedRow { id: None },
+            row: ClaimedRow {
+                id: None,
+                unwritten: false,
+            },
             in_tx: false,
         };
-        let fp = req.fingerprint();
         if requests::claims_in_transaction(pool) {
             let mut tx = DB::begin(pool).await.map_err(|e| self.unavailable(&e))?;
             // An answer sent from here (a replay, 409, 422) drops `tx`: it
             // rolls back, and nothing of this request stays.
-            held.row = self.claim(Via::Tx(&mut tx), &held, key, &fp).await?;
+            held.row = self.claim(Via::Tx(&mut tx), &held).await?;
             held.in_tx = true;
             return Ok(RequestCall::new(pool, tx, Some(held), self.clone()));
         }
-        held.row = self.claim(Via::Pool(pool), &held, key, &fp).await?;
+        held.row = self.claim(Via::Pool(pool), &held).await?;
         // From here the key is this request's: a failure, or the request
         // cancelled, frees it (the call's drop).
         let mut call = RequestCall {
@@ -125,17 +129,17 @@ impl Idempotency {
 
     /// Step 2 of [`begin`](Self::begin): `Ok` when this request holds the
     /// key, with the row it holds: its in-flight row committed (`via` the
-    /// pool), or inserted in the handler's transaction (`via` it, on
-    /// PostgreSQL; steps 2 and 3 in one), or an expired lease taken over.
+    /// pool), or the key claimed in the handler's transaction (`via` it,
+    /// on PostgreSQL; steps 2 and 3 in one: the row is written answered),
+    /// or an expired lease taken over.
     async fn claim<DB: Backend>(
         &self,
         mut via: Via<'_, DB>,
         held: &HeldKey,
-        key: &IdempotencyKey,
-        fp: &str,
     ) -> Result<ClaimedRow, Response> {
         let lease = lease_text(&held.lease);
-        let row = self.record(held, key, fp);
+        let row = self.record(held);
+        let fp = held.fingerprint.as_str();
         let unavailable = |e: sqlx::Error| self.unavailable(&e);
         // Three rounds: a concurrent insert or take-over can win the first.
         for _ in 0..3 {
@@ -145,9 +149,7 @@ impl Idempotency {
                         .await
                         .map_err(unavailable)?,
                 ),
-                Via::Tx(tx) => requests::claim_in(tx, &row, &lease)
-                    .await
-                    .map_err(unavailable)?,
+                Via::Tx(tx) => requests::claim_in(tx, &row).await.map_err(unavailable)?,
             };
             let found = match claim {
                 Some(Claim::Claimed(claimed)) => return Ok(claimed),
@@ -186,12 +188,12 @@ impl Idempotency {
     }
 
     /// The in-flight row of `held`.
-    fn record<'a>(&self, held: &'a HeldKey, key: &'a IdempotencyKey, fp: &'a str) -> NewRecord<'a> {
+    fn record<'a>(&self, held: &'a HeldKey) -> NewRecord<'a> {
         NewRecord {
             key: &held.key,
             biz_type: self.scope,
-            biz_no: key.as_str(),
-            fingerprint: fp,
+            biz_no: &held.biz_no,
+            fingerprint: &held.fingerprint,
             ttl_secs: self.lease_secs(),
         }
     }
@@ -271,10 +273,14 @@ fn new_lease() -> String {
 #[derive(Debug)]
 struct HeldKey {
     key: String,
+    /// The client's `Idempotency-Key`, as the record keeps it.
+    biz_no: String,
+    /// The request's fingerprint (method, path, body).
+    fingerprint: String,
     lease: String,
     /// The claimed row, once claimed.
     row: ClaimedRow,
-    /// Claimed in the handler's transaction: the in-flight row goes with
+    /// Claimed in the handler's transaction: its row, if any, goes with
     /// it (nothing to release).
     in_tx: bool,
 }
@@ -376,7 +382,8 @@ impl<DB: Backend> RequestCall<DB> {
             let done = match tx.transaction() {
                 Ok(t) => {
                     let lease = lease_text(&h.lease);
-                    requests::complete(t, h.row, &h.key, policy.scope, &lease, &text, ttl)
+                    let record = policy.record(h);
+                    requests::complete(t, h.row, &record, &lease, &text, ttl)
                         .await
                         .map_err(Error::from)
                 }

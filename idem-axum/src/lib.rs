@@ -57,26 +57,26 @@
 //! |---|---|
 //! | header missing (a required key) | 400 |
 //! | header malformed, repeated, over [`MAX_IDEMPOTENCY_KEY_LEN`] bytes, not printable ASCII | 400 |
-//! | none | the handler runs: the in-flight row, the effects, the answer and the row's completion in one transaction (PostgreSQL); elsewhere the in-flight row is committed first |
+//! | none | the handler runs: the key claimed, the effects and the answered row in one transaction (PostgreSQL); elsewhere the in-flight row is committed first |
 //! | answered, same method, target and body | the stored status, headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | answered or in flight, another method, target or body | 422 |
 //! | in flight | 409 (the draft's choice: the client retries later, nothing waits on the server) |
 //! | in flight past its lease (the process that ran it died; on PostgreSQL only a row another protocol version left) | taken over: the handler runs |
 //! | in flight past its lease, its handler still running (slower than the lease) | 409: its transaction holds the row, and a retry does not wait for it |
 //!
-//! Two identical requests at the same moment: the in-flight row's insert
-//! is atomic, one of them writes it and runs, the other gets 409.
+//! Two identical requests at the same moment: one of them claims the key
+//! and runs, the other gets 409.
 //!
-//! On PostgreSQL the claim is a statement of the handler's transaction:
-//! the in-flight row is inserted uncommitted, under the key's
+//! On PostgreSQL the claim is a statement of the handler's transaction: it
+//! reads the key's row and, where there is none, takes the key's
 //! transaction-scoped advisory lock, tried and never waited for. A
 //! concurrent duplicate finds no row and the lock held, and answers 409 at
-//! once (an insert of the key would wait for the handler's transaction).
-//! The row commits with the answer or rolls back with the effects, so a
-//! request that fails, is cancelled or dies with its process leaves nothing
-//! behind: its retry runs at once, and there is no lease to wait out. A new
-//! key costs one statement more than the handler's own and no commit of
-//! its own.
+//! once. No row is written until the answer: the answered row is inserted
+//! with the effects and commits with them, so a request that fails, is
+//! cancelled or dies with its process leaves nothing behind: its retry
+//! runs at once, and there is no lease to wait out. A new key costs two
+//! statements more than the handler's own (the claim, the answered row),
+//! one row written, and no commit of its own.
 //!
 //! Elsewhere the in-flight row is committed before the handler, which a
 //! concurrent duplicate reads (409); the handler's transaction locks the

@@ -11,14 +11,17 @@
 //! ([`claims_in_transaction`]: PostgreSQL):
 //!
 //! 1. Begin the handler's transaction ([`Backend::begin`]) and
-//!    [`claim_in`] it: [`Claim::Claimed`], the in-flight row is inserted
-//!    in this transaction (no other sees it until it commits);
+//!    [`claim_in`] it: [`Claim::Claimed`], the key is this transaction's
+//!    (its transaction-scoped lock held; no row is written yet);
 //!    [`Claim::Busy`], a concurrent request of the key holds it (answer
 //!    409); [`Claim::Found`], as below ([`take_over_in`] for an expired
-//!    lease); [`Claim::Raced`], claim again.
-//! 2. Run the handler, [`complete`] the row with the answer, commit. A
-//!    request that ends without an answer to keep rolls back, and nothing
-//!    of it stays: no release, and no lease for a crash to leave behind.
+//!    lease).
+//! 2. Run the handler, [`complete`] with the answer (the answered row
+//!    inserted, or a taken-over row updated), commit. `false` from
+//!    [`complete`]: a request of the key committed it meanwhile; roll
+//!    back (answer 409: the retry finds the answer). A request that ends
+//!    without an answer to keep rolls back, and nothing of it stays: no
+//!    release, and no lease for a crash to leave behind.
 //!
 //! **Before the handler's transaction** (every database):
 //!
@@ -125,32 +128,30 @@ pub fn claims_in_transaction<DB: Backend>(pool: &Pool<DB>) -> bool {
 }
 
 /// Step 1 of the protocol in the handler's transaction `tx`, in one
-/// statement: the row [`find`] reads, or where there is none, the in-flight
-/// row of `row` held by `lease`, inserted in `tx` ([`Claim::Claimed`]: it
-/// commits with the answer, or rolls back with the effects). A concurrent
-/// request of the key, whose own row is not committed yet, is
-/// [`Claim::Busy`] at once, never waited for. `None` where the database has
-/// no such claim ([`claims_in_transaction`] is false): nothing was run.
+/// statement: the row [`find`] reads, or where there is none, the key
+/// claimed by `tx` ([`Claim::Claimed`]: the key's transaction-scoped lock,
+/// held until `tx` ends; no row is written, [`complete`] inserts the
+/// answered row of `row`). A concurrent request of the key, claimed and not
+/// committed yet, is [`Claim::Busy`] at once, never waited for. `None`
+/// where the database has no such claim ([`claims_in_transaction`] is
+/// false): nothing was run.
 ///
-/// After [`Claim::Found`] or [`Claim::Raced`], `tx` stays usable: claim
-/// again, or [`take_over_in`] it.
+/// After [`Claim::Found`], `tx` stays usable: claim again, or
+/// [`take_over_in`] it.
 pub async fn claim_in<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     row: &NewRecord<'_>,
-    lease: &str,
 ) -> Result<Option<Claim>, sqlx::Error> {
-    Ok(DB::request_claim_in(tx, row, lease)
-        .await?
-        .map(|c| match c {
-            Ok(claimed) => Claim::Claimed(claimed),
-            Err((_, Some((fingerprint, result, expired)))) => Claim::Found(Found {
-                fingerprint,
-                result,
-                expired,
-            }),
-            Err((true, None)) => Claim::Busy,
-            Err((false, None)) => Claim::Raced,
-        }))
+    Ok(DB::request_claim_in(tx, row).await?.map(|c| match c {
+        Ok(claimed) => Claim::Claimed(claimed),
+        Err((_, Some((fingerprint, result, expired)))) => Claim::Found(Found {
+            fingerprint,
+            result,
+            expired,
+        }),
+        Err((true, None)) => Claim::Busy,
+        Err((false, None)) => Claim::Raced,
+    }))
 }
 
 /// [`take_over`] in the handler's transaction `tx`, after [`claim_in`]
@@ -201,19 +202,21 @@ pub async fn fence<DB: Backend>(
     DB::request_fence(tx, row, key, scope, lease, lease_secs).await
 }
 
-/// In the handler's transaction: the stored `answer` in place of `lease`,
-/// kept `ttl_secs`; true if the lease still held.
-#[allow(clippy::too_many_arguments)]
+/// In the handler's transaction: the stored `answer` of `record` in place
+/// of `lease`, kept `ttl_secs`; true if the lease still held. A key
+/// [`claim_in`] claimed ([`ClaimedRow::unwritten`]) gets its answered row
+/// inserted here; true if the key had none (`false`: a request of the key
+/// committed it since the claim, and `tx` must roll back). `record` is the
+/// one the claim was made with (its `ttl_secs`, the lease's, is not used).
 pub async fn complete<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     row: ClaimedRow,
-    key: &str,
-    scope: &str,
+    record: &NewRecord<'_>,
     lease: &str,
     answer: &str,
     ttl_secs: i64,
 ) -> Result<bool, sqlx::Error> {
-    DB::request_complete(tx, row, key, scope, lease, answer, ttl_secs).await
+    DB::request_complete(tx, row, record, lease, answer, ttl_secs).await
 }
 
 /// Deletes the in-flight row held by `lease` (a request that ended without

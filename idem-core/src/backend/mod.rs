@@ -261,8 +261,9 @@ pub trait RequestStore: Database {
 
     /// The claim in the handler's transaction `tx`, where the dialect has
     /// one (`None` where it has not: [`request_claim`](Self::request_claim)
-    /// before the transaction). `Ok(row)` if this call inserted the
-    /// in-flight row (uncommitted, the key's transaction lock held); else
+    /// before the transaction). `Ok(row)` if the key is this call's (no
+    /// row, the key's transaction lock held; the row is
+    /// [`unwritten`](ClaimedRow::unwritten) until the completion); else
     /// `Err` of `(busy, row found)`: `busy` when there is no row and
     /// another transaction holds the key's lock, neither busy nor a row
     /// when a concurrent request committed the key in between.
@@ -270,7 +271,6 @@ pub trait RequestStore: Database {
     fn request_claim_in<'a>(
         tx: &'a mut Transaction<'_, Self>,
         row: &'a NewRecord<'a>,
-        lease: &'a str,
     ) -> impl Future<
         Output = Result<
             Option<Result<ClaimedRow, (bool, Option<(String, Option<String>, bool)>)>>,
@@ -304,12 +304,14 @@ pub trait RequestStore: Database {
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
     /// In the handler's transaction: the stored answer in place of the
-    /// lease, expiring in `ttl_secs`; true if the lease still held.
+    /// lease, expiring in `ttl_secs`; true if the lease still held. A row
+    /// claimed [`unwritten`](ClaimedRow::unwritten) is inserted answered
+    /// (`record`'s fields, its `ttl_secs` ignored); true if the key had no
+    /// row.
     fn request_complete<'a>(
         tx: &'a mut Transaction<'_, Self>,
         row: ClaimedRow,
-        key: &'a str,
-        biz_type: &'a str,
+        record: &'a NewRecord<'a>,
         lease: &'a str,
         answer: &'a str,
         ttl_secs: i64,

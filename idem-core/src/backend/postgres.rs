@@ -288,29 +288,30 @@ pub(crate) const REQUESTS: RequestSql = RequestSql {
     // own. The row found is returned as it is (an answer replayed, a
     // lease answered 409 or taken over). Where there is none, the key's
     // transaction-scoped advisory lock is tried (never waited for) and,
-    // held, the in-flight row inserted: invisible to every other
-    // transaction until the answer commits with it, so that a crash or a
-    // rollback leaves nothing behind. A concurrent duplicate finds no row
-    // and the lock held: `busy` (409), without waiting for the handler,
-    // as an insert of the key would. The lock is the guard against
-    // waiting only; the unique key stays the guard against a second row:
-    // a request that committed the key between this statement's snapshot
-    // and its lock makes the insert do nothing (`claimed` 0, not busy: the
-    // caller claims again and finds it), and two keys whose lock ids
-    // collide (64 bits of a hash) at worst answer 409 to a retry.
+    // held, the key is this request's: no row is written now. The answered
+    // row is inserted by the completion (`insert`, the answer in place of
+    // a lease), committing with the effects; a rollback or a crash leaves
+    // nothing. An in-flight row inserted here would be seen by no other
+    // transaction before the answer's commit anyway, and writing it, then
+    // updating it with the answer, cost a second row version and its
+    // index entries (`expire_time` is indexed: no HOT update) per new key.
+    // A concurrent duplicate finds no row and the lock held: `busy` (409),
+    // without waiting for the handler. The lock is the guard against a
+    // second run; the unique key stays the guard against a second row: a
+    // request that committed the key between this statement's snapshot
+    // and its lock, or one of the other protocol (which takes no lock),
+    // makes the completion's insert do nothing (the effects roll back,
+    // 409, and the retry finds the answer). Two keys whose lock ids
+    // collide (64 bits of a hash) at worst answer 409 to a retry. Binds
+    // `$1` the key and `$2` the scope only.
     claim_in: Some(
         "WITH idem_found AS (SELECT fingerprint::text AS fingerprint, result, \
         CAST(CASE WHEN expire_time < now() THEN 1 ELSE 0 END AS BIGINT) AS expired \
         FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2), \
         idem_lock AS (SELECT pg_try_advisory_xact_lock(\
         hashtextextended(length($2) || ':' || $2 || $1, 4243)) AS got \
-        WHERE NOT EXISTS (SELECT 1 FROM idem_found)), \
-        idem_claim AS (INSERT INTO idem_record \
-        (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-        SELECT $1, $2, $3, $4, $5, now(), now() + make_interval(secs => $6::float8) \
-        FROM idem_lock WHERE got \
-        ON CONFLICT (idempotency_key, biz_type) DO NOTHING RETURNING 1) \
-        SELECT CAST((SELECT COUNT(*) FROM idem_claim) AS BIGINT), \
+        WHERE NOT EXISTS (SELECT 1 FROM idem_found)) \
+        SELECT CAST(CASE WHEN (SELECT got FROM idem_lock) THEN 1 ELSE 0 END AS BIGINT), \
         CAST(CASE WHEN (SELECT got FROM idem_lock) IS FALSE THEN 1 ELSE 0 END AS BIGINT), \
         f.fingerprint, f.result, f.expired FROM (SELECT 1) AS one LEFT JOIN idem_found f ON true",
     ),

@@ -382,7 +382,10 @@ pub(crate) struct RequestSql {
     /// non-locking read (it never waits for the request in flight).
     pub find: &'static str,
     /// `key, biz_type, biz_no, fingerprint, lease, lease_secs`: the
-    /// in-flight row, unless the pair exists (0 rows, never an error).
+    /// in-flight row, unless the pair exists (0 rows, never an error). Also
+    /// the completion of a key claimed in the handler's transaction
+    /// ([`claim_in`](Self::claim_in)): `answer, ttl_secs` in place of
+    /// `lease, lease_secs`.
     pub insert: &'static str,
     /// `key, biz_type, biz_no, fingerprint, lease, lease_secs` →
     /// `claimed (0/1), fingerprint, result, expired (0/1)`: [`insert`]
@@ -393,13 +396,14 @@ pub(crate) struct RequestSql {
     /// [`insert`]: Self::insert
     /// [`find`]: Self::find
     pub claim: Option<&'static str>,
-    /// `key, biz_type, biz_no, fingerprint, lease, lease_secs` →
-    /// `claimed (0/1), busy (0/1), fingerprint, result, expired (0/1)`: the
-    /// claim in the handler's transaction (see `postgres::REQUESTS`): the
-    /// row found, or where there is none, the key's transaction lock tried
-    /// (`busy`: another transaction holds it) and the in-flight row
-    /// inserted, uncommitted until the answer commits with it. `None`: the
-    /// claim commits on its own, before the handler's transaction.
+    /// `key, biz_type` → `claimed (0/1), busy (0/1), fingerprint, result,
+    /// expired (0/1)`: the claim in the handler's transaction (see
+    /// `postgres::REQUESTS`): the row found, or where there is none, the
+    /// key's transaction lock tried (`busy`: another transaction holds it;
+    /// `claimed`: this one does). It writes no row: the completion inserts
+    /// the answered row ([`insert`](Self::insert), the answer in place of
+    /// the lease). `None`: the claim commits on its own, before the
+    /// handler's transaction.
     pub claim_in: Option<&'static str>,
     /// `lease, lease_secs, key, biz_type, old_lease`: takes over an
     /// in-flight row whose lease ran out, in a transaction of its own after

@@ -44,6 +44,12 @@ pub struct ClaimedRow {
     /// Its primary key, where the dialect fences by it (MariaDB/MySQL);
     /// `None` elsewhere: the row is found by its unique key.
     pub id: Option<i64>,
+    /// No row is written yet: the key was claimed in the handler's
+    /// transaction (PostgreSQL's `claim_in`) under the key's transaction
+    /// lock, and the completion inserts the answered row. `false`: a row
+    /// holding this request's lease exists (inserted or taken over), and
+    /// the completion updates it.
+    pub unwritten: bool,
 }
 
 /// A new idempotency record.

@@ -1061,12 +1061,13 @@ mod postgres_claim {
 }
 
 /// `requests::claim_in` on PostgreSQL, the claim in the handler's
-/// transaction: a concurrent duplicate is busy at once (the control: the
-/// same insert without the key's lock waits for the handler), nothing of a
-/// rolled-back request stays, a request of the key committed meanwhile is
-/// raced then found, an expired lease is taken over in the transaction.
+/// transaction: it writes no row, a concurrent duplicate is busy at once
+/// (the control: the key's row alone shows it nothing), the answered row
+/// commits with the completion, nothing of a rolled-back request stays, a
+/// request of the key committed meanwhile fails the completion, an expired
+/// lease is taken over in the transaction.
 mod postgres_claim_in {
-    use idem_runtime::requests::{self, Claim, ClaimedRow, NewRecord};
+    use idem_runtime::requests::{self, Claim, NewRecord};
     use idem_testkit::unique;
     use sqlx::PgPool;
     use std::time::Duration;
@@ -1127,6 +1128,18 @@ mod postgres_claim_in {
         .unwrap_or_else(|_| panic!("no session waited for {blocker}'s locks"));
     }
 
+    /// The rows of `key` that `tx` sees (its own uncommitted ones too).
+    async fn seen_by(tx: &mut sqlx::Transaction<'static, sqlx::Postgres>, key: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2",
+        )
+        .bind(key)
+        .bind(SCOPE)
+        .fetch_one(&mut **tx)
+        .await
+        .unwrap()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_duplicate_is_busy_at_once_and_the_key_commits_with_its_answer() {
         let Some(pool) = idem_testkit::postgres(4).await else {
@@ -1135,52 +1148,36 @@ mod postgres_claim_in {
         assert!(requests::claims_in_transaction(&pool));
         let key = unique("claim-in");
         let mut first = pool.begin().await.unwrap();
-        let first_pid = pid(&mut first).await;
-        let claimed = requests::claim_in(&mut first, &record(&key, "fp"), "lease-1")
+        let row = match requests::claim_in(&mut first, &record(&key, "fp"))
             .await
-            .unwrap();
-        assert!(matches!(claimed, Some(Claim::Claimed(_))), "{claimed:?}");
-        // Uncommitted: no other transaction sees the in-flight row.
+            .unwrap()
+        {
+            Some(Claim::Claimed(row)) => row,
+            other => panic!("a claim of a new key: {other:?}"),
+        };
+        // The claim writes no row, not even one only this transaction sees:
+        // the completion writes the answered one.
+        assert!(row.unwritten, "{row:?}");
+        assert_eq!(seen_by(&mut first, &key).await, 0);
         assert!(committed(&pool, &key).await.is_empty());
 
         // A duplicate meanwhile: busy, without waiting for the first.
         let mut dup = pool.begin().await.unwrap();
-        let busy = tokio::time::timeout(
-            GUARD,
-            requests::claim_in(&mut dup, &record(&key, "fp"), "lease-2"),
-        )
-        .await
-        .expect("the duplicate waited for the first request")
-        .unwrap();
+        let busy = tokio::time::timeout(GUARD, requests::claim_in(&mut dup, &record(&key, "fp")))
+            .await
+            .expect("the duplicate waited for the first request")
+            .unwrap();
         assert!(matches!(busy, Some(Claim::Busy)), "{busy:?}");
         dup.rollback().await.unwrap();
 
-        // The control: the same insert without the key's lock waits for
-        // the first request's transaction (what the lock spares).
-        let blocked = tokio::spawn({
-            let (pool, key) = (pool.clone(), key.clone());
-            async move {
-                sqlx::query(
-                    "INSERT INTO idem_record \
-                     (idempotency_key, biz_type, biz_no, fingerprint, result, create_time, expire_time) \
-                     VALUES ($1, $2, $1, 'fp', 'x', now(), now() + interval '1 hour') \
-                     ON CONFLICT (idempotency_key, biz_type) DO NOTHING",
-                )
-                .bind(&key)
-                .bind(SCOPE)
-                .execute(&pool)
-                .await
-                .unwrap()
-                .rows_affected()
-            }
-        });
-        blocked_by(&pool, first_pid).await;
+        // The control: the key's row alone tells a duplicate nothing (a
+        // claim without the key's lock would run it a second time).
+        assert_eq!(requests::find(&pool, &key, SCOPE).await.unwrap(), None);
 
         let done = requests::complete(
             &mut first,
-            ClaimedRow { id: None },
-            &key,
-            SCOPE,
+            row,
+            &record(&key, "fp"),
             "lease-1",
             "answer",
             60,
@@ -1188,17 +1185,27 @@ mod postgres_claim_in {
         .await
         .unwrap();
         assert!(done);
+        assert_eq!(seen_by(&mut first, &key).await, 1);
         first.commit().await.unwrap();
-        assert_eq!(
-            blocked.await.unwrap(),
-            0,
-            "the control inserted a second row"
-        );
         assert_eq!(committed(&pool, &key).await, ["answer"]);
+        // Kept for the answer's ttl, with the claim's fields.
+        let (biz_no, fp, ttl): (String, String, f64) = sqlx::query_as(
+            "SELECT biz_no, fingerprint, EXTRACT(EPOCH FROM expire_time - create_time)::float8 \
+             FROM idem_record WHERE idempotency_key = $1 AND biz_type = $2",
+        )
+        .bind(&key)
+        .bind(SCOPE)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (biz_no.as_str(), fp.as_str(), ttl),
+            (key.as_str(), "fp", 60.0)
+        );
 
         // After the commit: the answer is found (the lock was released).
         let mut again = pool.begin().await.unwrap();
-        match requests::claim_in(&mut again, &record(&key, "fp"), "lease-3")
+        match requests::claim_in(&mut again, &record(&key, "fp"))
             .await
             .unwrap()
         {
@@ -1222,7 +1229,7 @@ mod postgres_claim_in {
         let key = unique("claim-in-drop");
         for end in ["rollback", "drop"] {
             let mut tx = pool.begin().await.unwrap();
-            let c = requests::claim_in(&mut tx, &record(&key, "fp"), end)
+            let c = requests::claim_in(&mut tx, &record(&key, "fp"))
                 .await
                 .unwrap();
             assert!(matches!(c, Some(Claim::Claimed(_))), "{end}: {c:?}");
@@ -1234,21 +1241,27 @@ mod postgres_claim_in {
         }
         // The key is free: claimed again, not busy (the lock went too).
         let mut tx = pool.begin().await.unwrap();
-        let c = requests::claim_in(&mut tx, &record(&key, "fp"), "last")
+        let c = requests::claim_in(&mut tx, &record(&key, "fp"))
             .await
             .unwrap();
         assert!(matches!(c, Some(Claim::Claimed(_))), "{c:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_key_committed_by_a_request_without_the_lock_is_raced_then_found() {
+    async fn a_key_committed_meanwhile_by_a_request_without_the_lock_fails_the_completion() {
         // A request of a process that claims before its transaction (the
-        // other protocol, as in a rolling upgrade), committing the key
-        // while this claim's insert waits for it.
+        // other protocol, as in a rolling upgrade), whose row is not
+        // committed when this claim reads, and commits while this
+        // completion's insert waits for it.
         let Some(pool) = idem_testkit::postgres(3).await else {
             return;
         };
         let key = unique("claim-in-race");
+        // The request's effect, to see it rolled back.
+        sqlx::query("CREATE TABLE IF NOT EXISTS idem_http_claim_in_effect (key TEXT NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
         let mut other = pool.begin().await.unwrap();
         let other_pid = pid(&mut other).await;
         sqlx::query(
@@ -1261,28 +1274,52 @@ mod postgres_claim_in {
         .execute(&mut *other)
         .await
         .unwrap();
-        let claim = tokio::spawn({
-            let (pool, key) = (pool.clone(), key.clone());
+        let mut tx = pool.begin().await.unwrap();
+        // Neither the uncommitted row nor a lock: the key is this claim's.
+        let row = match requests::claim_in(&mut tx, &record(&key, "fp"))
+            .await
+            .unwrap()
+        {
+            Some(Claim::Claimed(row)) => row,
+            other => panic!("the claim: {other:?}"),
+        };
+        sqlx::query("INSERT INTO idem_http_claim_in_effect (key) VALUES ($1)")
+            .bind(&key)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let completion = tokio::spawn({
+            let key = key.clone();
             async move {
-                let mut tx = pool.begin().await.unwrap();
-                let first = requests::claim_in(&mut tx, &record(&key, "fp"), "mine")
-                    .await
-                    .unwrap();
-                let second = requests::claim_in(&mut tx, &record(&key, "fp"), "mine")
-                    .await
-                    .unwrap();
-                (first, second)
+                let done =
+                    requests::complete(&mut tx, row, &record(&key, "fp"), "mine", "mine", 60)
+                        .await
+                        .unwrap();
+                (done, tx)
             }
         });
         blocked_by(&pool, other_pid).await;
         other.commit().await.unwrap();
-        let (first, second) = claim.await.unwrap();
-        assert!(matches!(first, Some(Claim::Raced)), "{first:?}");
-        match second {
-            Some(Claim::Found(found)) => assert_eq!(found.result.as_deref(), Some("answer")),
-            other => panic!("the second claim: {other:?}"),
-        }
+        let (done, tx) = completion.await.unwrap();
+        assert!(!done, "the completion inserted a second answer");
+        tx.rollback().await.unwrap();
         assert_eq!(committed(&pool, &key).await, ["answer"]);
+        let effects: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_http_claim_in_effect WHERE key = $1")
+                .bind(&key)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(effects, 0, "the effect of the request that lost stayed");
+        // Its retry finds the answer.
+        let mut again = pool.begin().await.unwrap();
+        match requests::claim_in(&mut again, &record(&key, "fp"))
+            .await
+            .unwrap()
+        {
+            Some(Claim::Found(found)) => assert_eq!(found.result.as_deref(), Some("answer")),
+            other => panic!("the retry's claim: {other:?}"),
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1302,7 +1339,7 @@ mod postgres_claim_in {
             .await
             .unwrap();
         let mut tx = pool.begin().await.unwrap();
-        match requests::claim_in(&mut tx, &record(&key, "fp"), "mine")
+        match requests::claim_in(&mut tx, &record(&key, "fp"))
             .await
             .unwrap()
         {
@@ -1325,5 +1362,19 @@ mod postgres_claim_in {
         // Rolled back: the expired lease again, for the next request.
         tx.rollback().await.unwrap();
         assert_eq!(committed(&pool, &key).await, ["dead"]);
+
+        // Taken over again and completed: the row is updated in place.
+        let mut tx = pool.begin().await.unwrap();
+        let row = requests::take_over_in(&mut tx, &key, SCOPE, "dead", "mine", 60)
+            .await
+            .unwrap()
+            .expect("the expired lease");
+        assert!(!row.unwritten, "{row:?}");
+        let done = requests::complete(&mut tx, row, &record(&key, "fp"), "mine", "answer", 60)
+            .await
+            .unwrap();
+        assert!(done);
+        tx.commit().await.unwrap();
+        assert_eq!(committed(&pool, &key).await, ["answer"]);
     }
 }

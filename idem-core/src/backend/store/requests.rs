@@ -6,8 +6,8 @@ use super::{persist, stmt};
 use sqlx::{Database, Pool, Transaction};
 
 /// `query` bound for an in-flight row: `key, biz_type, biz_no,
-/// fingerprint, lease, lease_secs`, the order of `RequestSql`'s `insert`,
-/// `claim` and `claim_in`.
+/// fingerprint, lease, lease_secs`, the order of `RequestSql`'s `insert`
+/// and `claim` (and of an answered row: `answer, ttl_secs` last).
 macro_rules! in_flight {
     ($query:expr, $row:expr, $lease:expr) => {
         $query
@@ -53,7 +53,7 @@ impl RequestStore for DB {
             Some(_) => Some(DB::last_insert_id(&done)?),
             None => None,
         };
-        Ok(Some(ClaimedRow { id }))
+        Ok(Some(ClaimedRow { id, unwritten: false }))
     }
 
     async fn request_claim<'a>(
@@ -73,7 +73,7 @@ impl RequestStore for DB {
         let (claimed, fingerprint, result, expired) = on_pool!(pool, |conn| q.fetch_one(conn))?;
         Ok(match (claimed, fingerprint) {
             // A dialect with a one-statement claim fences by key (no ids).
-            (1, _) if sql.by_id.is_none() => Ok(ClaimedRow { id: None }),
+            (1, _) if sql.by_id.is_none() => Ok(ClaimedRow { id: None, unwritten: false }),
             (1, _) => return Err(sqlx::Error::Protocol("a claim statement where rows are fenced by id".into())),
             (_, Some(fp)) => Err(Some((fp, result, expired.unwrap_or(0) != 0))),
             (_, None) => Err(None),
@@ -83,18 +83,20 @@ impl RequestStore for DB {
     async fn request_claim_in<'a>(
         tx: &'a mut Transaction<'_, Self>,
         row: &'a NewRecord<'a>,
-        lease: &'a str,
     ) -> Result<Option<Result<ClaimedRow, (bool, Option<(String, Option<String>, bool)>)>>, sqlx::Error> {
         let sql = DB::dialect_of_tx(tx).requests();
         let Some(claim) = sql.claim_in else {
             return Ok(None);
         };
         type Answer = (i64, i64, Option<String>, Option<String>, Option<i64>);
-        let q = in_flight!(sqlx::query_as::<_, Answer>(stmt(claim)), row, lease);
+        let q = sqlx::query_as::<_, Answer>(stmt(claim))
+            .persistent(persist())
+            .bind(row.key)
+            .bind(row.biz_type);
         let (claimed, busy, fingerprint, result, expired) = q.fetch_one(&mut **tx).await?;
         Ok(Some(match (claimed, fingerprint) {
             // A dialect that claims in the transaction fences by key.
-            (1, _) if sql.by_id.is_none() => Ok(ClaimedRow { id: None }),
+            (1, _) if sql.by_id.is_none() => Ok(ClaimedRow { id: None, unwritten: true }),
             (1, _) => return Err(sqlx::Error::Protocol("a claim statement where rows are fenced by id".into())),
             (_, Some(fp)) => Err((false, Some((fp, result, expired.unwrap_or(0) != 0)))),
             (_, None) => Err((busy != 0, None)),
@@ -135,7 +137,7 @@ impl RequestStore for DB {
             .bind(old)
             .execute(&mut **tx)
             .await?;
-        Ok((DB::rows_affected(&done) == 1).then_some(ClaimedRow { id }))
+        Ok((DB::rows_affected(&done) == 1).then_some(ClaimedRow { id, unwritten: false }))
     }
 
     async fn request_fence<'a>(
@@ -158,13 +160,22 @@ impl RequestStore for DB {
     async fn request_complete<'a>(
         tx: &'a mut Transaction<'_, Self>,
         row: ClaimedRow,
-        key: &'a str,
-        biz_type: &'a str,
+        record: &'a NewRecord<'a>,
         lease: &'a str,
         answer: &'a str,
         ttl_secs: i64,
     ) -> Result<bool, sqlx::Error> {
         let sql = DB::dialect_of_tx(tx).requests();
+        if row.unwritten {
+            // Claimed in this transaction, no row yet: the answered row,
+            // unless the key has one (a request that committed it since
+            // the claim; nothing is inserted, and the caller rolls back).
+            let answered = NewRecord { ttl_secs, ..*record };
+            let q = in_flight!(sqlx::query(stmt(sql.insert)), answered, answer);
+            let done = q.execute(&mut **tx).await?;
+            return Ok(DB::rows_affected(&done) == 1);
+        }
+        let (key, biz_type) = (record.key, record.biz_type);
         let q = match (sql.by_id, row.id) {
             (Some((_, complete)), Some(id)) => {
                 sqlx::query(stmt(complete)).bind(answer).bind(ttl_secs).bind(id)
