@@ -30,14 +30,15 @@
 //!   batch shares: batches wait on one another and deadlock, and each such
 //!   conflict must cost no attempt and little time (`--hot-only` runs just
 //!   the hot-row variants);
-//! - **sqlxmq, River, graphile_worker**: the job queues a peer would pick
-//!   (sqlxmq 0.6, River's Rust client `riverqueue`, `graphile_worker`, from
-//!   crates.io), each running the same work in its own harness
-//!   (`benches/peers`, built here on first use: it is its own workspace,
-//!   since the peers' sqlx 0.8 and idem's sqlx 0.9 cannot share one
-//!   lockfile's libsqlite3-sys), then River's and graphile_worker's no-op
-//!   burn-down (jobs that do nothing), the figure their own benchmarks
-//!   publish (`--no-peers` leaves them all out);
+//! - **sqlxmq, River, graphile_worker, apalis**: the job queues a peer
+//!   would pick (sqlxmq 0.6, River's Rust client `riverqueue`,
+//!   `graphile_worker`, apalis with `apalis-postgres`, from crates.io),
+//!   each running the same work in its own harness (`benches/peers`, built
+//!   here on first use: it is its own workspace, since the peers' sqlx 0.8
+//!   and idem's sqlx 0.9 cannot share one lockfile's libsqlite3-sys), then
+//!   River's, graphile_worker's and apalis's no-op burn-down (jobs that do
+//!   nothing), the figure their own benchmarks publish (`--no-peers` leaves
+//!   them all out);
 //!
 //! then the embedded default, the same drain on a SQLite file, each mode
 //! beside its anchor: a hand-written sqlx loop running idem's own SQLite
@@ -125,8 +126,10 @@ const VARIANTS: &[(&str, Variant)] = &[
     ("sqlxmq", Variant::Peer(Peer::Sqlxmq, false)),
     ("River", Variant::Peer(Peer::River, false)),
     ("graphile_worker", Variant::Peer(Peer::Graphile, false)),
+    ("apalis", Variant::Peer(Peer::Apalis, false)),
     ("River no-op", Variant::Peer(Peer::River, true)),
     ("graphile_worker no-op", Variant::Peer(Peer::Graphile, true)),
+    ("apalis no-op", Variant::Peer(Peer::Apalis, true)),
     (
         HOT_PER_MESSAGE,
         Variant::Idem(Commits::PerMessage, Rows::Hot),
@@ -475,7 +478,7 @@ async fn peers(opts: &Args, setup: &Setup, url: &str) -> Result<(), BoxError> {
 }
 
 /// The peers that run the coupon work (not their no-op burn-downs).
-const COUPON_PEERS: [&str; 3] = ["sqlxmq", "River", "graphile_worker"];
+const COUPON_PEERS: [&str; 4] = ["sqlxmq", "River", "graphile_worker", "apalis"];
 
 /// Prints the best rates and each target's ratio.
 fn report(opts: &Args, rows: &[(&str, f64)], sqlite_rows: &[(&str, f64)]) {

@@ -19,6 +19,8 @@ pub(crate) enum Peer {
     River,
     /// graphile_worker.
     Graphile,
+    /// apalis with its PostgreSQL storage (`apalis-postgres`).
+    Apalis,
 }
 
 impl Peer {
@@ -28,6 +30,7 @@ impl Peer {
             Peer::Sqlxmq => "idem-bench-peers",
             Peer::River => "river",
             Peer::Graphile => "graphile",
+            Peer::Apalis => "apalis",
         }
     }
 }
@@ -89,10 +92,10 @@ pub(crate) async fn run(
                 .arg(sqlxmq_migrations(manifest).await?)
                 .args(["--min-concurrency", &opts.sqlxmq_min.to_string()]);
         }
-        Peer::River | Peer::Graphile if noop => {
+        Peer::River | Peer::Graphile | Peer::Apalis if noop => {
             cmd.arg("--noop");
         }
-        Peer::River | Peer::Graphile => {}
+        Peer::River | Peer::Graphile | Peer::Apalis => {}
     }
     let out = cmd.stderr(std::process::Stdio::inherit()).output().await?;
     let name = peer.binary();
