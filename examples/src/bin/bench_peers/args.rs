@@ -37,7 +37,7 @@ pub(crate) struct Args {
     /// Leave sqlxmq out (it is built from benches/peers on first use).
     #[arg(long)]
     pub(crate) no_sqlxmq: bool,
-    /// Leave every job-queue peer out (sqlxmq, River, graphile_worker).
+    /// Leave every job-queue peer out (sqlxmq, River, graphile_worker, apalis).
     #[arg(long)]
     pub(crate) no_peers: bool,
     /// Messages of the SQLite drain.
@@ -52,6 +52,13 @@ pub(crate) struct Args {
     /// do). The relay's own default is its concurrency.
     #[arg(long, value_name = "A", default_value_t = 60)]
     pub(crate) sqlite_claim_ahead: usize,
+    /// Connections of the SQLite relay's pool. Two, as the README
+    /// advises: SQLite has one writer, and each connection a page cache of
+    /// its own, which another connection's commit makes stale (sqlx hands
+    /// out the connection idle longest, so with one per handler every
+    /// transaction read its pages again).
+    #[arg(long, value_name = "P", default_value_t = 2)]
+    pub(crate) sqlite_connections: u32,
     /// Skip the unmeasured warm-up.
     #[arg(long)]
     pub(crate) no_warmup: bool,

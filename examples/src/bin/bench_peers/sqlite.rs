@@ -34,7 +34,8 @@ pub(crate) async fn variants(opts: &Args) -> Result<Vec<(&'static str, f64)>, Bo
         for (i, &(name, idem, commits)) in VARIANTS.iter().enumerate() {
             let Drained { rate, cpu } = match idem {
                 true => {
-                    sqlite_run(n, opts.sqlite_concurrency, opts.sqlite_claim_ahead, commits).await?
+                    let (c, ahead) = (opts.sqlite_concurrency, opts.sqlite_claim_ahead);
+                    sqlite_run(n, c, ahead, opts.sqlite_connections, commits).await?
                 }
                 false => sqlite_loop(n, commits).await?,
             };
@@ -177,13 +178,20 @@ async fn verify(pool: SqlitePool, n: i64, what: &str) -> Result<(), BoxError> {
 /// The most a batched relay claims at once, as the loop claims.
 const BATCHED_CLAIM: usize = 64;
 
-/// Drains `n` messages on a fresh SQLite file through a relay of `c`
-/// handlers claiming `ahead` messages beyond its free slots (per message;
+/// Drains `n` messages on a fresh SQLite file (a pool of `connections`)
+/// through a relay of `c` handlers claiming `ahead` messages beyond its
+/// free slots (per message;
 /// a batched relay claims up to [`BATCHED_CLAIM`]); the database is checked
 /// afterwards. Returns messages per second and CPU.
-async fn sqlite_run(n: i64, c: usize, ahead: usize, commits: Commits) -> Result<Drained, BoxError> {
+async fn sqlite_run(
+    n: i64,
+    c: usize,
+    ahead: usize,
+    connections: u32,
+    commits: Commits,
+) -> Result<Drained, BoxError> {
     let dir = Scratch::new("bench-peers-sqlite");
-    let pool = fresh(&dir, n, c as u32 + 1).await?;
+    let pool = fresh(&dir, n, connections).await?;
     let topic = TOPIC;
 
     let cpu = Cpu::now();
