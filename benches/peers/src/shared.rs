@@ -1,10 +1,12 @@
-//! # What bench_peers' river and graphile sides share
+//! # What bench_peers' river, graphile and apalis sides share
 //!
-//! `src/bin/river.rs` and `src/bin/graphile.rs` include this file as a
-//! module (`#[path]`): the command line, the schema reset, the coupon
-//! tables and their check, the drain's clock and CPU meter, and the JSON
-//! line `bench_peers` reads. Both peers are on sqlx 0.9 (`sqlx09` here), the
-//! sqlxmq side (`src/main.rs`) on sqlx 0.8; it keeps its own copy of these.
+//! `src/bin/river.rs`, `src/bin/graphile.rs` and `src/bin/apalis.rs`
+//! include this file as a module (`#[path]`): the command line, the schema
+//! reset, the coupon tables and their check, the handler's transaction of
+//! the peers that complete a job after it, the drain's clock and CPU
+//! meter, and the JSON line `bench_peers` reads. These peers are on sqlx
+//! 0.9 (`sqlx09` here), the sqlxmq side (`src/main.rs`) on sqlx 0.8; it
+//! keeps its own copy of these.
 
 use sqlx09 as sqlx;
 use sqlx09::postgres::{PgConnectOptions, PgPoolOptions};
@@ -130,6 +132,40 @@ pub async fn vacuum(p: &PgPool, tables: &str) -> Result<(), BoxError> {
     )))
     .execute(p)
     .await?;
+    Ok(())
+}
+
+/// The coupon work in a transaction of the handler's own, for the peers
+/// that complete a job after its handler returns (graphile_worker,
+/// apalis): `BEGIN`; the coupon's status `FOR UPDATE` (a `USED` coupon is
+/// left alone, so a job run again after a crash deducts nothing); the
+/// ledger row; the coupon `USED`; `COMMIT`.
+// River completes its job in this transaction, and writes its own.
+#[allow(dead_code)]
+pub async fn deduct_own_transaction(
+    pool: &PgPool,
+    coupon_id: i64,
+    order_id: i64,
+    msg_id: &str,
+) -> Result<(), BoxError> {
+    let mut tx = pool.begin().await?;
+    let status: String = sqlx::query_scalar("SELECT status FROM coupon WHERE id = $1 FOR UPDATE")
+        .bind(coupon_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    if status == "UNUSED" {
+        sqlx::query("INSERT INTO ledger (coupon_id, order_id, msg_id) VALUES ($1, $2, $3)")
+            .bind(coupon_id)
+            .bind(order_id)
+            .bind(msg_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE coupon SET status = 'USED' WHERE id = $1 AND status = 'UNUSED'")
+            .bind(coupon_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 

@@ -102,25 +102,7 @@ impl TaskHandler for DeductCoupon {
 }
 
 async fn deduct(pool: &PgPool, msg: &DeductCoupon) -> Result<(), BoxError> {
-    let mut tx = pool.begin().await?;
-    let status: String = sqlx::query_scalar("SELECT status FROM coupon WHERE id = $1 FOR UPDATE")
-        .bind(msg.coupon_id)
-        .fetch_one(&mut *tx)
-        .await?;
-    if status == "UNUSED" {
-        sqlx::query("INSERT INTO ledger (coupon_id, order_id, msg_id) VALUES ($1, $2, $3)")
-            .bind(msg.coupon_id)
-            .bind(msg.order_id)
-            .bind(&msg.msg_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE coupon SET status = 'USED' WHERE id = $1 AND status = 'UNUSED'")
-            .bind(msg.coupon_id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
+    shared::deduct_own_transaction(pool, msg.coupon_id, msg.order_id, &msg.msg_id).await
 }
 
 #[tokio::main]
