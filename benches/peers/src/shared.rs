@@ -169,6 +169,35 @@ pub async fn deduct_own_transaction(
     Ok(())
 }
 
+/// The run's verdict: `queue`, what the peer's own tables say is wrong
+/// (`None`: every job completed), and unless `--noop` the coupons'
+/// check; the pool is closed. `Err` names everything wrong and the
+/// handler errors counted (`errors`, of its `jobs`).
+pub async fn verdict(
+    peer: &str,
+    pool: PgPool,
+    args: &Args,
+    queue: Option<String>,
+    errors: u64,
+    jobs: &str,
+) -> Result<(), BoxError> {
+    let mut wrong: Vec<String> = queue.into_iter().collect();
+    if !args.noop
+        && let Some(w) = check_coupons(&pool, args.messages).await?
+    {
+        wrong.push(w);
+    }
+    pool.close().await;
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{peer} run: VERIFY FAILED: {}; {errors} {jobs} errors",
+        wrong.join("; ")
+    )
+    .into())
+}
+
 /// The coupon side of the check: `None` when every coupon of `n` is
 /// `USED` with exactly one ledger row, else what is wrong.
 pub async fn check_coupons(p: &PgPool, n: i64) -> Result<Option<String>, BoxError> {

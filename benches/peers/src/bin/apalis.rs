@@ -217,24 +217,17 @@ async fn main() -> Result<(), BoxError> {
         sqlx::query_as("SELECT COUNT(*) FILTER (WHERE status = 'Done'), COUNT(*) FROM apalis.jobs")
             .fetch_one(&pool)
             .await?;
-    let mut wrong = Vec::new();
-    if completed != n || jobs != n {
-        wrong.push(format!("{completed} of {jobs} tasks Done, {n} expected"));
-    }
-    if !args.noop
-        && let Some(w) = shared::check_coupons(&pool, n).await?
-    {
-        wrong.push(w);
-    }
-    pool.close().await;
-    if !wrong.is_empty() {
-        return Err(format!(
-            "{PEER} run: VERIFY FAILED: {}; {} task errors",
-            wrong.join("; "),
-            failed.load(Ordering::Relaxed)
-        )
-        .into());
-    }
+    let queue = (completed != n || jobs != n)
+        .then(|| format!("{completed} of {jobs} tasks Done, {n} expected"));
+    shared::verdict(
+        PEER,
+        pool,
+        &args,
+        queue,
+        failed.load(Ordering::Relaxed),
+        "task",
+    )
+    .await?;
     shared::report(
         PEER,
         &args,

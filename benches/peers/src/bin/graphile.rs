@@ -221,24 +221,16 @@ async fn main() -> Result<(), BoxError> {
     let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _private_jobs")
         .fetch_one(&pool)
         .await?;
-    let mut wrong = Vec::new();
-    if left != 0 {
-        wrong.push(format!("{left} jobs left"));
-    }
-    if !args.noop
-        && let Some(w) = shared::check_coupons(&pool, n).await?
-    {
-        wrong.push(w);
-    }
-    pool.close().await;
-    if !wrong.is_empty() {
-        return Err(format!(
-            "{PEER} run: VERIFY FAILED: {}; {} job errors",
-            wrong.join("; "),
-            failed.load(Ordering::Relaxed)
-        )
-        .into());
-    }
+    let queue = (left != 0).then(|| format!("{left} jobs left"));
+    shared::verdict(
+        PEER,
+        pool,
+        &args,
+        queue,
+        failed.load(Ordering::Relaxed),
+        "job",
+    )
+    .await?;
     shared::report(
         PEER,
         &args,

@@ -243,26 +243,17 @@ async fn main() -> Result<(), BoxError> {
     )
     .fetch_one(&pool)
     .await?;
-    let mut wrong = Vec::new();
-    if completed != n || jobs != n {
-        wrong.push(format!(
-            "{completed} of {jobs} jobs completed, {n} expected"
-        ));
-    }
-    if !args.noop
-        && let Some(w) = shared::check_coupons(&pool, n).await?
-    {
-        wrong.push(w);
-    }
-    pool.close().await;
-    if !wrong.is_empty() {
-        return Err(format!(
-            "{PEER} run: VERIFY FAILED: {}; {} job errors",
-            wrong.join("; "),
-            failed.load(Ordering::Relaxed)
-        )
-        .into());
-    }
+    let queue = (completed != n || jobs != n)
+        .then(|| format!("{completed} of {jobs} jobs completed, {n} expected"));
+    shared::verdict(
+        PEER,
+        pool,
+        &args,
+        queue,
+        failed.load(Ordering::Relaxed),
+        "job",
+    )
+    .await?;
     shared::report(
         PEER,
         &args,
