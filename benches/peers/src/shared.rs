@@ -169,17 +169,19 @@ pub async fn deduct_own_transaction(
     Ok(())
 }
 
-/// The run's verdict: `queue`, what the peer's own tables say is wrong
-/// (`None`: every job completed), and unless `--noop` the coupons'
-/// check; the pool is closed. `Err` names everything wrong and the
-/// handler errors counted (`errors`, of its `jobs`).
-pub async fn verdict(
+/// The run's end: the verdict, then the JSON line. `queue` is what the
+/// peer's own tables say is wrong (`None`: every job completed); unless
+/// `--noop` the coupons are checked too; the pool is closed. `Err` names
+/// everything wrong and the handler errors counted (`errors`); `Ok` prints
+/// the figures ([`report`]) with `extra` and `job_errors`.
+pub async fn finish(
     peer: &str,
     pool: PgPool,
     args: &Args,
     queue: Option<String>,
     errors: u64,
-    jobs: &str,
+    figures: &Figures,
+    mut extra: serde_json::Value,
 ) -> Result<(), BoxError> {
     let mut wrong: Vec<String> = queue.into_iter().collect();
     if !args.noop
@@ -188,14 +190,18 @@ pub async fn verdict(
         wrong.push(w);
     }
     pool.close().await;
-    if wrong.is_empty() {
-        return Ok(());
+    if !wrong.is_empty() {
+        return Err(format!(
+            "{peer} run: VERIFY FAILED: {}; {errors} handler errors",
+            wrong.join("; ")
+        )
+        .into());
     }
-    Err(format!(
-        "{peer} run: VERIFY FAILED: {}; {errors} {jobs} errors",
-        wrong.join("; ")
-    )
-    .into())
+    if let Some(extra) = extra.as_object_mut() {
+        extra.insert("job_errors".into(), errors.into());
+    }
+    report(peer, args, figures, extra);
+    Ok(())
 }
 
 /// The coupon side of the check: `None` when every coupon of `n` is

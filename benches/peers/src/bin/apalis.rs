@@ -219,30 +219,17 @@ async fn main() -> Result<(), BoxError> {
             .await?;
     let queue = (completed != n || jobs != n)
         .then(|| format!("{completed} of {jobs} tasks Done, {n} expected"));
-    shared::verdict(
-        PEER,
-        pool,
-        &args,
-        queue,
-        failed.load(Ordering::Relaxed),
-        "task",
-    )
-    .await?;
-    shared::report(
-        PEER,
-        &args,
-        &Figures {
-            enqueue,
-            drain,
-            cpu,
-        },
-        serde_json::json!({
-            "batch_size": batch_size,
-            "parallelize": !args.defaults,
-            "lock_tasks": true,
-            "transactional_completion": false,
-            "job_errors": failed.load(Ordering::Relaxed),
-        }),
-    );
-    Ok(())
+    let figures = Figures {
+        enqueue,
+        drain,
+        cpu,
+    };
+    let errors = failed.load(Ordering::Relaxed);
+    let extra = serde_json::json!({
+        "batch_size": batch_size,
+        "parallelize": !args.defaults,
+        "lock_tasks": true,
+        "transactional_completion": false,
+    });
+    shared::finish(PEER, pool, &args, queue, errors, &figures, extra).await
 }

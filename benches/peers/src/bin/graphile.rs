@@ -222,31 +222,18 @@ async fn main() -> Result<(), BoxError> {
         .fetch_one(&pool)
         .await?;
     let queue = (left != 0).then(|| format!("{left} jobs left"));
-    shared::verdict(
-        PEER,
-        pool,
-        &args,
-        queue,
-        failed.load(Ordering::Relaxed),
-        "job",
-    )
-    .await?;
-    shared::report(
-        PEER,
-        &args,
-        &Figures {
-            enqueue,
-            drain,
-            cpu,
-        },
-        serde_json::json!({
-            "poll_interval_ms": if args.defaults { 1000.0 } else { POLL_INTERVAL.as_secs_f64() * 1e3 },
-            "complete_job_batch_delay_ms":
-                if args.defaults { None } else { Some(BATCH_DELAY.as_secs_f64() * 1e3) },
-            "local_queue_size": if args.defaults { None } else { Some(LOCAL_QUEUE_SIZE) },
-            "transactional_completion": false,
-            "job_errors": failed.load(Ordering::Relaxed),
-        }),
-    );
-    Ok(())
+    let figures = Figures {
+        enqueue,
+        drain,
+        cpu,
+    };
+    let errors = failed.load(Ordering::Relaxed);
+    let extra = serde_json::json!({
+        "poll_interval_ms": if args.defaults { 1000.0 } else { POLL_INTERVAL.as_secs_f64() * 1e3 },
+        "complete_job_batch_delay_ms":
+            if args.defaults { None } else { Some(BATCH_DELAY.as_secs_f64() * 1e3) },
+        "local_queue_size": if args.defaults { None } else { Some(LOCAL_QUEUE_SIZE) },
+        "transactional_completion": false,
+    });
+    shared::finish(PEER, pool, &args, queue, errors, &figures, extra).await
 }

@@ -245,29 +245,16 @@ async fn main() -> Result<(), BoxError> {
     .await?;
     let queue = (completed != n || jobs != n)
         .then(|| format!("{completed} of {jobs} jobs completed, {n} expected"));
-    shared::verdict(
-        PEER,
-        pool,
-        &args,
-        queue,
-        failed.load(Ordering::Relaxed),
-        "job",
-    )
-    .await?;
-    shared::report(
-        PEER,
-        &args,
-        &Figures {
-            enqueue,
-            drain,
-            cpu,
-        },
-        serde_json::json!({
-            "fetch_cooldown_ms": cooldown.as_secs_f64() * 1e3,
-            "fetch_poll_interval_ms": poll.as_secs_f64() * 1e3,
-            "transactional_completion": !args.noop,
-            "job_errors": failed.load(Ordering::Relaxed),
-        }),
-    );
-    Ok(())
+    let figures = Figures {
+        enqueue,
+        drain,
+        cpu,
+    };
+    let errors = failed.load(Ordering::Relaxed);
+    let extra = serde_json::json!({
+        "fetch_cooldown_ms": cooldown.as_secs_f64() * 1e3,
+        "fetch_poll_interval_ms": poll.as_secs_f64() * 1e3,
+        "transactional_completion": !args.noop,
+    });
+    shared::finish(PEER, pool, &args, queue, errors, &figures, extra).await
 }
